@@ -1,0 +1,60 @@
+// Engine configuration: one flat JSON object, every key validated at load.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "absl/status/statusor.h"
+
+namespace kvfuse {
+
+enum class Device { auto_, cpu, cuda, hip };
+enum class KvCacheDtype { bf16, fp8_e4m3, fp8_e5m2 };
+enum class KvWritePath { fused, unfused };
+enum class AttentionPath { unified, split };
+
+const char* to_string(Device d);
+const char* to_string(KvCacheDtype d);
+const char* to_string(KvWritePath p);
+const char* to_string(AttentionPath p);
+
+struct Config {
+  std::string model = "tiny";  // preset name
+  uint64_t seed = 0;           // synthetic weights
+  Device device = Device::auto_;
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::fp8_e4m3;
+  KvWritePath kv_write = KvWritePath::fused;
+  AttentionPath attention = AttentionPath::unified;
+  int32_t page_size = 16;
+  int64_t num_pages = 4096;
+  int64_t swa_num_pages = 0;        // 0: sized from the window and the batch limits
+  int32_t sliding_window = -1;      // -1: the preset's; 0: none; W > 0: window of W keys
+  std::string swa_layers = "preset";  // preset | none | all | alternate | list
+  std::vector<int32_t> swa_layer_list;  // when swa_layers == "list"
+  std::vector<float> k_scale = {1.0f};  // one value for every layer, or one per layer
+  std::vector<float> v_scale = {1.0f};
+  int32_t max_batch_tokens = 512;   // per-step token budget (chunked prefill)
+  int32_t max_running_seqs = 64;
+  int32_t max_seq_len = 4096;
+};
+
+// Parses and validates. Errors name the key and, for enumerations, the allowed values;
+// an unknown key is an error.
+absl::StatusOr<Config> config_from_json(const nlohmann::json& j);
+absl::StatusOr<Config> load_config_file(const std::string& path);
+// Applies "key=value" (the value parsed as JSON, or taken as a string if that fails).
+absl::Status apply_config_override(nlohmann::json& j, const std::string& assignment);
+nlohmann::json config_to_json(const Config& c);
+
+// Reference of every key, for --help and the README: key, allowed values, default, meaning.
+struct ConfigKeyDoc {
+  const char* key;
+  const char* values;
+  const char* meaning;
+};
+const std::vector<ConfigKeyDoc>& config_key_docs();
+
+}  // namespace kvfuse

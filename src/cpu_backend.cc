@@ -1,0 +1,163 @@
+#include "src/cpu_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/kv_write.h"
+#include "kernels/cpu/ops.h"
+
+namespace kvfuse {
+namespace {
+
+constexpr size_t kAlign = 64;
+
+class CpuBackend final : public Backend {
+ public:
+  Device device() const override { return Device::cpu; }
+  std::string description() const override {
+    return absl::StrCat("cpu (", std::thread::hardware_concurrency(), " hardware threads, OpenBLAS GEMM)");
+  }
+  KvDtype resolve_kv_dtype(KvCacheDtype d) const override {
+    switch (d) {
+      case KvCacheDtype::bf16:
+        return KvDtype::bf16;
+      case KvCacheDtype::fp8_e5m2:
+        return KvDtype::fp8_e5m2;
+      case KvCacheDtype::fp8_e4m3:
+      default:
+        return KvDtype::fp8_e4m3fn;  // the OCP format, as on NVIDIA sm_89+ and gfx950
+    }
+  }
+
+  absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
+    const size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cpu backend: cannot allocate ", bytes, " bytes"));
+    }
+    return DeviceBuffer(p, bytes, [](void* q) { std::free(q); });
+  }
+  absl::Status memset(void* dst, int value, size_t bytes) override {
+    std::memset(dst, value, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status copy_to_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status synchronize() override { return absl::OkStatus(); }
+
+  absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k, const bf16_t* bias) override {
+    LinearWeight lw;
+    lw.n = n;
+    lw.k = k;
+    auto wb = alloc(size_t(n * k) * sizeof(float));
+    if (!wb.ok()) return wb.status();
+    lw.w = std::move(*wb);
+    cpu::bf16_to_f32(w, n * k, lw.w.as<float>());
+    if (bias) {
+      auto bb = alloc(size_t(n) * sizeof(float));
+      if (!bb.ok()) return bb.status();
+      lw.bias = std::move(*bb);
+      cpu::bf16_to_f32(bias, n, lw.bias.as<float>());
+    }
+    return lw;
+  }
+
+  absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out) override {
+    cpu::embedding(ids, n, table, hidden, out);
+    return absl::OkStatus();
+  }
+  absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                       bf16_t* out) override {
+    cpu::rmsnorm(x, w, rows, cols, eps, out);
+    return absl::OkStatus();
+  }
+  absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
+    cpu::linear_bf16(x, m, w.k, w.w.as<float>(), w.n, w.bias.as<float>(), out, scratch(size_t(m * (w.k + w.n))));
+    return absl::OkStatus();
+  }
+  absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
+    cpu::linear_f32_out(x, m, w.k, w.w.as<float>(), w.n, out, scratch(size_t(m * w.k)));
+    return absl::OkStatus();
+  }
+  absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride, int32_t kv_heads,
+                    int32_t head_dim, const int32_t* positions, int64_t n, float theta) override {
+    cpu::rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions, n, theta);
+    return absl::OkStatus();
+  }
+  absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
+    cpu::silu_mul(gate_up, n, inter, out);
+    return absl::OkStatus();
+  }
+  absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) override {
+    cpu::residual_add(x, y, count);
+    return absl::OkStatus();
+  }
+  absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out) override {
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(out + i * cols, x + int64_t(rows[i]) * cols, size_t(cols) * sizeof(bf16_t));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status kv_write(const KvWriteArgs& args, KvWritePath path, void* scratch_buf) override {
+    if (path == KvWritePath::fused) {
+      cpu::kv_write_fused(args);
+    } else {
+      if (scratch_buf == nullptr) return absl::InternalError("unfused KV write without scratch");
+      cpu::kv_write_unfused(args, cpu::kv_write_scratch_from(scratch_buf, args.num_tokens, args.cache.row_elems()));
+    }
+    return absl::OkStatus();
+  }
+  size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) const override {
+    return cpu::kv_write_scratch_bytes(num_tokens, row_elems);
+  }
+  absl::Status attention(const AttnArgs& args, AttentionPath path) override {
+    if (path == AttentionPath::unified) {
+      cpu::attention_unified(args);
+    } else {
+      cpu::attention_split(args);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  float* scratch(size_t floats) {
+    if (scratch_.size() < floats) scratch_.resize(floats);
+    return scratch_.data();
+  }
+  std::vector<float> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+#if !defined(KVFUSE_HAVE_GPU)
+absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
+  switch (device) {
+    case Device::auto_:
+    case Device::cpu:
+      return make_cpu_backend();
+    case Device::cuda:
+    case Device::hip:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "config key 'device': '", to_string(device),
+          "' is not built into this binary (built with KVFUSE_GPU=OFF); use cpu or auto, or rebuild with "
+          "-DKVFUSE_GPU=CUDA or -DKVFUSE_GPU=HIP"));
+  }
+  return absl::InvalidArgumentError("unknown device");
+}
+#endif
+
+}  // namespace kvfuse

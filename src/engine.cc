@@ -1,0 +1,270 @@
+#include "src/engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kvfuse {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+int32_t ceil_div(int64_t a, int64_t b) { return int32_t((a + b - 1) / b); }
+double available_memory_gib() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return double(kb) / double(1 << 20);
+  }
+  return -1.0;
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg) {
+  auto backend = make_backend(cfg.device);
+  if (!backend.ok()) return backend.status();
+  return create(cfg, std::move(*backend));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg, std::unique_ptr<Backend> backend) {
+  std::unique_ptr<Engine> e(new Engine(cfg, std::move(backend)));
+  const absl::Status st = e->init();
+  if (!st.ok()) return st;
+  return e;
+}
+
+absl::Status Engine::init() {
+  auto spec = resolve_model_spec(cfg_);
+  if (!spec.ok()) return spec.status();
+  const ModelSpec& s = *spec;
+  const size_t L = size_t(s.num_layers);
+  if (backend_->device() == Device::cpu) {
+    // The CPU backend holds weights in fp32: refuse shapes that cannot fit in memory
+    // with a message instead of failing an allocation half way.
+    const double need_gib = double(s.num_params()) * 4.0 / double(1 << 30);
+    const double avail_gib = available_memory_gib();
+    if (avail_gib > 0 && need_gib > 0.8 * avail_gib) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "model '%s' needs %.1f GiB of fp32 weights on the CPU backend, %.1f GiB available; "
+          "use a GPU device or the tiny preset",
+          s.name, need_gib, avail_gib));
+    }
+  }
+
+  KvPoolConfig pc;
+  pc.num_layers = s.num_layers;
+  pc.page_size = cfg_.page_size;
+  pc.num_pages = cfg_.num_pages;
+  pc.num_kv_heads = s.num_kv_heads;
+  pc.head_dim = s.head_dim;
+  pc.dtype = backend_->resolve_kv_dtype(cfg_.kv_cache_dtype);
+  pc.layer_is_swa = s.layer_is_swa;
+  pc.window = s.sliding_window;
+  pc.k_scale = cfg_.k_scale.size() == 1 ? std::vector<float>(L, cfg_.k_scale[0]) : cfg_.k_scale;
+  pc.v_scale = cfg_.v_scale.size() == 1 ? std::vector<float>(L, cfg_.v_scale[0]) : cfg_.v_scale;
+  if (s.any_swa()) {
+    // Enough SWA pages for every running sequence to hold its window plus one step's
+    // chunk, unless the config sizes the pool itself.
+    const int64_t per_seq = ceil_div(int64_t(s.sliding_window) + cfg_.max_batch_tokens, cfg_.page_size) + 1;
+    pc.swa_num_pages = cfg_.swa_num_pages > 0 ? cfg_.swa_num_pages
+                                              : std::min<int64_t>(cfg_.num_pages, per_seq * cfg_.max_running_seqs);
+  }
+  auto pool = KvPool::create(*backend_, pc);
+  if (!pool.ok()) return pool.status();
+  pool_ = std::move(*pool);
+
+  ModelLimits limits;
+  limits.max_tokens = cfg_.max_batch_tokens;
+  limits.max_seqs = cfg_.max_running_seqs;
+  limits.max_pages_per_seq = ceil_div(cfg_.max_seq_len, cfg_.page_size);
+  auto model = Model::create_synthetic(*backend_, s, cfg_.seed, limits);
+  if (!model.ok()) return model.status();
+  model_ = std::move(*model);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::check_tokens(const std::vector<int32_t>& tokens) const {
+  const int32_t vocab = model_->spec().vocab;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", tokens[i], " at index ", i, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
+                                  const Rng* rng) {
+  if (seqs_.count(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
+  if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
+  if (int64_t(prompt.size()) >= cfg_.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens leaves no room under max_seq_len ",
+                                                   cfg_.max_seq_len));
+  }
+  if (auto st = check_tokens(prompt); !st.ok()) return st;
+  if (auto st = validate_sampling(sampling, model_->spec().vocab); !st.ok()) return st;
+  if (auto st = pool_->add_sequence(id); !st.ok()) return st;
+  SequenceState& s = seqs_[id];
+  s.id = id;
+  s.num_prompt = int32_t(prompt.size());
+  s.tokens = std::move(prompt);
+  s.sampling = sampling;
+  s.rng = rng ? *rng : Rng(sampling.seed);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::append_tokens(SeqId id, const std::vector<int32_t>& tokens) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
+  if (tokens.empty()) return absl::InvalidArgumentError("no tokens to append");
+  if (int64_t(it->second.tokens.size() + tokens.size()) > cfg_.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", id, " would exceed max_seq_len ", cfg_.max_seq_len));
+  }
+  if (auto st = check_tokens(tokens); !st.ok()) return st;
+  auto& t = it->second.tokens;
+  t.insert(t.end(), tokens.begin(), tokens.end());
+  return absl::OkStatus();
+}
+
+absl::Status Engine::release(SeqId id) {
+  if (!seqs_.erase(id)) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
+  return pool_->release(id);
+}
+
+const SequenceState* Engine::sequence(SeqId id) const {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items) {
+  return step(items, ForwardOptions{cfg_.kv_write, cfg_.attention});
+}
+
+absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items, const ForwardOptions& opts) {
+  const auto t0 = Clock::now();
+  timings_ = StepTimings{};
+  if (items.empty()) return absl::InvalidArgumentError("step: no items");
+  if (int64_t(items.size()) > cfg_.max_running_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat("step: ", items.size(), " sequences exceed max_running_seqs ",
+                                                   cfg_.max_running_seqs));
+  }
+  std::unordered_set<SeqId> seen;
+  int64_t total = 0;
+  for (const StepItem& it : items) {
+    auto s = seqs_.find(it.id);
+    if (s == seqs_.end()) return absl::NotFoundError(absl::StrCat("step: sequence ", it.id, " not found"));
+    if (!seen.insert(it.id).second) return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " twice"));
+    const int32_t pending = s->second.num_pending();
+    if (it.num_tokens < 1 || it.num_tokens > pending) {
+      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " asks for ", it.num_tokens,
+                                                     " tokens with ", pending, " pending"));
+    }
+    if (it.sample && it.num_tokens != pending) {
+      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " samples before its last token"));
+    }
+    if (it.sample && int64_t(s->second.tokens.size()) >= cfg_.max_seq_len) {
+      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " is at max_seq_len ", cfg_.max_seq_len));
+    }
+    total += it.num_tokens;
+  }
+  if (total > cfg_.max_batch_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("step: ", total, " tokens exceed max_batch_tokens ",
+                                                   cfg_.max_batch_tokens));
+  }
+
+  // Reserve pages; a sequence that cannot get them fails alone.
+  std::vector<StepResult> results(items.size());
+  std::vector<size_t> run;
+  for (size_t i = 0; i < items.size(); ++i) {
+    results[i].id = items[i].id;
+    const SequenceState& s = seqs_.at(items[i].id);
+    results[i].status = pool_->reserve(s.id, s.num_computed + items[i].num_tokens);
+    if (results[i].status.ok()) run.push_back(i);
+  }
+  if (run.empty()) return results;
+
+  // Batch metadata.
+  ForwardBatch& b = batch_;
+  const int32_t ps = cfg_.page_size;
+  b.token_ids.clear();
+  b.positions.clear();
+  b.slot_mapping.clear();
+  b.query_start.assign(1, 0);
+  b.context_len.clear();
+  b.logits_rows.clear();
+  b.max_query_len = 0;
+  b.max_context_len = 0;
+  for (size_t i : run) {
+    const SequenceState& s = seqs_.at(items[i].id);
+    const int32_t ctx = s.num_computed + items[i].num_tokens;
+    b.max_context_len = std::max(b.max_context_len, ctx);
+    b.max_query_len = std::max(b.max_query_len, items[i].num_tokens);
+  }
+  b.max_pages_per_seq = ceil_div(b.max_context_len, ps);
+  b.block_table_full.assign(run.size() * size_t(b.max_pages_per_seq), -1);
+  b.block_table_swa.assign(pool_->has_swa() ? b.block_table_full.size() : 0, -1);
+  for (size_t r = 0; r < run.size(); ++r) {
+    const StepItem& it = items[run[r]];
+    const SequenceState& s = seqs_.at(it.id);
+    for (int32_t p = s.num_computed; p < s.num_computed + it.num_tokens; ++p) {
+      b.token_ids.push_back(s.tokens[size_t(p)]);
+      b.positions.push_back(p);
+      b.slot_mapping.push_back(pool_->slot(it.id, p));
+    }
+    b.query_start.push_back(int32_t(b.token_ids.size()));
+    b.context_len.push_back(s.num_computed + it.num_tokens);
+    if (it.sample) b.logits_rows.push_back(int32_t(b.token_ids.size()) - 1);
+    const auto& full = pool_->page_table(it.id, PoolKind::full);
+    std::copy(full.begin(), full.end(), b.block_table_full.begin() + int64_t(r) * b.max_pages_per_seq);
+    if (pool_->has_swa()) {
+      const auto& swa = pool_->page_table(it.id, PoolKind::swa);
+      std::copy(swa.begin(), swa.end(), b.block_table_swa.begin() + int64_t(r) * b.max_pages_per_seq);
+    }
+  }
+  timings_.prepare_ms = ms_since(t0);
+
+  const auto t1 = Clock::now();
+  if (auto st = model_->forward(b, *pool_, opts, logits_); !st.ok()) {
+    return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
+  }
+  timings_.forward_ms = ms_since(t1);
+
+  const auto t2 = Clock::now();
+  const int32_t vocab = model_->spec().vocab;
+  size_t row = 0;
+  for (size_t i : run) {
+    const StepItem& it = items[i];
+    SequenceState& s = seqs_.at(it.id);
+    s.num_computed += it.num_tokens;
+    pool_->trim_window(it.id);
+    if (!it.sample) continue;
+    const float* lg = logits_.data() + row * size_t(vocab);
+    ++row;
+    bool finite = true;
+    for (int32_t v = 0; v < vocab && finite; ++v) finite = std::isfinite(lg[v]);
+    if (!finite) {
+      results[i].status = absl::InternalError(absl::StrCat("sequence ", it.id, ": non-finite logits"));
+      continue;
+    }
+    const int32_t tok = sample_token(lg, vocab, s.sampling, s.rng);
+    s.tokens.push_back(tok);
+    results[i].token = tok;
+  }
+  timings_.sample_ms = ms_since(t2);
+  timings_.total_ms = ms_since(t0);
+  timings_.num_tokens = b.num_tokens();
+  timings_.num_seqs = int32_t(run.size());
+  return results;
+}
+
+}  // namespace kvfuse

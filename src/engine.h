@@ -1,0 +1,109 @@
+// The engine runs one step at a time: batch metadata -> model forward -> sampling.
+// It owns the backend, the KV pool, the model and the per-sequence token state; what
+// to run in a step (which sequences, how many tokens each) is the scheduler's choice.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/backend.h"
+#include "src/config.h"
+#include "src/kv_pool.h"
+#include "src/model.h"
+#include "src/sampler.h"
+
+namespace kvfuse {
+
+struct SequenceState {
+  SeqId id = 0;
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int32_t num_prompt = 0;
+  int32_t num_computed = 0;  // tokens whose K/V are in the cache
+  SamplingParams sampling;
+  Rng rng;
+
+  int32_t num_pending() const { return int32_t(tokens.size()) - num_computed; }
+  int32_t num_generated() const { return int32_t(tokens.size()) - num_prompt; }
+};
+
+// One sequence's share of a step: its next `num_tokens` pending tokens. `sample` asks
+// for a new token, which requires the step to cover all of the pending tokens.
+struct StepItem {
+  SeqId id = 0;
+  int32_t num_tokens = 0;
+  bool sample = true;
+};
+
+struct StepResult {
+  SeqId id = 0;
+  absl::Status status;           // per sequence: one failing does not fail the others
+  std::optional<int32_t> token;  // the sampled token, if asked for and the step ran
+};
+
+struct StepTimings {
+  double prepare_ms = 0;  // KV reservation and batch metadata
+  double forward_ms = 0;  // model forward, logits on the host
+  double sample_ms = 0;
+  double total_ms = 0;
+  int64_t num_tokens = 0;
+  int32_t num_seqs = 0;
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg);
+  // For tests: an engine on a given backend.
+  static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg, std::unique_ptr<Backend> backend);
+
+  const Config& config() const { return cfg_; }
+  const ModelSpec& spec() const { return model_->spec(); }
+  Backend& backend() { return *backend_; }
+  KvPool& pool() { return *pool_; }
+  const KvPool& pool() const { return *pool_; }
+  KvDtype kv_dtype() const { return pool_->config().dtype; }
+
+  // Starts a sequence from its prompt. ALREADY_EXISTS if the id is live;
+  // INVALID_ARGUMENT for an empty or over-long prompt, bad token ids or parameters.
+  // `rng` resumes a sampler stream (a sequence recomputed after preemption).
+  absl::Status add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
+                            const Rng* rng = nullptr);
+  // Appends tokens to a live sequence (a further prompt chunk, or a forced token).
+  absl::Status append_tokens(SeqId id, const std::vector<int32_t>& tokens);
+  // Frees the sequence's pages. NOT_FOUND if unknown.
+  absl::Status release(SeqId id);
+  const SequenceState* sequence(SeqId id) const;
+  size_t num_sequences() const { return seqs_.size(); }
+
+  // Checks the items (known, distinct ids, 1 <= num_tokens <= pending, the step's
+  // token and sequence limits), reserves their KV pages, runs the forward pass and
+  // samples. A sequence whose pages cannot be reserved fails alone with
+  // RESOURCE_EXHAUSTED; the others run. An error status means the step as a whole
+  // was rejected (bad items) or failed on the device.
+  absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items);
+  // Same, with the write and attention paths given instead of taken from the config
+  // (A/B tests and benchmarks on one engine).
+  absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items, const ForwardOptions& opts);
+
+  // Logits of the last step, [sampled rows, vocab], in the order of the sampled items.
+  const std::vector<float>& last_logits() const { return logits_; }
+  const StepTimings& last_timings() const { return timings_; }
+
+ private:
+  Engine(Config cfg, std::unique_ptr<Backend> backend) : cfg_(std::move(cfg)), backend_(std::move(backend)) {}
+  absl::Status init();
+  absl::Status check_tokens(const std::vector<int32_t>& tokens) const;
+
+  Config cfg_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<KvPool> pool_;
+  std::unique_ptr<Model> model_;
+  std::unordered_map<SeqId, SequenceState> seqs_;
+  std::vector<float> logits_;
+  StepTimings timings_;
+  ForwardBatch batch_;  // reused between steps
+};
+
+}  // namespace kvfuse

@@ -1,0 +1,254 @@
+#include "src/model.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/bf16.h"
+
+namespace kvfuse {
+
+#define KVFUSE_RETURN_IF_ERROR(expr)   \
+  do {                                 \
+    const absl::Status _st = (expr);   \
+    if (!_st.ok()) return _st;         \
+  } while (0)
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Tensor ids for the synthetic generator.
+enum : uint64_t { kEmbed = 1, kFinalNorm, kLmHead, kLayerBase = 16 };
+enum : uint64_t { kAttnNorm, kFfnNorm, kQkv, kQkvBias, kO, kGateUp, kDown, kTensorsPerLayer = 16 };
+
+std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float stddev, float mean = 0.0f) {
+  std::vector<bf16_t> out(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) out[size_t(i)] = f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
+  return out;
+}
+
+}  // namespace
+
+float synthetic_weight(uint64_t seed, uint64_t tensor, uint64_t i) {
+  // Uniform on [-sqrt(3), sqrt(3)): zero mean, unit variance.
+  const uint64_t r = splitmix64(splitmix64(seed ^ (tensor << 40)) ^ i);
+  const double u = double(r >> 11) * 0x1.0p-53;
+  return float((2.0 * u - 1.0) * 1.7320508075688772);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::create_synthetic(Backend& backend, const ModelSpec& spec, uint64_t seed,
+                                                                const ModelLimits& limits) {
+  if (limits.max_tokens <= 0 || limits.max_seqs <= 0 || limits.max_pages_per_seq <= 0) {
+    return absl::InvalidArgumentError("model limits must be positive");
+  }
+  std::unique_ptr<Model> m(new Model(backend, spec, limits));
+  KVFUSE_RETURN_IF_ERROR(m->init_weights(seed));
+  KVFUSE_RETURN_IF_ERROR(m->init_workspace());
+  return m;
+}
+
+absl::Status Model::init_weights(uint64_t seed) {
+  const ModelSpec& s = spec_;
+  auto upload_vec = [&](const std::vector<bf16_t>& v, DeviceBuffer& dst) -> absl::Status {
+    auto b = backend_.alloc(v.size() * sizeof(bf16_t));
+    if (!b.ok()) return b.status();
+    dst = std::move(*b);
+    return backend_.copy_to_device(dst.get(), v.data(), v.size() * sizeof(bf16_t));
+  };
+  auto upload_linear = [&](uint64_t tensor, int64_t n, int64_t k, float stddev, bool bias,
+                           LinearWeight& dst) -> absl::Status {
+    const auto w = synth(seed, tensor, n * k, stddev);
+    std::vector<bf16_t> b;
+    if (bias) b = synth(seed, tensor + 1, n, 0.1f);
+    auto lw = backend_.upload_linear(w.data(), n, k, bias ? b.data() : nullptr);
+    if (!lw.ok()) return lw.status();
+    dst = std::move(*lw);
+    return absl::OkStatus();
+  };
+
+  // Scales keep activations near unit RMS through the residual stream, and make the
+  // logits peaked enough (std ~3) that greedy decoding is well defined.
+  const float in_std = 1.0f / std::sqrt(float(s.hidden));
+  KVFUSE_RETURN_IF_ERROR(upload_vec(synth(seed, kEmbed, int64_t(s.vocab) * s.hidden, 1.0f), embed_));
+  KVFUSE_RETURN_IF_ERROR(upload_vec(synth(seed, kFinalNorm, s.hidden, 0.05f, 1.0f), final_norm_));
+  if (s.tie_embeddings) {
+    const auto e = synth(seed, kEmbed, int64_t(s.vocab) * s.hidden, 1.0f);
+    auto lw = backend_.upload_linear(e.data(), s.vocab, s.hidden, nullptr);
+    if (!lw.ok()) return lw.status();
+    lm_head_ = std::move(*lw);
+  } else {
+    KVFUSE_RETURN_IF_ERROR(upload_linear(kLmHead, s.vocab, s.hidden, 3.0f * in_std, false, lm_head_));
+  }
+  layers_.resize(size_t(s.num_layers));
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    Layer& L = layers_[size_t(l)];
+    const uint64_t base = kLayerBase + uint64_t(l) * kTensorsPerLayer;
+    KVFUSE_RETURN_IF_ERROR(upload_vec(synth(seed, base + kAttnNorm, s.hidden, 0.05f, 1.0f), L.attn_norm));
+    KVFUSE_RETURN_IF_ERROR(upload_vec(synth(seed, base + kFfnNorm, s.hidden, 0.05f, 1.0f), L.ffn_norm));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(base + kQkv, s.qkv_dim(), s.hidden, in_std, s.qkv_bias, L.qkv));
+    KVFUSE_RETURN_IF_ERROR(
+        upload_linear(base + kO, s.hidden, s.q_dim(), 0.5f / std::sqrt(float(s.q_dim())), false, L.o));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(base + kGateUp, 2 * int64_t(s.intermediate), s.hidden, in_std, false,
+                                         L.gate_up));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(base + kDown, s.hidden, s.intermediate,
+                                         0.5f / std::sqrt(float(s.intermediate)), false, L.down));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::init_workspace() {
+  const ModelSpec& s = spec_;
+  const int64_t T = limits_.max_tokens;
+  const int64_t S = limits_.max_seqs;
+  const int64_t P = limits_.max_pages_per_seq;
+  struct Want {
+    DeviceBuffer* buf;
+    size_t bytes;
+  };
+  const Want wants[] = {
+      {&x_, size_t(T * s.hidden) * 2},
+      {&h_, size_t(T * s.hidden) * 2},
+      {&qkv_, size_t(T * s.qkv_dim()) * 2},
+      {&attn_, size_t(T * s.q_dim()) * 2},
+      {&gate_up_, size_t(T * 2 * s.intermediate) * 2},
+      {&act_, size_t(T * s.intermediate) * 2},
+      {&last_, size_t(S * s.hidden) * 2},
+      {&logits_, size_t(S * s.vocab) * 4},
+      {&kv_scratch_, backend_.kv_write_scratch_bytes(T, s.kv_dim())},
+      {&ids_, size_t(T) * 4},
+      {&pos_, size_t(T) * 4},
+      {&slots_, size_t(T) * 8},
+      {&qstart_, size_t(S + 1) * 4},
+      {&ctx_, size_t(S) * 4},
+      {&bt_full_, size_t(S * P) * 4},
+      {&bt_swa_, size_t(S * P) * 4},
+      {&rows_, size_t(S) * 4},
+  };
+  for (const Want& w : wants) {
+    auto b = backend_.alloc(w.bytes);
+    if (!b.ok()) return b.status();
+    *w.buf = std::move(*b);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Model::upload_batch(const ForwardBatch& b) {
+  const int64_t T = b.num_tokens();
+  const int32_t S = b.num_seqs();
+  if (T <= 0 || T > limits_.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", T, " tokens, limit ", limits_.max_tokens));
+  }
+  if (S <= 0 || S > limits_.max_seqs || int64_t(b.logits_rows.size()) > limits_.max_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", S, " sequences, limit ", limits_.max_seqs));
+  }
+  if (b.max_pages_per_seq <= 0 || b.max_pages_per_seq > limits_.max_pages_per_seq) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", b.max_pages_per_seq, " pages per sequence, limit ",
+                                                   limits_.max_pages_per_seq));
+  }
+  if (b.positions.size() != size_t(T) || b.slot_mapping.size() != size_t(T) || b.query_start.size() != size_t(S) + 1 ||
+      b.block_table_full.size() != size_t(S) * size_t(b.max_pages_per_seq)) {
+    return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+  }
+  for (int32_t id : b.token_ids) {
+    if (id < 0 || id >= spec_.vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("forward: token id ", id, " outside the vocabulary [0, ",
+                                                     spec_.vocab, ")"));
+    }
+  }
+  auto up = [&](DeviceBuffer& dst, const auto& v) {
+    return backend_.copy_to_device(dst.get(), v.data(), v.size() * sizeof(v[0]));
+  };
+  KVFUSE_RETURN_IF_ERROR(up(ids_, b.token_ids));
+  KVFUSE_RETURN_IF_ERROR(up(pos_, b.positions));
+  KVFUSE_RETURN_IF_ERROR(up(slots_, b.slot_mapping));
+  KVFUSE_RETURN_IF_ERROR(up(qstart_, b.query_start));
+  KVFUSE_RETURN_IF_ERROR(up(ctx_, b.context_len));
+  KVFUSE_RETURN_IF_ERROR(up(bt_full_, b.block_table_full));
+  if (!b.block_table_swa.empty()) KVFUSE_RETURN_IF_ERROR(up(bt_swa_, b.block_table_swa));
+  KVFUSE_RETURN_IF_ERROR(up(rows_, b.logits_rows));
+  return absl::OkStatus();
+}
+
+absl::Status Model::forward(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts,
+                            std::vector<float>& logits) {
+  const ModelSpec& s = spec_;
+  KVFUSE_RETURN_IF_ERROR(upload_batch(b));
+  KVFUSE_RETURN_IF_ERROR(pool.sync_swa_table());
+  const int64_t T = b.num_tokens();
+  const int64_t qkv_dim = s.qkv_dim();
+  bf16_t* x = x_.as<bf16_t>();
+  bf16_t* h = h_.as<bf16_t>();
+  bf16_t* qkv = qkv_.as<bf16_t>();
+  bf16_t* q = qkv;
+  bf16_t* k = qkv + s.q_dim();
+  bf16_t* v = qkv + s.q_dim() + s.kv_dim();
+
+  AttnBatch ab;
+  ab.num_seqs = b.num_seqs();
+  ab.num_tokens = T;
+  ab.query_start = qstart_.as<int32_t>();
+  ab.context_len = ctx_.as<int32_t>();
+  ab.max_pages_per_seq = b.max_pages_per_seq;
+  ab.max_query_len = b.max_query_len;
+  ab.max_context_len = b.max_context_len;
+
+  KVFUSE_RETURN_IF_ERROR(backend_.embedding(ids_.as<int32_t>(), T, embed_.as<bf16_t>(), s.hidden, x));
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    const Layer& L = layers_[size_t(l)];
+    const bool swa = pool.layer_is_swa(l);
+    KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(x, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+    KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.qkv, qkv));
+    KVFUSE_RETURN_IF_ERROR(backend_.rope(q, qkv_dim, s.num_q_heads, k, qkv_dim, s.num_kv_heads, s.head_dim,
+                                         pos_.as<int32_t>(), T, s.rope_theta));
+
+    // K and V are strided views into the fused QKV rows: the write reads them in place.
+    KvWriteArgs w;
+    w.k = k;
+    w.v = v;
+    w.k_token_stride = qkv_dim;
+    w.v_token_stride = qkv_dim;
+    w.num_tokens = T;
+    w.slot_mapping = slots_.as<int64_t>();
+    w.swa = swa ? pool.swa_table() : SwaSlotTable{};
+    w.cache = pool.layer_view(l);
+    KVFUSE_RETURN_IF_ERROR(backend_.kv_write(w, opts.kv_write, kv_scratch_.get()));
+
+    AttnArgs a;
+    a.q = q;
+    a.q_token_stride = qkv_dim;
+    a.out = attn_.as<bf16_t>();
+    a.out_token_stride = s.q_dim();
+    a.num_q_heads = s.num_q_heads;
+    a.softmax_scale = 1.0f / std::sqrt(float(s.head_dim));
+    a.window = swa ? s.sliding_window : 0;
+    a.batch = ab;
+    a.batch.block_table = swa ? bt_swa_.as<int32_t>() : bt_full_.as<int32_t>();
+    a.cache = w.cache;
+    KVFUSE_RETURN_IF_ERROR(backend_.attention(a, opts.attention));
+
+    KVFUSE_RETURN_IF_ERROR(backend_.linear(attn_.as<bf16_t>(), T, L.o, h));
+    KVFUSE_RETURN_IF_ERROR(backend_.residual_add(x, h, T * s.hidden));
+    KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(x, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+    KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.gate_up, gate_up_.as<bf16_t>()));
+    KVFUSE_RETURN_IF_ERROR(backend_.silu_mul(gate_up_.as<bf16_t>(), T, s.intermediate, act_.as<bf16_t>()));
+    KVFUSE_RETURN_IF_ERROR(backend_.linear(act_.as<bf16_t>(), T, L.down, h));
+    KVFUSE_RETURN_IF_ERROR(backend_.residual_add(x, h, T * s.hidden));
+  }
+
+  const int64_t n = int64_t(b.logits_rows.size());
+  logits.assign(size_t(n * s.vocab), 0.0f);
+  if (n == 0) return backend_.synchronize();
+  bf16_t* last = last_.as<bf16_t>();
+  KVFUSE_RETURN_IF_ERROR(backend_.gather_rows(x, s.hidden, rows_.as<int32_t>(), n, last));
+  KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(last, final_norm_.as<bf16_t>(), n, s.hidden, s.rms_eps, last));
+  KVFUSE_RETURN_IF_ERROR(backend_.linear_logits(last, n, lm_head_, logits_.as<float>()));
+  KVFUSE_RETURN_IF_ERROR(backend_.copy_to_host(logits.data(), logits_.get(), logits.size() * sizeof(float)));
+  return backend_.synchronize();
+}
+
+}  // namespace kvfuse
