@@ -11,6 +11,8 @@
 #include "kernels/cpu/kv_write.h"
 #include "kernels/cpu/ops.h"
 
+extern "C" void openblas_set_num_threads(int num_threads);
+
 namespace kvfuse {
 namespace {
 
@@ -18,6 +20,11 @@ constexpr size_t kAlign = 64;
 
 class CpuBackend final : public Backend {
  public:
+  CpuBackend() {
+    // Decode GEMMs are a few rows: OpenBLAS threads spin more than they help there, and
+    // tests run several engines side by side. OPENBLAS_NUM_THREADS still overrides.
+    if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
+  }
   Device device() const override { return Device::cpu; }
   std::string description() const override {
     return absl::StrCat("cpu (", std::thread::hardware_concurrency(), " hardware threads, OpenBLAS GEMM)");

@@ -223,7 +223,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
     }
     b.query_start.push_back(int32_t(b.token_ids.size()));
     b.context_len.push_back(s.num_computed + it.num_tokens);
-    if (it.sample) b.logits_rows.push_back(int32_t(b.token_ids.size()) - 1);
+    if (it.sample || it.logits) b.logits_rows.push_back(int32_t(b.token_ids.size()) - 1);
     const auto& full = pool_->page_table(it.id, PoolKind::full);
     std::copy(full.begin(), full.end(), b.block_table_full.begin() + int64_t(r) * b.max_pages_per_seq);
     if (pool_->has_swa()) {
@@ -247,9 +247,11 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
     SequenceState& s = seqs_.at(it.id);
     s.num_computed += it.num_tokens;
     pool_->trim_window(it.id);
-    if (!it.sample) continue;
+    if (!it.sample && !it.logits) continue;
+    results[i].logits_row = int32_t(row);
     const float* lg = logits_.data() + row * size_t(vocab);
     ++row;
+    if (!it.sample) continue;
     bool finite = true;
     for (int32_t v = 0; v < vocab && finite; ++v) finite = std::isfinite(lg[v]);
     if (!finite) {

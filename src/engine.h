@@ -31,16 +31,20 @@ struct SequenceState {
 
 // One sequence's share of a step: its next `num_tokens` pending tokens. `sample` asks
 // for a new token, which requires the step to cover all of the pending tokens.
+// `logits` returns the logits of the item's last token without sampling (teacher-forced
+// evaluation in tests and benchmarks).
 struct StepItem {
   SeqId id = 0;
   int32_t num_tokens = 0;
   bool sample = true;
+  bool logits = false;
 };
 
 struct StepResult {
   SeqId id = 0;
   absl::Status status;           // per sequence: one failing does not fail the others
   std::optional<int32_t> token;  // the sampled token, if asked for and the step ran
+  int32_t logits_row = -1;       // row of last_logits() for this item, if it has one
 };
 
 struct StepTimings {
@@ -87,7 +91,7 @@ class Engine {
   // (A/B tests and benchmarks on one engine).
   absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items, const ForwardOptions& opts);
 
-  // Logits of the last step, [sampled rows, vocab], in the order of the sampled items.
+  // Logits of the last step, [rows, vocab]: one row per item that sampled or asked for logits.
   const std::vector<float>& last_logits() const { return logits_; }
   const StepTimings& last_timings() const { return timings_; }
 

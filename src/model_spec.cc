@@ -102,7 +102,7 @@ absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg) {
       spec.layer_is_swa[size_t(l)] = true;
     }
   }
-  if (spec.sliding_window == 0) spec.layer_is_swa.assign(n, false);
+  if (cfg.sliding_window == 0) spec.layer_is_swa.assign(n, false);  // explicit 0 turns SWA off
   if (spec.any_swa() && spec.sliding_window <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config key 'sliding_window': layers are marked sliding-window but model '", spec.name,

@@ -1,0 +1,101 @@
+// CPU reference of the elementwise and row ops. bf16 in memory, fp32 arithmetic, one
+// rounding to bf16 per result (see ops.h).
+#include "kernels/cpu/ops.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace kvfuse::cpu {
+
+// size_t of a (non-negative) count; a function call, not a cast, so vector
+// declarations like v(sz(n)) do not parse as function declarations.
+namespace {
+inline size_t sz(int64_t n) { return static_cast<size_t>(n); }
+}  // namespace
+
+// The scalar conversions, overloaded beside the bulk ones declared in ops.h.
+using kvfuse::bf16_to_f32;
+using kvfuse::f32_to_bf16;
+
+void embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out) {
+  for (int64_t i = 0; i < n; ++i)
+    memcpy(out + i * hidden, table + int64_t(ids[i]) * hidden, sz(hidden) * sizeof(bf16_t));
+}
+
+void rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps, bf16_t* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const bf16_t* xr = x + r * cols;
+    bf16_t* o = out + r * cols;
+    float ss = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = bf16_to_f32(xr[c]);
+      ss += v * v;
+    }
+    const float inv_rms = 1.0f / std::sqrt(ss / float(cols) + eps);
+    for (int64_t c = 0; c < cols; ++c) o[c] = f32_to_bf16(bf16_to_f32(xr[c]) * inv_rms * bf16_to_f32(w[c]));
+  }
+}
+
+namespace {
+
+// Rotates each head of one token's row: (x_i, x_{i+D/2}) by the pair's angle.
+void rotate_heads(bf16_t* row, int32_t heads, int32_t head_dim, const float* cos_t, const float* sin_t) {
+  const int32_t half = head_dim / 2;
+  for (int32_t h = 0; h < heads; ++h) {
+    bf16_t* x = row + int64_t(h) * head_dim;
+    for (int32_t i = 0; i < half; ++i) {
+      const float a = bf16_to_f32(x[i]), b = bf16_to_f32(x[i + half]);
+      x[i] = f32_to_bf16(a * cos_t[i] - b * sin_t[i]);
+      x[i + half] = f32_to_bf16(b * cos_t[i] + a * sin_t[i]);
+    }
+  }
+}
+
+}  // namespace
+
+void rope_neox(bf16_t* q, int64_t q_token_stride, int32_t q_heads, bf16_t* k, int64_t k_token_stride,
+               int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n, float theta) {
+  const int32_t half = head_dim / 2;
+  // inv_freq is computed in double and rounded once to fp32, so it is the correctly
+  // rounded theta^(-2i/D) whatever the libm's powf accuracy; the angle is then the fp32
+  // product pos * inv_freq, as a GPU kernel computes it.
+  std::vector<float> inv_freq(sz(half)), cos_t(sz(half)), sin_t(sz(half));
+  for (int32_t i = 0; i < half; ++i)
+    inv_freq[i] = float(std::pow(double(theta), -2.0 * double(i) / double(head_dim)));
+  for (int64_t t = 0; t < n; ++t) {
+    const float pos = float(positions[t]);
+    for (int32_t i = 0; i < half; ++i) {
+      const float angle = pos * inv_freq[i];
+      cos_t[i] = std::cos(angle);
+      sin_t[i] = std::sin(angle);
+    }
+    rotate_heads(q + t * q_token_stride, q_heads, head_dim, cos_t.data(), sin_t.data());
+    rotate_heads(k + t * k_token_stride, kv_heads, head_dim, cos_t.data(), sin_t.data());
+  }
+}
+
+void silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    const bf16_t* gate = gate_up + t * 2 * inter;
+    const bf16_t* up = gate + inter;
+    for (int64_t i = 0; i < inter; ++i) {
+      const float g = bf16_to_f32(gate[i]);
+      out[t * inter + i] = f32_to_bf16(g / (1.0f + std::exp(-g)) * bf16_to_f32(up[i]));
+    }
+  }
+}
+
+void residual_add(bf16_t* x, const bf16_t* y, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
+}
+
+void bf16_to_f32(const bf16_t* x, int64_t count, float* out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = kvfuse::bf16_to_f32(x[i]);
+}
+
+void f32_to_bf16(const float* x, int64_t count, bf16_t* out) {
+  for (int64_t i = 0; i < count; ++i) out[i] = kvfuse::f32_to_bf16(x[i]);
+}
+
+}  // namespace kvfuse::cpu

@@ -1,0 +1,84 @@
+// Helpers shared by the engine-level tests.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "src/engine.h"
+
+namespace kvfuse::testing {
+
+// An engine on the default tiny model with the given config keys on top.
+inline std::unique_ptr<Engine> make_engine(const nlohmann::json& overrides = nlohmann::json::object()) {
+  nlohmann::json j = {{"model", "tiny"}, {"device", "cpu"}, {"num_pages", 512}, {"max_seq_len", 1024}};
+  for (const auto& [k, v] : overrides.items()) j[k] = v;
+  auto cfg = config_from_json(j);
+  REQUIRE(cfg.ok());
+  auto e = Engine::create(*cfg);
+  INFO(e.status().ToString());
+  REQUIRE(e.ok());
+  return std::move(*e);
+}
+
+// Every byte of every layer's K and V buffers.
+inline std::vector<uint8_t> cache_bytes(Engine& e) {
+  std::vector<uint8_t> out;
+  const KvPool& pool = e.pool();
+  for (int32_t l = 0; l < e.spec().num_layers; ++l) {
+    const PagedKvView v = pool.layer_view(l);
+    const size_t bytes = size_t(v.num_slots() * v.row_elems()) * size_t(kv_dtype_bytes(v.dtype));
+    const size_t at = out.size();
+    out.resize(at + 2 * bytes);
+    REQUIRE(e.backend().copy_to_host(out.data() + at, v.k, bytes).ok());
+    REQUIRE(e.backend().copy_to_host(out.data() + at + bytes, v.v, bytes).ok());
+  }
+  return out;
+}
+
+inline std::vector<int32_t> prompt_of(int32_t len, int32_t salt, int32_t vocab) {
+  std::vector<int32_t> p(static_cast<size_t>(len));
+  for (int32_t i = 0; i < len; ++i) p[size_t(i)] = int32_t((uint32_t(i) * 2654435761u + uint32_t(salt) * 40503u) % uint32_t(vocab));
+  return p;
+}
+
+// Greedy generation of `n` tokens for one sequence, prefilling the prompt in one step.
+inline std::vector<int32_t> greedy(Engine& e, SeqId id, const std::vector<int32_t>& prompt, int n) {
+  REQUIRE(e.add_sequence(id, prompt, SamplingParams{}).ok());
+  std::vector<int32_t> out;
+  int32_t pending = int32_t(prompt.size());
+  for (int i = 0; i < n; ++i) {
+    auto r = e.step({StepItem{id, pending, true}});
+    REQUIRE(r.ok());
+    REQUIRE((*r)[0].status.ok());
+    out.push_back(*(*r)[0].token);
+    pending = 1;
+  }
+  REQUIRE(e.release(id).ok());
+  return out;
+}
+
+// Feeds `tokens` one at a time after a prompt prefill and returns the logits after
+// each fed position: rows [prompt_len-1, prompt_len, ..., prompt_len+tokens.size()-1].
+inline std::vector<std::vector<float>> teacher_forced_logits(Engine& e, SeqId id, const std::vector<int32_t>& prompt,
+                                                             const std::vector<int32_t>& tokens) {
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), tokens.begin(), tokens.end());
+  REQUIRE(e.add_sequence(id, all, SamplingParams{}).ok());
+  const int32_t vocab = e.spec().vocab;
+  std::vector<std::vector<float>> rows;
+  int32_t n = int32_t(prompt.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    auto r = e.step({StepItem{id, n, false, true}});
+    REQUIRE(r.ok());
+    REQUIRE((*r)[0].status.ok());
+    const float* lg = e.last_logits().data() + size_t((*r)[0].logits_row) * size_t(vocab);
+    rows.emplace_back(lg, lg + vocab);
+    n = 1;
+  }
+  REQUIRE(e.release(id).ok());
+  return rows;
+}
+
+}  // namespace kvfuse::testing

@@ -1,0 +1,131 @@
+// Config loading: every key validated, clear errors, overrides, the shipped files.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "src/config.h"
+#include "src/model_spec.h"
+
+using namespace kvfuse;
+using nlohmann::json;
+
+namespace {
+std::string error_of(const json& j) {
+  auto c = config_from_json(j);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(c.status().message());
+}
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("config: defaults, and every key round-trips through JSON", "[config]") {
+  auto c = config_from_json(json::object());
+  REQUIRE(c.ok());
+  CHECK(c->model == "tiny");
+  CHECK(c->kv_cache_dtype == KvCacheDtype::fp8_e4m3);
+  CHECK(c->kv_write == KvWritePath::fused);
+  const json j = config_to_json(*c);
+  for (const auto& d : config_key_docs()) CHECK(j.contains(d.key));
+  auto again = config_from_json(j);
+  REQUIRE(again.ok());
+  CHECK(config_to_json(*again) == j);
+}
+
+TEST_CASE("config: bad values name the key and the allowed values", "[config][errors]") {
+  std::string e = error_of({{"kv_write", "fuse"}});
+  CHECK(contains(e, "kv_write"));
+  CHECK(contains(e, "fused"));
+  CHECK(contains(e, "unfused"));
+  e = error_of({{"kv_cache_dtype", "fp8"}});
+  CHECK(contains(e, "kv_cache_dtype"));
+  CHECK(contains(e, "fp8_e4m3"));
+  e = error_of({{"attention", 3}});
+  CHECK(contains(e, "attention"));
+  e = error_of({{"page_size", 0}});
+  CHECK(contains(e, "page_size"));
+  e = error_of({{"page_size", 16.5}});
+  CHECK(contains(e, "integer"));
+  e = error_of({{"k_scale", -1.0}});
+  CHECK(contains(e, "k_scale"));
+  e = error_of({{"v_scale", json::array()}});
+  CHECK(contains(e, "v_scale"));
+  e = error_of({{"model", "gpt-5"}});
+  CHECK(contains(e, "llama3-8b"));
+  e = error_of({{"swa_layers", "some"}});
+  CHECK(contains(e, "alternate"));
+  e = error_of({{"kv_wrte", "fused"}});
+  CHECK(contains(e, "unknown key 'kv_wrte'"));
+  e = error_of(json::array());
+  CHECK(contains(e, "object"));
+}
+
+TEST_CASE("config: overrides and model-dependent checks", "[config]") {
+  json j = json::object();
+  REQUIRE(apply_config_override(j, "kv_write=unfused").ok());
+  REQUIRE(apply_config_override(j, "page_size=32").ok());
+  REQUIRE(apply_config_override(j, "k_scale=[0.5,1,1,1]").ok());
+  CHECK_FALSE(apply_config_override(j, "no-equals").ok());
+  auto c = config_from_json(j);
+  REQUIRE(c.ok());
+  CHECK(c->kv_write == KvWritePath::unfused);
+  CHECK(c->page_size == 32);
+  CHECK(c->k_scale.size() == 4);
+  CHECK(resolve_model_spec(*c).ok());
+
+  c->k_scale = {1, 2};
+  CHECK_FALSE(resolve_model_spec(*c).ok());
+  c->k_scale = {1};
+  c->swa_layers = "list";
+  c->swa_layer_list = {0, 9};
+  auto s = resolve_model_spec(*c);
+  REQUIRE_FALSE(s.ok());
+  CHECK(contains(std::string(s.status().message()), "swa_layers"));
+  c->swa_layer_list = {1, 3};
+  s = resolve_model_spec(*c);
+  REQUIRE_FALSE(s.ok());  // tiny has no window of its own
+  CHECK(contains(std::string(s.status().message()), "sliding_window"));
+  c->sliding_window = 64;
+  s = resolve_model_spec(*c);
+  REQUIRE(s.ok());
+  CHECK(s->layer_is_swa == std::vector<bool>{false, true, false, true});
+
+  auto m = model_preset("mistral-7b");
+  REQUIRE(m.ok());
+  CHECK(m->sliding_window == 4096);
+  CHECK(m->any_swa());
+  auto q = model_preset("qwen2.5-7b");
+  REQUIRE(q.ok());
+  CHECK(q->qkv_bias);
+  auto l = model_preset("llama3-8b");
+  REQUIRE(l.ok());
+  CHECK(l->num_params() > 7'900'000'000);
+  CHECK(l->num_params() < 8'100'000'000);
+}
+
+TEST_CASE("config: every shipped config/*.json loads", "[config]") {
+  int n = 0;
+  for (const auto& f : std::filesystem::directory_iterator(KVFUSE_SOURCE_DIR "/config")) {
+    if (f.path().extension() != ".json") continue;
+    CAPTURE(f.path().string());
+    auto c = load_config_file(f.path().string());
+    INFO(c.status().ToString());
+    CHECK(c.ok());
+    if (c.ok()) CHECK(resolve_model_spec(*c).ok());
+    ++n;
+  }
+  CHECK(n >= 1);
+  auto missing = load_config_file("/nonexistent/kvfuse.json");
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("config: the README documents every key", "[config][docs]") {
+  std::ifstream in(KVFUSE_SOURCE_DIR "/README.md");
+  REQUIRE(in);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& d : config_key_docs()) {
+    CAPTURE(d.key);
+    CHECK(contains(text, std::string("| `") + d.key + "` |"));
+  }
+}

@@ -1,0 +1,315 @@
+// Tests of the CPU elementwise/row ops (kernels/cpu/ops.h) and GEMM (kernels/cpu/gemm.h)
+// against double-precision references.
+//
+// Every op rounds its fp32 result to bf16 once. bf16 keeps 8 significant bits, so the
+// rounding alone is up to half an ulp (2^-8 relative); the tolerances below allow one
+// ulp (2^-7 relative) plus whatever fp32 error the op's own arithmetic can add.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/ops.h"
+
+namespace {
+
+using namespace kvfuse;
+
+double bf(bf16_t b) { return kvfuse::bf16_to_f32(b); }
+
+std::vector<bf16_t> random_bf16(size_t n, float lo, float hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uni(lo, hi);
+  std::vector<bf16_t> v(n);
+  for (auto& x : v) x = kvfuse::f32_to_bf16(uni(rng));
+  return v;
+}
+
+// |x| in [2^(e-1), 2^e): one bf16 ulp is 2^(e-8).
+double bf16_ulp(double x) {
+  int e = 0;
+  std::frexp(std::max(std::fabs(x), 1e-30), &e);
+  return std::ldexp(1.0, e - 8);
+}
+
+}  // namespace
+
+TEST_CASE("ops: embedding copies the table rows of the ids", "[ops]") {
+  const int64_t vocab = 50, hidden = 24;
+  const std::vector<bf16_t> table = random_bf16(size_t(vocab * hidden), -1.0f, 1.0f, 1);
+  const std::vector<int32_t> ids = {0, 49, 7, 7, 23};
+  std::vector<bf16_t> out(ids.size() * size_t(hidden), 0);
+  cpu::embedding(ids.data(), int64_t(ids.size()), table.data(), hidden, out.data());
+  int64_t bad = 0;
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (int64_t c = 0; c < hidden; ++c)
+      bad += out[i * size_t(hidden) + size_t(c)] != table[size_t(ids[i] * hidden + c)];
+  CHECK(bad == 0);
+}
+
+namespace {
+
+// rmsnorm of `rows` random rows against double; returns the number of elements off by
+// more than one bf16 ulp.
+int64_t rmsnorm_errors(int64_t rows, int64_t cols, float eps, uint64_t seed) {
+  std::vector<bf16_t> x = random_bf16(size_t(rows * cols), -3.0f, 3.0f, seed);
+  // The second-to-last row is tiny, so eps matters; the last is large.
+  for (int64_t c = 0; c < cols && rows >= 2; ++c) {
+    bf16_t& tiny = x[size_t((rows - 2) * cols + c)];
+    bf16_t& large = x[size_t((rows - 1) * cols + c)];
+    tiny = kvfuse::f32_to_bf16(float(bf(tiny)) * 1e-3f);
+    large = kvfuse::f32_to_bf16(float(bf(large)) * 1e3f);
+  }
+  const std::vector<bf16_t> w = random_bf16(size_t(cols), 0.5f, 1.5f, seed + 1);
+  std::vector<bf16_t> out(x.size());
+  cpu::rmsnorm(x.data(), w.data(), rows, cols, eps, out.data());
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (int64_t c = 0; c < cols; ++c) ss += bf(x[size_t(r * cols + c)]) * bf(x[size_t(r * cols + c)]);
+    const double inv = 1.0 / std::sqrt(ss / double(cols) + double(eps));
+    for (int64_t c = 0; c < cols; ++c) {
+      const double ref = bf(x[size_t(r * cols + c)]) * inv * bf(w[size_t(c)]);
+      bad += !(std::fabs(bf(out[size_t(r * cols + c)]) - ref) <= std::ldexp(std::fabs(ref), -7) + 1e-12);
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("ops: rmsnorm matches a double-precision reference", "[ops]") {
+  CHECK(rmsnorm_errors(7, 1000, 1e-5f, 2) == 0);
+  CHECK(rmsnorm_errors(5, 8, 1e-6f, 3) == 0);  // short rows: the mean's divisor matters
+  CHECK(rmsnorm_errors(3, 4096, 1e-5f, 4) == 0);
+}
+
+namespace {
+
+struct RopeCase {
+  int32_t q_heads, kv_heads, head_dim;
+  float theta;
+  std::vector<int32_t> positions;
+};
+
+void check_rope_against_double(const RopeCase& rc) {
+  const int64_t n = int64_t(rc.positions.size());
+  const int32_t D = rc.head_dim, half = D / 2;
+  // Token strides larger than the rows, as for views into a fused QKV projection.
+  const int64_t q_stride = int64_t(rc.q_heads) * D + 9, k_stride = int64_t(rc.kv_heads) * D + 4;
+  std::vector<bf16_t> q = random_bf16(size_t(n * q_stride), -2.0f, 2.0f, 10);
+  std::vector<bf16_t> k = random_bf16(size_t(n * k_stride), -2.0f, 2.0f, 11);
+  const std::vector<bf16_t> q0 = q, k0 = k;
+  cpu::rope_neox(q.data(), q_stride, rc.q_heads, k.data(), k_stride, rc.kv_heads, D, rc.positions.data(), n,
+                 rc.theta);
+  int64_t bad = 0, pad_changed = 0;
+  const auto check = [&](const std::vector<bf16_t>& before, const std::vector<bf16_t>& after, int64_t stride,
+                         int32_t heads) {
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t e = int64_t(heads) * D; e < stride; ++e)
+        pad_changed += after[size_t(t * stride + e)] != before[size_t(t * stride + e)];
+      for (int32_t h = 0; h < heads; ++h)
+        for (int32_t i = 0; i < half; ++i) {
+          const size_t i0 = size_t(t * stride + int64_t(h) * D + i), i1 = i0 + size_t(half);
+          const double a = bf(before[i0]), b = bf(before[i1]);
+          const double angle = double(rc.positions[size_t(t)]) * std::pow(double(rc.theta), -2.0 * i / D);
+          const double r0 = a * std::cos(angle) - b * std::sin(angle);
+          const double r1 = b * std::cos(angle) + a * std::sin(angle);
+          // The kernel's angle is the fp32 product pos * float(inv_freq): off by up to
+          // ~|angle| * 2^-23, which moves the outputs by that times the pair's norm.
+          const double norm = std::hypot(a, b);
+          const double slack = (std::fabs(angle) * std::ldexp(1.0, -22) + std::ldexp(1.0, -20)) * norm;
+          bad += !(std::fabs(bf(after[i0]) - r0) <= bf16_ulp(r0) / 2 + slack);
+          bad += !(std::fabs(bf(after[i1]) - r1) <= bf16_ulp(r1) / 2 + slack);
+        }
+    }
+  };
+  check(q0, q, q_stride, rc.q_heads);
+  check(k0, k, k_stride, rc.kv_heads);
+  CHECK(bad == 0);
+  CHECK(pad_changed == 0);
+}
+
+}  // namespace
+
+TEST_CASE("ops: rope_neox matches a double-precision formula", "[ops]") {
+  check_rope_against_double({4, 2, 64, 10000.0f, {0, 1, 2, 17, 100, 1023, 4095}});
+  check_rope_against_double({8, 1, 128, 500000.0f, {3, 8191, 31, 2047}});
+  check_rope_against_double({2, 2, 256, 1000000.0f, {5, 123456}});
+}
+
+TEST_CASE("ops: rope_neox at position 0 is the identity", "[ops]") {
+  const int32_t D = 128, qh = 4, kh = 2;
+  const int64_t n = 3;
+  std::vector<bf16_t> q = random_bf16(size_t(n * qh * D), -5.0f, 5.0f, 20);
+  std::vector<bf16_t> k = random_bf16(size_t(n * kh * D), -5.0f, 5.0f, 21);
+  const std::vector<bf16_t> q0 = q, k0 = k;
+  const std::vector<int32_t> pos(size_t(n), 0);
+  cpu::rope_neox(q.data(), qh * D, qh, k.data(), kh * D, kh, D, pos.data(), n, 10000.0f);
+  CHECK((q == q0));
+  CHECK((k == k0));
+}
+
+TEST_CASE("ops: rope_neox preserves the norm of each rotated pair", "[ops]") {
+  const int32_t D = 64, qh = 2, kh = 1;
+  const int64_t n = 5;
+  std::vector<bf16_t> q = random_bf16(size_t(n * qh * D), -4.0f, 4.0f, 30);
+  std::vector<bf16_t> k = random_bf16(size_t(n * kh * D), -4.0f, 4.0f, 31);
+  const std::vector<bf16_t> q0 = q;
+  const std::vector<int32_t> pos = {1, 10, 333, 2000, 65535};
+  cpu::rope_neox(q.data(), qh * D, qh, k.data(), kh * D, kh, D, pos.data(), n, 10000.0f);
+  int64_t bad = 0, moved = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int32_t h = 0; h < qh; ++h)
+      for (int32_t i = 0; i < D / 2; ++i) {
+        const size_t i0 = size_t((t * qh + h) * D + i), i1 = i0 + D / 2;
+        const double before = std::hypot(bf(q0[i0]), bf(q0[i1]));
+        const double after = std::hypot(bf(q[i0]), bf(q[i1]));
+        // Each component is rounded to bf16: the norm moves by at most ~2^-8 relative.
+        bad += !(std::fabs(after - before) <= std::ldexp(before, -7) + 1e-30);
+        moved += q[i0] != q0[i0];
+      }
+  CHECK(bad == 0);
+  CHECK(moved > n * qh * D / 4);  // it did rotate
+}
+
+TEST_CASE("ops: silu_mul matches a double-precision reference", "[ops]") {
+  const int64_t n = 4, inter = 300;
+  std::vector<bf16_t> gu = random_bf16(size_t(n * 2 * inter), -8.0f, 8.0f, 40);
+  gu[0] = kvfuse::f32_to_bf16(-100.0f);  // exp(100) overflows to inf: silu must give -0, not NaN
+  gu[1] = kvfuse::f32_to_bf16(100.0f);
+  gu[2] = 0;
+  std::vector<bf16_t> out(size_t(n * inter));
+  cpu::silu_mul(gu.data(), n, inter, out.data());
+  int64_t bad = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < inter; ++i) {
+      const double g = bf(gu[size_t(t * 2 * inter + i)]), u = bf(gu[size_t(t * 2 * inter + inter + i)]);
+      const double ref = g / (1.0 + std::exp(-g)) * u;
+      bad += !(std::fabs(bf(out[size_t(t * inter + i)]) - ref) <= std::ldexp(std::fabs(ref), -7) + 1e-30);
+    }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("ops: residual_add rounds the fp32 sum once", "[ops]") {
+  std::vector<bf16_t> x = random_bf16(1000, -10.0f, 10.0f, 50);
+  const std::vector<bf16_t> y = random_bf16(1000, -10.0f, 10.0f, 51);
+  // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: round to even gives 1.
+  x[0] = kvfuse::f32_to_bf16(1.0f);
+  std::vector<bf16_t> y2 = y;
+  y2[0] = kvfuse::f32_to_bf16(0.00390625f);
+  const std::vector<bf16_t> x0 = x;
+  cpu::residual_add(x.data(), y2.data(), int64_t(x.size()));
+  CHECK(x[0] == kvfuse::f32_to_bf16(1.0f));
+  int64_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i)  // the fp32 sum of two such bf16 values is exact
+    bad += x[i] != kvfuse::f32_to_bf16(float(bf(x0[i]) + bf(y2[i])));
+  CHECK(bad == 0);
+}
+
+TEST_CASE("ops: bulk bf16/f32 conversions match the scalar ones", "[ops]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  std::vector<float> f = {0.0f,   -0.0f,   1.0f, 1.00390625f, 1.01171875f, -3.14159f,
+                          1e-40f, 3.4e38f, inf,  -inf,        nan};
+  std::vector<bf16_t> b(f.size());
+  cpu::f32_to_bf16(f.data(), int64_t(f.size()), b.data());
+  for (size_t i = 0; i < f.size(); ++i) CHECK(b[i] == kvfuse::f32_to_bf16(f[i]));
+  CHECK(b[3] == 0x3f80);  // tie to even: 1 + 2^-8 -> 1
+  CHECK(b[4] == 0x3f82);  // 1 + 3*2^-8 -> 1 + 2^-6 (tie, rounds up to even)
+  std::vector<float> back(f.size());
+  cpu::bf16_to_f32(b.data(), int64_t(b.size()), back.data());
+  for (size_t i = 0; i + 1 < f.size(); ++i) CHECK(back[i] == kvfuse::bf16_to_f32(b[i]));
+  CHECK(std::isnan(back.back()));
+}
+
+namespace {
+
+// Naive y = x * w^T (+ bias) in double, and sum |x| |w| for the fp32 error bound.
+void naive_linear(const std::vector<bf16_t>& x, int64_t m, int64_t k, const std::vector<float>& w, int64_t n,
+                  const float* bias, std::vector<double>& y, std::vector<double>& mag) {
+  y.assign(size_t(m * n), 0.0);
+  mag.assign(size_t(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = bias != nullptr ? double(bias[j]) : 0.0,
+             a = bias != nullptr ? std::fabs(double(bias[j])) : 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        s += bf(x[size_t(i * k + p)]) * double(w[size_t(j * k + p)]);
+        a += std::fabs(bf(x[size_t(i * k + p)]) * double(w[size_t(j * k + p)]));
+      }
+      y[size_t(i * n + j)] = s;
+      mag[size_t(i * n + j)] = a;
+    }
+}
+
+std::vector<float> random_f32(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = uni(rng);
+  return v;
+}
+
+constexpr float kGuard = -12345.0f;  // scratch guard values: the op must stay in bounds
+
+}  // namespace
+
+TEST_CASE("gemm: linear_bf16 matches a naive loop, with and without bias", "[gemm]") {
+  struct Shape {
+    int64_t m, k, n;
+  };
+  for (Shape s : {Shape{1, 64, 96}, Shape{5, 130, 37}, Shape{16, 256, 512}}) {
+    for (bool with_bias : {false, true}) {
+      const std::vector<bf16_t> x = random_bf16(size_t(s.m * s.k), -2.0f, 2.0f, uint64_t(s.m * 100 + s.k));
+      const std::vector<float> w = random_f32(size_t(s.n * s.k), uint64_t(s.n));
+      const std::vector<float> bias = random_f32(size_t(s.n), 77);
+      const float* b = with_bias ? bias.data() : nullptr;
+      std::vector<float> scratch(size_t(s.m * s.k + s.m * s.n) + 16, kGuard);
+      std::vector<bf16_t> out(size_t(s.m * s.n));
+      cpu::linear_bf16(x.data(), s.m, s.k, w.data(), s.n, b, out.data(), scratch.data());
+      std::vector<double> ref, mag;
+      naive_linear(x, s.m, s.k, w, s.n, b, ref, mag);
+      int64_t bad = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        // One bf16 ulp, plus the fp32 accumulation bound k * 2^-24 * sum |x w|.
+        const double tol = std::ldexp(std::fabs(ref[i]), -7) + double(s.k) * std::ldexp(mag[i], -24);
+        bad += !(std::fabs(bf(out[i]) - ref[i]) <= tol);
+      }
+      INFO("m " << s.m << " k " << s.k << " n " << s.n << " bias " << with_bias);
+      CHECK(bad == 0);
+      int64_t guard_changed = 0;
+      for (size_t i = size_t(s.m * s.k + s.m * s.n); i < scratch.size(); ++i)
+        guard_changed += scratch[i] != kGuard;
+      CHECK(guard_changed == 0);
+    }
+  }
+}
+
+TEST_CASE("gemm: linear_f32_out matches a naive loop", "[gemm]") {
+  const int64_t m = 3, k = 200, n = 1000;
+  const std::vector<bf16_t> x = random_bf16(size_t(m * k), -2.0f, 2.0f, 90);
+  const std::vector<float> w = random_f32(size_t(n * k), 91);
+  std::vector<float> scratch(size_t(m * k) + 16, kGuard);
+  std::vector<float> out(size_t(m * n));
+  cpu::linear_f32_out(x.data(), m, k, w.data(), n, out.data(), scratch.data());
+  std::vector<double> ref, mag;
+  naive_linear(x, m, k, w, n, nullptr, ref, mag);
+  int64_t bad = 0;
+  for (size_t i = 0; i < out.size(); ++i)
+    bad += !(std::fabs(double(out[i]) - ref[i]) <= double(k) * std::ldexp(mag[i], -24) + 1e-30);
+  CHECK(bad == 0);
+  int64_t guard_changed = 0;
+  for (size_t i = size_t(m * k); i < scratch.size(); ++i) guard_changed += scratch[i] != kGuard;
+  CHECK(guard_changed == 0);
+}
+
+TEST_CASE("gemm: empty batch is a no-op", "[gemm]") {
+  const std::vector<float> w = random_f32(64 * 32, 5);
+  std::vector<float> scratch(16, kGuard);
+  bf16_t out_sentinel = 0x1234;
+  cpu::linear_bf16(nullptr, 0, 32, w.data(), 64, nullptr, &out_sentinel, scratch.data());
+  CHECK(out_sentinel == 0x1234);
+}
