@@ -52,7 +52,7 @@ TEST_CASE("sampler: top-k and top-p never return excluded tokens", "[sampler]") 
   }
 }
 
-TEST_CASE("sampler: the same seed gives the same stream; parameters are validated", "[sampler]") {
+TEST_CASE("sampler: the same seed gives the same stream, and parameters are validated", "[sampler]") {
   Rng a(99), b(99), c(100);
   bool differs = false;
   for (int i = 0; i < 100; ++i) {
