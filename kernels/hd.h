@@ -5,7 +5,9 @@
 #include <cstring>
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
-#define KVFUSE_HD __host__ __device__ __forceinline__
+// Spelled with the attribute rather than __forceinline__: under clang -x hip that macro
+// exists only once hip_runtime.h is in, and these headers must not depend on order.
+#define KVFUSE_HD __host__ __device__ inline __attribute__((always_inline))
 #else
 #define KVFUSE_HD inline
 #endif

@@ -1,0 +1,102 @@
+// The GPU portability layer (DESIGN.md §5, llama.cpp style). Kernels and host code are
+// written once in the CUDA dialect; kernels/vendor/hip.h maps the runtime names for
+// AMD, and the same .cu files build as LANGUAGE HIP (kernels/gpu.cmake). Everything
+// that differs between vendors inside a kernel is a helper here, so kernels have no
+// #if of their own. The warp is kWarpSize lanes (32 NVIDIA, 64 CDNA): kernels never
+// spell 32 or use 32-bit lane masks.
+#pragma once
+
+#if defined(KVFUSE_HIP) || defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)
+#include "kernels/vendor/hip.h"
+#else
+#include "kernels/vendor/cuda.h"
+#endif
+
+#include <cstdint>
+
+#include "kernels/hd.h"
+
+#define KVFUSE_DEVICE __device__ __forceinline__
+
+namespace kvfuse::gpu {
+
+constexpr int kWarpSize = KVFUSE_WARP_SIZE;
+static_assert(kWarpSize == 32 || kWarpSize == 64, "warp size");
+
+KVFUSE_DEVICE int lane_id() { return int(threadIdx.x) % kWarpSize; }
+KVFUSE_DEVICE int warp_id() { return int(threadIdx.x) / kWarpSize; }
+
+template <class T>
+KVFUSE_DEVICE T warp_shfl_xor(T x, int lane_xor) {
+  return vendor_shfl_xor(x, lane_xor);
+}
+
+template <class T>
+KVFUSE_DEVICE T warp_broadcast(T x, int src_lane) {
+  return vendor_shfl(x, src_lane);
+}
+
+// Butterfly reductions over the whole warp; every lane gets the result.
+template <class T>
+KVFUSE_DEVICE T warp_reduce_sum(T x) {
+#pragma unroll
+  for (int off = kWarpSize / 2; off > 0; off /= 2) x += warp_shfl_xor(x, off);
+  return x;
+}
+
+template <class T>
+KVFUSE_DEVICE T warp_reduce_max(T x) {
+#pragma unroll
+  for (int off = kWarpSize / 2; off > 0; off /= 2) {
+    const T y = warp_shfl_xor(x, off);
+    x = y > x ? y : x;
+  }
+  return x;
+}
+
+// 1/x rounded to nearest even: kernels compute a scale's reciprocal exactly as the CPU
+// reference does (kernels/cpu/kv_write.cc), or the bytes would differ.
+KVFUSE_DEVICE float recip_rn(float x) { return vendor_recip_rn(x); }
+
+// Exact bf16 / f16 -> fp32 widening of raw 16-bit patterns (kernels/bf16.h types).
+KVFUSE_DEVICE float bf16_bits_to_f32(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
+KVFUSE_DEVICE float f16_bits_to_f32(uint16_t bits) { return vendor_f16_to_f32(bits); }
+
+// Two fp32 loads that both issue before either value is used (vendor_load_f32_pair).
+KVFUSE_DEVICE void load_f32_pair(const float* a, const float* b, float& x, float& y) {
+  vendor_load_f32_pair(a, b, x, y);
+}
+
+// 16-byte vector memory access. The caller guarantees 16-byte alignment.
+KVFUSE_DEVICE uint4 load_ro_16B(const void* p) { return vendor_load_ro_16B(p); }
+KVFUSE_DEVICE void store_16B(void* p, uint4 v) { *static_cast<uint4*>(p) = v; }
+
+KVFUSE_HD bool is_aligned(const void* p, uintptr_t bytes) {
+  return (reinterpret_cast<uintptr_t>(p) % bytes) == 0;
+}
+
+// Programmatic dependent launch. Kernels call grid_dependency_wait() before their first
+// access to global memory (inputs come from the previous kernel, outputs may still be
+// read by it), then launch_dependents() so the next kernel's launch overlaps their own
+// work. Both are no-ops unless the kernel was launched with pdl = true on CUDA sm_90+.
+KVFUSE_DEVICE void grid_dependency_wait() { vendor_grid_dependency_wait(); }
+KVFUSE_DEVICE void launch_dependents() { vendor_launch_dependents(); }
+
+// The one way kernels are launched: <<<>>> or, with pdl, a launch that may start
+// before the previous kernel in the stream has finished (CUDA only). Returns the
+// launch status.
+template <class... Params, class... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream,
+                          bool pdl, Args&&... args) {
+  return vendor_launch(kernel, dim3(grid), dim3(block), stream, pdl, static_cast<Args&&>(args)...);
+}
+
+// Grid size for `items` work items of `per_block` each, capped at the largest 1D grid
+// every vendor accepts (kernels that use it loop with a grid stride).
+inline unsigned grid_blocks(int64_t items, int64_t per_block) {
+  const int64_t blocks = (items + per_block - 1) / per_block;
+  constexpr int64_t kMaxBlocks = 0x7fffffff;
+  return unsigned(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+}  // namespace kvfuse::gpu

@@ -1,0 +1,167 @@
+// Row and elementwise ops of the decoder; see model_ops.cuh for the numerics contract.
+// These are small next to the GEMMs and attention: simple grid-stride kernels, one
+// block per row where a row reduction is needed.
+#include "kernels/gpu.h"
+
+#include "kernels/model_ops.cuh"
+
+namespace kvfuse::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+KVFUSE_DEVICE float ld(const bf16_t* p, int64_t i) { return bf16_bits_to_f32(p[i]); }
+
+__global__ void embedding_kernel(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out) {
+  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const bf16_t* src = table + int64_t(ids[row]) * hidden;
+    for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) out[row * hidden + c] = src[c];
+  }
+}
+
+// One block per row: fp32 sum of squares, then x * rsqrt(mean + eps) * w.
+__global__ void rmsnorm_kernel(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                               bf16_t* out) {
+  __shared__ float partial[kThreads / kWarpSize + 1];
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const bf16_t* xr = x + row * cols;
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float v = ld(xr, c);
+      ss += v * v;
+    }
+    ss = warp_reduce_sum(ss);
+    const int warps = int(blockDim.x) / kWarpSize;
+    if (lane_id() == 0) partial[warp_id()] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.0f;
+      for (int i = 0; i < warps; ++i) total += partial[i];
+      partial[warps] = 1.0f / sqrtf(total / float(cols) + eps);
+    }
+    __syncthreads();
+    const float inv = partial[warps];
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      out[row * cols + c] = f32_to_bf16(ld(xr, c) * inv * ld(w, c));
+    }
+    __syncthreads();  // partial[] is reused by the next row
+  }
+}
+
+// One thread per rotated pair (i, i + D/2) of one head of one token. The frequency is
+// computed in double, as the reference does, then the angle in fp32.
+__global__ void rope_kernel(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
+                            int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n, float theta) {
+  const int32_t half = head_dim / 2;
+  const int64_t heads = int64_t(q_heads) + kv_heads;
+  const int64_t total = n * heads * half;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t i = int32_t(idx % half);
+    const int64_t h = (idx / half) % heads;
+    const int64_t t = idx / (half * heads);
+    bf16_t* row = h < q_heads ? q + t * q_stride + h * head_dim : k + t * k_stride + (h - q_heads) * head_dim;
+    const float inv_freq = float(pow(double(theta), -2.0 * double(i) / double(head_dim)));
+    const float angle = float(positions[t]) * inv_freq;
+    const float c = cosf(angle), s = sinf(angle);
+    const float x0 = ld(row, i), x1 = ld(row, i + half);
+    row[i] = f32_to_bf16(x0 * c - x1 * s);
+    row[i + half] = f32_to_bf16(x1 * c + x0 * s);
+  }
+}
+
+__global__ void silu_mul_kernel(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) {
+  const int64_t total = n * inter;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = idx / inter, j = idx % inter;
+    const float g = ld(gate_up, t * 2 * inter + j);
+    const float u = ld(gate_up, t * 2 * inter + inter + j);
+    out[idx] = f32_to_bf16(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+__global__ void residual_add_kernel(bf16_t* x, const bf16_t* y, int64_t count) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    x[i] = f32_to_bf16(ld(x, i) + ld(y, i));
+  }
+}
+
+__global__ void gather_rows_kernel(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out) {
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const bf16_t* src = x + int64_t(rows[r]) * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[r * cols + c] = src[c];
+  }
+}
+
+__global__ void add_bias_kernel(bf16_t* y, const float* bias, int64_t m, int64_t n) {
+  const int64_t total = m * n;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    y[i] = f32_to_bf16(ld(y, i) + bias[i % n]);
+  }
+}
+
+__global__ void bf16_to_f32_kernel(const bf16_t* x, int64_t count, float* out) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+    out[i] = ld(x, i);
+  }
+}
+
+// Elementwise grids: enough blocks to fill the device, the kernels loop for the rest.
+unsigned elementwise_blocks(int64_t count) {
+  const unsigned b = grid_blocks(count, kThreads);
+  return b < 65535u ? (b == 0 ? 1u : b) : 65535u;
+}
+unsigned row_blocks(int64_t rows) { return rows < 65535 ? unsigned(rows < 1 ? 1 : rows) : 65535u; }
+
+}  // namespace
+
+cudaError_t launch_embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out,
+                             cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  return launch_kernel(embedding_kernel, row_blocks(n), kThreads, stream, false, ids, n, table, hidden, out);
+}
+
+cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps, bf16_t* out,
+                           cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  return launch_kernel(rmsnorm_kernel, row_blocks(rows), kThreads, stream, false, x, w, rows, cols, eps, out);
+}
+
+cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
+                             int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n, float theta,
+                             cudaStream_t stream) {
+  const int64_t total = n * (int64_t(q_heads) + kv_heads) * (head_dim / 2);
+  if (total <= 0) return cudaSuccess;
+  return launch_kernel(rope_kernel, elementwise_blocks(total), kThreads, stream, false, q, q_stride, q_heads, k,
+                       k_stride, kv_heads, head_dim, positions, n, theta);
+}
+
+cudaError_t launch_silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out, cudaStream_t stream) {
+  if (n * inter <= 0) return cudaSuccess;
+  return launch_kernel(silu_mul_kernel, elementwise_blocks(n * inter), kThreads, stream, false, gate_up, n, inter,
+                       out);
+}
+
+cudaError_t launch_residual_add(bf16_t* x, const bf16_t* y, int64_t count, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  return launch_kernel(residual_add_kernel, elementwise_blocks(count), kThreads, stream, false, x, y, count);
+}
+
+cudaError_t launch_gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out,
+                               cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  return launch_kernel(gather_rows_kernel, row_blocks(n), kThreads, stream, false, x, cols, rows, n, out);
+}
+
+cudaError_t launch_add_bias(bf16_t* y, const float* bias, int64_t m, int64_t n, cudaStream_t stream) {
+  if (m * n <= 0) return cudaSuccess;
+  return launch_kernel(add_bias_kernel, elementwise_blocks(m * n), kThreads, stream, false, y, bias, m, n);
+}
+
+cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  return launch_kernel(bf16_to_f32_kernel, elementwise_blocks(count), kThreads, stream, false, x, count, out);
+}
+
+}  // namespace kvfuse::gpu

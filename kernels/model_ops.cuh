@@ -1,0 +1,30 @@
+// The model's row and elementwise ops on the GPU (CUDA and HIP from one source), with
+// the CPU reference's contracts (kernels/cpu/ops.h): bf16 in memory, fp32 arithmetic,
+// one bf16 rounding per result. Results differ from the CPU only by summation order
+// (rmsnorm's reduction) and by the device's sin/cos/exp (rope, silu): within one bf16
+// ulp of the reference, which tests/gpu checks.
+#pragma once
+
+#include "kernels/bf16.h"
+#include "kernels/gpu.h"
+
+namespace kvfuse::gpu {
+
+cudaError_t launch_embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out,
+                             cudaStream_t stream);
+cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps, bf16_t* out,
+                           cudaStream_t stream);
+cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
+                             int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n, float theta,
+                             cudaStream_t stream);
+cudaError_t launch_silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out, cudaStream_t stream);
+cudaError_t launch_residual_add(bf16_t* x, const bf16_t* y, int64_t count, cudaStream_t stream);
+// out[i, :] = x[rows[i], :]
+cudaError_t launch_gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out,
+                               cudaStream_t stream);
+// y[m, n] += bias[n] (bf16 y, fp32 bias), rounded once.
+cudaError_t launch_add_bias(bf16_t* y, const float* bias, int64_t m, int64_t n, cudaStream_t stream);
+// bf16 <-> fp32 conversions.
+cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream);
+
+}  // namespace kvfuse::gpu

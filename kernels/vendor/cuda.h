@@ -1,0 +1,94 @@
+// NVIDIA side of the portability layer (kernels/gpu.h). Kernels are written in the CUDA
+// dialect, so on NVIDIA this header only adds the few device helpers whose spelling
+// differs between vendors. Never include it directly: include kernels/gpu.h.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#define KVFUSE_GPU_VENDOR "cuda"
+// Every NVIDIA warp is 32 lanes. Kernels use kvfuse::gpu::kWarpSize, never the literal.
+#define KVFUSE_WARP_SIZE 32
+
+namespace kvfuse::gpu {
+
+// Lane masks are as wide as a warp: 32 bits here, 64 on CDNA (vendor/hip.h).
+using lane_mask_t = uint32_t;
+constexpr lane_mask_t kFullLaneMask = 0xffffffffu;
+
+template <class T>
+__device__ __forceinline__ T vendor_shfl_xor(T x, int lane_xor) {
+  return __shfl_xor_sync(kFullLaneMask, x, lane_xor);
+}
+
+template <class T>
+__device__ __forceinline__ T vendor_shfl(T x, int src_lane) {
+  return __shfl_sync(kFullLaneMask, x, src_lane);
+}
+
+// 1/x correctly rounded (IEEE round to nearest even), as the CPU reference computes it.
+__device__ __forceinline__ float vendor_recip_rn(float x) { return __frcp_rn(x); }
+
+// Exact widening of an IEEE half bit pattern (cvt.f32.f16). NaN payloads are not
+// guaranteed to survive, which is fine for FP8 targets (every NaN becomes the canonical
+// code) but not for a bf16 target: that path uses kvfuse::f16_to_f32 (bf16.h).
+__device__ __forceinline__ float vendor_f16_to_f32(uint16_t bits) {
+  return __half2float(__ushort_as_half(bits));
+}
+
+// 16-byte read-only load through the non-coherent path: the sources of a KV write are
+// never written by the kernel that reads them.
+__device__ __forceinline__ uint4 vendor_load_ro_16B(const void* p) {
+  return __ldg(static_cast<const uint4*>(p));
+}
+
+// Two fp32 loads issued back to back in one asm statement, so that a long-latency use
+// of the first cannot delay the second: rcp.rn's slow path is a branch that ptxas does
+// not schedule loads across, and NVVM orders `ld a; rcp a; ld b; rcp b`.
+__device__ __forceinline__ void vendor_load_f32_pair(const float* a, const float* b, float& x, float& y) {
+  asm volatile("ld.global.f32 %0, [%2];\n\tld.global.f32 %1, [%3];"
+               : "=f"(x), "=f"(y)
+               : "l"(a), "l"(b)
+               : "memory");
+}
+
+// Programmatic dependent launch (sm_90+): a kernel launched with the attribute may be
+// scheduled while its predecessor in the stream is still running; it must wait here
+// before touching memory the predecessor reads or writes. A no-op for launches without
+// the attribute and on older architectures.
+__device__ __forceinline__ void vendor_grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the next kernel (if launched with the attribute) be scheduled now.
+__device__ __forceinline__ void vendor_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Kernel launch, optionally with programmatic dependent launch (PDL).
+template <class... Params, class... Args>
+cudaError_t vendor_launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                          Args&&... args) {
+  if (!pdl) {
+    kernel<<<grid, block, 0, stream>>>(static_cast<Args&&>(args)...);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+}
+
+}  // namespace kvfuse::gpu

@@ -1,0 +1,116 @@
+// AMD side of the portability layer (kernels/gpu.h), in the style of llama.cpp's
+// vendors/hip.h: kernels and host code are written in the CUDA dialect, and this header
+// maps the runtime names onto HIP, so the same .cu files build as LANGUAGE HIP. Never
+// include it directly: include kernels/gpu.h.
+#pragma once
+
+#include <hip/hip_fp16.h>
+#include <hip/hip_runtime.h>
+
+#include <cstdint>
+
+#define KVFUSE_GPU_VENDOR "hip"
+// kvfuse targets CDNA (gfx942 MI300X/MI325X, gfx950 MI350X/MI355X): 64-lane wavefronts.
+// RDNA's wave32 is not a target; refuse to build for it rather than run with the wrong
+// lane count.
+#define KVFUSE_WARP_SIZE 64
+#if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE) && __AMDGCN_WAVEFRONT_SIZE != 64
+#error "kvfuse's HIP kernels assume 64-lane wavefronts (CDNA); this target has a different size"
+#endif
+
+// Runtime names, CUDA spelling -> HIP. Only what kvfuse uses; add as needed.
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaErrorInvalidValue hipErrorInvalidValue
+#define cudaErrorMisalignedAddress hipErrorMisalignedAddress
+#define cudaErrorNoDevice hipErrorNoDevice
+#define cudaGetErrorString hipGetErrorString
+#define cudaGetErrorName hipGetErrorName
+#define cudaGetLastError hipGetLastError
+#define cudaPeekAtLastError hipPeekAtLastError
+#define cudaGetDeviceCount hipGetDeviceCount
+#define cudaGetDevice hipGetDevice
+#define cudaSetDevice hipSetDevice
+#define cudaGetDeviceProperties hipGetDeviceProperties
+#define cudaDeviceProp hipDeviceProp_t
+#define cudaDeviceSynchronize hipDeviceSynchronize
+#define cudaMalloc hipMalloc
+#define cudaFree hipFree
+#define cudaMemcpy hipMemcpy
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaMemset hipMemset
+#define cudaMemsetAsync hipMemsetAsync
+#define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+#define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define cudaStream_t hipStream_t
+#define cudaStreamCreate hipStreamCreate
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaStreamDestroy hipStreamDestroy
+#define cudaStreamSynchronize hipStreamSynchronize
+#define cudaEvent_t hipEvent_t
+#define cudaEventCreate hipEventCreate
+#define cudaEventDestroy hipEventDestroy
+#define cudaEventRecord hipEventRecord
+#define cudaEventSynchronize hipEventSynchronize
+#define cudaEventElapsedTime hipEventElapsedTime
+#define cudaGraph_t hipGraph_t
+#define cudaGraphExec_t hipGraphExec_t
+#define cudaStreamBeginCapture hipStreamBeginCapture
+#define cudaStreamEndCapture hipStreamEndCapture
+#define cudaStreamCaptureModeThreadLocal hipStreamCaptureModeThreadLocal
+#define cudaGraphInstantiate hipGraphInstantiateWithFlags  // CUDA 12+ signature: (exec, graph, flags)
+#define cudaGraphLaunch hipGraphLaunch
+#define cudaGraphExecDestroy hipGraphExecDestroy
+#define cudaGraphDestroy hipGraphDestroy
+
+namespace kvfuse::gpu {
+
+// Lane masks cover a 64-lane wavefront.
+using lane_mask_t = uint64_t;
+constexpr lane_mask_t kFullLaneMask = ~uint64_t(0);
+
+template <class T>
+__device__ __forceinline__ T vendor_shfl_xor(T x, int lane_xor) {
+  return __shfl_xor(x, lane_xor, KVFUSE_WARP_SIZE);
+}
+
+template <class T>
+__device__ __forceinline__ T vendor_shfl(T x, int src_lane) {
+  return __shfl(x, src_lane, KVFUSE_WARP_SIZE);
+}
+
+// 1/x correctly rounded. Not __frcp_rn: HIP implements it with v_rcp_f32, which is an
+// approximation (1 ulp), and the CPU reference divides exactly. clang compiles fp32
+// division correctly rounded for HIP by default (-fhip-fp32-correctly-rounded-divide-sqrt).
+__device__ __forceinline__ float vendor_recip_rn(float x) { return 1.0f / x; }
+
+// Exact widening of an IEEE half bit pattern (v_cvt_f32_f16).
+__device__ __forceinline__ float vendor_f16_to_f32(uint16_t bits) {
+  return static_cast<float>(__builtin_bit_cast(_Float16, bits));
+}
+
+// AMD has no separate read-only cache path to ask for: a plain 16-byte load
+// (global_load_dwordx4).
+__device__ __forceinline__ uint4 vendor_load_ro_16B(const void* p) { return *static_cast<const uint4*>(p); }
+
+// Two fp32 loads. AMD's correctly rounded division has no branch to schedule around.
+__device__ __forceinline__ void vendor_load_f32_pair(const float* a, const float* b, float& x, float& y) {
+  x = *a;
+  y = *b;
+}
+
+// No programmatic dependent launch on AMD: kernels in a stream run in order, and the
+// dependency hooks are no-ops.
+__device__ __forceinline__ void vendor_grid_dependency_wait() {}
+__device__ __forceinline__ void vendor_launch_dependents() {}
+
+template <class... Params, class... Args>
+hipError_t vendor_launch(void (*kernel)(Params...), dim3 grid, dim3 block, hipStream_t stream, bool /*pdl*/,
+                         Args&&... args) {
+  kernel<<<grid, block, 0, stream>>>(static_cast<Args&&>(args)...);
+  return hipGetLastError();
+}
+
+}  // namespace kvfuse::gpu

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the engine with the CUDA backend here (sm_90a) and packs the GPU engine tests
+# and kvfuse-run, with the non-system shared libraries they need, into .device-bundle/
+# (git-ignored), for a CUDA machine that has the driver and CUDA 13 but none of the
+# Debian libraries. cuBLASLt and the CUDA runtime are not packed: the machine's own
+# /usr/local/cuda provides them. scripts/gpu-check.sh runs the bundle when it is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+"$(dirname "$0")/install-deps.sh"
+build=${KVFUSE_CUDA_BUILD_DIR:-build-cuda}
+arch=${KVFUSE_CUDA_ARCH:-90a}
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
+cmake -S . -B "$build" -G Ninja -DKVFUSE_GPU=CUDA -DKVFUSE_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null
+targets=(kvfuse-run test_gpu_backend test_gpu_engine)
+ninja -C "$build" -j"${KVFUSE_JOBS:-$(nproc)}" "${targets[@]}"
+bundle=.device-bundle
+rm -rf "$bundle"
+mkdir -p "$bundle/lib"
+cp "$build/kvfuse-run" "$build/tests/test_gpu_backend" "$build/tests/test_gpu_engine" "$bundle/"
+# Every shared library outside libc's own set and the CUDA toolkit.
+for bin in "$bundle"/kvfuse-run "$bundle"/test_gpu_*; do
+  ldd "$bin" | awk '/=> \// {print $3}'
+done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |
+  grep -v '/cuda' | while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
+du -sh "$bundle"
+echo "gpu-bundle: $(ls "$bundle/lib" | wc -l) libraries packed into $bundle"

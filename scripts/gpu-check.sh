@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# The one command that builds and runs the GPU parity tests and the kernel benchmark
+# on a CUDA machine (the H200 of issue 3):
+#
+#   scripts/gpu-check.sh
+#
+# It needs only a CUDA toolkit, cmake (>= 3.22) and a host compiler: it configures the
+# standalone GPU build of tests/gpu/CMakeLists.txt (kernels, the CPU KV-write reference,
+# the tests and bench/; no absl, gRPC or BLAS), builds it, runs both parity programs and
+# bench_kv_write, then (if compute-sanitizer is there and works) the KV-write test once
+# more under memcheck. Logs, the benchmark table and its JSON go to $OUT (the device
+# runner's output folder; at most 8 files come back from it, this writes 7) or, if
+# unset, build-gpu-check/logs. Exit status: 0 if the build and every test passed (or
+# were skipped for lack of a GPU), 1 otherwise.
+#
+# Environment: KVFUSE_CUDA_ARCH (default 90a), KVFUSE_GPU_BUILD_DIR (default
+# build-gpu-check), KVFUSE_BENCH_ROUNDS (default 15), KVFUSE_SANITIZER_TIMEOUT (s, 150).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${KVFUSE_GPU_BUILD_DIR:-build-gpu-check}
+out=${OUT:-$build/logs}
+arch=${KVFUSE_CUDA_ARCH:-90a}
+mkdir -p "$out"
+summary="$out/summary.txt"
+log="$out/build.log"
+: >"$summary"
+note() { echo "gpu-check: $*" | tee -a "$summary"; }
+t0=$(date +%s)
+elapsed() { echo "$(($(date +%s) - t0))s"; }
+
+nvcc=$(command -v nvcc || true)
+if [[ -z $nvcc ]]; then
+  nvcc=$(ls -d /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc 2>/dev/null | head -1 || true)
+fi
+if [[ -z $nvcc ]]; then
+  note "FAIL: no nvcc on PATH or under /usr/local/cuda*/bin"
+  exit 1
+fi
+{
+  date -u
+  nvidia-smi 2>&1 || echo "nvidia-smi unavailable"
+  "$nvcc" --version
+  cmake --version | head -1
+  c++ --version 2>&1 | head -1
+  echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(git status --porcelain 2>/dev/null | wc -l) changed"
+} >"$log" 2>&1
+note "nvcc $nvcc, arch sm_$arch, logs in $out"
+
+generator=()
+if command -v ninja >/dev/null; then generator=(-G Ninja); fi
+if ! cmake -S tests/gpu -B "$build" "${generator[@]}" -DKVFUSE_GPU=CUDA -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" >>"$log" 2>&1; then
+  tail -30 "$log"
+  note "FAIL: configure (see build.log) after $(elapsed)"
+  exit 1
+fi
+if ! cmake --build "$build" -j"$(nproc)" >>"$log" 2>&1; then
+  grep -E "error|Error" "$log" | head -30
+  note "FAIL: build (see build.log) after $(elapsed)"
+  exit 1
+fi
+note "built in $(elapsed)"
+
+status=0
+for t in test_fp8_convert_gpu test_kv_write_gpu; do
+  "$build/$t" >"$out/$t.log" 2>&1
+  rc=$?
+  grep -E "^FAIL|^SKIP|^FATAL|passed,|conversion for|device 0" "$out/$t.log" | head -40
+  note "$t: exit $rc, $(tail -1 "$out/$t.log") ($(elapsed))"
+  ((rc == 0)) || status=1
+done
+
+"$build/bench/bench_kv_write" --json "$out/bench_kv_write.json" --rounds "${KVFUSE_BENCH_ROUNDS:-15}" \
+  >"$out/bench_kv_write.txt" 2>&1
+rc=$?
+cat "$out/bench_kv_write.txt"
+note "bench_kv_write: exit $rc ($(elapsed))"
+((rc == 0)) || status=1
+
+# Out-of-bounds accesses would not always change the bytes compared above: memcheck
+# the KV-write test (reduced matrix). "Device not supported" (gVisor) is a skip.
+san=$(command -v compute-sanitizer || ls -d /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [[ -n $san ]]; then
+  KVFUSE_GPU_TEST_QUICK=1 timeout "${KVFUSE_SANITIZER_TIMEOUT:-150}" "$san" --tool memcheck --error-exitcode 3 \
+    "$build/test_kv_write_gpu" >"$out/sanitizer.log" 2>&1
+  rc=$?
+  if grep -q "Device not supported\|not supported on this" "$out/sanitizer.log"; then
+    note "compute-sanitizer: SKIP (device not supported here)"
+  elif ((rc == 124)); then
+    note "compute-sanitizer: SKIP (timed out; see sanitizer.log)"
+  else
+    note "compute-sanitizer memcheck: exit $rc, $(grep -E 'ERROR SUMMARY' "$out/sanitizer.log" | tail -1) ($(elapsed))"
+    ((rc == 0)) || status=1
+  fi
+else
+  note "compute-sanitizer: SKIP (not found)"
+fi
+
+# The engine on the GPU: backend op parity and CPU-vs-GPU engine tests, from the
+# bundle scripts/gpu-bundle.sh builds on a machine with the Debian libraries (the device
+# machine has none of them). Skipped when no bundle was carried along.
+bundle=.device-bundle
+if [[ -x $bundle/test_gpu_backend ]]; then
+  cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
+  export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  : >"$out/engine.log"
+  for t in test_gpu_backend test_gpu_engine; do
+    "$bundle/$t" >>"$out/engine.log" 2>&1
+    rc=$?
+    grep -E "^gpu engine|failed|Passed|passed" "$out/engine.log" | tail -20
+    note "$t: exit $rc ($(elapsed))"
+    ((rc == 0)) || status=1
+  done
+  "$bundle/kvfuse-run" --set device=cuda -n 8 -m 32 -q >>"$out/engine.log" 2>&1
+  rc=$?
+  tail -3 "$out/engine.log"
+  note "kvfuse-run on cuda: exit $rc ($(elapsed))"
+  ((rc == 0)) || status=1
+else
+  note "engine tests: SKIP (no $bundle; build it with scripts/gpu-bundle.sh)"
+fi
+
+note "$( ((status == 0)) && echo PASS || echo FAIL) after $(elapsed)"
+exit $status

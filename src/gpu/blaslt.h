@@ -1,0 +1,65 @@
+// The BLAS-Lt names the GPU backend uses: cuBLASLt on NVIDIA, hipBLASLt on AMD (same
+// API shape, different prefixes). Only what gpu_backend.cc calls.
+#pragma once
+
+#if defined(KVFUSE_HIP)
+#include <hipblaslt/hipblaslt.h>
+#define KVFUSE_BLASLT_NAME "hipBLASLt"
+using blasLtHandle_t = hipblasLtHandle_t;
+using blasLtMatmulDesc_t = hipblasLtMatmulDesc_t;
+using blasLtMatrixLayout_t = hipblasLtMatrixLayout_t;
+using blasLtMatmulPreference_t = hipblasLtMatmulPreference_t;
+using blasLtMatmulHeuristicResult_t = hipblasLtMatmulHeuristicResult_t;
+using blasStatus_t = hipblasStatus_t;
+#define BLAS_STATUS_SUCCESS HIPBLAS_STATUS_SUCCESS
+#define BLAS_COMPUTE_32F HIPBLAS_COMPUTE_32F
+#define BLAS_R_32F HIP_R_32F
+#define BLAS_R_16BF HIP_R_16BF
+#define BLAS_OP_N HIPBLAS_OP_N
+#define BLAS_OP_T HIPBLAS_OP_T
+#define BLASLT_MATMUL_DESC_TRANSA HIPBLASLT_MATMUL_DESC_TRANSA
+#define BLASLT_MATMUL_DESC_TRANSB HIPBLASLT_MATMUL_DESC_TRANSB
+#define BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES HIPBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+#define blasLtCreate hipblasLtCreate
+#define blasLtDestroy hipblasLtDestroy
+#define blasLtMatmulDescCreate hipblasLtMatmulDescCreate
+#define blasLtMatmulDescDestroy hipblasLtMatmulDescDestroy
+#define blasLtMatmulDescSetAttribute hipblasLtMatmulDescSetAttribute
+#define blasLtMatrixLayoutCreate hipblasLtMatrixLayoutCreate
+#define blasLtMatrixLayoutDestroy hipblasLtMatrixLayoutDestroy
+#define blasLtMatmulPreferenceCreate hipblasLtMatmulPreferenceCreate
+#define blasLtMatmulPreferenceDestroy hipblasLtMatmulPreferenceDestroy
+#define blasLtMatmulPreferenceSetAttribute hipblasLtMatmulPreferenceSetAttribute
+#define blasLtMatmulAlgoGetHeuristic hipblasLtMatmulAlgoGetHeuristic
+#define blasLtMatmul hipblasLtMatmul
+#else
+#include <cublasLt.h>
+#define KVFUSE_BLASLT_NAME "cuBLASLt"
+using blasLtHandle_t = cublasLtHandle_t;
+using blasLtMatmulDesc_t = cublasLtMatmulDesc_t;
+using blasLtMatrixLayout_t = cublasLtMatrixLayout_t;
+using blasLtMatmulPreference_t = cublasLtMatmulPreference_t;
+using blasLtMatmulHeuristicResult_t = cublasLtMatmulHeuristicResult_t;
+using blasStatus_t = cublasStatus_t;
+#define BLAS_STATUS_SUCCESS CUBLAS_STATUS_SUCCESS
+#define BLAS_COMPUTE_32F CUBLAS_COMPUTE_32F
+#define BLAS_R_32F CUDA_R_32F
+#define BLAS_R_16BF CUDA_R_16BF
+#define BLAS_OP_N CUBLAS_OP_N
+#define BLAS_OP_T CUBLAS_OP_T
+#define BLASLT_MATMUL_DESC_TRANSA CUBLASLT_MATMUL_DESC_TRANSA
+#define BLASLT_MATMUL_DESC_TRANSB CUBLASLT_MATMUL_DESC_TRANSB
+#define BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+#define blasLtCreate cublasLtCreate
+#define blasLtDestroy cublasLtDestroy
+#define blasLtMatmulDescCreate cublasLtMatmulDescCreate
+#define blasLtMatmulDescDestroy cublasLtMatmulDescDestroy
+#define blasLtMatmulDescSetAttribute cublasLtMatmulDescSetAttribute
+#define blasLtMatrixLayoutCreate cublasLtMatrixLayoutCreate
+#define blasLtMatrixLayoutDestroy cublasLtMatrixLayoutDestroy
+#define blasLtMatmulPreferenceCreate cublasLtMatmulPreferenceCreate
+#define blasLtMatmulPreferenceDestroy cublasLtMatmulPreferenceDestroy
+#define blasLtMatmulPreferenceSetAttribute cublasLtMatmulPreferenceSetAttribute
+#define blasLtMatmulAlgoGetHeuristic cublasLtMatmulAlgoGetHeuristic
+#define blasLtMatmul cublasLtMatmul
+#endif
