@@ -94,10 +94,10 @@ __global__ void gather_rows_kernel(const bf16_t* x, int64_t cols, const int32_t*
   }
 }
 
-__global__ void add_bias_kernel(bf16_t* y, const float* bias, int64_t m, int64_t n) {
+__global__ void bias_round_kernel(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out) {
   const int64_t total = m * n;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    y[i] = f32_to_bf16(ld(y, i) + bias[i % n]);
+    out[i] = f32_to_bf16(y[i] + bias[i % n]);
   }
 }
 
@@ -154,9 +154,10 @@ cudaError_t launch_gather_rows(const bf16_t* x, int64_t cols, const int32_t* row
   return launch_kernel(gather_rows_kernel, row_blocks(n), kThreads, stream, false, x, cols, rows, n, out);
 }
 
-cudaError_t launch_add_bias(bf16_t* y, const float* bias, int64_t m, int64_t n, cudaStream_t stream) {
+cudaError_t launch_bias_round(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out,
+                              cudaStream_t stream) {
   if (m * n <= 0) return cudaSuccess;
-  return launch_kernel(add_bias_kernel, elementwise_blocks(m * n), kThreads, stream, false, y, bias, m, n);
+  return launch_kernel(bias_round_kernel, elementwise_blocks(m * n), kThreads, stream, false, y, bias, m, n, out);
 }
 
 cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream) {

@@ -22,8 +22,10 @@ cudaError_t launch_residual_add(bf16_t* x, const bf16_t* y, int64_t count, cudaS
 // out[i, :] = x[rows[i], :]
 cudaError_t launch_gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out,
                                cudaStream_t stream);
-// y[m, n] += bias[n] (bf16 y, fp32 bias), rounded once.
-cudaError_t launch_add_bias(bf16_t* y, const float* bias, int64_t m, int64_t n, cudaStream_t stream);
+// out[m, n] = bf16(y[m, n] + bias[n]) from an fp32 GEMM result: one rounding, as the
+// CPU reference's linear does (sgemm, add the bias, round).
+cudaError_t launch_bias_round(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out,
+                              cudaStream_t stream);
 // bf16 <-> fp32 conversions.
 cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream);
 

@@ -13,7 +13,7 @@ namespace {
 
 std::unique_ptr<Engine> gpu_engine_or_skip(json overrides) {
   overrides["device"] = "auto";
-  nlohmann::json j = {{"model", "tiny"}, {"num_pages", 512}, {"max_seq_len", 1024}};
+  nlohmann::json j = {{"model", "tiny"}, {"num_pages", 512}, {"max_seq_len", 1024}, {"max_batch_tokens", 1024}};
   for (const auto& [k, v] : overrides.items()) j[k] = v;
   auto cfg = config_from_json(j);
   REQUIRE(cfg.ok());
@@ -45,6 +45,7 @@ TEST_CASE("gpu engine: tiny model logits and greedy tokens match the CPU engine"
         if (!gpu) return;
         json cpu_cfg = cfg;
         cpu_cfg["device"] = "cpu";
+        cpu_cfg["max_batch_tokens"] = 1024;  // the 700-token prompt in one step
         auto cpu = make_engine(cpu_cfg);
         const auto prompt = prompt_of(700, 11, cpu->spec().vocab);  // > one split partition
         const auto want = greedy(*cpu, 1, prompt, 64);

@@ -55,6 +55,7 @@ class GpuBackend final : public Backend {
     if (stream_) cudaStreamSynchronize(stream_);
     blas_workspace_.reset();
     split_scratch_.reset();
+    gemm_f32_.reset();
     if (blas_) blasLtDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -120,7 +121,7 @@ class GpuBackend final : public Backend {
     lw.w = std::move(*wb);
     if (auto st = copy_to_device(lw.w.get(), w, size_t(n * k) * sizeof(bf16_t)); !st.ok()) return st;
     if (bias) {
-      // Bias in fp32, added after the GEMM's bf16 rounding as the CPU reference does.
+      // Bias in fp32, added to the fp32 GEMM result before the one rounding (see linear).
       std::vector<float> b(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) b[size_t(i)] = bf16_to_f32(bias[i]);
       auto bb = alloc(size_t(n) * sizeof(float));
@@ -140,9 +141,18 @@ class GpuBackend final : public Backend {
     return cuda_status(gpu::launch_rmsnorm(x, w, rows, cols, eps, out, stream_), "rmsnorm");
   }
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
-    if (auto st = gemm(x, m, w, out, BLAS_R_16BF); !st.ok()) return st;
-    if (w.bias.get()) return cuda_status(gpu::launch_add_bias(out, w.bias.as<float>(), m, w.n, stream_), "add_bias");
-    return absl::OkStatus();
+    if (!w.bias.get()) return gemm(x, m, w, out, BLAS_R_16BF);
+    // With a bias the GEMM result stays fp32 until the bias is in: one bf16 rounding.
+    const size_t need = size_t(m * w.n) * sizeof(float);
+    if (need > gemm_f32_.bytes()) {
+      if (auto st = synchronize(); !st.ok()) return st;  // the old buffer may still be in use
+      auto b = alloc(need * 2);
+      if (!b.ok()) return b.status();
+      gemm_f32_ = std::move(*b);
+    }
+    if (auto st = gemm(x, m, w, gemm_f32_.get(), BLAS_R_32F); !st.ok()) return st;
+    return cuda_status(gpu::launch_bias_round(gemm_f32_.as<float>(), w.bias.as<float>(), m, w.n, out, stream_),
+                       "bias_round");
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
     return gemm(x, m, w, out, BLAS_R_32F);
@@ -269,6 +279,7 @@ class GpuBackend final : public Backend {
   blasLtHandle_t blas_ = nullptr;
   DeviceBuffer blas_workspace_;
   DeviceBuffer split_scratch_;
+  DeviceBuffer gemm_f32_;  // fp32 GEMM results of biased linear layers
 };
 
 }  // namespace
