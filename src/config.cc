@@ -44,6 +44,8 @@ const char* to_string(AttentionPath p) { return p == AttentionPath::unified ? "u
 const std::vector<ConfigKeyDoc>& config_key_docs() {
   static const std::vector<ConfigKeyDoc> docs = {
       {"model", "tiny | llama3-8b | qwen2.5-7b | mistral-7b | hybrid-swa", "model preset (default tiny)"},
+      {"model_path", "directory path, or \"\"",
+       "Hugging Face model directory (config.json + safetensors); when set, model and seed are unused"},
       {"seed", "integer >= 0", "seed of the synthetic weights (default 0)"},
       {"device", "auto | cpu | cuda | hip", "backend; auto takes a built-in GPU if present, else the CPU"},
       {"kv_cache_dtype", "bf16 | fp8_e4m3 | fp8_e5m2",
@@ -56,8 +58,12 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"sliding_window", "-1 | 0 | W > 0", "-1 keeps the preset's window, 0 disables SWA, W sets it"},
       {"swa_layers", "preset | none | all | alternate | [layer, ...]",
        "which layers use the window; alternate marks even layers"},
-      {"k_scale", "number > 0, or one per layer", "per-tensor K scale: stored = fp8(k / k_scale)"},
-      {"v_scale", "number > 0, or one per layer", "per-tensor V scale"},
+      {"k_scale", "null, number > 0, or one per layer",
+       "per-tensor K scale in e4m3fn units: stored = fp8(k / k_scale); null: kv_scales_file, checkpoint or "
+       "1.0"},
+      {"v_scale", "null, number > 0, or one per layer", "per-tensor V scale, as k_scale"},
+      {"kv_scales_file", "file path, or \"\"",
+       "JSON file with k_scale/v_scale per layer (kvfuse-calibrate writes it); overrides checkpoint scales"},
       {"max_batch_tokens", "1 .. 65536", "per-step token budget; longer prompts are prefilled in chunks"},
       {"max_running_seqs", "1 .. 4096", "sequences decoded together in one step"},
       {"max_seq_len", "2 .. 1048576", "longest sequence (prompt plus generated tokens)"},
@@ -71,7 +77,14 @@ absl::Status key_error(const std::string& key, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("config key '", key, "': ", what));
 }
 
-std::string dump(const json& v) { return v.dump(); }
+// A value for an error message. Structured values are summarised, not printed: the
+// printer recurses, and an invalid UTF-8 string (an override that is not JSON) would
+// make it throw.
+std::string dump(const json& v) {
+  if (v.is_array()) return absl::StrCat("a list of ", v.size());
+  if (v.is_object()) return "an object";
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 template <class E>
 absl::Status parse_enum(const json& j, const std::string& key, const std::map<std::string, E>& values,
@@ -101,15 +114,17 @@ absl::Status parse_int(const json& j, const std::string& key, int64_t lo, int64_
 }
 
 absl::Status parse_scales(const json& j, const std::string& key, std::vector<float>& out) {
-  std::vector<json> items;
+  out.clear();
+  if (j.is_null()) return absl::OkStatus();  // not set
+  std::vector<const json*> items;
   if (j.is_array()) {
     if (j.empty()) return key_error(key, "empty list");
-    items.assign(j.begin(), j.end());
+    for (const json& v : j) items.push_back(&v);
   } else {
-    items.push_back(j);
+    items.push_back(&j);
   }
-  out.clear();
-  for (const auto& v : items) {
+  for (const json* pv : items) {
+    const json& v = *pv;
     if (!v.is_number()) return key_error(key, absl::StrCat(dump(v), " is not a number"));
     const double d = v.get<double>();
     if (!std::isfinite(d) || d <= 0.0 || d > 3.0e38) {
@@ -117,6 +132,16 @@ absl::Status parse_scales(const json& j, const std::string& key, std::vector<flo
     }
     out.push_back(float(d));
   }
+  return absl::OkStatus();
+}
+
+// A path: a string without NUL bytes ("" means unset). Whether it exists is checked
+// where it is used, so that configs stay portable between machines.
+absl::Status parse_path(const json& j, const std::string& key, std::string& out) {
+  if (!j.is_string()) return key_error(key, absl::StrCat(dump(j), " is not a string"));
+  const std::string& s = j.get_ref<const std::string&>();
+  if (s.find('\0') != std::string::npos) return key_error(key, "contains a NUL byte");
+  out = s;
   return absl::OkStatus();
 }
 
@@ -150,6 +175,8 @@ absl::StatusOr<Config> config_from_json(const json& j) {
                                                                {"hybrid-swa", "hybrid-swa"}};
     KVFUSE_TRY(parse_enum(j["model"], "model", presets, c.model));
   }
+  if (has("model_path")) KVFUSE_TRY(parse_path(j["model_path"], "model_path", c.model_path));
+  if (has("kv_scales_file")) KVFUSE_TRY(parse_path(j["kv_scales_file"], "kv_scales_file", c.kv_scales_file));
   if (has("seed")) KVFUSE_TRY(parse_int(j["seed"], "seed", 0, INT64_MAX, c.seed));
   if (has("device")) {
     KVFUSE_TRY(parse_enum(j["device"], "device",
@@ -240,6 +267,7 @@ absl::Status apply_config_override(json& j, const std::string& assignment) {
 json config_to_json(const Config& c) {
   json j;
   j["model"] = c.model;
+  j["model_path"] = c.model_path;
   j["seed"] = c.seed;
   j["device"] = to_string(c.device);
   j["kv_cache_dtype"] = to_string(c.kv_cache_dtype);
@@ -254,8 +282,12 @@ json config_to_json(const Config& c) {
   } else {
     j["swa_layers"] = c.swa_layers;
   }
-  j["k_scale"] = c.k_scale.size() == 1 ? json(c.k_scale[0]) : json(c.k_scale);
-  j["v_scale"] = c.v_scale.size() == 1 ? json(c.v_scale[0]) : json(c.v_scale);
+  auto scales = [](const std::vector<float>& v) {
+    return v.empty() ? json(nullptr) : v.size() == 1 ? json(v[0]) : json(v);
+  };
+  j["k_scale"] = scales(c.k_scale);
+  j["v_scale"] = scales(c.v_scale);
+  j["kv_scales_file"] = c.kv_scales_file;
   j["max_batch_tokens"] = c.max_batch_tokens;
   j["max_running_seqs"] = c.max_running_seqs;
   j["max_seq_len"] = c.max_seq_len;

@@ -23,6 +23,7 @@ const char* to_string(AttentionPath p);
 
 struct Config {
   std::string model = "tiny";  // preset name
+  std::string model_path;      // Hugging Face model directory; when set, `model` and `seed` are unused
   uint64_t seed = 0;           // synthetic weights
   Device device = Device::auto_;
   KvCacheDtype kv_cache_dtype = KvCacheDtype::fp8_e4m3;
@@ -34,8 +35,11 @@ struct Config {
   int32_t sliding_window = -1;      // -1: the preset's; 0: none; W > 0: window of W keys
   std::string swa_layers = "preset";  // preset | none | all | alternate | list
   std::vector<int32_t> swa_layer_list;  // when swa_layers == "list"
-  std::vector<float> k_scale = {1.0f};  // one value for every layer, or one per layer
-  std::vector<float> v_scale = {1.0f};
+  // One value for every layer, or one per layer; empty when the config does not set the
+  // key (JSON null), so that a kv_scales_file or checkpoint scales apply (src/kv_scales.h).
+  std::vector<float> k_scale;
+  std::vector<float> v_scale;
+  std::string kv_scales_file;       // JSON file of per-layer scales (calibration output)
   int32_t max_batch_tokens = 512;   // per-step token budget (chunked prefill)
   int32_t max_running_seqs = 64;
   int32_t max_seq_len = 4096;

@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/checkpoint.h"
+#include "src/kv_scales.h"
 
 namespace kvfuse {
 
@@ -69,8 +71,20 @@ absl::Status Engine::init() {
   pc.dtype = backend_->resolve_kv_dtype(cfg_.kv_cache_dtype);
   pc.layer_is_swa = s.layer_is_swa;
   pc.window = s.sliding_window;
-  pc.k_scale = cfg_.k_scale.size() == 1 ? std::vector<float>(L, cfg_.k_scale[0]) : cfg_.k_scale;
-  pc.v_scale = cfg_.v_scale.size() == 1 ? std::vector<float>(L, cfg_.v_scale[0]) : cfg_.v_scale;
+  // A checkpoint (model_path) brings the weights and possibly KV scales; the scales in
+  // use follow the precedence and FNUZ rule of src/kv_scales.h.
+  std::unique_ptr<Checkpoint> ckpt;
+  if (!cfg_.model_path.empty()) {
+    auto c = Checkpoint::open(cfg_.model_path);
+    if (!c.ok()) return c.status();
+    ckpt = std::move(*c);
+  }
+  auto scales = resolve_kv_scales(cfg_, ckpt ? ckpt->kv_scales() : std::nullopt, s.num_layers);
+  if (!scales.ok()) return scales.status();
+  for (size_t l = 0; l < L; ++l) {
+    pc.k_scale.push_back(kv_scale_on_device(scales->k[l], pc.dtype));
+    pc.v_scale.push_back(kv_scale_on_device(scales->v[l], pc.dtype));
+  }
   if (s.any_swa()) {
     // Enough SWA pages for every running sequence to hold its window plus one step's
     // chunk, unless the config sizes the pool itself.
@@ -86,7 +100,8 @@ absl::Status Engine::init() {
   limits.max_tokens = cfg_.max_batch_tokens;
   limits.max_seqs = cfg_.max_running_seqs;
   limits.max_pages_per_seq = ceil_div(cfg_.max_seq_len, cfg_.page_size);
-  auto model = Model::create_synthetic(*backend_, s, cfg_.seed, limits);
+  auto model = ckpt ? Model::create_from_checkpoint(*backend_, s, *ckpt, limits)
+                    : Model::create_synthetic(*backend_, s, cfg_.seed, limits);
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
   return absl::OkStatus();
@@ -267,6 +282,20 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
   timings_.num_tokens = b.num_tokens();
   timings_.num_seqs = int32_t(run.size());
   return results;
+}
+
+absl::Status Engine::assume_computed(SeqId id, int32_t n) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
+  SequenceState& s = it->second;
+  if (n < 0 || n >= s.num_pending()) {
+    return absl::InvalidArgumentError(absl::StrCat("assume_computed: ", n, " of ", s.num_pending(),
+                                                   " pending tokens (the last one must still run)"));
+  }
+  if (auto st = pool_->reserve(id, s.num_computed + n); !st.ok()) return st;
+  s.num_computed += n;
+  pool_->trim_window(id);
+  return absl::OkStatus();
 }
 
 }  // namespace kvfuse

@@ -91,6 +91,12 @@ class Engine {
   // (A/B tests and benchmarks on one engine).
   absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items, const ForwardOptions& opts);
 
+  // For decode benchmarks: treats the first `n` pending tokens of a sequence as computed
+  // without running them. Their pages are reserved; the cache keeps whatever bytes the
+  // pages hold, so the decode steps that follow read a synthetic context of the right
+  // size (their timing is what is measured, not their tokens).
+  absl::Status assume_computed(SeqId id, int32_t n);
+
   // Logits of the last step, [rows, vocab]: one row per item that sampled or asked for logits.
   const std::vector<float>& last_logits() const { return logits_; }
   const StepTimings& last_timings() const { return timings_; }

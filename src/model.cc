@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
+#include "src/checkpoint.h"
 
 namespace kvfuse {
 
@@ -41,18 +42,89 @@ float synthetic_weight(uint64_t seed, uint64_t tensor, uint64_t i) {
   return float((2.0 * u - 1.0) * 1.7320508075688772);
 }
 
+namespace {
+
+// The synthetic weights. Their scales keep activations near unit RMS through the
+// residual stream, and make the logits peaked enough (std ~3) that greedy decoding is
+// well defined.
+class SyntheticWeights final : public HostWeightSource {
+ public:
+  SyntheticWeights(const ModelSpec& spec, uint64_t seed) : s_(spec), seed_(seed) {}
+
+  absl::Status globals(HostGlobalWeights& g) override {
+    const float in_std = 1.0f / std::sqrt(float(s_.hidden));
+    g.embed = synth(seed_, kEmbed, int64_t(s_.vocab) * s_.hidden, 1.0f);
+    g.final_norm = synth(seed_, kFinalNorm, s_.hidden, 0.05f, 1.0f);
+    g.lm_head = HostLinear{};
+    if (!s_.tie_embeddings) g.lm_head.w = synth(seed_, kLmHead, int64_t(s_.vocab) * s_.hidden, 3.0f * in_std);
+    return absl::OkStatus();
+  }
+
+  absl::Status layer(int32_t l, HostLayerWeights& L) override {
+    const float in_std = 1.0f / std::sqrt(float(s_.hidden));
+    const uint64_t base = kLayerBase + uint64_t(l) * kTensorsPerLayer;
+    L.attn_norm = synth(seed_, base + kAttnNorm, s_.hidden, 0.05f, 1.0f);
+    L.ffn_norm = synth(seed_, base + kFfnNorm, s_.hidden, 0.05f, 1.0f);
+    L.qkv.w = synth(seed_, base + kQkv, s_.qkv_dim() * s_.hidden, in_std);
+    L.qkv.bias = s_.qkv_bias ? synth(seed_, base + kQkvBias, s_.qkv_dim(), 0.1f) : std::vector<bf16_t>{};
+    L.o.w = synth(seed_, base + kO, int64_t(s_.hidden) * s_.q_dim(), 0.5f / std::sqrt(float(s_.q_dim())));
+    L.gate_up.w = synth(seed_, base + kGateUp, 2 * int64_t(s_.intermediate) * s_.hidden, in_std);
+    L.down.w = synth(seed_, base + kDown, int64_t(s_.hidden) * s_.intermediate,
+                     0.5f / std::sqrt(float(s_.intermediate)));
+    return absl::OkStatus();
+  }
+
+ private:
+  ModelSpec s_;
+  uint64_t seed_;
+};
+
+absl::Status check_size(const std::vector<bf16_t>& v, int64_t want, const std::string& what) {
+  if (int64_t(v.size()) == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("model weights: ", what, " has ", v.size(), " values, expected ", want));
+}
+
+}  // namespace
+
+std::unique_ptr<HostWeightSource> make_synthetic_weights(const ModelSpec& spec, uint64_t seed) {
+  return std::make_unique<SyntheticWeights>(spec, seed);
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::create_synthetic(Backend& backend, const ModelSpec& spec, uint64_t seed,
                                                                 const ModelLimits& limits) {
+  SyntheticWeights weights(spec, seed);
+  return create_from_weights(backend, spec, weights, limits);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::create_from_weights(Backend& backend, const ModelSpec& spec,
+                                                                  HostWeightSource& weights,
+                                                                  const ModelLimits& limits) {
   if (limits.max_tokens <= 0 || limits.max_seqs <= 0 || limits.max_pages_per_seq <= 0) {
     return absl::InvalidArgumentError("model limits must be positive");
   }
   std::unique_ptr<Model> m(new Model(backend, spec, limits));
-  KVFUSE_RETURN_IF_ERROR(m->init_weights(seed));
+  KVFUSE_RETURN_IF_ERROR(m->init_weights(weights));
   KVFUSE_RETURN_IF_ERROR(m->init_workspace());
   return m;
 }
 
-absl::Status Model::init_weights(uint64_t seed) {
+absl::StatusOr<std::unique_ptr<Model>> Model::create_from_checkpoint(Backend& backend, const ModelSpec& spec,
+                                                                     const Checkpoint& checkpoint,
+                                                                     const ModelLimits& limits) {
+  const ModelSpec& c = checkpoint.spec();
+  if (spec.vocab != c.vocab || spec.hidden != c.hidden || spec.intermediate != c.intermediate ||
+      spec.num_layers != c.num_layers || spec.num_q_heads != c.num_q_heads ||
+      spec.num_kv_heads != c.num_kv_heads || spec.head_dim != c.head_dim || spec.qkv_bias != c.qkv_bias ||
+      spec.tie_embeddings != c.tie_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model spec '", spec.name, "' does not have the shapes of checkpoint ", checkpoint.dir()));
+  }
+  auto weights = checkpoint.weights();
+  return create_from_weights(backend, spec, *weights, limits);
+}
+
+absl::Status Model::init_weights(HostWeightSource& weights) {
   const ModelSpec& s = spec_;
   auto upload_vec = [&](const std::vector<bf16_t>& v, DeviceBuffer& dst) -> absl::Status {
     auto b = backend_.alloc(v.size() * sizeof(bf16_t));
@@ -60,43 +132,41 @@ absl::Status Model::init_weights(uint64_t seed) {
     dst = std::move(*b);
     return backend_.copy_to_device(dst.get(), v.data(), v.size() * sizeof(bf16_t));
   };
-  auto upload_linear = [&](uint64_t tensor, int64_t n, int64_t k, float stddev, bool bias,
+  auto upload_linear = [&](const HostLinear& h, int64_t n, int64_t k, bool bias, const std::string& what,
                            LinearWeight& dst) -> absl::Status {
-    const auto w = synth(seed, tensor, n * k, stddev);
-    std::vector<bf16_t> b;
-    if (bias) b = synth(seed, tensor + 1, n, 0.1f);
-    auto lw = backend_.upload_linear(w.data(), n, k, bias ? b.data() : nullptr);
+    KVFUSE_RETURN_IF_ERROR(check_size(h.w, n * k, what));
+    KVFUSE_RETURN_IF_ERROR(check_size(h.bias, bias ? n : 0, what + " bias"));
+    auto lw = backend_.upload_linear(h.w.data(), n, k, bias ? h.bias.data() : nullptr);
     if (!lw.ok()) return lw.status();
     dst = std::move(*lw);
     return absl::OkStatus();
   };
 
-  // Scales keep activations near unit RMS through the residual stream, and make the
-  // logits peaked enough (std ~3) that greedy decoding is well defined.
-  const float in_std = 1.0f / std::sqrt(float(s.hidden));
-  KVFUSE_RETURN_IF_ERROR(upload_vec(synth(seed, kEmbed, int64_t(s.vocab) * s.hidden, 1.0f), embed_));
-  KVFUSE_RETURN_IF_ERROR(upload_vec(synth(seed, kFinalNorm, s.hidden, 0.05f, 1.0f), final_norm_));
-  if (s.tie_embeddings) {
-    const auto e = synth(seed, kEmbed, int64_t(s.vocab) * s.hidden, 1.0f);
-    auto lw = backend_.upload_linear(e.data(), s.vocab, s.hidden, nullptr);
-    if (!lw.ok()) return lw.status();
-    lm_head_ = std::move(*lw);
-  } else {
-    KVFUSE_RETURN_IF_ERROR(upload_linear(kLmHead, s.vocab, s.hidden, 3.0f * in_std, false, lm_head_));
+  {
+    HostGlobalWeights g;
+    KVFUSE_RETURN_IF_ERROR(weights.globals(g));
+    KVFUSE_RETURN_IF_ERROR(check_size(g.embed, int64_t(s.vocab) * s.hidden, "embedding"));
+    KVFUSE_RETURN_IF_ERROR(check_size(g.final_norm, s.hidden, "final norm"));
+    KVFUSE_RETURN_IF_ERROR(upload_vec(g.embed, embed_));
+    KVFUSE_RETURN_IF_ERROR(upload_vec(g.final_norm, final_norm_));
+    if (s.tie_embeddings) g.lm_head.w = std::move(g.embed);
+    KVFUSE_RETURN_IF_ERROR(upload_linear(g.lm_head, s.vocab, s.hidden, false, "lm_head", lm_head_));
   }
   layers_.resize(size_t(s.num_layers));
   for (int32_t l = 0; l < s.num_layers; ++l) {
     Layer& L = layers_[size_t(l)];
-    const uint64_t base = kLayerBase + uint64_t(l) * kTensorsPerLayer;
-    KVFUSE_RETURN_IF_ERROR(upload_vec(synth(seed, base + kAttnNorm, s.hidden, 0.05f, 1.0f), L.attn_norm));
-    KVFUSE_RETURN_IF_ERROR(upload_vec(synth(seed, base + kFfnNorm, s.hidden, 0.05f, 1.0f), L.ffn_norm));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(base + kQkv, s.qkv_dim(), s.hidden, in_std, s.qkv_bias, L.qkv));
+    HostLayerWeights h;
+    KVFUSE_RETURN_IF_ERROR(weights.layer(l, h));
+    const std::string at = absl::StrCat("layer ", l, " ");
+    KVFUSE_RETURN_IF_ERROR(check_size(h.attn_norm, s.hidden, at + "attention norm"));
+    KVFUSE_RETURN_IF_ERROR(check_size(h.ffn_norm, s.hidden, at + "ffn norm"));
+    KVFUSE_RETURN_IF_ERROR(upload_vec(h.attn_norm, L.attn_norm));
+    KVFUSE_RETURN_IF_ERROR(upload_vec(h.ffn_norm, L.ffn_norm));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(h.qkv, s.qkv_dim(), s.hidden, s.qkv_bias, at + "qkv", L.qkv));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(h.o, s.hidden, s.q_dim(), false, at + "o", L.o));
     KVFUSE_RETURN_IF_ERROR(
-        upload_linear(base + kO, s.hidden, s.q_dim(), 0.5f / std::sqrt(float(s.q_dim())), false, L.o));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(base + kGateUp, 2 * int64_t(s.intermediate), s.hidden, in_std, false,
-                                         L.gate_up));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(base + kDown, s.hidden, s.intermediate,
-                                         0.5f / std::sqrt(float(s.intermediate)), false, L.down));
+        upload_linear(h.gate_up, 2 * int64_t(s.intermediate), s.hidden, false, at + "gate_up", L.gate_up));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(h.down, s.hidden, s.intermediate, false, at + "down", L.down));
   }
   return absl::OkStatus();
 }

@@ -35,6 +35,36 @@ struct ForwardOptions {
   AttentionPath attention = AttentionPath::unified;
 };
 
+// Host bf16 weights in the model's fused layouts, handed over one piece at a time so that
+// a checkpoint loader holds at most one layer (or the embeddings) in host memory.
+struct HostLinear {
+  std::vector<bf16_t> w;     // [n, k] row-major (out_features x in_features)
+  std::vector<bf16_t> bias;  // [n], or empty
+};
+struct HostLayerWeights {
+  std::vector<bf16_t> attn_norm, ffn_norm;  // [hidden]
+  HostLinear qkv;                           // [q_dim + 2 kv_dim, hidden]: rows q, then k, then v
+  HostLinear o;                             // [hidden, q_dim]
+  HostLinear gate_up;                       // [2 intermediate, hidden]: rows gate, then up
+  HostLinear down;                          // [hidden, intermediate]
+};
+struct HostGlobalWeights {
+  std::vector<bf16_t> embed;       // [vocab, hidden]
+  std::vector<bf16_t> final_norm;  // [hidden]
+  HostLinear lm_head;              // [vocab, hidden]; empty with tie_embeddings (the embedding is used)
+};
+class HostWeightSource {
+ public:
+  virtual ~HostWeightSource() = default;
+  virtual absl::Status globals(HostGlobalWeights& out) = 0;
+  virtual absl::Status layer(int32_t layer, HostLayerWeights& out) = 0;
+};
+
+// The deterministic synthetic weights of Model::create_synthetic.
+std::unique_ptr<HostWeightSource> make_synthetic_weights(const ModelSpec& spec, uint64_t seed);
+
+class Checkpoint;
+
 struct ModelLimits {
   int64_t max_tokens = 0;  // rows of one forward pass
   int32_t max_seqs = 0;
@@ -46,6 +76,16 @@ class Model {
   // Builds the model with deterministic synthetic weights from `seed`.
   static absl::StatusOr<std::unique_ptr<Model>> create_synthetic(Backend& backend, const ModelSpec& spec,
                                                                  uint64_t seed, const ModelLimits& limits);
+  // Builds the model from host weights; `spec` must describe their shapes.
+  static absl::StatusOr<std::unique_ptr<Model>> create_from_weights(Backend& backend, const ModelSpec& spec,
+                                                                    HostWeightSource& weights,
+                                                                    const ModelLimits& limits);
+  // Builds the model from a checkpoint's weights. `spec` is the checkpoint's spec with
+  // the config's sliding-window overrides applied; its shapes must be the checkpoint's.
+  static absl::StatusOr<std::unique_ptr<Model>> create_from_checkpoint(Backend& backend,
+                                                                       const ModelSpec& spec,
+                                                                       const Checkpoint& checkpoint,
+                                                                       const ModelLimits& limits);
 
   const ModelSpec& spec() const { return spec_; }
   const ModelLimits& limits() const { return limits_; }
@@ -61,7 +101,7 @@ class Model {
     LinearWeight qkv, o, gate_up, down;
   };
   Model(Backend& backend, ModelSpec spec, ModelLimits limits) : backend_(backend), spec_(std::move(spec)), limits_(limits) {}
-  absl::Status init_weights(uint64_t seed);
+  absl::Status init_weights(HostWeightSource& weights);
   absl::Status init_workspace();
   absl::Status upload_batch(const ForwardBatch& b);
 

@@ -1,6 +1,7 @@
 #include "src/model_spec.h"
 
 #include "absl/strings/str_cat.h"
+#include "src/hf_config.h"
 
 namespace kvfuse {
 
@@ -79,7 +80,8 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
 }
 
 absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg) {
-  auto s = model_preset(cfg.model);
+  // A checkpoint's config.json replaces the preset; the overrides below apply to both.
+  auto s = cfg.model_path.empty() ? model_preset(cfg.model) : load_hf_config(cfg.model_path);
   if (!s.ok()) return s.status();
   ModelSpec spec = *s;
   const size_t n = size_t(spec.num_layers);
@@ -111,7 +113,7 @@ absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg) {
   if (!spec.any_swa()) spec.sliding_window = 0;
 
   for (const auto* scales : {&cfg.k_scale, &cfg.v_scale}) {
-    if (scales->size() != 1 && scales->size() != n) {
+    if (scales->size() > 1 && scales->size() != n) {
       return absl::InvalidArgumentError(absl::StrCat("config key '", scales == &cfg.k_scale ? "k_scale" : "v_scale",
                                                      "': has ", scales->size(), " values; give one, or one per layer (",
                                                      n, " for model '", spec.name, "')"));

@@ -37,7 +37,8 @@ struct ModelSpec {
 
 // The named shape, with the preset's own sliding-window settings.
 absl::StatusOr<ModelSpec> model_preset(const std::string& name);
-// The preset with the config's sliding_window / swa_layers overrides applied, validated.
+// The preset, or the config.json of `model_path` when set, with the config's
+// sliding_window / swa_layers overrides applied, validated.
 absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg);
 
 }  // namespace kvfuse

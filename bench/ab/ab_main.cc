@@ -1,0 +1,221 @@
+// kvfuse-ab: fused against unfused KV writes (or any two configs), end to end, on one
+// build and one device. The two engines run interleaved, A B A B, over a grid of batch
+// sizes and context lengths; each cell reports decode tokens/s, step time and the A/B
+// ratio with a 95% confidence interval, as a table, JSON and an SVG plot.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "bench/ab/ab_stats.h"
+#include "src/config.h"
+#include "src/engine.h"
+
+using namespace kvfuse;
+using nlohmann::json;
+
+namespace {
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "kvfuse-ab: %s\n", msg.c_str());
+  return 2;
+}
+
+std::vector<int> parse_list(const std::string& text) {
+  std::vector<int> v;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) v.push_back(std::stoi(item));
+  }
+  return v;
+}
+
+absl::StatusOr<json> read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot open config file " + path);
+  json j = json::parse(in, nullptr, false, true);
+  if (j.is_discarded()) return absl::InvalidArgumentError(path + " is not valid JSON");
+  return j;
+}
+
+struct Side {
+  std::string name;
+  std::unique_ptr<Engine> engine;
+};
+
+// Starts `batch` sequences whose first `context` tokens count as computed (a synthetic
+// context: decode reads that many keys), ready to decode.
+absl::Status start_cell(Engine& e, int batch, int context, SeqId first_id) {
+  const int32_t vocab = e.spec().vocab;
+  for (int i = 0; i < batch; ++i) {
+    std::vector<int32_t> prompt(static_cast<size_t>(context));
+    for (int t = 0; t < context; ++t) prompt[size_t(t)] = (t * 31 + i * 7 + 1) % vocab;
+    const SeqId id = first_id + SeqId(i);
+    if (auto st = e.add_sequence(id, std::move(prompt), SamplingParams{}); !st.ok()) return st;
+    if (auto st = e.assume_computed(id, context - 1); !st.ok()) return st;
+  }
+  // The last prompt token of every sequence in one step: the first sampled token.
+  std::vector<StepItem> items;
+  for (int i = 0; i < batch; ++i) items.push_back({first_id + SeqId(i), 1, true});
+  auto r = e.step(items);
+  if (!r.ok()) return r.status();
+  for (const auto& x : *r) {
+    if (!x.status.ok()) return x.status;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ab::Sample> decode(Engine& e, int batch, int steps, SeqId first_id) {
+  std::vector<StepItem> items;
+  for (int i = 0; i < batch; ++i) items.push_back({first_id + SeqId(i), 1, true});
+  if (auto st = e.backend().synchronize(); !st.ok()) return st;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) {
+    auto r = e.step(items);
+    if (!r.ok()) return r.status();
+    for (const auto& x : *r) {
+      if (!x.status.ok()) return x.status;
+    }
+  }
+  if (auto st = e.backend().synchronize(); !st.ok()) return st;
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return ab::Sample{ms / steps, 1000.0 * batch * steps / ms};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvfuse-ab: A/B of two engine configs (default: fused vs unfused KV writes), interleaved"};
+  std::string a_path, b_path, batches = "1,8,32", contexts = "512,2048", json_path, svg_path, title;
+  std::vector<std::string> overrides;
+  int reps = 5, warmup = 1, steps = 16;
+  app.add_option("--a", a_path, "config A (default: the built-in default with kv_write=fused)");
+  app.add_option("--b", b_path, "config B (default: A with kv_write=unfused)");
+  app.add_option("-s,--set", overrides, "override a key in both configs: key=value (repeatable)");
+  app.add_option("--batch", batches, "batch sizes, comma-separated");
+  app.add_option("--context", contexts, "context lengths, comma-separated");
+  app.add_option("--reps", reps, "measured repetitions per side and cell (>= 5)")->check(CLI::Range(5, 1000));
+  app.add_option("--warmup", warmup, "unmeasured repetitions first")->check(CLI::Range(0, 100));
+  app.add_option("--steps", steps, "decode steps per repetition")->check(CLI::Range(1, 100000));
+  app.add_option("--json", json_path, "write the results as JSON");
+  app.add_option("--svg", svg_path, "write the plot as SVG");
+  app.add_option("--title", title, "plot title");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<int> bs, cs;
+  try {
+    bs = parse_list(batches);
+    cs = parse_list(contexts);
+  } catch (const std::exception&) {
+    return fail("--batch and --context take comma-separated integers");
+  }
+  if (bs.empty() || cs.empty()) return fail("--batch and --context need at least one value each");
+  for (int v : bs) {
+    if (v < 1) return fail("batch sizes must be >= 1");
+  }
+  for (int v : cs) {
+    if (v < 2) return fail("context lengths must be >= 2");
+  }
+  const int max_b = *std::max_element(bs.begin(), bs.end());
+  const int max_c = *std::max_element(cs.begin(), cs.end());
+
+  json ja = json::object(), jb;
+  if (!a_path.empty()) {
+    auto j = read_json(a_path);
+    if (!j.ok()) return fail(std::string(j.status().message()));
+    ja = *j;
+  } else {
+    ja["kv_write"] = "fused";
+  }
+  if (!b_path.empty()) {
+    auto j = read_json(b_path);
+    if (!j.ok()) return fail(std::string(j.status().message()));
+    jb = *j;
+  } else {
+    jb = ja;
+    jb["kv_write"] = "unfused";
+  }
+  const std::string a_name = b_path.empty() ? "fused" : "A", b_name = b_path.empty() ? "unfused" : "B";
+  // Room for the largest cell: every sequence holds its context plus what it decodes.
+  const int grow = (warmup + reps) * steps + 2;
+  for (json* j : {&ja, &jb}) {
+    for (const auto& o : overrides) {
+      if (auto st = apply_config_override(*j, o); !st.ok()) return fail(std::string(st.message()));
+    }
+    const int ps = j->value("page_size", 16);
+    (*j)["max_running_seqs"] = std::max(max_b, j->value("max_running_seqs", 1));
+    (*j)["max_seq_len"] = std::max(max_c + grow, j->value("max_seq_len", 2));
+    (*j)["max_batch_tokens"] = std::max(max_b, j->value("max_batch_tokens", 1));
+    const int64_t pages = int64_t(max_b) * ((max_c + grow + ps - 1) / ps + 1);
+    (*j)["num_pages"] = std::max<int64_t>(pages, j->value("num_pages", int64_t(1)));
+  }
+  Side sides[2] = {{a_name, nullptr}, {b_name, nullptr}};
+  const json* cfgs[2] = {&ja, &jb};
+  for (int i = 0; i < 2; ++i) {
+    auto cfg = config_from_json(*cfgs[i]);
+    if (!cfg.ok()) return fail(sides[i].name + ": " + std::string(cfg.status().message()));
+    std::fprintf(stderr, "kvfuse-ab: building engine %s (%s, %s write, %s attention)...\n", sides[i].name.c_str(),
+                 cfg->model.c_str(), to_string(cfg->kv_write), to_string(cfg->attention));
+    auto e = Engine::create(*cfg);
+    if (!e.ok()) return fail(sides[i].name + ": " + std::string(e.status().message()));
+    sides[i].engine = std::move(*e);
+  }
+  Engine& ea = *sides[0].engine;
+  std::printf("kvfuse-ab: %s vs %s, model %s on %s, kv %s, %d reps (+%d warm-up) of %d decode steps per cell\n",
+              a_name.c_str(), b_name.c_str(), ea.spec().name.c_str(), ea.backend().description().c_str(),
+              kv_dtype_name(ea.kv_dtype()), reps, warmup, steps);
+
+  std::vector<ab::Cell> cells;
+  const size_t total = bs.size() * cs.size();
+  SeqId next_id = 1;
+  for (int b : bs) {
+    for (int c : cs) {
+      ab::Cell cell{b, c, {}, {}};
+      for (Side& s : sides) {
+        if (auto st = start_cell(*s.engine, b, c, next_id); !st.ok()) {
+          return fail(s.name + ": " + std::string(st.message()));
+        }
+      }
+      for (int r = 0; r < warmup + reps; ++r) {
+        std::fprintf(stderr, "\rkvfuse-ab: cell %zu/%zu (batch %d, context %d) repetition %d/%d   ",
+                     cells.size() + 1, total, b, c, r + 1, warmup + reps);
+        for (int i = 0; i < 2; ++i) {
+          // Alternate which side goes first, so drift over time affects both alike.
+          Side& s = sides[(r % 2) ^ i];
+          auto sample = decode(*s.engine, b, steps, next_id);
+          if (!sample.ok()) return fail(s.name + ": " + std::string(sample.status().message()));
+          if (r >= warmup) (((r % 2) ^ i) == 0 ? cell.a : cell.b).push_back(*sample);
+        }
+      }
+      for (Side& s : sides) {
+        for (int i = 0; i < b; ++i) (void)s.engine->release(next_id + SeqId(i));
+      }
+      next_id += SeqId(b);
+      cells.push_back(std::move(cell));
+    }
+  }
+  std::fprintf(stderr, "\n");
+  std::printf("%s", ab::render_table(cells, a_name, b_name).c_str());
+
+  json meta = {{"model", ea.spec().name},
+               {"device", ea.backend().description()},
+               {"kv_dtype", kv_dtype_name(ea.kv_dtype())},
+               {"reps", reps},
+               {"warmup", warmup},
+               {"steps", steps},
+               {"config_a", ja},
+               {"config_b", jb}};
+  if (!json_path.empty()) {
+    std::ofstream(json_path) << ab::to_json(cells, a_name, b_name, meta).dump(2) << "\n";
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  if (!svg_path.empty()) {
+    if (title.empty()) title = "kvfuse " + a_name + " vs " + b_name + ": " + ea.spec().name + " on " + ea.backend().description();
+    std::ofstream(svg_path) << ab::render_svg(cells, a_name, b_name, title);
+    std::printf("wrote %s\n", svg_path.c_str());
+  }
+  return 0;
+}

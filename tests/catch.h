@@ -1,0 +1,10 @@
+// Catch2 for the tests, whichever major version the system ships: v2 (Debian 12, a
+// single header) or v3 (newer distributions, e.g. the ROCm images' Ubuntu 24.04).
+#pragma once
+
+#if __has_include(<catch2/catch_all.hpp>)
+#include <catch2/catch_all.hpp>
+using Catch::Approx;
+#else
+#include <catch2/catch.hpp>
+#endif

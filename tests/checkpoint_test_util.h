@@ -1,0 +1,134 @@
+// Helpers of the loader tests: temporary directories, small specs, exporting synthetic
+// weights as a checkpoint, and rewriting a checkpoint's tensors to corrupt it.
+#pragma once
+
+#include <stdlib.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "src/checkpoint.h"
+#include "src/model_spec.h"
+#include "src/safetensors.h"
+
+namespace kvfuse::testing {
+
+// A fresh directory under the system temp dir, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "kvfuse-test-XXXXXX").string();
+    REQUIRE(mkdtemp(t.data()) != nullptr);
+    path_ = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const {
+    return (std::filesystem::path(path_) / name).string();
+  }
+
+ private:
+  std::string path_;
+};
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+  REQUIRE(f.good());
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+template <class T>
+std::vector<uint8_t> bytes_of(const std::vector<T>& v) {
+  std::vector<uint8_t> b(v.size() * sizeof(T));
+  if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// A Llama-shaped spec small enough that a checkpoint is a few KB: GQA 2:1, head_dim 16.
+inline ModelSpec mini_spec(const std::string& arch = "llama") {
+  ModelSpec s;
+  s.name = "mini";
+  s.arch = arch;
+  s.vocab = 64;
+  s.hidden = 32;
+  s.intermediate = 48;
+  s.num_layers = 2;
+  s.num_q_heads = 2;
+  s.num_kv_heads = 1;
+  s.head_dim = 16;
+  s.rope_theta = 10000.0f;
+  s.rms_eps = 1e-5f;
+  s.qkv_bias = arch == "qwen2";
+  s.layer_is_swa.assign(2, false);
+  s.max_position = 4096;
+  return s;
+}
+
+// Exports the synthetic weights of `spec` (seed) as a checkpoint in `dir`.
+inline void export_synthetic(const std::string& dir, const ModelSpec& spec, uint64_t seed,
+                             const ExportOptions& opts = {}) {
+  auto w = make_synthetic_weights(spec, seed);
+  const absl::Status st = export_checkpoint(dir, spec, *w, opts);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+}
+
+// Reads every tensor of a safetensors file, lets `edit` change the list, writes it back.
+inline void rewrite_tensors(const std::string& path,
+                            const std::function<void(std::vector<StWriteTensor>&)>& edit) {
+  std::vector<StWriteTensor> all;
+  {
+    auto f = SafetensorsFile::open(path);
+    INFO(f.status().ToString());
+    REQUIRE(f.ok());
+    for (const StTensorInfo& t : (*f)->header().tensors) {
+      const uint8_t* p = (*f)->data(t);
+      all.push_back({t.name, t.dtype, t.shape, std::vector<uint8_t>(p, p + (t.end - t.begin))});
+    }
+  }
+  edit(all);
+  REQUIRE(write_safetensors(path, all).ok());
+}
+
+inline StWriteTensor* tensor_named(std::vector<StWriteTensor>& all, const std::string& name) {
+  for (auto& t : all) {
+    if (t.name == name) return &t;
+  }
+  FAIL("no tensor " << name);
+  return nullptr;
+}
+
+inline StWriteTensor f32_scalar(const std::string& name, float x) {
+  return {name, StDtype::F32, {}, bytes_of(std::vector<float>{x})};
+}
+
+// The error message of a checkpoint that must fail to open.
+inline std::string open_error(const std::string& dir) {
+  auto c = Checkpoint::open(dir);
+  REQUIRE_FALSE(c.ok());
+  return std::string(c.status().message());
+}
+
+}  // namespace kvfuse::testing
