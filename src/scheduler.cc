@@ -26,7 +26,19 @@ Scheduler::Scheduler(Engine& engine, SchedulerLimits limits) : engine_(engine), 
 
 bool Scheduler::contains(SeqId id) const {
   auto match = [id](const Entry& e) { return e.req.id == id; };
-  return std::any_of(running_.begin(), running_.end(), match) || std::any_of(waiting_.begin(), waiting_.end(), match);
+  return router_.count(id) != 0 || std::any_of(running_.begin(), running_.end(), match) ||
+         std::any_of(waiting_.begin(), waiting_.end(), match);
+}
+
+PagesNeeded Scheduler::pages_held(SeqId id) const {
+  PagesNeeded held;
+  const KvPool& pool = engine_.pool();
+  if (!pool.contains(id)) return held;
+  held.full = int64_t(pool.page_table(id, PoolKind::full).size());
+  if (pool.has_swa()) {
+    for (int32_t p : pool.page_table(id, PoolKind::swa)) held.swa += p >= 0;
+  }
+  return held;
 }
 
 PagesNeeded Scheduler::pages_to_finish_prefill(const Entry& e) const {
@@ -35,26 +47,23 @@ PagesNeeded Scheduler::pages_to_finish_prefill(const Entry& e) const {
   const auto& cfg = engine_.config();
   const int64_t ps = cfg.page_size;
   const int64_t len = int64_t(e.tokens.size()) + 1;
+  const PagesNeeded held = pages_held(e.req.id);
   PagesNeeded need;
-  const auto* s = engine_.sequence(e.req.id);
-  const int64_t held_full = s ? int64_t(engine_.pool().page_table(e.req.id, PoolKind::full).size()) : 0;
-  need.full = std::max<int64_t>(0, (len + ps - 1) / ps - held_full);
+  need.full = std::max<int64_t>(0, (len + ps - 1) / ps - held.full);
   if (engine_.pool().has_swa()) {
-    const int64_t span = std::min<int64_t>(len, int64_t(engine_.pool().config().window) + cfg.max_batch_tokens);
-    need.swa = (span + ps - 1) / ps + 1;
-    if (s) {
-      int64_t held = 0;
-      for (int32_t p : engine_.pool().page_table(e.req.id, PoolKind::swa)) held += p >= 0;
-      need.swa = std::max<int64_t>(0, need.swa - held);
-    }
+    const int64_t span =
+        std::min<int64_t>(len, int64_t(engine_.pool().config().window) + cfg.max_batch_tokens);
+    need.swa = std::max<int64_t>(0, (span + ps - 1) / ps + 1 - held.swa);
   }
   return need;
 }
 
 bool Scheduler::can_admit(const Entry& e) const {
-  // Admit only if every running sequence can still finish its prefill afterwards, so
-  // that prefill chunks never starve each other (decode growth is handled by preemption).
-  PagesNeeded promised;
+  // Admit only if every running sequence can still finish its prefill afterwards, and
+  // every router task its work, so that prefill chunks never starve each other and a
+  // new request does not take the pages a router task is about to use (decode growth
+  // of generate requests is handled by preemption).
+  PagesNeeded promised = router_pages_promised();
   for (const Entry& r : running_) {
     const PagesNeeded n = pages_to_finish_prefill(r);
     promised.full += n.full;
@@ -77,8 +86,8 @@ absl::Status Scheduler::submit(GenerateRequest req) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens ", req.max_new_tokens, " must be >= 1"));
   }
   if (int64_t(req.prompt.size()) + 1 > cfg.max_seq_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompt of ", req.prompt.size(), " tokens exceeds max_seq_len ", cfg.max_seq_len, " - 1"));
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", req.prompt.size(),
+                                                   " tokens exceeds max_seq_len ", cfg.max_seq_len, " - 1"));
   }
   const int32_t vocab = engine_.spec().vocab;
   for (size_t i = 0; i < req.prompt.size(); ++i) {
@@ -89,7 +98,8 @@ absl::Status Scheduler::submit(GenerateRequest req) {
   }
   if (auto st = validate_sampling(req.sampling, vocab); !st.ok()) return st;
   if (waiting_.size() >= limits_.max_waiting) {
-    return absl::ResourceExhaustedError(absl::StrCat("waiting queue is full (", limits_.max_waiting, " requests)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("waiting queue is full (", limits_.max_waiting, " requests)"));
   }
   Entry e;
   e.tokens = req.prompt;
@@ -98,8 +108,8 @@ absl::Status Scheduler::submit(GenerateRequest req) {
   const KvPool& pool = engine_.pool();
   if (need.full > pool.usage(PoolKind::full).total_pages ||
       (pool.has_swa() && need.swa > pool.usage(PoolKind::swa).total_pages)) {
-    return absl::ResourceExhaustedError(absl::StrCat("prompt of ", e.tokens.size(),
-                                                     " tokens needs more KV pages than the pool holds"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("prompt of ", e.tokens.size(), " tokens needs more KV pages than the pool holds"));
   }
   waiting_.push_back(std::move(e));
   return absl::OkStatus();
@@ -134,6 +144,7 @@ absl::Status Scheduler::abort(SeqId id) {
       return absl::OkStatus();
     }
   }
+  if (router_.count(id)) return router_release(id);
   return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
 }
 
@@ -147,11 +158,21 @@ void Scheduler::preempt(size_t i) {
   ++preemptions_;
 }
 
-absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
-  const auto& cfg = engine_.config();
+std::vector<TokenEvent> Scheduler::fail_all(const absl::Status& why) {
   std::vector<TokenEvent> events;
+  for (Entry& e : running_) events.push_back(finish(e, FinishReason::error, why));
+  for (Entry& e : waiting_) events.push_back(finish(e, FinishReason::error, why));
+  running_.clear();
+  waiting_.clear();
+  for (SeqId id : std::vector<SeqId>(router_active_)) finish_router_task(id, why);
+  return events;
+}
 
-  while (!waiting_.empty() && int64_t(running_.size()) < cfg.max_running_seqs && can_admit(waiting_.front())) {
+void Scheduler::admit_waiting(std::vector<TokenEvent>& events) {
+  // Router tasks take step slots too: admit only what the next steps can run.
+  const auto& cfg = engine_.config();
+  while (!waiting_.empty() && int64_t(running_.size() + router_active_.size()) < cfg.max_running_seqs &&
+         can_admit(waiting_.front())) {
     Entry e = std::move(waiting_.front());
     waiting_.pop_front();
     if (auto st = admit(e); !st.ok()) {
@@ -160,38 +181,66 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
     }
     running_.push_back(std::move(e));
   }
-  if (running_.empty()) return events;
+}
 
-  // Decodes first (one token each), then prefill chunks in arrival order.
-  std::vector<StepItem> items;
-  std::vector<size_t> owner;
-  int64_t budget = cfg.max_batch_tokens;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-      const SequenceState* s = engine_.sequence(running_[i].req.id);
-      const int32_t pending = s->num_pending();
-      if ((pass == 0) != (pending == 1)) continue;
-      const int32_t n = int32_t(std::min<int64_t>(pending, budget));
-      items.push_back({s->id, n, n == pending});
-      owner.push_back(i);
-      budget -= n;
-    }
+void Scheduler::plan_generate_items(bool decode_pass, int64_t& budget, std::vector<StepItem>& items,
+                                    std::vector<Owner>& owners) {
+  const size_t max_items = size_t(engine_.config().max_running_seqs);
+  for (size_t i = 0; i < running_.size() && budget > 0 && items.size() < max_items; ++i) {
+    const SequenceState* s = engine_.sequence(running_[i].req.id);
+    const int32_t pending = s->num_pending();
+    if (decode_pass != (pending == 1)) continue;
+    const int32_t n = int32_t(std::min<int64_t>(pending, budget));
+    items.push_back({s->id, n, n == pending});
+    owners.push_back({false, i, s->id});
+    budget -= n;
   }
+}
+
+void Scheduler::plan_step(std::vector<StepItem>& items, std::vector<Owner>& owners) {
+  // Decodes first (one token each), then prefill chunks in arrival order. Generate
+  // requests and router tasks take turns going first, so that neither can keep the
+  // other out of a full step.
+  int64_t budget = engine_.config().max_batch_tokens;
+  const bool router_first = step_count_ % 2 == 0;
+  for (bool decode_pass : {true, false}) {
+    if (router_first) plan_router_items(decode_pass, budget, items, owners);
+    plan_generate_items(decode_pass, budget, items, owners);
+    if (!router_first) plan_router_items(decode_pass, budget, items, owners);
+  }
+}
+
+absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
+  const auto& cfg = engine_.config();
+  std::vector<TokenEvent> events;
+  admit_waiting(events);
+  std::vector<StepItem> items;
+  std::vector<Owner> owners;
+  plan_step(items, owners);
+  if (items.empty()) return events;
+  ++step_count_;
+
   auto results = engine_.step(items);
   if (!results.ok()) return results.status();
+  if (result_hook_) result_hook_(*results);
 
   std::vector<size_t> to_preempt;
+  std::vector<SeqId> router_exhausted;
   std::vector<bool> done(running_.size(), false);
   for (size_t r = 0; r < results->size(); ++r) {
     const StepResult& res = (*results)[r];
-    Entry& e = running_[owner[r]];
+    if (owners[r].router) {
+      if (apply_router_result(owners[r].id, res)) router_exhausted.push_back(owners[r].id);
+      continue;
+    }
+    Entry& e = running_[owners[r].index];
     if (res.status.code() == absl::StatusCode::kResourceExhausted) {
-      to_preempt.push_back(owner[r]);
+      to_preempt.push_back(owners[r].index);
       continue;
     }
     if (!res.status.ok()) {
       events.push_back(finish(e, FinishReason::error, res.status));
-      done[owner[r]] = true;
+      done[owners[r].index] = true;
       continue;
     }
     if (!res.token) continue;
@@ -208,7 +257,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
       ev.finish = fin.finish;
       ev.prompt_tokens = fin.prompt_tokens;
       ev.completion_tokens = fin.completion_tokens;
-      done[owner[r]] = true;
+      done[owners[r].index] = true;
     }
     events.push_back(ev);
   }
@@ -226,12 +275,29 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   running_ = std::move(kept);
   if (!failed.empty()) {
     if (running_.size() == 1) {
-      events.push_back(finish(running_[0], FinishReason::error,
-                              absl::ResourceExhaustedError("sequence does not fit in the KV pool on its own")));
+      events.push_back(finish(
+          running_[0], FinishReason::error,
+          absl::ResourceExhaustedError(router_.empty()
+                                           ? "sequence does not fit in the KV pool on its own"
+                                           : "sequence does not fit in the KV pool beside the router's "
+                                             "sequences")));
       running_.clear();
     } else {
       // Preempting the newest sequence frees its pages for the older ones next step.
       preempt(running_.size() - 1);
+    }
+  }
+  // Router tasks are never preempted: they take pages from generate requests, and
+  // fail only when none are left to take.
+  if (!router_exhausted.empty()) {
+    if (!running_.empty()) {
+      preempt(running_.size() - 1);
+    } else {
+      for (SeqId id : router_exhausted) {
+        finish_router_task(id,
+                           absl::ResourceExhaustedError(absl::StrCat(
+                               "sequence ", id, ": no free KV pages (the pool is held by other sequences)")));
+      }
     }
   }
   return events;

@@ -1,0 +1,113 @@
+#include "server/decode_service.h"
+
+#include <atomic>
+#include <memory>
+
+#include "server/request_validation.h"
+#include "server/status_codes.h"
+
+namespace kvfuse::server {
+
+namespace {
+
+// A unary call finished by the engine loop. Cancellation (the client gave up, or its
+// deadline passed) raises a flag that the loop reads at the next step boundary.
+class LoopUnaryReactor final : public grpc::ServerUnaryReactor {
+ public:
+  LoopUnaryReactor(grpc::CallbackServerContext* ctx, EngineLoop& loop)
+      : ctx_(ctx), loop_(loop), cancelled_(std::make_shared<std::atomic<bool>>(false)) {}
+
+  EngineLoop::Flag cancelled() const { return cancelled_; }
+  EngineLoop::Done done() {
+    return [this](const absl::Status& st) { Finish(to_grpc(st, ctx_)); };
+  }
+  void reject(const absl::Status& st) { Finish(to_grpc(st, ctx_)); }
+
+  void OnCancel() override {
+    cancelled_->store(true);
+    loop_.wake();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::CallbackServerContext* ctx_;
+  EngineLoop& loop_;
+  EngineLoop::Flag cancelled_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::Prefill(grpc::CallbackServerContext* ctx,
+                                                     const v1::PrefillRequest* req,
+                                                     v1::PrefillResponse* resp) {
+  auto* r = new LoopUnaryReactor(ctx, loop_);
+  if (auto st = loop_.check_available(); !st.ok()) return r->reject(st), r;
+  if (auto st = validate(*req, loop_.limits()); !st.ok()) return r->reject(st), r;
+  loop_.prefill(req, resp, r->cancelled(), r->done());
+  return r;
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext* ctx,
+                                                    const v1::DecodeRequest* req, v1::DecodeResponse* resp) {
+  auto* r = new LoopUnaryReactor(ctx, loop_);
+  if (auto st = loop_.check_available(); !st.ok()) return r->reject(st), r;
+  if (auto st = validate(*req, loop_.limits()); !st.ok()) return r->reject(st), r;
+  loop_.decode(req, resp, r->cancelled(), r->done());
+  return r;
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::Release(grpc::CallbackServerContext* ctx,
+                                                     const v1::ReleaseRequest* req,
+                                                     v1::ReleaseResponse* resp) {
+  auto* r = new LoopUnaryReactor(ctx, loop_);
+  if (auto st = loop_.check_available(); !st.ok()) return r->reject(st), r;
+  if (auto st = validate(*req, loop_.limits()); !st.ok()) return r->reject(st), r;
+  loop_.release(req, resp, r->done());
+  return r;
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::Abort(grpc::CallbackServerContext* ctx,
+                                                   const v1::AbortRequest* req, v1::AbortResponse*) {
+  auto* r = new LoopUnaryReactor(ctx, loop_);
+  if (auto st = loop_.check_available(); !st.ok()) return r->reject(st), r;
+  if (auto st = validate(*req); !st.ok()) return r->reject(st), r;
+  loop_.abort(req->id(), r->done());
+  return r;
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::GetLoad(grpc::CallbackServerContext* ctx,
+                                                     const v1::GetLoadRequest*, v1::GetLoadResponse* resp) {
+  auto* r = new LoopUnaryReactor(ctx, loop_);
+  if (auto st = loop_.check_available(); !st.ok()) return r->reject(st), r;
+  loop_.get_load(resp, r->done());
+  return r;
+}
+
+grpc::ServerUnaryReactor* DecodeServiceImpl::GetInfo(grpc::CallbackServerContext* ctx,
+                                                     const v1::GetInfoRequest*, v1::GetInfoResponse* resp) {
+  // Static once warm: answered here, without waiting for a step to end.
+  auto* r = ctx->DefaultReactor();
+  if (auto st = loop_.check_available(); !st.ok()) {
+    r->Finish(to_grpc(st, ctx));
+  } else {
+    *resp = loop_.info();
+    r->Finish(grpc::Status::OK);
+  }
+  return r;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeServiceImpl::Generate(grpc::CallbackServerContext* ctx,
+                                                                            const v1::GenerateRequest* req) {
+  EngineLoop& loop = loop_;
+  auto call = GenerateCall::create(ctx, opts_.stream_queue_messages, [&loop] { loop.wake(); });
+  if (auto st = loop_.check_accepting(); !st.ok()) {
+    call->finish_error(st);
+  } else if (auto st = validate(*req, loop_.limits()); !st.ok()) {
+    call->finish_error(st);
+  } else {
+    loop_.generate(req, call);
+  }
+  return call.get();
+}
+
+}  // namespace kvfuse::server

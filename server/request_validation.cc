@@ -1,0 +1,124 @@
+#include "server/request_validation.h"
+
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvfuse::server {
+
+namespace {
+
+absl::Status invalid(auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); }
+
+absl::Status check_tokens(const google::protobuf::RepeatedField<int32_t>& ids, int32_t vocab,
+                          const char* what) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return invalid(what, "[", i, "] = ", ids[i], " is outside the vocabulary [0, ", vocab, ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Batch calls name each sequence once: a duplicate is a router bug, and running it
+// twice in one step is impossible anyway.
+template <class Seqs, class GetId>
+absl::Status check_ids(const Seqs& seqs, GetId get_id, const ServiceLimits& lim) {
+  if (seqs.empty()) return invalid("no sequences");
+  if (seqs.size() > lim.max_batch_sequences) {
+    return invalid(seqs.size(), " sequences exceed the limit of ", lim.max_batch_sequences, " per call");
+  }
+  std::unordered_set<uint64_t> seen;
+  for (int i = 0; i < seqs.size(); ++i) {
+    const uint64_t id = get_id(seqs[i]);
+    if (id == 0) return invalid("sequences[", i, "]: id 0 is reserved");
+    if (!seen.insert(id).second) return invalid("sequences[", i, "]: duplicate id ", id);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SamplingParams> to_sampling(const v1::SamplingParams& p, int32_t vocab) {
+  SamplingParams s;
+  s.temperature = p.temperature();
+  s.top_k = p.top_k();
+  s.top_p = p.has_top_p() ? p.top_p() : 1.0f;
+  s.seed = p.seed();
+  if (auto st = validate_sampling(s, vocab); !st.ok()) return st;
+  return s;
+}
+
+int32_t decode_steps(const v1::DecodeRequest& req) { return req.steps() == 0 ? 1 : int32_t(req.steps()); }
+
+absl::Status validate(const v1::PrefillRequest& req, const ServiceLimits& lim) {
+  if (auto st = check_ids(
+          req.sequences(), [](const auto& s) { return s.id(); }, lim);
+      !st.ok())
+    return st;
+  for (int i = 0; i < req.sequences_size(); ++i) {
+    const v1::PrefillSequence& s = req.sequences(i);
+    const std::string where = absl::StrCat("sequences[", i, "] (id ", s.id(), "): ");
+    if (s.token_ids().empty()) return invalid(where, s.extend() ? "no tokens to append" : "empty prompt");
+    if (s.token_ids_size() >= lim.max_seq_len) {
+      return invalid(where, s.token_ids_size(), " tokens leave no room under max_seq_len ", lim.max_seq_len);
+    }
+    if (auto st = check_tokens(s.token_ids(), lim.vocab, "token_ids"); !st.ok()) {
+      return invalid(where, st.message());
+    }
+    if (s.extend() && s.has_sampling()) {
+      return invalid(where, "sampling is set when the sequence is created, not when it is extended");
+    }
+    if (auto sp = to_sampling(s.sampling(), lim.vocab); !sp.ok())
+      return invalid(where, sp.status().message());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate(const v1::DecodeRequest& req, const ServiceLimits& lim) {
+  if (auto st = check_ids(
+          req.sequences(), [](const auto& s) { return s.id(); }, lim);
+      !st.ok())
+    return st;
+  if (req.steps() > uint32_t(lim.max_decode_steps)) {
+    return invalid("steps ", req.steps(), " exceeds the limit of ", lim.max_decode_steps, " per call");
+  }
+  for (int i = 0; i < req.sequences_size(); ++i) {
+    const auto& s = req.sequences(i);
+    if (s.has_expected_len() && (s.expected_len() < 1 || s.expected_len() > uint32_t(lim.max_seq_len))) {
+      return invalid("sequences[", i, "] (id ", s.id(), "): expected_len ", s.expected_len(),
+                     " is outside [1, max_seq_len ", lim.max_seq_len, "]");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate(const v1::ReleaseRequest& req, const ServiceLimits& lim) {
+  return check_ids(
+      req.ids(), [](uint64_t id) { return id; }, lim);
+}
+
+absl::Status validate(const v1::AbortRequest& req) {
+  if (req.id() == 0) return invalid("id 0 is reserved");
+  return absl::OkStatus();
+}
+
+absl::Status validate(const v1::GenerateRequest& req, const ServiceLimits& lim) {
+  if (req.prompt_ids().empty()) return invalid("empty prompt");
+  if (req.prompt_ids_size() >= lim.max_seq_len) {
+    return invalid("prompt of ", req.prompt_ids_size(), " tokens leaves no room under max_seq_len ",
+                   lim.max_seq_len);
+  }
+  if (auto st = check_tokens(req.prompt_ids(), lim.vocab, "prompt_ids"); !st.ok()) return st;
+  if (req.max_tokens() > uint32_t(lim.max_seq_len)) {
+    return invalid("max_tokens ", req.max_tokens(), " exceeds max_seq_len ", lim.max_seq_len);
+  }
+  if (req.stop_token_ids_size() > lim.max_stop_tokens) {
+    return invalid(req.stop_token_ids_size(), " stop tokens exceed the limit of ", lim.max_stop_tokens);
+  }
+  if (auto st = check_tokens(req.stop_token_ids(), lim.vocab, "stop_token_ids"); !st.ok()) return st;
+  if (auto sp = to_sampling(req.sampling(), lim.vocab); !sp.ok()) return sp.status();
+  return absl::OkStatus();
+}
+
+}  // namespace kvfuse::server

@@ -1,0 +1,131 @@
+// kvfuse-server: the decode service on a config. Logs are logfmt-style (key=value)
+// through spdlog; SIGTERM or SIGINT drains gracefully and exits 0 (a second signal
+// cuts the grace period short).
+#include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "server/server.h"
+#include "server/signals.h"
+#include "src/config.h"
+
+using namespace kvfuse;
+
+namespace {
+
+int fail(const std::string& what, const absl::Status& st) {
+  spdlog::critical("event={} error=\"{}\"", what, st.ToString());
+  return 1;
+}
+
+absl::StatusOr<Config> build_config(const std::string& path, const std::vector<std::string>& overrides) {
+  nlohmann::json j = nlohmann::json::object();
+  if (!path.empty()) {
+    std::ifstream in(path);
+    if (!in) return absl::NotFoundError("cannot open config file " + path);
+    j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+    if (j.is_discarded()) return absl::InvalidArgumentError(path + " is not valid JSON");
+  }
+  for (const auto& o : overrides) {
+    if (auto st = apply_config_override(j, o); !st.ok()) return st;
+  }
+  return config_from_json(j);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  server::install_shutdown_handlers();
+
+  CLI::App app{"kvfuse-server: the kvfuse decode service (gRPC)"};
+  std::string config_path;
+  std::vector<std::string> overrides;
+  server::ServerOptions opts;
+  double grace_s = 30.0;
+  std::string log_level = "info";
+  app.add_option("-c,--config", config_path,
+                 "JSON config file (default: built-in defaults, see --config-keys)");
+  app.add_option("-s,--set", overrides, "override a config key: key=value (repeatable)");
+  // Every config key is also a flag of its own: --num_pages 256 is --set num_pages=256.
+  std::vector<std::pair<std::string, std::string>> key_flags;
+  key_flags.reserve(config_key_docs().size());
+  for (const auto& d : config_key_docs()) {
+    key_flags.emplace_back(d.key, "");
+    app.add_option(std::string("--") + d.key, key_flags.back().second,
+                   std::string(d.meaning) + " (" + d.values + ")")
+        ->group("Config keys");
+  }
+  app.add_option("-l,--listen", opts.listen, "gRPC listen address host:port (port 0: a free port)")
+      ->capture_default_str();
+  app.add_option("--metrics-port", opts.metrics_port,
+                 "Prometheus /metrics HTTP port; 0 picks one, -1 turns it off")
+      ->capture_default_str();
+  app.add_option("--drain-grace-s", grace_s, "on SIGTERM/SIGINT, how long in-flight work may finish")
+      ->capture_default_str();
+  app.add_option("--max-waiting", opts.loop.max_waiting, "Generate requests queued before RESOURCE_EXHAUSTED")
+      ->capture_default_str();
+  app.add_option("--stream-queue", opts.service.stream_queue_messages,
+                 "messages queued per Generate stream before tokens are coalesced")
+      ->capture_default_str();
+  int max_message_mib = opts.max_message_bytes >> 20;
+  app.add_option("--max-message-mib", max_message_mib, "largest gRPC message, MiB")
+      ->check(CLI::Range(1, 2047))
+      ->capture_default_str();
+  app.add_option("--log-level", log_level, "trace | debug | info | warn | error")->capture_default_str();
+  bool print_keys = false;
+  app.add_flag("--config-keys", print_keys, "print every config key and exit");
+  CLI11_PARSE(app, argc, argv);
+
+  if (print_keys) {
+    for (const auto& d : config_key_docs()) std::printf("%-18s %-45s %s\n", d.key, d.values, d.meaning);
+    return 0;
+  }
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("ts=%Y-%m-%dT%H:%M:%S.%e%z level=%l %v");
+
+  for (const auto& [key, value] : key_flags) {
+    if (!value.empty()) overrides.push_back(key + "=" + value);
+  }
+  auto cfg = build_config(config_path, overrides);
+  if (!cfg.ok()) return fail("bad_config", cfg.status());
+  opts.loop.config = *cfg;
+  opts.max_message_bytes = max_message_mib << 20;
+  spdlog::info("event=starting version={} config={}", KVFUSE_VERSION, config_to_json(*cfg).dump());
+
+  auto srv = server::KvfuseServer::start(opts);
+  if (!srv.ok()) return fail("start_failed", srv.status());
+  server::KvfuseServer& s = **srv;
+
+  // Wait for a signal; meanwhile notice an engine that failed to start.
+  int sig = 0;
+  while ((sig = server::wait_shutdown_signal(200)) == 0) {
+    if (s.loop().state() == server::LoopState::failed) {
+      const absl::Status st = s.wait_until_serving(0);
+      s.drain(0);
+      return fail("engine_failed", st);
+    }
+  }
+  spdlog::info("event=signal signal={} action=drain grace_s={}", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+               grace_s);
+  // A second signal during the drain: stop waiting for in-flight work.
+  std::atomic<bool> draining_done{false};
+  std::thread second([&] {
+    while (!draining_done.load()) {
+      if (server::wait_shutdown_signal(100) != 0) {
+        spdlog::warn("event=signal action=stop_now");
+        s.loop().stop(absl::UnavailableError("server is shutting down"));
+        return;
+      }
+    }
+  });
+  s.drain(grace_s);
+  draining_done = true;
+  second.join();
+  return 0;
+}

@@ -1,0 +1,193 @@
+// The kvfuse-server binary as a subprocess on a loopback port: SIGTERM and SIGINT
+// drain gracefully (new work UNAVAILABLE, health NOT_SERVING, in-flight streams finish
+// or end UNAVAILABLE once the grace period is over) and the process exits 0.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <future>
+#include <sstream>
+
+#include "tests/test_server_util.h"
+
+extern char** environ;
+
+using namespace kvfuse;
+using namespace kvfuse::testing;
+
+namespace {
+
+class ServerProcess {
+ public:
+  explicit ServerProcess(const std::vector<std::string>& extra) {
+    char tmpl[] = "/tmp/kvfuse-server-test-XXXXXX";
+    const int fd = mkstemp(tmpl);
+    REQUIRE(fd >= 0);
+    close(fd);
+    log_path_ = tmpl;
+    std::vector<std::string> args = {KVFUSE_SERVER_BIN,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--metrics-port",
+                                     "-1",
+                                     "--device",
+                                     "cpu",
+                                     "--model",
+                                     "tiny",
+                                     "--num_pages",
+                                     "512"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log_path_.c_str(), O_WRONLY | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    // The child starts with no signals blocked and default actions, whatever the
+    // test's threads have set.
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t none, defaults;
+    sigemptyset(&none);
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGTERM);
+    sigaddset(&defaults, SIGINT);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    REQUIRE(posix_spawn(&pid_, argv[0], &fa, &attr, argv.data(), environ) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+
+    // Wait for "event=listening ... port=N" and the engine to be warm.
+    const auto end = Clock::now() + std::chrono::seconds(30);
+    while (Clock::now() < end) {
+      const std::string text = log();
+      if (const auto at = text.find("event=listening"); port_ == 0 && at != std::string::npos) {
+        const auto port_at = text.find(" port=", at);
+        if (port_at != std::string::npos) port_ = std::atoi(text.c_str() + port_at + 6);
+      }
+      if (port_ != 0 && text.find("status=SERVING") != std::string::npos) break;
+      REQUIRE(waitpid(pid_, nullptr, WNOHANG) == 0);  // still running
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    REQUIRE(port_ != 0);
+    channel_ = client::make_channel("127.0.0.1:" + std::to_string(port_));
+    stub_ = v1::DecodeService::NewStub(channel_);
+  }
+  ~ServerProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    unlink(log_path_.c_str());
+  }
+
+  std::string log() const {
+    std::ifstream in(log_path_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  void signal(int sig) const { REQUIRE(kill(pid_, sig) == 0); }
+  // The exit status, or -1 if it is still running after timeout_s.
+  int wait_exit(double timeout_s) {
+    const auto end = Clock::now() + std::chrono::duration<double>(timeout_s);
+    while (Clock::now() < end) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+  bool serving() const {
+    auto hs = grpc::health::v1::Health::NewStub(channel_);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(in_seconds(2));
+    grpc::health::v1::HealthCheckResponse resp;
+    const grpc::Status st = hs->Check(&ctx, {}, &resp);
+    return st.ok() && resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  }
+  v1::DecodeService::Stub& stub() { return *stub_; }
+
+ private:
+  std::string log_path_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+  int port_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::DecodeService::Stub> stub_;
+};
+
+// Starts `n` streams and returns once each has received a token.
+std::vector<std::future<StreamResult>> start_streams(ServerProcess& p, int n, uint32_t max_tokens) {
+  std::vector<std::future<StreamResult>> streams;
+  std::vector<std::shared_ptr<std::promise<void>>> started;
+  for (int i = 0; i < n; ++i) {
+    auto first = std::make_shared<std::promise<void>>();
+    started.push_back(first);
+    streams.push_back(std::async(std::launch::async, [&p, i, max_tokens, first] {
+      bool once = false;
+      return generate(p.stub(), generate_request(test_prompt(i, 12), max_tokens), 60, [&](int) {
+        if (!once) first->set_value(), once = true;
+      });
+    }));
+  }
+  for (auto& s : started) s->get_future().wait();
+  return streams;
+}
+
+}  // namespace
+
+TEST_CASE("kvfuse-server: SIGTERM refuses new work and lets in-flight streams finish, exit 0",
+          "[server][drain]") {
+  ServerProcess p({"--drain-grace-s", "30"});
+  auto streams = start_streams(p, 6, 150);
+  p.signal(SIGTERM);
+  const auto end = Clock::now() + std::chrono::seconds(5);
+  while (p.serving() && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  CHECK(!p.serving());
+  const StreamResult late = generate(p.stub(), generate_request({1, 2, 3}, 3), 5);
+  CHECK((late.status.error_code() == grpc::StatusCode::UNAVAILABLE));
+  for (auto& s : streams) {
+    const StreamResult r = s.get();
+    CHECK(r.status.ok());
+    CHECK(r.tokens.size() == 150);
+    CHECK(r.finish == v1::FINISH_REASON_LENGTH);
+  }
+  CHECK(p.wait_exit(20) == 0);
+  const std::string log = p.log();
+  CHECK(log.find("event=signal signal=SIGTERM action=drain") != std::string::npos);
+  CHECK(log.find("event=drain_done in_flight_left=0") != std::string::npos);
+}
+
+TEST_CASE("kvfuse-server: SIGINT past the grace period ends streams UNAVAILABLE, exit 0", "[server][drain]") {
+  ServerProcess p({"--drain-grace-s", "0.3"});
+  auto streams = start_streams(p, 4, 4000);
+  p.signal(SIGINT);
+  for (auto& s : streams) {
+    const StreamResult r = s.get();
+    CHECK(r.status.error_code() == grpc::StatusCode::UNAVAILABLE);
+    CHECK(!r.tokens.empty());
+  }
+  CHECK(p.wait_exit(20) == 0);
+}
+
+TEST_CASE("kvfuse-server: a second signal cuts the drain short, exit 0", "[server][drain]") {
+  ServerProcess p({"--drain-grace-s", "120"});
+  auto streams = start_streams(p, 2, 4000);
+  p.signal(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto t0 = Clock::now();
+  p.signal(SIGTERM);
+  CHECK(p.wait_exit(20) == 0);
+  CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 10);
+  for (auto& s : streams) CHECK(s.get().status.error_code() == grpc::StatusCode::UNAVAILABLE);
+}
