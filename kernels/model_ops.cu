@@ -12,7 +12,8 @@ constexpr int kThreads = 256;
 
 KVFUSE_DEVICE float ld(const bf16_t* p, int64_t i) { return bf16_bits_to_f32(p[i]); }
 
-__global__ void embedding_kernel(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out) {
+__global__ void embedding_kernel(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
+                                 bf16_t* out) {
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const bf16_t* src = table + int64_t(ids[row]) * hidden;
     for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) out[row * hidden + c] = src[c];
@@ -51,7 +52,8 @@ __global__ void rmsnorm_kernel(const bf16_t* x, const bf16_t* w, int64_t rows, i
 // One thread per rotated pair (i, i + D/2) of one head of one token. The frequency is
 // computed in double, as the reference does, then the angle in fp32.
 __global__ void rope_kernel(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
-                            int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n, float theta) {
+                            int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
+                            float theta) {
   const int32_t half = head_dim / 2;
   const int64_t heads = int64_t(q_heads) + kv_heads;
   const int64_t total = n * heads * half;
@@ -82,12 +84,14 @@ __global__ void silu_mul_kernel(const bf16_t* gate_up, int64_t n, int64_t inter,
 }
 
 __global__ void residual_add_kernel(bf16_t* x, const bf16_t* y, int64_t count) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
     x[i] = f32_to_bf16(ld(x, i) + ld(y, i));
   }
 }
 
-__global__ void gather_rows_kernel(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out) {
+__global__ void gather_rows_kernel(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
+                                   bf16_t* out) {
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const bf16_t* src = x + int64_t(rows[r]) * cols;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[r * cols + c] = src[c];
@@ -96,13 +100,15 @@ __global__ void gather_rows_kernel(const bf16_t* x, int64_t cols, const int32_t*
 
 __global__ void bias_round_kernel(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out) {
   const int64_t total = m * n;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = f32_to_bf16(y[i] + bias[i % n]);
   }
 }
 
 __global__ void bf16_to_f32_kernel(const bf16_t* x, int64_t count, float* out) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = ld(x, i);
   }
 }
@@ -122,25 +128,26 @@ cudaError_t launch_embedding(const int32_t* ids, int64_t n, const bf16_t* table,
   return launch_kernel(embedding_kernel, row_blocks(n), kThreads, stream, false, ids, n, table, hidden, out);
 }
 
-cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps, bf16_t* out,
-                           cudaStream_t stream) {
+cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                           bf16_t* out, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   return launch_kernel(rmsnorm_kernel, row_blocks(rows), kThreads, stream, false, x, w, rows, cols, eps, out);
 }
 
 cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
-                             int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n, float theta,
-                             cudaStream_t stream) {
+                             int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
+                             float theta, cudaStream_t stream) {
   const int64_t total = n * (int64_t(q_heads) + kv_heads) * (head_dim / 2);
   if (total <= 0) return cudaSuccess;
-  return launch_kernel(rope_kernel, elementwise_blocks(total), kThreads, stream, false, q, q_stride, q_heads, k,
-                       k_stride, kv_heads, head_dim, positions, n, theta);
+  return launch_kernel(rope_kernel, elementwise_blocks(total), kThreads, stream, false, q, q_stride, q_heads,
+                       k, k_stride, kv_heads, head_dim, positions, n, theta);
 }
 
-cudaError_t launch_silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out, cudaStream_t stream) {
+cudaError_t launch_silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out,
+                            cudaStream_t stream) {
   if (n * inter <= 0) return cudaSuccess;
-  return launch_kernel(silu_mul_kernel, elementwise_blocks(n * inter), kThreads, stream, false, gate_up, n, inter,
-                       out);
+  return launch_kernel(silu_mul_kernel, elementwise_blocks(n * inter), kThreads, stream, false, gate_up, n,
+                       inter, out);
 }
 
 cudaError_t launch_residual_add(bf16_t* x, const bf16_t* y, int64_t count, cudaStream_t stream) {
@@ -157,7 +164,8 @@ cudaError_t launch_gather_rows(const bf16_t* x, int64_t cols, const int32_t* row
 cudaError_t launch_bias_round(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out,
                               cudaStream_t stream) {
   if (m * n <= 0) return cudaSuccess;
-  return launch_kernel(bias_round_kernel, elementwise_blocks(m * n), kThreads, stream, false, y, bias, m, n, out);
+  return launch_kernel(bias_round_kernel, elementwise_blocks(m * n), kThreads, stream, false, y, bias, m, n,
+                       out);
 }
 
 cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream) {

@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-ids", prompt_ids, "comma-separated prompt token ids");
   app.add_option("-n,--num-prompts", num_prompts, "number of sequences (prompt i is the prompt shifted by i)")
       ->check(CLI::Range(1, 4096));
-  app.add_option("-m,--max-tokens", max_tokens, "tokens to generate per sequence")->check(CLI::Range(1, 1 << 20));
+  app.add_option("-m,--max-tokens", max_tokens, "tokens to generate per sequence")
+      ->check(CLI::Range(1, 1 << 20));
   app.add_option("-t,--temperature", temperature, "sampling temperature (0 = greedy)");
   app.add_flag("-q,--quiet-steps", quiet_steps, "print only the summary, not each step");
   app.add_flag("--config-keys", print_keys, "print every config key and exit");
@@ -76,12 +77,14 @@ int main(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   auto engine = Engine::create(*cfg);
   if (!engine.ok()) return fail(engine.status());
-  const double init_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double init_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   Engine& e = **engine;
-  std::printf("kvfuse-run: model %s on %s, kv %s (%s write), %s attention, %lld pages x %d tokens, init %.0f ms\n",
-              e.spec().name.c_str(), e.backend().description().c_str(), kv_dtype_name(e.kv_dtype()),
-              to_string(cfg->kv_write), to_string(cfg->attention), (long long)cfg->num_pages, cfg->page_size,
-              init_ms);
+  std::printf(
+      "kvfuse-run: model %s on %s, kv %s (%s write), %s attention, %lld pages x %d tokens, init %.0f ms\n",
+      e.spec().name.c_str(), e.backend().description().c_str(), kv_dtype_name(e.kv_dtype()),
+      to_string(cfg->kv_write), to_string(cfg->attention), (long long)cfg->num_pages, cfg->page_size,
+      init_ms);
 
   std::vector<int32_t> base;
   try {
@@ -124,14 +127,15 @@ int main(int argc, char** argv) {
     }
     if (!quiet_steps) {
       std::printf("step %4lld  %3d seqs %4lld tokens  %7.2f ms (prepare %.2f forward %.2f sample %.2f)  %s\n",
-                  (long long)steps, t.num_seqs, (long long)t.num_tokens, t.total_ms, t.prepare_ms, t.forward_ms,
-                  t.sample_ms, absl::StrJoin(toks, " ").c_str());
+                  (long long)steps, t.num_seqs, (long long)t.num_tokens, t.total_ms, t.prepare_ms,
+                  t.forward_ms, t.sample_ms, absl::StrJoin(toks, " ").c_str());
     }
   }
   for (const auto& [id, toks] : out) {
     std::printf("sequence %llu: %s\n", (unsigned long long)id, absl::StrJoin(toks, ",").c_str());
   }
-  std::printf("generated %lld tokens in %lld steps, %.1f ms of engine time (%.0f tokens/s)\n", (long long)generated,
-              (long long)steps, total_ms, total_ms > 0 ? 1000.0 * double(generated) / total_ms : 0.0);
+  std::printf("generated %lld tokens in %lld steps, %.1f ms of engine time (%.0f tokens/s)\n",
+              (long long)generated, (long long)steps, total_ms,
+              total_ms > 0 ? 1000.0 * double(generated) / total_ms : 0.0);
   return 0;
 }

@@ -179,10 +179,11 @@ absl::StatusOr<Config> config_from_json(const json& j) {
   if (has("kv_scales_file")) KVFUSE_TRY(parse_path(j["kv_scales_file"], "kv_scales_file", c.kv_scales_file));
   if (has("seed")) KVFUSE_TRY(parse_int(j["seed"], "seed", 0, INT64_MAX, c.seed));
   if (has("device")) {
-    KVFUSE_TRY(parse_enum(j["device"], "device",
-                          std::map<std::string, Device>{
-                              {"auto", Device::auto_}, {"cpu", Device::cpu}, {"cuda", Device::cuda}, {"hip", Device::hip}},
-                          c.device));
+    KVFUSE_TRY(parse_enum(
+        j["device"], "device",
+        std::map<std::string, Device>{
+            {"auto", Device::auto_}, {"cpu", Device::cpu}, {"cuda", Device::cuda}, {"hip", Device::hip}},
+        c.device));
   }
   if (has("kv_cache_dtype")) {
     KVFUSE_TRY(parse_enum(j["kv_cache_dtype"], "kv_cache_dtype",
@@ -192,10 +193,10 @@ absl::StatusOr<Config> config_from_json(const json& j) {
                           c.kv_cache_dtype));
   }
   if (has("kv_write")) {
-    KVFUSE_TRY(parse_enum(j["kv_write"], "kv_write",
-                          std::map<std::string, KvWritePath>{{"fused", KvWritePath::fused},
-                                                             {"unfused", KvWritePath::unfused}},
-                          c.kv_write));
+    KVFUSE_TRY(parse_enum(
+        j["kv_write"], "kv_write",
+        std::map<std::string, KvWritePath>{{"fused", KvWritePath::fused}, {"unfused", KvWritePath::unfused}},
+        c.kv_write));
   }
   if (has("attention")) {
     KVFUSE_TRY(parse_enum(j["attention"], "attention",
@@ -221,12 +222,11 @@ absl::StatusOr<Config> config_from_json(const json& j) {
         c.swa_layer_list.push_back(layer);
       }
     } else {
-      KVFUSE_TRY(parse_enum(v, "swa_layers",
-                            std::map<std::string, std::string>{{"preset", "preset"},
-                                                               {"none", "none"},
-                                                               {"all", "all"},
-                                                               {"alternate", "alternate"}},
-                            c.swa_layers));
+      KVFUSE_TRY(
+          parse_enum(v, "swa_layers",
+                     std::map<std::string, std::string>{
+                         {"preset", "preset"}, {"none", "none"}, {"all", "all"}, {"alternate", "alternate"}},
+                     c.swa_layers));
     }
   }
   if (has("k_scale")) KVFUSE_TRY(parse_scales(j["k_scale"], "k_scale", c.k_scale));
@@ -246,7 +246,8 @@ absl::StatusOr<Config> load_config_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("config file '", path, "' cannot be opened"));
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("config file '", path, "' is not valid JSON"));
+  if (j.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat("config file '", path, "' is not valid JSON"));
   auto c = config_from_json(j);
   if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   return c;

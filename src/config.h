@@ -31,16 +31,16 @@ struct Config {
   AttentionPath attention = AttentionPath::unified;
   int32_t page_size = 16;
   int64_t num_pages = 4096;
-  int64_t swa_num_pages = 0;        // 0: sized from the window and the batch limits
-  int32_t sliding_window = -1;      // -1: the preset's; 0: none; W > 0: window of W keys
-  std::string swa_layers = "preset";  // preset | none | all | alternate | list
+  int64_t swa_num_pages = 0;            // 0: sized from the window and the batch limits
+  int32_t sliding_window = -1;          // -1: the preset's; 0: none; W > 0: window of W keys
+  std::string swa_layers = "preset";    // preset | none | all | alternate | list
   std::vector<int32_t> swa_layer_list;  // when swa_layers == "list"
   // One value for every layer, or one per layer; empty when the config does not set the
   // key (JSON null), so that a kv_scales_file or checkpoint scales apply (src/kv_scales.h).
   std::vector<float> k_scale;
   std::vector<float> v_scale;
-  std::string kv_scales_file;       // JSON file of per-layer scales (calibration output)
-  int32_t max_batch_tokens = 512;   // per-step token budget (chunked prefill)
+  std::string kv_scales_file;      // JSON file of per-layer scales (calibration output)
+  int32_t max_batch_tokens = 512;  // per-step token budget (chunked prefill)
   int32_t max_running_seqs = 64;
   int32_t max_seq_len = 4096;
 };

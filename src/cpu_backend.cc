@@ -63,7 +63,8 @@ class CpuBackend final : public Backend {
   }
   absl::Status synchronize() override { return absl::OkStatus(); }
 
-  absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k, const bf16_t* bias) override {
+  absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
+                                             const bf16_t* bias) override {
     LinearWeight lw;
     lw.n = n;
     lw.k = k;
@@ -80,7 +81,8 @@ class CpuBackend final : public Backend {
     return lw;
   }
 
-  absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out) override {
+  absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
+                         bf16_t* out) override {
     cpu::embedding(ids, n, table, hidden, out);
     return absl::OkStatus();
   }
@@ -90,15 +92,17 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
-    cpu::linear_bf16(x, m, w.k, w.w.as<float>(), w.n, w.bias.as<float>(), out, scratch(size_t(m * (w.k + w.n))));
+    cpu::linear_bf16(x, m, w.k, w.w.as<float>(), w.n, w.bias.as<float>(), out,
+                     scratch(size_t(m * (w.k + w.n))));
     return absl::OkStatus();
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
     cpu::linear_f32_out(x, m, w.k, w.w.as<float>(), w.n, out, scratch(size_t(m * w.k)));
     return absl::OkStatus();
   }
-  absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride, int32_t kv_heads,
-                    int32_t head_dim, const int32_t* positions, int64_t n, float theta) override {
+  absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
+                    int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
+                    float theta) override {
     cpu::rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions, n, theta);
     return absl::OkStatus();
   }
@@ -110,7 +114,8 @@ class CpuBackend final : public Backend {
     cpu::residual_add(x, y, count);
     return absl::OkStatus();
   }
-  absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out) override {
+  absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
+                           bf16_t* out) override {
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(out + i * cols, x + int64_t(rows[i]) * cols, size_t(cols) * sizeof(bf16_t));
     }
@@ -122,7 +127,8 @@ class CpuBackend final : public Backend {
       cpu::kv_write_fused(args);
     } else {
       if (scratch_buf == nullptr) return absl::InternalError("unfused KV write without scratch");
-      cpu::kv_write_unfused(args, cpu::kv_write_scratch_from(scratch_buf, args.num_tokens, args.cache.row_elems()));
+      cpu::kv_write_unfused(args,
+                            cpu::kv_write_scratch_from(scratch_buf, args.num_tokens, args.cache.row_elems()));
     }
     return absl::OkStatus();
   }

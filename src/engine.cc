@@ -55,10 +55,10 @@ absl::Status Engine::init() {
     const double need_gib = double(s.num_params()) * 4.0 / double(1 << 30);
     const double avail_gib = available_memory_gib();
     if (avail_gib > 0 && need_gib > 0.8 * avail_gib) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "model '%s' needs %.1f GiB of fp32 weights on the CPU backend, %.1f GiB available; "
-          "use a GPU device or the tiny preset",
-          s.name, need_gib, avail_gib));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("model '%s' needs %.1f GiB of fp32 weights on the CPU backend, %.1f GiB available; "
+                          "use a GPU device or the tiny preset",
+                          s.name, need_gib, avail_gib));
     }
   }
 
@@ -89,8 +89,9 @@ absl::Status Engine::init() {
     // Enough SWA pages for every running sequence to hold its window plus one step's
     // chunk, unless the config sizes the pool itself.
     const int64_t per_seq = ceil_div(int64_t(s.sliding_window) + cfg_.max_batch_tokens, cfg_.page_size) + 1;
-    pc.swa_num_pages = cfg_.swa_num_pages > 0 ? cfg_.swa_num_pages
-                                              : std::min<int64_t>(cfg_.num_pages, per_seq * cfg_.max_running_seqs);
+    pc.swa_num_pages = cfg_.swa_num_pages > 0
+                           ? cfg_.swa_num_pages
+                           : std::min<int64_t>(cfg_.num_pages, per_seq * cfg_.max_running_seqs);
   }
   auto pool = KvPool::create(*backend_, pc);
   if (!pool.ok()) return pool.status();
@@ -111,8 +112,8 @@ absl::Status Engine::check_tokens(const std::vector<int32_t>& tokens) const {
   const int32_t vocab = model_->spec().vocab;
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", tokens[i], " at index ", i, " is outside the vocabulary [0, ", vocab, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("token id ", tokens[i], " at index ", i,
+                                                     " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
   return absl::OkStatus();
@@ -123,8 +124,8 @@ absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const S
   if (seqs_.count(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   if (int64_t(prompt.size()) >= cfg_.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", prompt.size(), " tokens leaves no room under max_seq_len ",
-                                                   cfg_.max_seq_len));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt of ", prompt.size(), " tokens leaves no room under max_seq_len ", cfg_.max_seq_len));
   }
   if (auto st = check_tokens(prompt); !st.ok()) return st;
   if (auto st = validate_sampling(sampling, model_->spec().vocab); !st.ok()) return st;
@@ -143,7 +144,8 @@ absl::Status Engine::append_tokens(SeqId id, const std::vector<int32_t>& tokens)
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens to append");
   if (int64_t(it->second.tokens.size() + tokens.size()) > cfg_.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat("sequence ", id, " would exceed max_seq_len ", cfg_.max_seq_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", id, " would exceed max_seq_len ", cfg_.max_seq_len));
   }
   if (auto st = check_tokens(tokens); !st.ok()) return st;
   auto& t = it->second.tokens;
@@ -165,36 +167,40 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
   return step(items, ForwardOptions{cfg_.kv_write, cfg_.attention});
 }
 
-absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items, const ForwardOptions& opts) {
+absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items,
+                                                     const ForwardOptions& opts) {
   const auto t0 = Clock::now();
   timings_ = StepTimings{};
   if (items.empty()) return absl::InvalidArgumentError("step: no items");
   if (int64_t(items.size()) > cfg_.max_running_seqs) {
-    return absl::InvalidArgumentError(absl::StrCat("step: ", items.size(), " sequences exceed max_running_seqs ",
-                                                   cfg_.max_running_seqs));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", items.size(), " sequences exceed max_running_seqs ", cfg_.max_running_seqs));
   }
   std::unordered_set<SeqId> seen;
   int64_t total = 0;
   for (const StepItem& it : items) {
     auto s = seqs_.find(it.id);
     if (s == seqs_.end()) return absl::NotFoundError(absl::StrCat("step: sequence ", it.id, " not found"));
-    if (!seen.insert(it.id).second) return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " twice"));
+    if (!seen.insert(it.id).second)
+      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " twice"));
     const int32_t pending = s->second.num_pending();
     if (it.num_tokens < 1 || it.num_tokens > pending) {
       return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " asks for ", it.num_tokens,
                                                      " tokens with ", pending, " pending"));
     }
     if (it.sample && it.num_tokens != pending) {
-      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " samples before its last token"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: sequence ", it.id, " samples before its last token"));
     }
     if (it.sample && int64_t(s->second.tokens.size()) >= cfg_.max_seq_len) {
-      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " is at max_seq_len ", cfg_.max_seq_len));
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: sequence ", it.id, " is at max_seq_len ", cfg_.max_seq_len));
     }
     total += it.num_tokens;
   }
   if (total > cfg_.max_batch_tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("step: ", total, " tokens exceed max_batch_tokens ",
-                                                   cfg_.max_batch_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", total, " tokens exceed max_batch_tokens ", cfg_.max_batch_tokens));
   }
 
   // Reserve pages; a sequence that cannot get them fails alone.

@@ -89,7 +89,8 @@ class Engine {
   absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items);
   // Same, with the write and attention paths given instead of taken from the config
   // (A/B tests and benchmarks on one engine).
-  absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items, const ForwardOptions& opts);
+  absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items,
+                                               const ForwardOptions& opts);
 
   // For decode benchmarks: treats the first `n` pending tokens of a sequence as computed
   // without running them. Their pages are reserved; the cache keeps whatever bytes the

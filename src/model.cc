@@ -8,10 +8,10 @@
 
 namespace kvfuse {
 
-#define KVFUSE_RETURN_IF_ERROR(expr)   \
-  do {                                 \
-    const absl::Status _st = (expr);   \
-    if (!_st.ok()) return _st;         \
+#define KVFUSE_RETURN_IF_ERROR(expr) \
+  do {                               \
+    const absl::Status _st = (expr); \
+    if (!_st.ok()) return _st;       \
   } while (0)
 
 namespace {
@@ -29,7 +29,8 @@ enum : uint64_t { kAttnNorm, kFfnNorm, kQkv, kQkvBias, kO, kGateUp, kDown, kTens
 
 std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float stddev, float mean = 0.0f) {
   std::vector<bf16_t> out(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) out[size_t(i)] = f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
+  for (int64_t i = 0; i < count; ++i)
+    out[size_t(i)] = f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
   return out;
 }
 
@@ -91,8 +92,8 @@ std::unique_ptr<HostWeightSource> make_synthetic_weights(const ModelSpec& spec, 
   return std::make_unique<SyntheticWeights>(spec, seed);
 }
 
-absl::StatusOr<std::unique_ptr<Model>> Model::create_synthetic(Backend& backend, const ModelSpec& spec, uint64_t seed,
-                                                                const ModelLimits& limits) {
+absl::StatusOr<std::unique_ptr<Model>> Model::create_synthetic(Backend& backend, const ModelSpec& spec,
+                                                               uint64_t seed, const ModelLimits& limits) {
   SyntheticWeights weights(spec, seed);
   return create_from_weights(backend, spec, weights, limits);
 }
@@ -217,17 +218,18 @@ absl::Status Model::upload_batch(const ForwardBatch& b) {
     return absl::InvalidArgumentError(absl::StrCat("forward: ", S, " sequences, limit ", limits_.max_seqs));
   }
   if (b.max_pages_per_seq <= 0 || b.max_pages_per_seq > limits_.max_pages_per_seq) {
-    return absl::InvalidArgumentError(absl::StrCat("forward: ", b.max_pages_per_seq, " pages per sequence, limit ",
-                                                   limits_.max_pages_per_seq));
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", b.max_pages_per_seq,
+                                                   " pages per sequence, limit ", limits_.max_pages_per_seq));
   }
-  if (b.positions.size() != size_t(T) || b.slot_mapping.size() != size_t(T) || b.query_start.size() != size_t(S) + 1 ||
+  if (b.positions.size() != size_t(T) || b.slot_mapping.size() != size_t(T) ||
+      b.query_start.size() != size_t(S) + 1 ||
       b.block_table_full.size() != size_t(S) * size_t(b.max_pages_per_seq)) {
     return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
   }
   for (int32_t id : b.token_ids) {
     if (id < 0 || id >= spec_.vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("forward: token id ", id, " outside the vocabulary [0, ",
-                                                     spec_.vocab, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: token id ", id, " outside the vocabulary [0, ", spec_.vocab, ")"));
     }
   }
   auto up = [&](DeviceBuffer& dst, const auto& v) {

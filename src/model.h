@@ -14,11 +14,11 @@ namespace kvfuse {
 
 // Host-side metadata of one forward pass, built by the engine (nano-vllm style).
 struct ForwardBatch {
-  std::vector<int32_t> token_ids;     // [T]
-  std::vector<int32_t> positions;     // [T]
-  std::vector<int64_t> slot_mapping;  // [T] full-pool slots, -1 = skip
-  std::vector<int32_t> query_start;   // [S + 1]
-  std::vector<int32_t> context_len;   // [S]
+  std::vector<int32_t> token_ids;         // [T]
+  std::vector<int32_t> positions;         // [T]
+  std::vector<int64_t> slot_mapping;      // [T] full-pool slots, -1 = skip
+  std::vector<int32_t> query_start;       // [S + 1]
+  std::vector<int32_t> context_len;       // [S]
   std::vector<int32_t> block_table_full;  // [S, max_pages_per_seq]
   std::vector<int32_t> block_table_swa;   // [S, max_pages_per_seq], empty without SWA layers
   int32_t max_pages_per_seq = 0;
@@ -100,7 +100,8 @@ class Model {
     DeviceBuffer attn_norm, ffn_norm;  // [hidden] bf16
     LinearWeight qkv, o, gate_up, down;
   };
-  Model(Backend& backend, ModelSpec spec, ModelLimits limits) : backend_(backend), spec_(std::move(spec)), limits_(limits) {}
+  Model(Backend& backend, ModelSpec spec, ModelLimits limits)
+      : backend_(backend), spec_(std::move(spec)), limits_(limits) {}
   absl::Status init_weights(HostWeightSource& weights);
   absl::Status init_workspace();
   absl::Status upload_batch(const ForwardBatch& b);

@@ -14,15 +14,15 @@ bool ModelSpec::any_swa() const {
 
 int64_t ModelSpec::num_params() const {
   const int64_t h = hidden;
-  const int64_t per_layer = h * qkv_dim() + q_dim() * h + 2 * h * intermediate + int64_t(intermediate) * h + 2 * h +
-                            (qkv_bias ? qkv_dim() : 0);
+  const int64_t per_layer = h * qkv_dim() + q_dim() * h + 2 * h * intermediate + int64_t(intermediate) * h +
+                            2 * h + (qkv_bias ? qkv_dim() : 0);
   return int64_t(vocab) * h * (tie_embeddings ? 1 : 2) + num_layers * per_layer + h;
 }
 
 namespace {
 
-ModelSpec make(std::string name, std::string arch, int32_t vocab, int32_t hidden, int32_t inter, int32_t layers,
-               int32_t q_heads, int32_t kv_heads, int32_t head_dim, float theta, float eps) {
+ModelSpec make(std::string name, std::string arch, int32_t vocab, int32_t hidden, int32_t inter,
+               int32_t layers, int32_t q_heads, int32_t kv_heads, int32_t head_dim, float theta, float eps) {
   ModelSpec s;
   s.name = std::move(name);
   s.arch = std::move(arch);
@@ -75,8 +75,9 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
     s.max_position = 131072;
     return s;
   }
-  return absl::InvalidArgumentError(absl::StrCat("config key 'model': unknown preset '", name,
-                                                 "'; allowed: tiny, llama3-8b, qwen2.5-7b, mistral-7b, hybrid-swa"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("config key 'model': unknown preset '", name,
+                   "'; allowed: tiny, llama3-8b, qwen2.5-7b, mistral-7b, hybrid-swa"));
 }
 
 absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg) {
@@ -98,30 +99,32 @@ absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg) {
     spec.layer_is_swa.assign(n, false);
     for (int32_t l : cfg.swa_layer_list) {
       if (l < 0 || l >= spec.num_layers) {
-        return absl::InvalidArgumentError(absl::StrCat("config key 'swa_layers': layer ", l, " is out of range [0, ",
-                                                       spec.num_layers - 1, "] for model '", spec.name, "'"));
+        return absl::InvalidArgumentError(absl::StrCat("config key 'swa_layers': layer ", l,
+                                                       " is out of range [0, ", spec.num_layers - 1,
+                                                       "] for model '", spec.name, "'"));
       }
       spec.layer_is_swa[size_t(l)] = true;
     }
   }
   if (cfg.sliding_window == 0) spec.layer_is_swa.assign(n, false);  // explicit 0 turns SWA off
   if (spec.any_swa() && spec.sliding_window <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config key 'sliding_window': layers are marked sliding-window but model '", spec.name,
-        "' has no window; set sliding_window to W > 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key 'sliding_window': layers are marked sliding-window but model '", spec.name,
+                     "' has no window; set sliding_window to W > 0"));
   }
   if (!spec.any_swa()) spec.sliding_window = 0;
 
   for (const auto* scales : {&cfg.k_scale, &cfg.v_scale}) {
     if (scales->size() > 1 && scales->size() != n) {
-      return absl::InvalidArgumentError(absl::StrCat("config key '", scales == &cfg.k_scale ? "k_scale" : "v_scale",
-                                                     "': has ", scales->size(), " values; give one, or one per layer (",
-                                                     n, " for model '", spec.name, "')"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config key '", scales == &cfg.k_scale ? "k_scale" : "v_scale", "': has ", scales->size(),
+          " values; give one, or one per layer (", n, " for model '", spec.name, "')"));
     }
   }
   if (cfg.max_seq_len > spec.max_position) {
     return absl::InvalidArgumentError(absl::StrCat("config key 'max_seq_len': ", cfg.max_seq_len,
-                                                   " exceeds model '", spec.name, "' max position ", spec.max_position));
+                                                   " exceeds model '", spec.name, "' max position ",
+                                                   spec.max_position));
   }
   return spec;
 }

@@ -24,7 +24,7 @@ struct ModelSpec {
   float rms_eps = 1e-5f;
   bool qkv_bias = false;
   bool tie_embeddings = false;
-  int32_t sliding_window = 0;     // 0: none
+  int32_t sliding_window = 0;      // 0: none
   std::vector<bool> layer_is_swa;  // [num_layers]
   int32_t max_position = 4096;
 

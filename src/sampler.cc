@@ -64,7 +64,9 @@ int32_t sample_token(const float* logits, int32_t vocab, const SamplingParams& p
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
   const int32_t k = p.top_k > 0 ? p.top_k : vocab;
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
   std::partial_sort(order.begin(), order.begin() + k, order.end(), by_logit);
   order.resize(size_t(k));
 

@@ -4,7 +4,6 @@
 
 #include <stdlib.h>
 
-#include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include "tests/catch.h"
 
 #include "src/checkpoint.h"
 #include "src/model_spec.h"

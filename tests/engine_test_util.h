@@ -1,10 +1,10 @@
 // Helpers shared by the engine-level tests.
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <vector>
+#include "tests/catch.h"
 
 #include "src/engine.h"
 
@@ -39,7 +39,8 @@ inline std::vector<uint8_t> cache_bytes(Engine& e) {
 
 inline std::vector<int32_t> prompt_of(int32_t len, int32_t salt, int32_t vocab) {
   std::vector<int32_t> p(static_cast<size_t>(len));
-  for (int32_t i = 0; i < len; ++i) p[size_t(i)] = int32_t((uint32_t(i) * 2654435761u + uint32_t(salt) * 40503u) % uint32_t(vocab));
+  for (int32_t i = 0; i < len; ++i)
+    p[size_t(i)] = int32_t((uint32_t(i) * 2654435761u + uint32_t(salt) * 40503u) % uint32_t(vocab));
   return p;
 }
 
@@ -61,7 +62,8 @@ inline std::vector<int32_t> greedy(Engine& e, SeqId id, const std::vector<int32_
 
 // Feeds `tokens` one at a time after a prompt prefill and returns the logits after
 // each fed position: rows [prompt_len-1, prompt_len, ..., prompt_len+tokens.size()-1].
-inline std::vector<std::vector<float>> teacher_forced_logits(Engine& e, SeqId id, const std::vector<int32_t>& prompt,
+inline std::vector<std::vector<float>> teacher_forced_logits(Engine& e, SeqId id,
+                                                             const std::vector<int32_t>& prompt,
                                                              const std::vector<int32_t>& tokens) {
   std::vector<int32_t> all = prompt;
   all.insert(all.end(), tokens.begin(), tokens.end());

@@ -1,7 +1,7 @@
 // kvfuse-ab's statistics: the paired ratio, its 95% interval, and the outputs.
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include "tests/catch.h"
 
 #include "bench/ab/ab_stats.h"
 

@@ -15,7 +15,7 @@
 // accumulation error (~1e-6 of max |v| for the few hundred keys used here) is many bf16
 // ulps of the tiny result. Values are O(1), so 1e-4 is far below any real error (a
 // wrong mask, scale or page changes outputs by ~1e-1).
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -1,8 +1,8 @@
 // Config loading: every key validated, clear errors, overrides, the shipped files.
-#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include "tests/catch.h"
 
 #include "src/config.h"
 #include "src/model_spec.h"

@@ -4,7 +4,7 @@
 // Every op rounds its fp32 result to bf16 once. bf16 keeps 8 significant bits, so the
 // rounding alone is up to half an ulp (2^-8 relative); the tolerances below allow one
 // ulp (2^-7 relative) plus whatever fp32 error the op's own arithmetic can add.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cmath>
 #include <limits>

@@ -43,7 +43,8 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-TEST_CASE("engine fused/unfused writes: byte-identical KV caches after 24 decode steps", "[engine][kv_write]") {
+TEST_CASE("engine fused/unfused writes: byte-identical KV caches after 24 decode steps",
+          "[engine][kv_write]") {
   for (const char* dtype : {"bf16", "fp8_e4m3", "fp8_e5m2"}) {
     for (bool hybrid : {false, true}) {
       CAPTURE(dtype, hybrid);
@@ -63,7 +64,8 @@ TEST_CASE("engine fused/unfused writes: byte-identical KV caches after 24 decode
       const auto ca = cache_bytes(*ea);
       const auto cb = cache_bytes(*eb);
       REQUIRE(ca.size() == cb.size());
-      CHECK(std::count_if(ca.begin(), ca.end(), [](uint8_t x) { return x != 0; }) > 1000);  // something was written
+      CHECK(std::count_if(ca.begin(), ca.end(), [](uint8_t x) { return x != 0; }) >
+            1000);  // something was written
       CHECK(ca == cb);
     }
   }
@@ -102,13 +104,15 @@ TEST_CASE("engine unified/split attention: teacher-forced logits agree within 0.
       for (size_t i = 0; i < la.size(); ++i) {
         std::vector<float> sorted = la[i];
         std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-        if (sorted[0] - sorted[1] > 2 * worst) CHECK(argmax(la[i].data(), int32_t(la[i].size())) == argmax(lb[i].data(), int32_t(lb[i].size())));
+        if (sorted[0] - sorted[1] > 2 * worst)
+          CHECK(argmax(la[i].data(), int32_t(la[i].size())) == argmax(lb[i].data(), int32_t(lb[i].size())));
       }
     }
   }
 }
 
-TEST_CASE("engine swa: a window longer than the sequence equals full attention bit for bit", "[engine][swa]") {
+TEST_CASE("engine swa: a window longer than the sequence equals full attention bit for bit",
+          "[engine][swa]") {
   // Same math, different pool: checks the SWA pool, the full_to_swa table and the
   // SWA block tables end to end.
   auto full = make_engine({{"swa_layers", "none"}});
@@ -182,7 +186,8 @@ TEST_CASE("engine errors: bad steps are rejected and leave every page free", "[e
   CHECK(e->step({}).status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(e->step({StepItem{7, 1, true}}).status().code() == absl::StatusCode::kNotFound);
   CHECK(e->step({StepItem{1, 101, true}}).status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(e->step({StepItem{1, 50, true}}).status().code() == absl::StatusCode::kInvalidArgument);  // samples early
+  CHECK(e->step({StepItem{1, 50, true}}).status().code() ==
+        absl::StatusCode::kInvalidArgument);  // samples early
   CHECK(e->step({StepItem{1, 100, true}, StepItem{1, 100, true}}).status().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(e->pool().usage(PoolKind::full).used_pages == 0);  // rejected steps reserve nothing
@@ -206,7 +211,8 @@ TEST_CASE("engine errors: bad steps are rejected and leave every page free", "[e
   CHECK(e->pool().usage(PoolKind::full).free_pages == 8);
 }
 
-TEST_CASE("engine config: per-layer scales reach the pool, bad counts and oversized presets fail", "[engine][config]") {
+TEST_CASE("engine config: per-layer scales reach the pool, bad counts and oversized presets fail",
+          "[engine][config]") {
   const std::vector<float> ks = {0.5f, 1.0f, 2.0f, 4.0f};
   auto e = make_engine({{"k_scale", ks}, {"v_scale", 3.0}});
   for (int32_t l = 0; l < 4; ++l) {

@@ -2,7 +2,7 @@
 // boundary cases, and conversion vectors from an H200's cvt.rn.satfinite and PyTorch's
 // CPU casts (tests/data/README.md). The bytes written to the KV cache are defined by
 // fp8_encode, so every byte of it is checked.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cmath>
 #include <cstdint>

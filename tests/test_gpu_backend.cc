@@ -1,11 +1,11 @@
 // GPU backend parity against the CPU backend, op by op, through the Backend interface.
 // In a build without a GPU backend, or on a machine without a GPU, every test here
 // says so and passes without checking anything else.
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
+#include "tests/catch.h"
 
 #include "kernels/fp8.h"
 #include "src/backend.h"
@@ -87,9 +87,7 @@ TEST_CASE("gpu backend: row and elementwise ops match the CPU within one bf16 ul
   std::vector<int32_t> ids(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) ids[size_t(i)] = int32_t((i * 7919) % vocab);
 
-  auto both = [&](auto&& run) {
-    return std::make_pair(run(*cpu), run(*gpu));
-  };
+  auto both = [&](auto&& run) { return std::make_pair(run(*cpu), run(*gpu)); };
   // rmsnorm: GPU sums squares in another order; the result differs by at most an ulp.
   auto [rc, rg] = both([&](Backend& b) {
     Mirror<bf16_t> in(b, x), wt(b, w), out(b, x.size());
@@ -139,7 +137,8 @@ TEST_CASE("gpu backend: row and elementwise ops match the CPU within one bf16 ul
   check_close(pc, pg, 1, 2e-3f, "rope");
 }
 
-TEST_CASE("gpu backend: linear layers match OpenBLAS within fp32 accumulation and one bf16 ulp", "[gpu][gemm]") {
+TEST_CASE("gpu backend: linear layers match OpenBLAS within fp32 accumulation and one bf16 ulp",
+          "[gpu][gemm]") {
   auto gpu = gpu_or_skip();
   if (!gpu) return;
   auto cpu = make_cpu_backend();
@@ -167,7 +166,8 @@ TEST_CASE("gpu backend: linear layers match OpenBLAS within fp32 accumulation an
       // Outputs have magnitude ~1; fp32 sums of 256 products differ by ~1e-6.
       check_close(out[0], out[1], 1, 1e-4f, "linear");
       float worst = 0;
-      for (size_t j = 0; j < logits[0].size(); ++j) worst = std::max(worst, std::fabs(logits[0][j] - logits[1][j]));
+      for (size_t j = 0; j < logits[0].size(); ++j)
+        worst = std::max(worst, std::fabs(logits[0][j] - logits[1][j]));
       INFO("linear_logits max |difference| " << worst);
       CHECK(worst < 1e-4f);
     }
@@ -197,13 +197,15 @@ TEST_CASE("gpu backend: paged attention (unified and split) matches the CPU refe
         std::vector<int32_t> bt(size_t(3 * maxp), -1);
         int32_t next = 0;
         for (int s = 0; s < 3; ++s) {
-          for (int32_t p = 0; p < (ctx[size_t(s)] + ps - 1) / ps; ++p) bt[size_t(s * maxp + p)] = pages[size_t(next++)];
+          for (int32_t p = 0; p < (ctx[size_t(s)] + ps - 1) / ps; ++p)
+            bt[size_t(s * maxp + p)] = pages[size_t(next++)];
         }
         const size_t cache_elems = size_t(num_pages) * ps * kvh * head_dim;
         const int eb = kv_dtype_bytes(dtype);
         std::vector<uint8_t> kc(cache_elems * size_t(eb)), vc(cache_elems * size_t(eb));
         for (size_t i = 0; i < cache_elems; ++i) {
-          const float a = std::normal_distribution<float>(0, 1)(rng), b = std::normal_distribution<float>(0, 1)(rng);
+          const float a = std::normal_distribution<float>(0, 1)(rng),
+                      b = std::normal_distribution<float>(0, 1)(rng);
           if (dtype == KvDtype::bf16) {
             const bf16_t x = f32_to_bf16(a), y = f32_to_bf16(b);
             std::memcpy(&kc[2 * i], &x, 2);
@@ -250,8 +252,8 @@ TEST_CASE("gpu backend: KV writes through the backend give the CPU's bytes", "[g
   auto cpu = make_cpu_backend();
   const int32_t H = 8, D = 128, ps = 16, pages = 8, T = 40;
   auto src = random_bf16(size_t(T * 3 * H * D), 30, 50.0f);  // a QKV-shaped row: K and V are strided views
-  src[5] = 0x7f80;                                              // +inf
-  src[H * D + 9] = 0x7fc1;                                      // NaN in K
+  src[5] = 0x7f80;                                           // +inf
+  src[H * D + 9] = 0x7fc1;                                   // NaN in K
   std::vector<int64_t> slots(static_cast<size_t>(T));
   for (int32_t t = 0; t < T; ++t) slots[size_t(t)] = t % 7 == 3 ? -1 : int64_t((t * 37) % (pages * ps));
   for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3fn, KvDtype::fp8_e4m3fnuz, KvDtype::fp8_e5m2}) {

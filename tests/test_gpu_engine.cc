@@ -13,7 +13,8 @@ namespace {
 
 std::unique_ptr<Engine> gpu_engine_or_skip(json overrides) {
   overrides["device"] = "auto";
-  nlohmann::json j = {{"model", "tiny"}, {"num_pages", 512}, {"max_seq_len", 1024}, {"max_batch_tokens", 1024}};
+  nlohmann::json j = {
+      {"model", "tiny"}, {"num_pages", 512}, {"max_seq_len", 1024}, {"max_batch_tokens", 1024}};
   for (const auto& [k, v] : overrides.items()) j[k] = v;
   auto cfg = config_from_json(j);
   REQUIRE(cfg.ok());
@@ -60,8 +61,9 @@ TEST_CASE("gpu engine: tiny model logits and greedy tokens match the CPU engine"
           for (size_t v = 0; v < lc[i].size(); ++v) worst = std::max(worst, std::fabs(lc[i][v] - lg[i][v]));
           agree += argmax(lc[i].data(), int32_t(lc[i].size())) == argmax(lg[i].data(), int32_t(lg[i].size()));
         }
-        std::printf("gpu engine %s %s %s: max |dlogit| %.4f, teacher-forced top-1 %d/%zu, greedy prefix %d/64\n",
-                    dtype, write, attn, worst, agree, lc.size(), prefix);
+        std::printf(
+            "gpu engine %s %s %s: max |dlogit| %.4f, teacher-forced top-1 %d/%zu, greedy prefix %d/64\n",
+            dtype, write, attn, worst, agree, lc.size(), prefix);
         CHECK(worst < 0.25f);
         CHECK(agree >= int(0.95 * double(lc.size())));
       }
@@ -72,8 +74,8 @@ TEST_CASE("gpu engine: tiny model logits and greedy tokens match the CPU engine"
 TEST_CASE("gpu engine: fused and unfused writes leave byte-identical caches", "[gpu][engine][kv_write]") {
   for (const char* dtype : {"bf16", "fp8_e4m3", "fp8_e5m2"}) {
     CAPTURE(dtype);
-    json a = {{"kv_cache_dtype", dtype}, {"kv_write", "fused"}, {"k_scale", 0.75}, {"v_scale", 1.5},
-              {"sliding_window", 24}, {"swa_layers", "alternate"}};
+    json a = {{"kv_cache_dtype", dtype}, {"kv_write", "fused"},  {"k_scale", 0.75},
+              {"v_scale", 1.5},          {"sliding_window", 24}, {"swa_layers", "alternate"}};
     json b = a;
     b["kv_write"] = "unfused";
     auto ea = gpu_engine_or_skip(a);

@@ -11,12 +11,12 @@ using namespace kvfuse::testing;
 namespace {
 
 struct Agreement {
-  double max_abs_err = 0;    // largest |logit(fp8) - logit(bf16)| over all positions and tokens
+  double max_abs_err = 0;  // largest |logit(fp8) - logit(bf16)| over all positions and tokens
   double mean_abs_err = 0;
-  double logit_std = 0;      // spread of the bf16 logits, the scale errors are judged against
+  double logit_std = 0;  // spread of the bf16 logits, the scale errors are judged against
   int positions = 0;
-  int top1_agree = 0;        // teacher-forced: same argmax at the same position
-  int free_run_prefix = 0;   // free-running greedy: tokens equal before the first divergence
+  int top1_agree = 0;       // teacher-forced: same argmax at the same position
+  int free_run_prefix = 0;  // free-running greedy: tokens equal before the first divergence
   int free_run_total = 0;
 };
 
@@ -53,10 +53,11 @@ Agreement measure(const char* dtype, int prompts, int tokens) {
   a.mean_abs_err = sum_err / double(count);
   a.logit_std = std::sqrt(sum_sq / double(count) - (sum / double(count)) * (sum / double(count)));
   std::printf(
-      "kv accuracy %s vs bf16: %d positions, max |dlogit| %.4f, mean %.5f, logit std %.3f, teacher-forced top-1 "
+      "kv accuracy %s vs bf16: %d positions, max |dlogit| %.4f, mean %.5f, logit std %.3f, teacher-forced "
+      "top-1 "
       "%d/%d, free-running greedy prefix %d/%d\n",
-      dtype, a.positions, a.max_abs_err, a.mean_abs_err, a.logit_std, a.top1_agree, a.positions, a.free_run_prefix,
-      a.free_run_total);
+      dtype, a.positions, a.max_abs_err, a.mean_abs_err, a.logit_std, a.top1_agree, a.positions,
+      a.free_run_prefix, a.free_run_total);
   return a;
 }
 
@@ -73,14 +74,16 @@ Agreement measure(const char* dtype, int prompts, int tokens) {
 // Free-running greedy agreement is printed, not asserted: this random-weights model has
 // near-tied top-2 logits at many positions, so one flip makes the rest of the sequence
 // differ without saying anything more about the cache.
-TEST_CASE("kv accuracy fp8_e4m3 vs bf16 KV: logit error and greedy agreement over 96 tokens", "[engine][fp8]") {
+TEST_CASE("kv accuracy fp8_e4m3 vs bf16 KV: logit error and greedy agreement over 96 tokens",
+          "[engine][fp8]") {
   const Agreement a = measure("fp8_e4m3", 4, 96);
   CHECK(a.mean_abs_err < 0.02 * a.logit_std);
   CHECK(a.max_abs_err < 0.15 * a.logit_std);
   CHECK(a.top1_agree >= int(0.93 * a.positions));
 }
 
-TEST_CASE("kv accuracy fp8_e5m2 vs bf16 KV: logit error and greedy agreement over 96 tokens", "[engine][fp8][e5m2]") {
+TEST_CASE("kv accuracy fp8_e5m2 vs bf16 KV: logit error and greedy agreement over 96 tokens",
+          "[engine][fp8][e5m2]") {
   const Agreement a = measure("fp8_e5m2", 4, 96);
   CHECK(a.mean_abs_err < 0.03 * a.logit_std);
   CHECK(a.max_abs_err < 0.2 * a.logit_std);

@@ -2,7 +2,7 @@
 // sliding-window page freeing, slot mapping and the full_to_swa table, config checks.
 // A randomized test drives the pool like a scheduler does and checks it against a
 // shadow model kept by the test.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

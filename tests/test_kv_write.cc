@@ -1,7 +1,7 @@
 // Tests of the CPU KV write (kernels/cpu/kv_write.h): the fused and unfused paths must
 // produce byte-identical caches, honour the per-tensor scales, saturate, skip padding
 // and SWA-unmapped slots, and never touch their inputs.
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <cmath>
 #include <cstring>

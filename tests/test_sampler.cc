@@ -1,7 +1,7 @@
 // Sampling: greedy ties, top-k/top-p truncation, the distribution, determinism.
-#include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
+#include "tests/catch.h"
 
 #include "src/sampler.h"
 

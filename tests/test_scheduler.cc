@@ -68,7 +68,8 @@ TEST_CASE("scheduler: preemption under pool pressure recomputes and loses no tok
   CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
 }
 
-TEST_CASE("scheduler: seeded sampling is reproducible, with and without preemption", "[scheduler][sampling]") {
+TEST_CASE("scheduler: seeded sampling is reproducible, with and without preemption",
+          "[scheduler][sampling]") {
   // Bitwise equality across preemption is not promised: a recomputed prefill runs its
   // GEMMs with other shapes than the decode steps it replaces, and an FP8 rounding can
   // flip. Greedy outputs are compared across preemption above; here the same schedule

@@ -95,8 +95,8 @@ std::string http_get(int port, const std::string& path) {
 }  // namespace
 
 TEST_CASE("server: GetInfo reports the model, KV cache format, paths and pool", "[server]") {
-  auto t = TestServer::start({"num_pages=300", "kv_write=unfused", "attention=split", "k_scale=[0.5,1,2,4]",
-                              "v_scale=3"});
+  auto t = TestServer::start(
+      {"num_pages=300", "kv_write=unfused", "attention=split", "k_scale=[0.5,1,2,4]", "v_scale=3"});
   grpc::ClientContext ctx;
   v1::GetInfoResponse info;
   REQUIRE(t.stub->GetInfo(&ctx, {}, &info).ok());

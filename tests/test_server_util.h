@@ -5,7 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
-#include <catch2/catch.hpp>
+#include "tests/catch.h"
 
 #include <chrono>
 #include <functional>

@@ -157,16 +157,18 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 2; ++i) {
     auto cfg = config_from_json(*cfgs[i]);
     if (!cfg.ok()) return fail(sides[i].name + ": " + std::string(cfg.status().message()));
-    std::fprintf(stderr, "kvfuse-ab: building engine %s (%s, %s write, %s attention)...\n", sides[i].name.c_str(),
-                 cfg->model.c_str(), to_string(cfg->kv_write), to_string(cfg->attention));
+    std::fprintf(stderr, "kvfuse-ab: building engine %s (%s, %s write, %s attention)...\n",
+                 sides[i].name.c_str(), cfg->model.c_str(), to_string(cfg->kv_write),
+                 to_string(cfg->attention));
     auto e = Engine::create(*cfg);
     if (!e.ok()) return fail(sides[i].name + ": " + std::string(e.status().message()));
     sides[i].engine = std::move(*e);
   }
   Engine& ea = *sides[0].engine;
-  std::printf("kvfuse-ab: %s vs %s, model %s on %s, kv %s, %d reps (+%d warm-up) of %d decode steps per cell\n",
-              a_name.c_str(), b_name.c_str(), ea.spec().name.c_str(), ea.backend().description().c_str(),
-              kv_dtype_name(ea.kv_dtype()), reps, warmup, steps);
+  std::printf(
+      "kvfuse-ab: %s vs %s, model %s on %s, kv %s, %d reps (+%d warm-up) of %d decode steps per cell\n",
+      a_name.c_str(), b_name.c_str(), ea.spec().name.c_str(), ea.backend().description().c_str(),
+      kv_dtype_name(ea.kv_dtype()), reps, warmup, steps);
 
   std::vector<ab::Cell> cells;
   const size_t total = bs.size() * cs.size();
@@ -213,7 +215,9 @@ int main(int argc, char** argv) {
     std::printf("wrote %s\n", json_path.c_str());
   }
   if (!svg_path.empty()) {
-    if (title.empty()) title = "kvfuse " + a_name + " vs " + b_name + ": " + ea.spec().name + " on " + ea.backend().description();
+    if (title.empty())
+      title =
+          "kvfuse " + a_name + " vs " + b_name + ": " + ea.spec().name + " on " + ea.backend().description();
     std::ofstream(svg_path) << ab::render_svg(cells, a_name, b_name, title);
     std::printf("wrote %s\n", svg_path.c_str());
   }

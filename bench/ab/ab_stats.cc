@@ -42,16 +42,19 @@ Summary summarize(const Cell& c) {
   return s;
 }
 
-std::string render_table(const std::vector<Cell>& cells, const std::string& a_name, const std::string& b_name) {
+std::string render_table(const std::vector<Cell>& cells, const std::string& a_name,
+                         const std::string& b_name) {
   std::ostringstream out;
   char line[256];
   std::snprintf(line, sizeof line, "%6s %8s | %12s %10s | %12s %10s | %8s %19s\n", "batch", "context",
-                (a_name + " tok/s").c_str(), "step ms", (b_name + " tok/s").c_str(), "step ms", "A/B", "95% CI");
+                (a_name + " tok/s").c_str(), "step ms", (b_name + " tok/s").c_str(), "step ms", "A/B",
+                "95% CI");
   out << line;
   for (const Cell& c : cells) {
     const Summary s = summarize(c);
-    std::snprintf(line, sizeof line, "%6d %8d | %12.1f %10.3f | %12.1f %10.3f | %8.4f  [%7.4f, %7.4f]\n", c.batch,
-                  c.context, s.a_tps, s.a_step_ms, s.b_tps, s.b_step_ms, s.ratio, s.ci_low, s.ci_high);
+    std::snprintf(line, sizeof line, "%6d %8d | %12.1f %10.3f | %12.1f %10.3f | %8.4f  [%7.4f, %7.4f]\n",
+                  c.batch, c.context, s.a_tps, s.a_step_ms, s.b_tps, s.b_step_ms, s.ratio, s.ci_low,
+                  s.ci_high);
     out << line;
   }
   return out.str();
@@ -70,7 +73,8 @@ nlohmann::json to_json(const std::vector<Cell>& cells, const std::string& a_name
                            {"a_step_ms", s.a_step_ms},  {"b_step_ms", s.b_step_ms},
                            {"ratio", s.ratio},          {"ci95", {s.ci_low, s.ci_high}}};
     for (const auto& [name, side] : {std::pair{"a_samples", &c.a}, std::pair{"b_samples", &c.b}}) {
-      for (const Sample& x : *side) cell[name].push_back({{"step_ms", x.step_ms}, {"tokens_per_s", x.tokens_per_s}});
+      for (const Sample& x : *side)
+        cell[name].push_back({{"step_ms", x.step_ms}, {"tokens_per_s", x.tokens_per_s}});
     }
     j["cells"].push_back(cell);
   }
@@ -79,7 +83,8 @@ nlohmann::json to_json(const std::vector<Cell>& cells, const std::string& a_name
 
 std::string render_svg(const std::vector<Cell>& cells, const std::string& a_name, const std::string& b_name,
                        const std::string& title) {
-  const double w = std::max(640.0, 120.0 + 70.0 * double(cells.size())), h = 380, top = 50, bottom = 300, left = 70;
+  const double w = std::max(640.0, 120.0 + 70.0 * double(cells.size())), h = 380, top = 50, bottom = 300,
+               left = 70;
   std::vector<Summary> sums;
   double lo = 1.0, hi = 1.0;
   for (const Cell& c : cells) {
@@ -113,20 +118,22 @@ std::string render_svg(const std::vector<Cell>& cells, const std::string& a_name
     const bool faster = m.ci_low > 1.0, slower = m.ci_high < 1.0;
     const char* color = faster ? "#2a7f3f" : slower ? "#b03030" : "#888";
     const double y0 = y(1.0), y1 = y(m.ratio);
-    s << "<rect x='" << x - 18 << "' y='" << std::min(y0, y1) << "' width='36' height='" << std::fabs(y1 - y0) + 0.5
-      << "' fill='" << color << "' opacity='0.8'/>\n";
+    s << "<rect x='" << x - 18 << "' y='" << std::min(y0, y1) << "' width='36' height='"
+      << std::fabs(y1 - y0) + 0.5 << "' fill='" << color << "' opacity='0.8'/>\n";
     s << "<line x1='" << x << "' x2='" << x << "' y1='" << y(m.ci_low) << "' y2='" << y(m.ci_high)
       << "' stroke='black'/>\n";
     for (double v : {m.ci_low, m.ci_high}) {
-      s << "<line x1='" << x - 6 << "' x2='" << x + 6 << "' y1='" << y(v) << "' y2='" << y(v) << "' stroke='black'/>\n";
+      s << "<line x1='" << x - 6 << "' x2='" << x + 6 << "' y1='" << y(v) << "' y2='" << y(v)
+        << "' stroke='black'/>\n";
     }
     char buf[64];
     std::snprintf(buf, sizeof buf, "%+.1f%%", (m.ratio - 1.0) * 100.0);
     s << "<text x='" << x << "' y='" << std::min(y(m.ci_high), y1) - 6 << "' text-anchor='middle'>" << buf
       << "</text>\n";
-    s << "<text x='" << x << "' y='" << bottom + 18 << "' text-anchor='middle'>b=" << cells[i].batch << "</text>\n";
-    s << "<text x='" << x << "' y='" << bottom + 32 << "' text-anchor='middle' fill='#555'>ctx " << cells[i].context
+    s << "<text x='" << x << "' y='" << bottom + 18 << "' text-anchor='middle'>b=" << cells[i].batch
       << "</text>\n";
+    s << "<text x='" << x << "' y='" << bottom + 32 << "' text-anchor='middle' fill='#555'>ctx "
+      << cells[i].context << "</text>\n";
   }
   s << "</svg>\n";
   return s.str();

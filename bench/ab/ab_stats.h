@@ -11,8 +11,8 @@ namespace kvfuse::ab {
 
 // One measurement of one side in one repetition.
 struct Sample {
-  double step_ms = 0;        // mean decode step time
-  double tokens_per_s = 0;   // decode tokens per second
+  double step_ms = 0;       // mean decode step time
+  double tokens_per_s = 0;  // decode tokens per second
 };
 
 struct Cell {
@@ -32,7 +32,8 @@ struct Summary {
 double t95(int n);
 Summary summarize(const Cell& c);
 
-std::string render_table(const std::vector<Cell>& cells, const std::string& a_name, const std::string& b_name);
+std::string render_table(const std::vector<Cell>& cells, const std::string& a_name,
+                         const std::string& b_name);
 nlohmann::json to_json(const std::vector<Cell>& cells, const std::string& a_name, const std::string& b_name,
                        const nlohmann::json& meta);
 // A bar per cell (ratio with its interval), a line at 1.0: readable at a glance.

@@ -23,8 +23,8 @@ namespace {
 
 absl::Status cuda_status(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(KVFUSE_GPU_VENDOR, " error in ", what, ": ", cudaGetErrorName(err), " (",
-                                          cudaGetErrorString(err), ")"));
+  return absl::InternalError(absl::StrCat(KVFUSE_GPU_VENDOR, " error in ", what, ": ", cudaGetErrorName(err),
+                                          " (", cudaGetErrorString(err), ")"));
 }
 
 absl::Status blas_status(blasStatus_t st, const char* what) {
@@ -32,12 +32,12 @@ absl::Status blas_status(blasStatus_t st, const char* what) {
   return absl::InternalError(absl::StrCat(KVFUSE_BLASLT_NAME, " error ", int(st), " in ", what));
 }
 
-#define KVFUSE_CUDA(expr)                                        \
-  do {                                                           \
+#define KVFUSE_CUDA(expr)                                             \
+  do {                                                                \
     if (auto _st = cuda_status((expr), #expr); !_st.ok()) return _st; \
   } while (0)
-#define KVFUSE_BLAS(expr)                                        \
-  do {                                                           \
+#define KVFUSE_BLAS(expr)                                             \
+  do {                                                                \
     if (auto _st = blas_status((expr), #expr); !_st.ok()) return _st; \
   } while (0)
 
@@ -112,7 +112,8 @@ class GpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k, const bf16_t* bias) override {
+  absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
+                                             const bf16_t* bias) override {
     LinearWeight lw;
     lw.n = n;
     lw.k = k;
@@ -133,7 +134,8 @@ class GpuBackend final : public Backend {
     return lw;
   }
 
-  absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out) override {
+  absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
+                         bf16_t* out) override {
     return cuda_status(gpu::launch_embedding(ids, n, table, hidden, out, stream_), "embedding");
   }
   absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
@@ -151,17 +153,19 @@ class GpuBackend final : public Backend {
       gemm_f32_ = std::move(*b);
     }
     if (auto st = gemm(x, m, w, gemm_f32_.get(), BLAS_R_32F); !st.ok()) return st;
-    return cuda_status(gpu::launch_bias_round(gemm_f32_.as<float>(), w.bias.as<float>(), m, w.n, out, stream_),
-                       "bias_round");
+    return cuda_status(
+        gpu::launch_bias_round(gemm_f32_.as<float>(), w.bias.as<float>(), m, w.n, out, stream_),
+        "bias_round");
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
     return gemm(x, m, w, out, BLAS_R_32F);
   }
-  absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride, int32_t kv_heads,
-                    int32_t head_dim, const int32_t* positions, int64_t n, float theta) override {
-    return cuda_status(
-        gpu::launch_rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions, n, theta, stream_),
-        "rope");
+  absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
+                    int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
+                    float theta) override {
+    return cuda_status(gpu::launch_rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions,
+                                             n, theta, stream_),
+                       "rope");
   }
   absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
     return cuda_status(gpu::launch_silu_mul(gate_up, n, inter, out, stream_), "silu_mul");
@@ -169,7 +173,8 @@ class GpuBackend final : public Backend {
   absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) override {
     return cuda_status(gpu::launch_residual_add(x, y, count, stream_), "residual_add");
   }
-  absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out) override {
+  absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
+                           bf16_t* out) override {
     return cuda_status(gpu::launch_gather_rows(x, cols, rows, n, out, stream_), "gather_rows");
   }
 
@@ -189,9 +194,9 @@ class GpuBackend final : public Backend {
     if (path == AttentionPath::unified) {
       return cuda_status(gpu::launch_attention_unified(args, stream_), "attention_unified");
     }
-    const size_t need = gpu::attention_split_scratch_bytes(args.batch.num_tokens, args.num_q_heads,
-                                                           args.cache.head_dim, args.batch.max_context_len,
-                                                           kSplitPartition);
+    const size_t need =
+        gpu::attention_split_scratch_bytes(args.batch.num_tokens, args.num_q_heads, args.cache.head_dim,
+                                           args.batch.max_context_len, kSplitPartition);
     if (need > split_scratch_.bytes()) {
       if (auto st = synchronize(); !st.ok()) return st;  // the old buffer may still be in use
       auto b = alloc(need * 2);
@@ -213,7 +218,8 @@ class GpuBackend final : public Backend {
     // gfx942 (MI300X/MI325X) stores e4m3 as FNUZ; gfx950 and later use OCP e4m3fn.
     const std::string arch = prop.gcnArchName;
     fnuz_ = arch.rfind("gfx942", 0) == 0;
-    description_ = absl::StrFormat("hip %s (%s, %.0f GiB)", prop.name, arch, double(prop.totalGlobalMem) / (1 << 30));
+    description_ =
+        absl::StrFormat("hip %s (%s, %.0f GiB)", prop.name, arch, double(prop.totalGlobalMem) / (1 << 30));
 #else
     fnuz_ = false;
     // Programmatic dependent launch lets the write's launch overlap the kernel before it
@@ -233,7 +239,8 @@ class GpuBackend final : public Backend {
 
   // out[m, n] = x[m, k] * w[n, k]^T, fp32 accumulation. Column-major view: out^T (n x m)
   // = op(W) (n x k, W stored k x n, transposed) * x^T (k x m).
-  absl::Status gemm(const bf16_t* x, int64_t m, const LinearWeight& w, void* out, decltype(BLAS_R_32F) out_type) {
+  absl::Status gemm(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
+                    decltype(BLAS_R_32F) out_type) {
     if (m <= 0) return absl::OkStatus();
     // Descriptors are created per call: a few microseconds of host work, no device
     // work. (A per-shape cache belongs with graph capture.)
@@ -263,13 +270,14 @@ class GpuBackend final : public Backend {
     KVFUSE_BLAS(blasLtMatrixLayoutCreate(&d, out_type, uint64_t(w.n), uint64_t(m), int64_t(w.n)));
     KVFUSE_BLAS(blasLtMatmulPreferenceCreate(&pref));
     const size_t ws = blas_workspace_.bytes();
-    KVFUSE_BLAS(blasLtMatmulPreferenceSetAttribute(pref, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    KVFUSE_BLAS(
+        blasLtMatmulPreferenceSetAttribute(pref, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     blasLtMatmulHeuristicResult_t heur{};
     int found = 0;
     KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, desc, a, b, d, d, pref, 1, &heur, &found));
     if (found == 0) {
-      return absl::InternalError(absl::StrCat(KVFUSE_BLASLT_NAME, ": no algorithm for a ", m, "x", w.n, "x", w.k,
-                                              " bf16 GEMM"));
+      return absl::InternalError(
+          absl::StrCat(KVFUSE_BLASLT_NAME, ": no algorithm for a ", m, "x", w.n, "x", w.k, " bf16 GEMM"));
     }
     const float alpha = 1.0f, beta = 0.0f;
     KVFUSE_BLAS(blasLtMatmul(blas_, desc, &alpha, w.w.get(), a, x, b, &beta, out, d, out, d, &heur.algo,
@@ -303,13 +311,13 @@ absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
 #endif
   if (device == Device::cpu || (device == Device::auto_ && count == 0)) return make_cpu_backend();
   if (device != Device::auto_ && device != built) {
-    return absl::FailedPreconditionError(absl::StrCat("config key 'device': '", to_string(device),
-                                                      "' is not built into this binary (built for ",
-                                                      to_string(built), "); use cpu, auto or ", to_string(built)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "config key 'device': '", to_string(device), "' is not built into this binary (built for ",
+        to_string(built), "); use cpu, auto or ", to_string(built)));
   }
   if (count == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("config key 'device': '", to_string(device), "' but no ",
-                                                      KVFUSE_GPU_VENDOR, " device is visible (",
+    return absl::FailedPreconditionError(absl::StrCat("config key 'device': '", to_string(device),
+                                                      "' but no ", KVFUSE_GPU_VENDOR, " device is visible (",
                                                       cudaGetErrorString(err), "); use cpu or auto"));
   }
   return GpuBackend::create(0);
