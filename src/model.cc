@@ -1,6 +1,7 @@
 #include "src/model.h"
 
 #include <cmath>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
@@ -29,8 +30,18 @@ enum : uint64_t { kAttnNorm, kFfnNorm, kQkv, kQkvBias, kO, kGateUp, kDown, kTens
 
 std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float stddev, float mean = 0.0f) {
   std::vector<bf16_t> out(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i)
-    out[size_t(i)] = f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
+  // Counter-based values: any split of the index range gives the same tensor, so large
+  // presets (8B parameters) fill on every core.
+  auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      out[size_t(i)] = f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
+    }
+  };
+  const int64_t threads = count < (int64_t(1) << 20) ? 1 : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(fill, count * t / threads, count * (t + 1) / threads);
+  fill(0, count / threads);
+  for (auto& th : pool) th.join();
   return out;
 }
 
