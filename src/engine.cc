@@ -295,12 +295,18 @@ absl::Status Engine::assume_computed(SeqId id, int32_t n) {
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   SequenceState& s = it->second;
   if (n < 0 || n >= s.num_pending()) {
-    return absl::InvalidArgumentError(absl::StrCat("assume_computed: ", n, " of ", s.num_pending(),
-                                                   " pending tokens (the last one must still run)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("assume_computed: ", n, " of ", s.num_pending(), " pending tokens (the last one must still run)"));
   }
-  if (auto st = pool_->reserve(id, s.num_computed + n); !st.ok()) return st;
-  s.num_computed += n;
-  pool_->trim_window(id);
+  // In chunks of a step's budget, trimming the window between them, as a real chunked
+  // prefill would: the SWA pool then holds a window plus one chunk, not the whole context.
+  for (int32_t left = n; left > 0;) {
+    const int32_t chunk = std::min(left, cfg_.max_batch_tokens);
+    if (auto st = pool_->reserve(id, s.num_computed + chunk); !st.ok()) return st;
+    s.num_computed += chunk;
+    left -= chunk;
+    pool_->trim_window(id);
+  }
   return absl::OkStatus();
 }
 

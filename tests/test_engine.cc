@@ -250,3 +250,19 @@ TEST_CASE("engine config: per-layer scales reach the pool, bad counts and oversi
     CHECK(std::string(ee.status().message()).find("GiB") != std::string::npos);
   }
 }
+
+TEST_CASE("engine assume_computed: a synthetic context holds a window plus a chunk in the SWA pool",
+          "[engine][swa][bench]") {
+  auto e = make_engine({{"sliding_window", 32}, {"swa_layers", "alternate"}, {"max_batch_tokens", 64},
+                        {"num_pages", 128}, {"swa_num_pages", 8}, {"max_seq_len", 2048}});
+  const auto prompt = prompt_of(1500, 2, e->spec().vocab);
+  REQUIRE(e->add_sequence(1, prompt, SamplingParams{}).ok());
+  CHECK(e->assume_computed(1, 1500).code() == absl::StatusCode::kInvalidArgument);  // the last token must run
+  REQUIRE(e->assume_computed(1, 1499).ok());
+  CHECK(e->sequence(1)->num_computed == 1499);
+  CHECK(e->pool().usage(PoolKind::swa).used_pages <= 32 / 16 + 2);
+  auto r = e->step({StepItem{1, 1, true}});
+  REQUIRE(r.ok());
+  CHECK((*r)[0].status.ok());
+  REQUIRE(e->pool().check_invariants().ok());
+}
