@@ -104,6 +104,20 @@ class Backend {
   virtual absl::Status attention(const AttnArgs& args, AttentionPath path) = 0;
 };
 
+// The concrete storage of a configured KV dtype: fp8_e4m3 is e4m3fnuz on devices whose
+// FP8 unit is FNUZ (gfx942), e4m3fn (OCP) everywhere else.
+inline KvDtype kv_dtype_for(KvCacheDtype d, bool e4m3_is_fnuz) {
+  switch (d) {
+    case KvCacheDtype::bf16:
+      return KvDtype::bf16;
+    case KvCacheDtype::fp8_e5m2:
+      return KvDtype::fp8_e5m2;
+    case KvCacheDtype::fp8_e4m3:
+    default:
+      return e4m3_is_fnuz ? KvDtype::fp8_e4m3fnuz : KvDtype::fp8_e4m3fn;
+  }
+}
+
 // Creates the backend named by config.device (auto: a GPU if one is built in and
 // present, else the CPU).
 absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device);

@@ -29,17 +29,8 @@ class CpuBackend final : public Backend {
   std::string description() const override {
     return absl::StrCat("cpu (", std::thread::hardware_concurrency(), " hardware threads, OpenBLAS GEMM)");
   }
-  KvDtype resolve_kv_dtype(KvCacheDtype d) const override {
-    switch (d) {
-      case KvCacheDtype::bf16:
-        return KvDtype::bf16;
-      case KvCacheDtype::fp8_e5m2:
-        return KvDtype::fp8_e5m2;
-      case KvCacheDtype::fp8_e4m3:
-      default:
-        return KvDtype::fp8_e4m3fn;  // the OCP format, as on NVIDIA sm_89+ and gfx950
-    }
-  }
+  // The CPU stores OCP e4m3fn, as NVIDIA sm_89+ and gfx950 do.
+  KvDtype resolve_kv_dtype(KvCacheDtype d) const override { return kv_dtype_for(d, false); }
 
   absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
     const size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;

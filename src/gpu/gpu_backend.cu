@@ -68,17 +68,7 @@ class GpuBackend final : public Backend {
 #endif
   }
   std::string description() const override { return description_; }
-  KvDtype resolve_kv_dtype(KvCacheDtype d) const override {
-    switch (d) {
-      case KvCacheDtype::bf16:
-        return KvDtype::bf16;
-      case KvCacheDtype::fp8_e5m2:
-        return KvDtype::fp8_e5m2;
-      case KvCacheDtype::fp8_e4m3:
-      default:
-        return fnuz_ ? KvDtype::fp8_e4m3fnuz : KvDtype::fp8_e4m3fn;
-    }
-  }
+  KvDtype resolve_kv_dtype(KvCacheDtype d) const override { return kv_dtype_for(d, fnuz_); }
 
   absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
     void* p = nullptr;
