@@ -1,244 +1,665 @@
-// Paged attention kernels; see attention.cuh for the contract and the two paths.
+// Paged attention kernels; attention.cuh has the contract and the two paths.
 //
-// Thread mapping: a block of kWarps warps per (query token, KV head) (and partition, in
-// the split path). Warps take the visible keys round robin; the lanes of a warp split
-// head_dim, kPer = D / kWarpSize elements each, so one key's dot products with the G
-// query heads are G warp reductions. Each warp keeps an online softmax state per query
-// head (running max m, sum l, output accumulator in registers, kPer per lane); at the
-// end the warps' states merge through shared memory. Scores are in the exp2 domain
-// (scale folded with log2 e) like the CPU reference's exp, to fp32 accuracy.
+// Tiling. Every block has four 32-lane groups (a warp on NVIDIA, half a wavefront on
+// CDNA). A group works on tiles of 16 keys with warp-level MMAs m16n8k16 (fp32
+// accumulators), transposed so that the 8 query rows of the block (tokens x the G heads
+// of one KV head) are the N dimension:
+//   S^T [16 keys x 8 rows]  = K [16 keys x D]    . Q^T [D x 8 rows]
+//   O^T [D x 8 rows]       += V^T [D x 16 keys] . P^T [16 keys x 8 rows]
+// Lane (g = lane / 4, c = lane % 4) loads, per tile, D/4 elements of keys g and g+8 (the
+// K fragment: four lanes read a 64-byte run of a row per 16-byte load) and D/8 elements
+// of keys 2c, 2c+1, 2c+8, 2c+9 (the V fragment: eight lanes read a whole row). A dot
+// product does not care in which order its dimensions are summed, so the fragments take
+// dimensions in load order and Q (and the output) use the same permutation; only Q's
+// fragment and the final merge of the groups go through shared memory. One register
+// buffer per operand: the next tile's K is loaded once QK has consumed this tile's K, its
+// V once PV has consumed this V, so a tile is always in flight per group.
+//
+// Numerics. FP8 keys/values become f16 exactly (e4m3fn via cvt.rn.f16x2.e4m3x2 on sm_89+
+// or bit manipulation, e4m3fnuz by bit manipulation, e5m2 is the top byte of an f16), up
+// to a power of two that is folded, with the layer's scale, into the scores and the
+// output: float(stored) * scale is applied as a factor after the fp32 sums instead of to
+// every element. Q is bf16; against f16 keys it is scaled per row by a power of two into
+// the f16 range (exact: bf16 has 8 significant bits, f16 11). Probabilities enter the PV
+// MMA as a hi + lo pair of f16 (bf16 for bf16 caches), 22 (16) significant bits. Scores
+// are in the exp2 domain (softmax scale * log2 e folded into the score factor). Result:
+// the CPU reference's fp32 math in another summation order, within one bf16 ulp of it.
+// Pages outside a block's key range are never read (they may be -1). With page sizes a
+// multiple of 16 a tile is 16 slots of one page, so its first/last tile may load slots
+// just outside the range (in bounds; maybe NaN): their scores are masked and their V
+// zeroed. Keys inside the range but outside one row's window get probability 0.
+//
+// Vendor differences (the MMA, the FP8 and f16 conversions) live in
+// kernels/attention_mma.cuh; without the NVIDIA instructions (HIP) the MMA is emulated
+// with shuffles over the same fragment layouts: correct, not fast.
 #include "kernels/gpu.h"
 
-#include <cfloat>
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cmath>
+#include <type_traits>
 
 #include "kernels/attention.cuh"
-#include "kernels/fp8.h"
+#include "kernels/attention_mma.cuh"
 
 namespace kvfuse::gpu {
 namespace {
 
-constexpr int kWarps = 4;
+using namespace attention_detail;
+
+constexpr int kTileKeys = kAttnTileKeys;        // M of S^T
+constexpr int kRows = 8;                        // N: query rows (token x head) per block
+constexpr int kGroups = 4;                      // 32-lane groups per block
+constexpr int kThreads = kGroups * kMmaLanes;   // 128
+constexpr int kEpiThreadsPerRow = kThreads / kRows;
+// Resident blocks per multiprocessor the kernels are built for (launch bounds: at most
+// 128 registers a thread for 4; D = 256 needs more).
+template <int D>
+constexpr int kBlocksPerSm = D == 256 ? 2 : 4;
+// Fixed cost of a decode block (Q, first loads, merge of its groups, partial output and
+// its share of the merge kernel), in keys: fitted on the H200 (batch 64 x 4096, e4m3fn,
+// partitions of 512..4096 keys took waves x (keys + 180) to within 1.2%;
+// bench/results/attention_h200.txt).
+constexpr int64_t kBlockOverheadKeys = 180;
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Sequence of a query row: the last s with query_start[s] <= row.
-KVFUSE_DEVICE int32_t find_seq(const int32_t* query_start, int32_t num_seqs, int64_t row) {
-  int32_t lo = 0, hi = num_seqs - 1;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi + 1) / 2;
-    if (query_start[mid] <= row) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
-template <int D>
-KVFUSE_DEVICE void load_row(const PagedKvView& c, const void* base, int64_t slot, int32_t kv_head, float scale,
-                            float* out) {
-  constexpr int kPer = D / kWarpSize;
-  const int64_t off = c.elem_offset(slot, kv_head) + int64_t(lane_id()) * kPer;
-  if (c.dtype == KvDtype::bf16) {
-    const bf16_t* p = static_cast<const bf16_t*>(base) + off;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) out[i] = bf16_bits_to_f32(p[i]);
-  } else {
-    const uint8_t* p = static_cast<const uint8_t*>(base) + off;
-    const Fp8Format f = kv_fp8_format(c.dtype);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) out[i] = fp8_decode(p[i], f) * scale;
-  }
-}
-
-struct RowInfo {
-  int32_t seq;
-  int32_t pos;  // position of the query row
-  int32_t lo;   // first visible key
+enum Mode : int32_t {
+  kModeUnified = 0,  // token grid, every row; decode rows take their whole context
+  kModePrefill = 1,  // token grid, prefill rows only (split path)
+  kModeDecode = 2,   // sequence grid x partitions, decode rows only (split path)
 };
 
-KVFUSE_DEVICE RowInfo row_info(const AttnArgs& a, int64_t row) {
-  RowInfo r;
-  r.seq = find_seq(a.batch.query_start, a.batch.num_seqs, row);
-  const int32_t q_len = a.batch.query_start[r.seq + 1] - a.batch.query_start[r.seq];
-  r.pos = a.batch.context_len[r.seq] - q_len + int32_t(row - a.batch.query_start[r.seq]);
-  r.lo = a.window > 0 ? max(0, r.pos - a.window + 1) : 0;
-  return r;
+// ---- tile geometry -----------------------------------------------------------------------
+
+template <int D, KvKind K>
+struct Geo {
+  static constexpr bool kBf16 = K == KvKind::bf16;
+  static constexpr int kElemBytes = kBf16 ? 2 : 1;
+  static constexpr int kPiece = 16 / kElemBytes;        // elements per 16-byte load
+  static constexpr int kKWords = D * kElemBytes / 16;   // per lane and K key: D/4 elements
+  static constexpr int kVWords = D * kElemBytes / 32;   // per lane and V key: D/8 elements
+  static constexpr int kChunks = D / 16;                // k16 steps of QK = m16 tiles of PV
+  static constexpr int kQElems = D / 4;                 // Q elements per lane (its row)
+  // Next tile's K loads issued right after QK (small tiles) or with the V loads after PV
+  // (tiles above 128 bytes a lane, which keep enough bytes in flight on their own and
+  // would not fit the registers twice).
+  static constexpr bool kEarlyK = 2 * kKWords + 4 * kVWords <= 32;
+  static_assert(kKWords % 4 == 0 && kVWords >= 2, "head_dim");
+};
+
+// Raw cache words of one tile in one lane: K keys g, g+8; V keys 2c, 2c+1, 2c+8, 2c+9.
+template <int D, KvKind K>
+struct Raw {
+  uint32_t k[2][Geo<D, K>::kKWords];
+  uint32_t v[4][Geo<D, K>::kVWords];
+};
+
+// Block-table state of a tile, fetched ahead of its loads: the page (or -1) and the
+// position in the page, of the tile's first key (page-aligned tiles, all lanes) or of key
+// `lane % 16` (any page size).
+struct Ent {
+  int32_t page;
+  int32_t inpage;
+};
+
+struct Params {
+  AttnArgs a;
+  float* part_o;       // split: [row][q head][partition][D] partial outputs (v scale applied)
+  float* part_ml;      // split: [row][q head][partition][2] max (log2 domain), sum
+  int32_t part_len;    // split: keys per partition, a multiple of kTileKeys
+  int32_t num_parts;   // split: partitions in the grid
+  int32_t mode;
+  int32_t ps_shift;    // log2(page_size) for powers of two, else -1
+  int32_t page_tiles;  // page_size % kTileKeys == 0: a tile lies in one page
+};
+
+// The last s with query_start[s] <= tok, found by the whole block in one round per
+// kThreads sequences (query_start is non-decreasing).
+KVFUSE_DEVICE int32_t block_find_seq(const int32_t* query_start, int32_t num_seqs, int64_t tok) {
+  int32_t count = 0;
+  for (int32_t s0 = 0; s0 < num_seqs; s0 += kThreads) {
+    const int32_t s = s0 + int32_t(threadIdx.x);
+    count += __syncthreads_count(s < num_seqs && query_start[s] <= tok);
+  }
+  return count - 1;
 }
 
-// Scratch layout of the split path, per (row, query head, partition): [D] partial
-// output (normalised by its own sum), then max and sum in the log2 domain.
-KVFUSE_HD int64_t split_index(int64_t row, int32_t head, int32_t part, int32_t num_heads, int32_t num_parts) {
-  return (row * num_heads + head) * num_parts + part;
-}
+template <int D, KvKind K, bool kPageTiles>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) attention_kernel(Params p) {
+  using Gm = Geo<D, K>;
+  constexpr bool kBf16 = Gm::kBf16;
+  constexpr int kEb = Gm::kElemBytes;
+  const AttnArgs& a = p.a;
+  const int32_t H = a.cache.num_kv_heads;
+  const int32_t G = a.num_q_heads / H;
 
-// Grid: (rows, kv heads, partitions). With num_parts == 1 (unified) the block writes the
-// final output; otherwise its partition's state.
-template <int D>
-__global__ void __launch_bounds__(kWarps * kWarpSize)
-    attention_kernel(AttnArgs a, int32_t partition_size, int32_t num_parts, float* scratch) {
-  constexpr int kPer = D / kWarpSize;
-  const int64_t row = blockIdx.x;
-  const int32_t kv_head = int32_t(blockIdx.y);
-  const int32_t part = int32_t(blockIdx.z);
-  const int32_t G = a.num_q_heads / a.cache.num_kv_heads;
-  const RowInfo r = row_info(a, row);
-  int32_t begin = r.lo, end = r.pos + 1;
-  if (num_parts > 1) {
-    begin = max(begin, part * partition_size);
-    end = min(end, (part + 1) * partition_size);
+  grid_dependency_wait();
+
+  // ---- the rows and keys of this block
+  int32_t seq, kvh, row0, nrows, pos0, part = 0;
+  if (p.mode == kModeDecode) {
+    const int64_t per_part = int64_t(a.batch.num_seqs) * H;
+    part = int32_t(int64_t(blockIdx.x) / per_part);
+    const int32_t rest = int32_t(int64_t(blockIdx.x) % per_part);
+    seq = rest / H;
+    kvh = rest % H;
+    const int32_t q0 = a.batch.query_start[seq];
+    if (a.batch.query_start[seq + 1] - q0 != 1) return;
+    row0 = q0;
+    nrows = 1;
+    pos0 = a.batch.context_len[seq] - 1;
+  } else {
+    const int64_t tok = int64_t(blockIdx.x) / H;
+    kvh = int32_t(int64_t(blockIdx.x) % H);
+    seq = block_find_seq(a.batch.query_start, a.batch.num_seqs, tok);
+    if (seq < 0) return;
+    const int32_t q0 = a.batch.query_start[seq];
+    const int32_t qlen = a.batch.query_start[seq + 1] - q0;
+    const int32_t j = int32_t(tok - q0);
+    if (j >= qlen) return;  // past the last sequence: graph padding
+    if (p.mode == kModePrefill && qlen == 1) return;
+    const int32_t rows_per_block = (qlen == 1 || G >= kRows) ? 1 : kRows / G;
+    if (j % rows_per_block != 0) return;
+    row0 = int32_t(tok);
+    nrows = min(rows_per_block, qlen - j);
+    pos0 = a.batch.context_len[seq] - qlen + j;
   }
-  const float k_scale = a.cache.dtype == KvDtype::bf16 ? 1.0f : *a.cache.k_scale;
-  const float v_scale = a.cache.dtype == KvDtype::bf16 ? 1.0f : *a.cache.v_scale;
-  const float qk_scale = a.softmax_scale * kLog2e;
-
-  float q[kAttnMaxGroup][kPer];
-  float acc[kAttnMaxGroup][kPer];
-  float m[kAttnMaxGroup], l[kAttnMaxGroup];
-#pragma unroll
-  for (int g = 0; g < kAttnMaxGroup; ++g) {
-    m[g] = -FLT_MAX;
-    l[g] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      acc[g][i] = 0.0f;
-      q[g][i] = 0.0f;
-    }
-    if (g < G) {
-      const bf16_t* qp = a.q + row * a.q_token_stride + int64_t(kv_head * G + g) * D + lane_id() * kPer;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) q[g][i] = bf16_bits_to_f32(qp[i]);
-    }
-  }
-
-  const int32_t* pages = a.batch.block_table + int64_t(r.seq) * a.batch.max_pages_per_seq;
-  for (int32_t j = begin + warp_id(); j < end; j += kWarps) {
-    const int64_t slot = int64_t(pages[j / a.cache.page_size]) * a.cache.page_size + j % a.cache.page_size;
-    float k[kPer], v[kPer];
-    load_row<D>(a.cache, a.cache.k, slot, kv_head, k_scale, k);
-    load_row<D>(a.cache, a.cache.v, slot, kv_head, v_scale, v);
-#pragma unroll
-    for (int g = 0; g < kAttnMaxGroup; ++g) {
-      if (g >= G) break;
-      float s = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) s += q[g][i] * k[i];
-      s = warp_reduce_sum(s) * qk_scale;
-      const float m_new = fmaxf(m[g], s);
-      const float corr = exp2f(m[g] - m_new);
-      const float p = exp2f(s - m_new);
-      l[g] = l[g] * corr + p;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) acc[g][i] = acc[g][i] * corr + p * v[i];
-      m[g] = m_new;
-    }
+  const int32_t lo = a.window > 0 ? max(0, pos0 - a.window + 1) : 0;
+  int32_t begin = lo, end = pos0 + nrows;
+  bool to_scratch = false;
+  if (p.mode == kModeDecode) {
+    const int32_t first = lo / p.part_len, last = pos0 / p.part_len;
+    if (part < first || part > last) return;
+    begin = int32_t(max(int64_t(begin), int64_t(part) * p.part_len));
+    end = int32_t(min(int64_t(end), int64_t(part + 1) * p.part_len));
+    to_scratch = first != last;
   }
 
-  // Merge the warps' states: each warp publishes (m, l, acc) and warp 0 combines.
-  __shared__ float sm_m[kWarps][kAttnMaxGroup], sm_l[kWarps][kAttnMaxGroup];
-  __shared__ float sm_acc[kWarps][kAttnMaxGroup][D];
+  const int l = glane(), g = l >> 2, c = l & 3, w = group_id();
+  const int nvalid = nrows * G;  // rows of the 8-row tile in use: token n / G, head n % G
+
+  // ---- Q fragment (B of S^T = K Q^T): lane (g, c) holds row g, its D/4 dimensions in
+  // K-load order: element e is dimension (4 * (e / kPiece) + c) * kPiece + e % kPiece.
+  // The fragment is the same in every group: it lives in shared memory ([chunk][lane],
+  // conflict-free 8-byte reads), which leaves the registers to the tiles in flight.
+  __shared__ uint2 sm_q[Gm::kChunks][kMmaLanes];
+  float row_factor;  // score factor of row g: softmax scale, log2 e, k scale, Q scaling
+  {
+    float qv[Gm::kQElems];
+    if (g < nvalid) {
+      const bf16_t* qp = a.q + int64_t(row0 + g / G) * a.q_token_stride + int64_t(kvh * G + g % G) * D;
 #pragma unroll
-  for (int g = 0; g < kAttnMaxGroup; ++g) {
-    if (g >= G) break;
-    if (lane_id() == 0) {
-      sm_m[warp_id()][g] = m[g];
-      sm_l[warp_id()][g] = l[g];
-    }
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) sm_acc[warp_id()][g][lane_id() * kPer + i] = acc[g][i];
-  }
-  __syncthreads();
-  if (warp_id() != 0) return;
-  for (int g = 0; g < G; ++g) {
-    float mt = -FLT_MAX;
-    for (int w = 0; w < kWarps; ++w) mt = fmaxf(mt, sm_m[w][g]);
-    float lt = 0.0f;
-    float o[kPer];
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) o[i] = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (sm_l[w][g] == 0.0f) continue;
-      const float c = exp2f(sm_m[w][g] - mt);
-      lt += sm_l[w][g] * c;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) o[i] += sm_acc[w][g][lane_id() * kPer + i] * c;
-    }
-    const int32_t head = kv_head * G + g;
-    if (num_parts == 1) {
-      bf16_t* out = a.out + row * a.out_token_stride + int64_t(head) * D + lane_id() * kPer;
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) out[i] = f32_to_bf16(o[i] / lt);
+      for (int e = 0; e < Gm::kQElems; ++e) {
+        qv[e] = bf16_bits_to_f32(qp[(4 * (e / Gm::kPiece) + c) * Gm::kPiece + e % Gm::kPiece]);
+      }
     } else {
-      float* s = scratch + split_index(row, head, part, a.num_q_heads, num_parts) * (D + 2);
-      const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) s[lane_id() * kPer + i] = o[i] * inv;
-      if (lane_id() == 0) {
-        s[D] = lt > 0.0f ? mt : -FLT_MAX;
-        s[D + 1] = lt;
+      for (int e = 0; e < Gm::kQElems; ++e) qv[e] = 0.0f;
+    }
+    float k_factor = 1.0f;
+    if constexpr (!kBf16) {
+      // Scale the row by 2^s so that its largest magnitude lies in [2^14, 2^15): every
+      // bf16 value of the row down to 2^-28 of the largest is then exact in f16.
+      float qmax = 0.0f;
+#pragma unroll
+      for (int e = 0; e < Gm::kQElems; ++e) qmax = fmaxf(qmax, fabsf(qv[e]));
+      qmax = fmaxf(qmax, warp_shfl_xor(qmax, 1));
+      qmax = fmaxf(qmax, warp_shfl_xor(qmax, 2));
+      const int32_t ex = int32_t((__float_as_uint(qmax) >> 23) & 0xffu);
+      const int32_t s = qmax > 0.0f ? max(-126, min(126, 141 - ex)) : 0;
+      const float up = __uint_as_float(uint32_t(127 + s) << 23);
+#pragma unroll
+      for (int e = 0; e < Gm::kQElems; ++e) qv[e] *= up;
+      k_factor = __uint_as_float(uint32_t(127 - s) << 23) * fp8_raw_factor<K>() * *a.cache.k_scale;
+    }
+    row_factor = a.softmax_scale * kLog2e * k_factor;
+    if (w == 0) {
+#pragma unroll
+      for (int j = 0; j < Gm::kChunks; ++j) {
+        sm_q[j][l] = make_uint2(pack_rn<kBf16>(qv[4 * j], qv[4 * j + 1]), pack_rn<kBf16>(qv[4 * j + 2], qv[4 * j + 3]));
       }
     }
   }
+  __syncthreads();
+  // Keys every row of the block sees: tiles inside need no mask (padding rows have Q = 0
+  // and are never written). The last row has the latest window start, the first row the
+  // earliest causal end.
+  const int32_t full_lo = max(begin, a.window > 0 ? pos0 + nrows - a.window : 0);
+  const int32_t full_hi = min(end - 1, pos0);
+  // This lane's C-fragment rows are 2c and 2c+1: their score factors and visible keys.
+  float fac[2];
+  int32_t rlo[2], rhi[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int n = 2 * c + i;
+    fac[i] = group_shfl(row_factor, 4 * n);
+    if (n < nvalid) {
+      const int32_t pos = pos0 + n / G;
+      rlo[i] = max(begin, a.window > 0 ? pos - a.window + 1 : 0);
+      rhi[i] = min(end - 1, pos);
+    } else {
+      rlo[i] = 1;  // padding row: sees nothing
+      rhi[i] = 0;
+    }
+  }
+
+  // ---- addressing of a tile's keys
+  const int32_t ps = a.cache.page_size;
+  const int32_t* table = a.batch.block_table + int64_t(seq) * a.batch.max_pages_per_seq;
+  const int64_t row_bytes = int64_t(H) * D * kEb;
+  const uint8_t* kbase = static_cast<const uint8_t*>(a.cache.k) + int64_t(kvh) * D * kEb;
+  const uint8_t* vbase = static_cast<const uint8_t*>(a.cache.v) + int64_t(kvh) * D * kEb;
+
+  // Block-table entry of tile t0 (kPageTiles: of its first key; else: of key t0 + lane %
+  // 16), issued a tile ahead so that its latency overlaps other work. Nothing outside
+  // [begin, end) is read: those pages may be -1. (A page-aligned first tile may start
+  // before begin, but in begin's page.)
+  const auto fetch = [&](int32_t t0) {
+    Ent e{-1, 0};
+    const int32_t key = kPageTiles ? t0 : t0 + (l & (kTileKeys - 1));
+    if ((kPageTiles || key >= begin) && key < end) {
+      int32_t idx;
+      if (p.ps_shift >= 0) {
+        idx = key >> p.ps_shift;
+        e.inpage = key & (ps - 1);
+      } else {
+        idx = key / ps;
+        e.inpage = key - idx * ps;
+      }
+      e.page = table[idx];
+    }
+    return e;
+  };
+  // Page-aligned tiles: the 16 keys of a tile are consecutive slots of one page with a
+  // valid table entry, so this lane's rows lie at fixed offsets from the tile's first
+  // row, and loading keys outside [begin, end) is memory-safe: their K only yields masked
+  // scores, their V is zeroed (a stale slot may hold NaN, and 0 * NaN is NaN).
+  uint32_t koff[2] = {0u, 0u}, voff[4] = {0u, 0u, 0u, 0u};
+  if constexpr (kPageTiles) {
+    koff[0] = uint32_t(g * row_bytes + c * 16);
+    koff[1] = koff[0] + uint32_t(8 * row_bytes);
+#pragma unroll
+    for (int vv = 0; vv < 4; ++vv) {
+      voff[vv] = uint32_t((2 * c + (vv & 1) + 8 * (vv >> 1)) * row_bytes + g * (Gm::kVWords * 4));
+    }
+  }
+  // Any page size: byte offset of the row of key t0 + i, or -1 outside [begin, end).
+  const auto key_offset = [&](const Ent& e, int i) -> int64_t {
+    const int32_t page = group_shfl(e.page, i), inpage = group_shfl(e.inpage, i);
+    return page < 0 ? -1 : (int64_t(page) * ps + inpage) * row_bytes;
+  };
+  const auto load_k = [&](Raw<D, K>& r, const Ent& e) {
+    const uint8_t* tile = kbase + (int64_t(e.page) * ps + e.inpage) * row_bytes;
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      const int64_t off = kPageTiles ? 0 : key_offset(e, g + 8 * kk);
+      const uint8_t* src = kPageTiles ? tile + koff[kk] : kbase + off + c * 16;
+#pragma unroll
+      for (int pc = 0; pc < Gm::kKWords / 4; ++pc) {
+        uint4 x = make_uint4(0u, 0u, 0u, 0u);
+        if (kPageTiles || off >= 0) x = load_ro_16B(src + 64 * pc);
+        r.k[kk][4 * pc] = x.x;
+        r.k[kk][4 * pc + 1] = x.y;
+        r.k[kk][4 * pc + 2] = x.z;
+        r.k[kk][4 * pc + 3] = x.w;
+      }
+    }
+  };
+  const auto load_v = [&](Raw<D, K>& r, int32_t t0, const Ent& e) {
+    const uint8_t* tile = vbase + (int64_t(e.page) * ps + e.inpage) * row_bytes;
+#pragma unroll
+    for (int vv = 0; vv < 4; ++vv) {
+      const int64_t off = kPageTiles ? 0 : key_offset(e, 2 * c + (vv & 1) + 8 * (vv >> 1));
+      const uint8_t* src = kPageTiles ? tile + voff[vv] : vbase + off + g * (Gm::kVWords * 4);
+      if constexpr (Gm::kVWords == 2) {
+        uint2 x = make_uint2(0u, 0u);
+        if (kPageTiles || off >= 0) x = *reinterpret_cast<const uint2*>(src);
+        r.v[vv][0] = x.x;
+        r.v[vv][1] = x.y;
+      } else {
+#pragma unroll
+        for (int pc = 0; pc < Gm::kVWords / 4; ++pc) {
+          uint4 x = make_uint4(0u, 0u, 0u, 0u);
+          if (kPageTiles || off >= 0) x = load_ro_16B(src + 16 * pc);
+          r.v[vv][4 * pc] = x.x;
+          r.v[vv][4 * pc + 1] = x.y;
+          r.v[vv][4 * pc + 2] = x.z;
+          r.v[vv][4 * pc + 3] = x.w;
+        }
+      }
+    }
+    if (kPageTiles && (t0 < begin || t0 + kTileKeys > end)) {  // a first or last tile
+#pragma unroll
+      for (int vv = 0; vv < 4; ++vv) {
+        const int32_t key = t0 + 2 * c + (vv & 1) + 8 * (vv >> 1);
+        if (key < begin || key >= end) {
+#pragma unroll
+          for (int i = 0; i < Gm::kVWords; ++i) r.v[vv][i] = 0u;
+        }
+      }
+    }
+  };
+
+  // ---- online softmax over one tile
+  float acc[Gm::kChunks][4];
+#pragma unroll
+  for (int j = 0; j < Gm::kChunks; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, lsum[2] = {0.0f, 0.0f};
+
+  // S^T = K Q^T for tile t0 (reads r.k only), over two accumulators (even and odd
+  // chunks) to halve the dependent MMA chain.
+  const auto qk = [&](const Raw<D, K>& r, float (&s)[4]) {
+    float s2[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int j = 0; j < Gm::kChunks; ++j) {
+      uint32_t af[4];
+      if constexpr (kBf16) {
+        af[0] = r.k[0][2 * j];
+        af[2] = r.k[0][2 * j + 1];
+        af[1] = r.k[1][2 * j];
+        af[3] = r.k[1][2 * j + 1];
+      } else {
+        fp8x4_to_f16x2<K>(r.k[0][j], af[0], af[2]);
+        fp8x4_to_f16x2<K>(r.k[1][j], af[1], af[3]);
+      }
+      const uint2 q2 = sm_q[j][l];
+      const uint32_t qb[2] = {q2.x, q2.y};
+      mma_16816<kBf16>(s2[j & 1], af, qb);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i] = s2[0][i] + s2[1][i];
+  };
+  // Online-softmax update of tile t0's scores; returns the P^T fragments (hi, lo).
+  const auto softmax = [&](const float (&s)[4], int32_t t0, uint32_t (&ph)[2], uint32_t (&pl)[2]) {
+    // s: (key g, row 2c), (key g, row 2c+1), (key g+8, row 2c), (key g+8, row 2c+1)
+    float x[4] = {s[0] * fac[0], s[1] * fac[1], s[2] * fac[0], s[3] * fac[1]};
+    if (t0 < full_lo || t0 + kTileKeys - 1 > full_hi) {  // a tile some row sees only in part
+      const int32_t ka = t0 + g, kb = t0 + g + 8;
+      x[0] = (ka >= rlo[0] && ka <= rhi[0]) ? x[0] : -INFINITY;
+      x[1] = (ka >= rlo[1] && ka <= rhi[1]) ? x[1] : -INFINITY;
+      x[2] = (kb >= rlo[0] && kb <= rhi[0]) ? x[2] : -INFINITY;
+      x[3] = (kb >= rlo[1] && kb <= rhi[1]) ? x[3] : -INFINITY;
+    }
+    float tmax[2] = {fmaxf(x[0], x[2]), fmaxf(x[1], x[3])};
+#pragma unroll
+    for (int off = 4; off < kMmaLanes; off *= 2) {
+      tmax[0] = fmaxf(tmax[0], warp_shfl_xor(tmax[0], off));
+      tmax[1] = fmaxf(tmax[1], warp_shfl_xor(tmax[1], off));
+    }
+    float mu[2], corr[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float mn = fmaxf(m[i], tmax[i]);
+      mu[i] = mn == -INFINITY ? 0.0f : mn;  // no visible key yet: keep everything at 0
+      corr[i] = exp2f(m[i] - mu[i]);
+      m[i] = mn;
+    }
+    const float p0 = exp2f(x[0] - mu[0]), p1 = exp2f(x[1] - mu[1]);
+    const float p2 = exp2f(x[2] - mu[0]), p3 = exp2f(x[3] - mu[1]);
+    lsum[0] = lsum[0] * corr[0] + (p0 + p2);
+    lsum[1] = lsum[1] * corr[1] + (p1 + p3);
+    if (corr[0] != 1.0f || corr[1] != 1.0f) {  // a running max moved (rare after the first tiles)
+#pragma unroll
+      for (int j = 0; j < Gm::kChunks; ++j) {
+        acc[j][0] *= corr[0];
+        acc[j][1] *= corr[1];
+        acc[j][2] *= corr[0];
+        acc[j][3] *= corr[1];
+      }
+    }
+    // P^T (B of O^T += V^T P^T): lane (g, c) needs P[keys 2c, 2c+1, 2c+8, 2c+9][row g],
+    // held by lanes (2c, g/2) and (2c+1, g/2) as pairs over rows: two shuffles and a
+    // byte permute per register, for the hi and the lo part.
+    const uint32_t xh = pack_rn<kBf16>(p0, p1), yh = pack_rn<kBf16>(p2, p3);
+    const uint32_t xl = pack_rn<kBf16>(p0 - half_lo<kBf16>(xh), p1 - half_hi<kBf16>(xh));
+    const uint32_t yl = pack_rn<kBf16>(p2 - half_lo<kBf16>(yh), p3 - half_hi<kBf16>(yh));
+    const int src_a = 8 * c + (g >> 1), src_b = src_a + 4;
+    const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
+    ph[0] = byte_perm(group_shfl(xh, src_a), group_shfl(xh, src_b), sel);
+    ph[1] = byte_perm(group_shfl(yh, src_a), group_shfl(yh, src_b), sel);
+    pl[0] = byte_perm(group_shfl(xl, src_a), group_shfl(xl, src_b), sel);
+    pl[1] = byte_perm(group_shfl(yl, src_a), group_shfl(yl, src_b), sel);
+  };
+  // O^T += V^T P^T (reads r.v only).
+  const auto pv = [&](const Raw<D, K>& r, const uint32_t (&ph)[2], const uint32_t (&pl)[2]) {
+    // V^T fragment of m16 tile j: rows g, g+8 are dimensions 2j, 2j+1 of the lane's D/8,
+    // columns the keys 2c, 2c+1 (regs 0, 1) and 2c+8, 2c+9 (regs 2, 3).
+#pragma unroll
+    for (int j = 0; j < Gm::kChunks; ++j) {
+      uint32_t af[4];
+      if constexpr (kBf16) {
+        af[0] = byte_perm(r.v[0][j], r.v[1][j], 0x5410u);
+        af[1] = byte_perm(r.v[0][j], r.v[1][j], 0x7632u);
+        af[2] = byte_perm(r.v[2][j], r.v[3][j], 0x5410u);
+        af[3] = byte_perm(r.v[2][j], r.v[3][j], 0x7632u);
+      } else {
+        const uint32_t pick = (j & 1) ? 0x7362u : 0x5140u;  // bytes {a, b, a', b'} of two keys
+        fp8x4_to_f16x2<K>(byte_perm(r.v[0][j >> 1], r.v[1][j >> 1], pick), af[0], af[1]);
+        fp8x4_to_f16x2<K>(byte_perm(r.v[2][j >> 1], r.v[3][j >> 1], pick), af[2], af[3]);
+      }
+      mma_16816<kBf16>(acc[j], af, ph);
+      mma_16816<kBf16>(acc[j], af, pl);
+    }
+  };
+
+  // ---- the group's tiles: 16-aligned, every kGroups-th tile of [begin, end). One
+  // buffer per operand: the next tile's K loads are issued as soon as QK has consumed
+  // this tile's K (kEarlyK), its V loads once PV has consumed this V, so a tile is always
+  // in flight while the block table runs one more tile ahead.
+  const int32_t stride = kTileKeys * kGroups;
+  int32_t t = (begin & ~(kTileKeys - 1)) + kTileKeys * w;
+  if (t < end) {
+    Raw<D, K> r;
+    {
+      const Ent e0 = fetch(t);
+      load_k(r, e0);
+      load_v(r, t, e0);
+    }
+    Ent e_next = fetch(t + stride);
+    for (;;) {
+      const Ent e_after = fetch(t + 2 * stride);
+      const bool more = t + stride < end;
+      float s[4];
+      qk(r, s);
+      if (Gm::kEarlyK && more) load_k(r, e_next);
+      uint32_t ph[2], pl[2];
+      softmax(s, t, ph, pl);
+      pv(r, ph, pl);
+      if (more) {
+        if (!Gm::kEarlyK) load_k(r, e_next);
+        load_v(r, t + stride, e_next);
+      }
+      if (!more) break;
+      t += stride;
+      e_next = e_after;
+    }
+  }
+  launch_dependents();
+
+  // ---- merge the groups' states; every thread then finishes D/16 values of one row
+#pragma unroll
+  for (int off = 4; off < kMmaLanes; off *= 2) {
+    lsum[0] += warp_shfl_xor(lsum[0], off);
+    lsum[1] += warp_shfl_xor(lsum[1], off);
+  }
+  __shared__ float sm_acc[kGroups][kRows][D + 4];
+  __shared__ float sm_m[kGroups][kRows], sm_l[kGroups][kRows];
+  if (g == 0) {
+    sm_m[w][2 * c] = m[0];
+    sm_m[w][2 * c + 1] = m[1];
+    sm_l[w][2 * c] = lsum[0];
+    sm_l[w][2 * c + 1] = lsum[1];
+  }
+#pragma unroll
+  for (int j = 0; j < Gm::kChunks; ++j) {
+    const int d = g * (D / 8) + 2 * j;
+    sm_acc[w][2 * c][d] = acc[j][0];
+    sm_acc[w][2 * c][d + 1] = acc[j][2];
+    sm_acc[w][2 * c + 1][d] = acc[j][1];
+    sm_acc[w][2 * c + 1][d + 1] = acc[j][3];
+  }
+  __syncthreads();
+  constexpr int kPer = D / kEpiThreadsPerRow;
+  const int n = int(threadIdx.x) / kEpiThreadsPerRow;
+  const int d0 = (int(threadIdx.x) % kEpiThreadsPerRow) * kPer;
+  if (n >= nvalid) return;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) mx = fmaxf(mx, sm_m[i][n]);
+  float f[kGroups], total = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kGroups; ++i) {
+    f[i] = sm_m[i][n] == -INFINITY ? 0.0f : exp2f(sm_m[i][n] - mx);
+    total += sm_l[i][n] * f[i];
+  }
+  const float v_factor = kBf16 ? 1.0f : fp8_raw_factor<K>() * *a.cache.v_scale;
+  const int64_t row = int64_t(row0) + n / G;
+  const int32_t qh = kvh * G + n % G;
+  if (!to_scratch) {
+    bf16_t* out = a.out + row * a.out_token_stride + int64_t(qh) * D + d0;
+#pragma unroll
+    for (int d = 0; d < kPer; ++d) {
+      float o = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kGroups; ++i) o += sm_acc[i][n][d0 + d] * f[i];
+      out[d] = f32_to_bf16(o * v_factor / total);
+    }
+  } else {
+    const int64_t idx = (row * a.num_q_heads + qh) * p.num_parts + part;
+    float* po = p.part_o + idx * D + d0;
+#pragma unroll
+    for (int d = 0; d < kPer; ++d) {
+      float o = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kGroups; ++i) o += sm_acc[i][n][d0 + d] * f[i];
+      po[d] = o * v_factor;
+    }
+    if (d0 == 0) {
+      p.part_ml[2 * idx] = mx;
+      p.part_ml[2 * idx + 1] = total;
+    }
+  }
 }
 
-// Merges a row's partitions: out = sum_p w_p * o_p / sum_p w_p, w_p = l_p * 2^(m_p - M).
+// Split path: merges a decode row's partitions, out = sum_p o_p 2^(m_p - M) / sum_p l_p
+// 2^(m_p - M). A 32-lane group per (sequence, query head), D/32 dimensions per lane.
 template <int D>
-__global__ void attention_merge_kernel(AttnArgs a, int32_t num_parts, const float* scratch) {
-  constexpr int kPer = D / kWarpSize;
-  const int64_t row = blockIdx.x;
-  const int32_t head = int32_t(blockIdx.y) * kWarps + warp_id();
-  if (head >= a.num_q_heads) return;
-  float mt = -FLT_MAX;
-  for (int32_t p = 0; p < num_parts; ++p) {
-    mt = fmaxf(mt, scratch[split_index(row, head, p, a.num_q_heads, num_parts) * (D + 2) + D]);
-  }
+__global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnArgs a, const float* part_o,
+                                                                    const float* part_ml, int32_t part_len,
+                                                                    int32_t num_parts) {
+  grid_dependency_wait();
+  launch_dependents();
+  const int32_t head_blocks = (a.num_q_heads + kGroups - 1) / kGroups;
+  const int32_t seq = int32_t(blockIdx.x) / head_blocks;
+  const int32_t qh = (int32_t(blockIdx.x) % head_blocks) * kGroups + group_id();
+  if (qh >= a.num_q_heads) return;
+  const int32_t q0 = a.batch.query_start[seq];
+  if (a.batch.query_start[seq + 1] - q0 != 1) return;
+  const int32_t pos = a.batch.context_len[seq] - 1;
+  const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
+  const int32_t first = lo / part_len, last = pos / part_len;
+  if (first == last) return;  // written by the decode kernel directly
+  const int64_t base = (int64_t(q0) * a.num_q_heads + qh) * num_parts;
+  float mx = -INFINITY;
+  for (int32_t pp = first; pp <= last; ++pp) mx = fmaxf(mx, part_ml[2 * (base + pp)]);
+  constexpr int kPer = D / kMmaLanes;
   float o[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) o[i] = 0.0f;
-  float wsum = 0.0f;
-  for (int32_t p = 0; p < num_parts; ++p) {
-    const float* s = scratch + split_index(row, head, p, a.num_q_heads, num_parts) * (D + 2);
-    if (s[D + 1] == 0.0f) continue;
-    const float w = s[D + 1] * exp2f(s[D] - mt);
-    wsum += w;
+  float total = 0.0f;
+  const int l = glane();
+  for (int32_t pp = first; pp <= last; ++pp) {
+    const float f = exp2f(part_ml[2 * (base + pp)] - mx);
+    total += part_ml[2 * (base + pp) + 1] * f;
+    const float* po = part_o + (base + pp) * D + l * kPer;
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) o[i] += w * s[lane_id() * kPer + i];
+    for (int i = 0; i < kPer; ++i) o[i] += po[i] * f;
   }
-  bf16_t* out = a.out + row * a.out_token_stride + int64_t(head) * D + lane_id() * kPer;
+  bf16_t* out = a.out + int64_t(q0) * a.out_token_stride + int64_t(qh) * D + l * kPer;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) out[i] = f32_to_bf16(o[i] / wsum);
+  for (int i = 0; i < kPer; ++i) out[i] = f32_to_bf16(o[i] / total);
 }
 
+// ---- host side ------------------------------------------------------------------------
+
+template <int D, KvKind K>
+cudaError_t launch_main(const Params& p, int64_t blocks, cudaStream_t stream, bool pdl) {
+  if (blocks <= 0) return cudaSuccess;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  return p.page_tiles ? launch_kernel(attention_kernel<D, K, true>, unsigned(blocks), kThreads, stream, pdl, p)
+                      : launch_kernel(attention_kernel<D, K, false>, unsigned(blocks), kThreads, stream, pdl, p);
+}
+
+template <KvKind K>
+using KindTag = std::integral_constant<KvKind, K>;
 template <int D>
-cudaError_t launch(const AttnArgs& a, void* scratch, int32_t partition_size, int32_t num_parts,
-                   cudaStream_t stream) {
-  const dim3 grid(unsigned(a.batch.num_tokens), unsigned(a.cache.num_kv_heads), unsigned(num_parts));
-  attention_kernel<D><<<grid, kWarps * kWarpSize, 0, stream>>>(a, partition_size, num_parts,
-                                                                 static_cast<float*>(scratch));
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess || num_parts == 1) return err;
-  const dim3 mgrid(unsigned(a.batch.num_tokens), unsigned((a.num_q_heads + kWarps - 1) / kWarps));
-  attention_merge_kernel<D><<<mgrid, kWarps * kWarpSize, 0, stream>>>(a, num_parts,
-                                                                        static_cast<const float*>(scratch));
-  return cudaGetLastError();
-}
+using DimTag = std::integral_constant<int, D>;
 
+// The one place where runtime choices become template parameters.
 template <class F>
-cudaError_t dispatch_head_dim(int32_t head_dim, F&& f) {
-  switch (head_dim) {
+cudaError_t dispatch(const AttnArgs& a, const AttnLaunch& l, F&& f) {
+  const auto by_kind = [&](auto dim) -> cudaError_t {
+    switch (a.cache.dtype) {
+      case KvDtype::bf16:
+        return f(dim, KindTag<KvKind::bf16>{});
+      case KvDtype::fp8_e4m3fn:
+        return l.fp8_decode == 1 ? f(dim, KindTag<KvKind::e4m3fn_bits>{}) : f(dim, KindTag<KvKind::e4m3fn_hw>{});
+      case KvDtype::fp8_e4m3fnuz:
+        return f(dim, KindTag<KvKind::e4m3fnuz>{});
+      case KvDtype::fp8_e5m2:
+        return f(dim, KindTag<KvKind::e5m2>{});
+    }
+    return cudaErrorInvalidValue;
+  };
+  switch (a.cache.head_dim) {
     case 64:
-      return f(std::integral_constant<int, 64>{});
+      return by_kind(DimTag<64>{});
     case 128:
-      return f(std::integral_constant<int, 128>{});
+      return by_kind(DimTag<128>{});
     case 256:
-      return f(std::integral_constant<int, 256>{});
+      return by_kind(DimTag<256>{});
     default:
       return cudaErrorInvalidValue;
   }
 }
 
-int32_t num_partitions(int32_t max_context_len, int32_t partition_size) {
-  return max_context_len <= partition_size ? 1 : (max_context_len + partition_size - 1) / partition_size;
+Params base_params(const AttnArgs& a) {
+  Params p{};
+  p.a = a;
+  const int32_t ps = a.cache.page_size;
+  p.ps_shift = -1;
+  if ((ps & (ps - 1)) == 0) {
+    p.ps_shift = 0;
+    while ((1 << p.ps_shift) < ps) ++p.ps_shift;
+  }
+  p.page_tiles = ps % kTileKeys == 0 ? 1 : 0;
+  p.part_len = INT32_MAX;
+  p.num_parts = 1;
+  return p;
+}
+
+int32_t device_sms(int32_t forced) {
+  if (forced > 0) return forced;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int32_t> cache[kMaxDevices];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
+  int32_t n = cache[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    cudaDeviceProp prop{};
+    n = cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.multiProcessorCount > 0
+            ? prop.multiProcessorCount
+            : 132;
+    cache[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+int32_t split_parts(int32_t max_context_len, int32_t len) {
+  return max_context_len <= len ? 1 : int32_t((int64_t(max_context_len) + len - 1) / len);
 }
 
 }  // namespace
@@ -246,33 +667,96 @@ int32_t num_partitions(int32_t max_context_len, int32_t partition_size) {
 std::string attention_unsupported(const AttnArgs& a) {
   const int32_t kvh = a.cache.num_kv_heads;
   const bool dim_ok = a.cache.head_dim == 64 || a.cache.head_dim == 128 || a.cache.head_dim == 256;
-  const bool group_ok = kvh > 0 && a.num_q_heads % kvh == 0 && a.num_q_heads / kvh <= kAttnMaxGroup;
-  if (dim_ok && group_ok && a.cache.page_size > 0) return {};
-  return "attention: unsupported (head_dim " + std::to_string(a.cache.head_dim) + ", q heads " +
+  const bool group_ok = kvh > 0 && a.num_q_heads > 0 && a.num_q_heads % kvh == 0 &&
+                        a.num_q_heads / kvh <= kAttnMaxGroup;
+  const bool fp8 = a.cache.dtype != KvDtype::bf16;
+  const bool scales_ok = !fp8 || (a.cache.k_scale != nullptr && a.cache.v_scale != nullptr);
+  if (dim_ok && group_ok && a.cache.page_size > 0 && a.window >= 0 && scales_ok) return {};
+  return std::string("attention: unsupported (head_dim ") + std::to_string(a.cache.head_dim) + ", q heads " +
          std::to_string(a.num_q_heads) + ", kv heads " + std::to_string(kvh) + ", page size " +
-         std::to_string(a.cache.page_size) + "): head_dim must be 64, 128 or 256 and q heads a multiple of kv heads "
-         "with at most " + std::to_string(kAttnMaxGroup) + " per kv head";
+         std::to_string(a.cache.page_size) + ", window " + std::to_string(a.window) + ", " +
+         kv_dtype_name(a.cache.dtype) + (scales_ok ? "" : " without k/v scales") +
+         "): head_dim must be 64, 128 or 256, q heads a multiple of kv heads with at most " +
+         std::to_string(kAttnMaxGroup) + " per kv head, page size > 0, window >= 0";
 }
 
-cudaError_t launch_attention_unified(const AttnArgs& a, cudaStream_t stream) {
+cudaError_t launch_attention_unified(const AttnArgs& a, cudaStream_t stream, const AttnLaunch& l) {
   if (!attention_unsupported(a).empty()) return cudaErrorInvalidValue;
-  if (a.batch.num_tokens <= 0) return cudaSuccess;
-  return dispatch_head_dim(a.cache.head_dim, [&](auto d) { return launch<decltype(d)::value>(a, nullptr, 0, 1, stream); });
+  if (a.batch.num_tokens <= 0 || a.batch.num_seqs <= 0) return cudaSuccess;
+  Params p = base_params(a);
+  p.mode = kModeUnified;
+  const int64_t blocks = a.batch.num_tokens * a.cache.num_kv_heads;
+  return dispatch(a, l, [&](auto dim, auto kind) {
+    return launch_main<decltype(dim)::value, decltype(kind)::value>(p, blocks, stream, l.pdl);
+  });
+}
+
+int32_t attention_split_partition(const AttnArgs& a, int32_t partition_size, const AttnLaunch& l) {
+  const int64_t min_len = round_up(std::max(partition_size, 1), kTileKeys);
+  if (l.split_partition > 0) return int32_t(std::max(min_len, round_up(l.split_partition, kTileKeys)));
+  // Blocks of one partition run as waves over the multiprocessors; a block costs its keys
+  // plus a fixed overhead. Pick the partition count that minimises waves x (keys per
+  // block + overhead): more partitions only pay while they fill idle multiprocessors.
+  const int64_t max_ctx = std::max(a.batch.max_context_len, 1);
+  const int64_t blocks_per_part = int64_t(std::max(a.batch.num_seqs, 1)) * std::max(a.cache.num_kv_heads, 1);
+  const int64_t per_sm = a.cache.head_dim == 256 ? kBlocksPerSm<256> : kBlocksPerSm<128>;
+  const int64_t slots = int64_t(device_sms(l.num_sms)) * per_sm;
+  const int64_t max_parts = std::min<int64_t>((max_ctx + min_len - 1) / min_len, 4 * slots / blocks_per_part + 1);
+  int64_t best_len = round_up(max_ctx, kTileKeys), best_cost = INT64_MAX;
+  for (int64_t parts = 1; parts <= std::max<int64_t>(max_parts, 1); ++parts) {
+    const int64_t len = std::max(min_len, round_up((max_ctx + parts - 1) / parts, kTileKeys));
+    const int64_t real_parts = (max_ctx + len - 1) / len;
+    const int64_t waves = (real_parts * blocks_per_part + slots - 1) / slots;
+    const int64_t cost = waves * (std::min(len, max_ctx) + kBlockOverheadKeys);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_len = len;
+    }
+  }
+  return int32_t(std::min<int64_t>(best_len, INT32_MAX / 2));
 }
 
 size_t attention_split_scratch_bytes(int64_t num_tokens, int32_t num_q_heads, int32_t head_dim,
                                      int32_t max_context_len, int32_t partition_size) {
-  const int32_t parts = num_partitions(max_context_len, partition_size);
+  // The launcher never uses fewer keys per partition than partition_size, so at most
+  // this many partitions.
+  const int32_t parts = split_parts(max_context_len, std::max(partition_size, 1));
   return size_t(num_tokens) * size_t(num_q_heads) * size_t(parts) * size_t(head_dim + 2) * sizeof(float);
 }
 
-cudaError_t launch_attention_split(const AttnArgs& a, void* scratch, int32_t partition_size, cudaStream_t stream) {
+cudaError_t launch_attention_split(const AttnArgs& a, void* scratch, int32_t partition_size, cudaStream_t stream,
+                                   const AttnLaunch& l) {
   if (!attention_unsupported(a).empty() || partition_size <= 0) return cudaErrorInvalidValue;
-  if (a.batch.num_tokens <= 0) return cudaSuccess;
-  const int32_t parts = num_partitions(a.batch.max_context_len, partition_size);
+  if (a.batch.num_tokens <= 0 || a.batch.num_seqs <= 0) return cudaSuccess;
+  const int32_t len = attention_split_partition(a, partition_size, l);
+  const int32_t parts = split_parts(a.batch.max_context_len, len);
   if (parts > 1 && scratch == nullptr) return cudaErrorInvalidValue;
-  return dispatch_head_dim(a.cache.head_dim,
-                           [&](auto d) { return launch<decltype(d)::value>(a, scratch, partition_size, parts, stream); });
+  Params p = base_params(a);
+  p.mode = kModeDecode;
+  p.part_len = len;
+  p.num_parts = parts;
+  p.part_o = static_cast<float*>(scratch);
+  p.part_ml = p.part_o == nullptr ? nullptr
+                                  : p.part_o + a.batch.num_tokens * a.num_q_heads * int64_t(parts) * a.cache.head_dim;
+  const int64_t decode_blocks = int64_t(parts) * a.batch.num_seqs * a.cache.num_kv_heads;
+  const bool any_prefill = a.batch.max_query_len != 1;
+  return dispatch(a, l, [&](auto dim, auto kind) {
+    constexpr int D = decltype(dim)::value;
+    constexpr KvKind K = decltype(kind)::value;
+    cudaError_t err = launch_main<D, K>(p, decode_blocks, stream, l.pdl);
+    if (err == cudaSuccess && any_prefill) {
+      Params q = p;
+      q.mode = kModePrefill;
+      err = launch_main<D, K>(q, a.batch.num_tokens * a.cache.num_kv_heads, stream, l.pdl);
+    }
+    if (err == cudaSuccess && parts > 1) {
+      const int64_t blocks = int64_t(a.batch.num_seqs) * ((a.num_q_heads + kGroups - 1) / kGroups);
+      if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+      err = launch_kernel(attention_merge_kernel<D>, unsigned(blocks), kThreads, stream, l.pdl, a,
+                          static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_ml), len, parts);
+    }
+    return err;
+  });
 }
 
 }  // namespace kvfuse::gpu

@@ -2,14 +2,25 @@
 // prefill chunks and decode tokens, with the CPU reference's contract
 // (kernels/cpu/attention.h, kernels/kv_types.h AttnArgs): GQA, causal, optional sliding
 // window (keys p-W+1 .. p), FP8 dequantised as float(stored) * scale, fp32 softmax and
-// accumulation, the output rounded to bf16 once.
+// accumulation, the output rounded to bf16 once. kernels/attention.cu has the tiling and
+// the numerics.
 //
-// - unified: one launch; a block per (query token, KV head) holds all query heads of
-//   the KV head, its warps share the visible keys with an online softmax each, and the
-//   warps' states merge at the end.
-// - split: the same blocks cut each row's visible keys into partitions of
-//   `partition_size` keys (split-KV), each writing (max, sum, partial output) to
-//   scratch; a second kernel merges the partitions by log-sum-exp.
+// - unified: one launch for the whole batch. A block per (query block, KV head): a
+//   decode row alone, or up to 8 / G consecutive rows of a prefill chunk, with all G query
+//   heads of the KV head packed into one 8-row MMA tile; its four warps share the block's
+//   visible keys (tiles wholly outside every row's window are never touched), each with an
+//   online softmax, merged at the end.
+// - split: a split-KV decode kernel (block per (sequence, KV head, partition); partitions
+//   sized from the multiprocessor count) writing (max, sum, partial output) per partition,
+//   a log-sum-exp merge kernel, and for prefill rows the unified kernel restricted to them.
+//   Unified has no split-KV: a decode row is one block, so small decode batches with long
+//   contexts (fewer blocks than multiprocessors) belong on the split path.
+//
+// All launchers are asynchronous, never read device memory on the host, and are safe to
+// capture in a CUDA/HIP graph. Grids come from host fields of AttnBatch (num_seqs,
+// num_tokens, max_context_len, max_query_len), so a captured graph stays correct for any
+// replay whose contexts stay within the captured max_context_len; rows past
+// query_start[num_seqs] (graph padding) are skipped.
 #pragma once
 
 #include <cstddef>
@@ -20,17 +31,41 @@
 
 namespace kvfuse::gpu {
 
-constexpr int kAttnMaxGroup = 8;  // query heads per KV head
+constexpr int kAttnMaxGroup = 8;   // query heads per KV head
+constexpr int kAttnTileKeys = 16;  // keys per MMA tile; split partitions are multiples of it
+
+// Launch options; the defaults are what the engine uses, the benchmark varies them.
+struct AttnLaunch {
+  // Programmatic dependent launch (CUDA sm_90+; ignored on HIP), as KvWriteLaunch::pdl.
+  bool pdl = false;
+  // Split path: keys per partition. 0 chooses it from the multiprocessor count: the
+  // partition count that minimises waves of blocks x (keys per block + a fixed block
+  // cost), never fewer keys than the caller's partition_size (which bounds the scratch);
+  // a decode batch that already fills the multiprocessors (e.g. 64 sequences x 8 KV
+  // heads on 132 SMs) gets one partition and no merge. > 0 forces max(split_partition,
+  // partition_size), rounded up to a multiple of kAttnTileKeys.
+  int32_t split_partition = 0;
+  // Multiprocessors to size partitions for; 0 asks the current device (once per device).
+  int32_t num_sms = 0;
+  // e4m3fn only: 0 picks the fastest exact decode for the device (the cvt.rn.f16x2.e4m3x2
+  // instruction on sm_89+, else bit manipulation); 1 forces bit manipulation. Both are
+  // exact; the knob is for the benchmark.
+  int fp8_decode = 0;
+};
 
 // Empty if the kernels support `args`, else a message naming the whole tuple.
 std::string attention_unsupported(const AttnArgs& args);
 
-cudaError_t launch_attention_unified(const AttnArgs& args, cudaStream_t stream);
+cudaError_t launch_attention_unified(const AttnArgs& args, cudaStream_t stream, const AttnLaunch& launch = {});
 
-// Scratch bytes of the split path for `num_tokens` rows up to `max_context_len` keys.
+// Scratch bytes of the split path for `num_tokens` rows up to `max_context_len` keys,
+// with partitions of at least `partition_size` keys. 16-byte aligned memory.
 size_t attention_split_scratch_bytes(int64_t num_tokens, int32_t num_q_heads, int32_t head_dim,
                                      int32_t max_context_len, int32_t partition_size);
 cudaError_t launch_attention_split(const AttnArgs& args, void* scratch, int32_t partition_size,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream, const AttnLaunch& launch = {});
+
+// Keys per partition that launch_attention_split uses for `args` (for logs and benchmarks).
+int32_t attention_split_partition(const AttnArgs& args, int32_t partition_size, const AttnLaunch& launch = {});
 
 }  // namespace kvfuse::gpu

@@ -62,16 +62,17 @@ function(kvfuse_gpu_warnings target)
     $<$<COMPILE_LANGUAGE:HIP>:-Wall -Wextra -Werror>)
 endfunction()
 
-# The CPU reference of the KV write: the GPU scratch layout is its layout. In the full
-# build it comes with kvfuse_kernels_cpu; the standalone GPU build compiles only this
-# file (no BLAS, no absl).
+# The CPU references the GPU kernels and their parity tests use: the KV write (the GPU
+# scratch layout is its layout) and paged attention. In the full build they come with
+# kvfuse_kernels_cpu; the standalone GPU build compiles only these files (no BLAS, no
+# absl).
 if(TARGET kvfuse_kernels_cpu)
   set(KVFUSE_GPU_CPU_REF kvfuse_kernels_cpu)
 else()
-  add_library(kvfuse_kv_write_ref STATIC ${KVFUSE_ROOT}/kernels/cpu/kv_write.cc)
-  target_include_directories(kvfuse_kv_write_ref PUBLIC ${KVFUSE_ROOT})
-  kvfuse_gpu_warnings(kvfuse_kv_write_ref)
-  set(KVFUSE_GPU_CPU_REF kvfuse_kv_write_ref)
+  add_library(kvfuse_cpu_ref STATIC ${KVFUSE_ROOT}/kernels/cpu/kv_write.cc ${KVFUSE_ROOT}/kernels/cpu/attention.cc)
+  target_include_directories(kvfuse_cpu_ref PUBLIC ${KVFUSE_ROOT})
+  kvfuse_gpu_warnings(kvfuse_cpu_ref)
+  set(KVFUSE_GPU_CPU_REF kvfuse_cpu_ref)
 endif()
 
 file(GLOB KVFUSE_GPU_KERNEL_SOURCES CONFIGURE_DEPENDS ${KVFUSE_ROOT}/kernels/*.cu)

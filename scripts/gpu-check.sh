@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# The one command that builds and runs the GPU parity tests and the kernel benchmark
-# on a CUDA machine (the H200 of issue 3):
+# The one command that builds and runs the GPU parity tests and the kernel benchmarks
+# on a CUDA machine (the H200 of issues 3 and 5):
 #
 #   scripts/gpu-check.sh
 #
 # It needs only a CUDA toolkit, cmake (>= 3.22) and a host compiler: it configures the
-# standalone GPU build of tests/gpu/CMakeLists.txt (kernels, the CPU KV-write reference,
-# the tests and bench/; no absl, gRPC or BLAS), builds it, runs both parity programs and
-# bench_kv_write, then (if compute-sanitizer is there and works) the KV-write test once
-# more under memcheck. Logs, the benchmark table and its JSON go to $OUT (the device
-# runner's output folder; at most 8 files come back from it, this writes 7) or, if
-# unset, build-gpu-check/logs. Exit status: 0 if the build and every test passed (or
+# standalone GPU build of tests/gpu/CMakeLists.txt (kernels, the CPU KV-write and
+# attention references, the tests and bench/; no absl, gRPC or BLAS), builds it, runs
+# the parity programs, bench_kv_write and bench_attention, then (if compute-sanitizer
+# is there and works) the KV-write and attention tests once more under memcheck (reduced
+# matrices). Files go to $OUT (the device runner's output folder; at most 8 files come
+# back from it, this writes 8: summary.txt, build.log, gpu_tests.log with every test
+# program's and memcheck's output, engine.log, and per benchmark its table and JSON) or,
+# if unset, build-gpu-check/logs. Exit status: 0 if the build and every test passed (or
 # were skipped for lack of a GPU), 1 otherwise.
 #
 # Environment: KVFUSE_CUDA_ARCH (default 90a), KVFUSE_GPU_BUILD_DIR (default
-# build-gpu-check), KVFUSE_BENCH_ROUNDS (default 15), KVFUSE_SANITIZER_TIMEOUT (s, 150).
+# build-gpu-check), KVFUSE_BENCH_ROUNDS (default 15), KVFUSE_ATTN_BENCH_ROUNDS (default 9),
+# KVFUSE_SANITIZER_TIMEOUT (s per memcheck run, 150).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${KVFUSE_GPU_BUILD_DIR:-build-gpu-check}
@@ -62,36 +65,48 @@ fi
 note "built in $(elapsed)"
 
 status=0
-for t in test_fp8_convert_gpu test_kv_write_gpu; do
-  "$build/$t" >"$out/$t.log" 2>&1
+tests_log="$out/gpu_tests.log"
+: >"$tests_log"
+for t in test_fp8_convert_gpu test_kv_write_gpu test_attention_gpu; do
+  echo "=== $t" >>"$tests_log"
+  "$build/$t" >"$build/$t.log" 2>&1
   rc=$?
-  grep -E "^FAIL|^SKIP|^FATAL|passed,|conversion for|device 0" "$out/$t.log" | head -40
-  note "$t: exit $rc, $(tail -1 "$out/$t.log") ($(elapsed))"
+  cat "$build/$t.log" >>"$tests_log"
+  grep -E "^FAIL|^SKIP|^FATAL|passed,|conversion for|device 0|^matrix|^bench shape" "$build/$t.log" | head -40
+  note "$t: exit $rc, $(tail -1 "$build/$t.log") ($(elapsed))"
   ((rc == 0)) || status=1
 done
 
-"$build/bench/bench_kv_write" --json "$out/bench_kv_write.json" --rounds "${KVFUSE_BENCH_ROUNDS:-15}" \
-  >"$out/bench_kv_write.txt" 2>&1
-rc=$?
-cat "$out/bench_kv_write.txt"
-note "bench_kv_write: exit $rc ($(elapsed))"
-((rc == 0)) || status=1
+for b in bench_kv_write bench_attention; do
+  rounds=${KVFUSE_BENCH_ROUNDS:-15}
+  [[ $b == bench_attention ]] && rounds=${KVFUSE_ATTN_BENCH_ROUNDS:-9}
+  "$build/bench/$b" --json "$out/$b.json" --rounds "$rounds" >"$out/$b.txt" 2>&1
+  rc=$?
+  cat "$out/$b.txt"
+  note "$b: exit $rc ($(elapsed))"
+  ((rc == 0)) || status=1
+done
 
-# Out-of-bounds accesses would not always change the bytes compared above: memcheck
-# the KV-write test (reduced matrix). "Device not supported" (gVisor) is a skip.
+# Out-of-bounds accesses would not always change the values compared above: memcheck
+# the KV-write and attention tests (reduced matrices), output appended to
+# gpu_tests.log. "Device not supported" (gVisor) is a skip.
 san=$(command -v compute-sanitizer || ls -d /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [[ -n $san ]]; then
-  KVFUSE_GPU_TEST_QUICK=1 timeout "${KVFUSE_SANITIZER_TIMEOUT:-150}" "$san" --tool memcheck --error-exitcode 3 \
-    "$build/test_kv_write_gpu" >"$out/sanitizer.log" 2>&1
-  rc=$?
-  if grep -q "Device not supported\|not supported on this" "$out/sanitizer.log"; then
-    note "compute-sanitizer: SKIP (device not supported here)"
-  elif ((rc == 124)); then
-    note "compute-sanitizer: SKIP (timed out; see sanitizer.log)"
-  else
-    note "compute-sanitizer memcheck: exit $rc, $(grep -E 'ERROR SUMMARY' "$out/sanitizer.log" | tail -1) ($(elapsed))"
-    ((rc == 0)) || status=1
-  fi
+  for t in test_kv_write_gpu test_attention_gpu; do
+    KVFUSE_GPU_TEST_QUICK=1 timeout "${KVFUSE_SANITIZER_TIMEOUT:-150}" "$san" --tool memcheck --error-exitcode 3 \
+      "$build/$t" >"$build/$t.memcheck.log" 2>&1
+    rc=$?
+    { echo "=== memcheck $t (exit $rc)"; tail -60 "$build/$t.memcheck.log"; } >>"$tests_log"
+    if grep -q "Device not supported\|not supported on this" "$build/$t.memcheck.log"; then
+      note "compute-sanitizer $t: SKIP (device not supported here)"
+      break
+    elif ((rc == 124)); then
+      note "compute-sanitizer $t: SKIP (timed out; see gpu_tests.log)"
+    else
+      note "compute-sanitizer memcheck $t: exit $rc, $(grep -E 'ERROR SUMMARY' "$build/$t.memcheck.log" | tail -1) ($(elapsed))"
+      ((rc == 0)) || status=1
+    fi
+  done
 else
   note "compute-sanitizer: SKIP (not found)"
 fi
