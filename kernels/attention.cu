@@ -107,12 +107,30 @@ struct Params {
   AttnArgs a;
   float* part_o;       // split: [row][q head][partition][D] partial outputs (v scale applied)
   float* part_ml;      // split: [row][q head][partition][2] max (log2 domain), sum
-  int32_t part_len;    // split: keys per partition, a multiple of kTileKeys
+  int32_t part_len;    // split: fewest keys per partition, a multiple of kTileKeys
   int32_t num_parts;   // split: partitions in the grid
   int32_t mode;
   int32_t ps_shift;    // log2(page_size) for powers of two, else -1
   int32_t page_tiles;  // page_size % kTileKeys == 0: a tile lies in one page
 };
+
+// Split path: a decode row's visible keys [lo, pos] are cut into partitions of `len`
+// keys from base = lo rounded down to a tile, len = the span over the grid's partitions
+// (at least min_len, a multiple of the tile): every sequence spreads over the grid by its
+// own length, so a graph captured for a longer context stays balanced. Partitions
+// 0 .. last are used; the decode kernel and the merge compute the same.
+struct SplitRange {
+  int32_t base, len, last;
+};
+KVFUSE_DEVICE SplitRange split_range(int32_t lo, int32_t pos, int32_t num_parts, int32_t min_len) {
+  SplitRange r;
+  r.base = lo & ~(kTileKeys - 1);
+  const int32_t span = pos + 1 - r.base;
+  const int32_t even = ((span + num_parts - 1) / num_parts + kTileKeys - 1) & ~(kTileKeys - 1);
+  r.len = max(min_len, even);
+  r.last = (pos - r.base) / r.len;
+  return r;
+}
 
 // The last s with query_start[s] <= tok, found by the whole block in one round per
 // kThreads sequences (query_start is non-decreasing).
@@ -169,11 +187,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) attention_kernel(Pa
   int32_t begin = lo, end = pos0 + nrows;
   bool to_scratch = false;
   if (p.mode == kModeDecode) {
-    const int32_t first = lo / p.part_len, last = pos0 / p.part_len;
-    if (part < first || part > last) return;
-    begin = int32_t(max(int64_t(begin), int64_t(part) * p.part_len));
-    end = int32_t(min(int64_t(end), int64_t(part + 1) * p.part_len));
-    to_scratch = first != last;
+    const SplitRange r = split_range(lo, pos0, p.num_parts, p.part_len);
+    if (part > r.last) return;
+    begin = int32_t(max(int64_t(begin), int64_t(r.base) + int64_t(part) * r.len));
+    end = int32_t(min(int64_t(end), int64_t(r.base) + int64_t(part + 1) * r.len));
+    to_scratch = r.last > 0;
   }
 
   const int l = glane(), g = l >> 2, c = l & 3, w = group_id();
@@ -558,8 +576,9 @@ __global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnArgs a, c
   if (a.batch.query_start[seq + 1] - q0 != 1) return;
   const int32_t pos = a.batch.context_len[seq] - 1;
   const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-  const int32_t first = lo / part_len, last = pos / part_len;
-  if (first == last) return;  // written by the decode kernel directly
+  const SplitRange r = split_range(lo, pos, num_parts, part_len);
+  const int32_t first = 0, last = r.last;
+  if (last == 0) return;  // written by the decode kernel directly
   const int64_t base = (int64_t(q0) * a.num_q_heads + qh) * num_parts;
   float mx = -INFINITY;
   for (int32_t pp = first; pp <= last; ++pp) mx = fmaxf(mx, part_ml[2 * (base + pp)]);
@@ -733,7 +752,9 @@ cudaError_t launch_attention_split(const AttnArgs& a, void* scratch, int32_t par
   if (parts > 1 && scratch == nullptr) return cudaErrorInvalidValue;
   Params p = base_params(a);
   p.mode = kModeDecode;
-  p.part_len = len;
+  // The partition count comes from the longest context; each sequence then spreads its
+  // own keys over it (split_range), never fewer than partition_size per partition.
+  p.part_len = int32_t(round_up(std::max(partition_size, 1), kTileKeys));
   p.num_parts = parts;
   p.part_o = static_cast<float*>(scratch);
   p.part_ml = p.part_o == nullptr ? nullptr
@@ -753,7 +774,8 @@ cudaError_t launch_attention_split(const AttnArgs& a, void* scratch, int32_t par
       const int64_t blocks = int64_t(a.batch.num_seqs) * ((a.num_q_heads + kGroups - 1) / kGroups);
       if (blocks > INT32_MAX) return cudaErrorInvalidValue;
       err = launch_kernel(attention_merge_kernel<D>, unsigned(blocks), kThreads, stream, l.pdl, a,
-                          static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_ml), len, parts);
+                          static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_ml), p.part_len,
+                          parts);
     }
     return err;
   });

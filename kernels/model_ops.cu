@@ -113,6 +113,56 @@ __global__ void bf16_to_f32_kernel(const bf16_t* x, int64_t count, float* out) {
   }
 }
 
+// One block per row: the first index of the row's maximum (kvfuse::argmax's rule), and
+// whether every value is finite. A thread keeps its own first maximum over a strided
+// walk; the merge prefers the larger value, then the lower index.
+constexpr int kArgmaxThreads = 1024;
+KVFUSE_DEVICE void argmax_merge(float& v, int32_t& i, float ov, int32_t oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* logits, int64_t rows,
+                                                                      int64_t vocab, int32_t* tokens,
+                                                                      int32_t* finite) {
+  __shared__ float sv[kArgmaxThreads / kWarpSize];
+  __shared__ int32_t si[kArgmaxThreads / kWarpSize];
+  __shared__ int32_t snan;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float* x = logits + row * vocab;
+    float bv = -INFINITY;
+    int32_t bi = INT32_MAX;
+    int bad = 0;
+    for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
+      const float v = x[c];
+      if (!isfinite(v)) bad = 1;
+      if (v > bv || (v == bv && int32_t(c) < bi)) {
+        bv = v;
+        bi = int32_t(c);
+      }
+    }
+    if (threadIdx.x == 0) snan = 0;
+    __syncthreads();
+    if (bad) snan = 1;
+    for (int off = kWarpSize / 2; off > 0; off /= 2) {
+      argmax_merge(bv, bi, warp_shfl_xor(bv, off), warp_shfl_xor(bi, off));
+    }
+    if (lane_id() == 0) {
+      sv[warp_id()] = bv;
+      si[warp_id()] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < int(blockDim.x) / kWarpSize; ++w) argmax_merge(bv, bi, sv[w], si[w]);
+      // A row of -inf or NaN only has no maximum: index 0, as the sequential rule gives.
+      tokens[row] = bi == INT32_MAX ? 0 : bi;
+      finite[row] = snan ? 0 : 1;
+    }
+    __syncthreads();  // shared state is reused by the next row
+  }
+}
+
 // Elementwise grids: enough blocks to fill the device, the kernels loop for the rest.
 unsigned elementwise_blocks(int64_t count) {
   const unsigned b = grid_blocks(count, kThreads);
@@ -166,6 +216,14 @@ cudaError_t launch_bias_round(const float* y, const float* bias, int64_t m, int6
   if (m * n <= 0) return cudaSuccess;
   return launch_kernel(bias_round_kernel, elementwise_blocks(m * n), kThreads, stream, false, y, bias, m, n,
                        out);
+}
+
+cudaError_t launch_argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                               int32_t* finite, cudaStream_t stream) {
+  if (rows <= 0 || vocab <= 0) return cudaSuccess;
+  if (vocab > INT32_MAX) return cudaErrorInvalidValue;
+  return launch_kernel(argmax_rows_kernel, row_blocks(rows), kArgmaxThreads, stream, false, logits, rows, vocab,
+                       tokens, finite);
 }
 
 cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream) {

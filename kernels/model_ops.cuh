@@ -27,6 +27,10 @@ cudaError_t launch_gather_rows(const bf16_t* x, int64_t cols, const int32_t* row
 // CPU reference's linear does (sgemm, add the bias, round).
 cudaError_t launch_bias_round(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out,
                               cudaStream_t stream);
+// Per row of fp32 logits [rows, vocab]: tokens[row] = the first index of the maximum
+// (greedy sampling, kvfuse::argmax's rule), finite[row] = 1 if every value is finite.
+cudaError_t launch_argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                               int32_t* finite, cudaStream_t stream);
 // bf16 <-> fp32 conversions.
 cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream);
 

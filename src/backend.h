@@ -55,6 +55,14 @@ class DeviceBuffer {
   std::function<void(void*)> free_;
 };
 
+// A recorded sequence of backend ops (a CUDA/HIP graph) that replays with the
+// arguments and buffers it was captured with; only the contents of those buffers change.
+class BackendGraph {
+ public:
+  virtual ~BackendGraph() = default;
+  virtual absl::Status replay() = 0;
+};
+
 // A Linear layer's weight [n, k] (out_features x in_features) in the backend's own
 // layout (fp32 on the CPU), with an optional bias [n].
 struct LinearWeight {
@@ -102,6 +110,22 @@ class Backend {
   virtual absl::Status kv_write(const KvWriteArgs& args, KvWritePath path, void* scratch) = 0;
   virtual size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) const = 0;
   virtual absl::Status attention(const AttnArgs& args, AttentionPath path) = 0;
+  // Per row of logits [rows, vocab]: the greedy token (the first index of the maximum,
+  // as kvfuse::argmax) into tokens[row], and 1 into finite[row] if every logit of the
+  // row is finite, else 0.
+  virtual absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                                   int32_t* finite) = 0;
+
+  // Graphs. Between begin_capture and end_capture the ops are recorded, not run; the
+  // graph replays them. supports_graphs() is false on backends without graphs (the CPU).
+  virtual bool supports_graphs() const { return false; }
+  virtual absl::Status begin_capture() { return absl::UnimplementedError("this backend has no graphs"); }
+  virtual absl::StatusOr<std::unique_ptr<BackendGraph>> end_capture() {
+    return absl::UnimplementedError("this backend has no graphs");
+  }
+  // Changes whenever the backend replaces internal memory a captured graph may use
+  // (scratch buffers that grew): graphs captured under an older value must be dropped.
+  virtual uint64_t graph_epoch() const { return 0; }
 };
 
 // The concrete storage of a configured KV dtype: fp8_e4m3 is e4m3fnuz on devices whose

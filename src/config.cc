@@ -40,6 +40,7 @@ const char* to_string(KvCacheDtype d) {
 }
 const char* to_string(KvWritePath p) { return p == KvWritePath::fused ? "fused" : "unfused"; }
 const char* to_string(AttentionPath p) { return p == AttentionPath::unified ? "unified" : "split"; }
+const char* to_string(GraphsMode g) { return g == GraphsMode::on ? "on" : "off"; }
 
 const std::vector<ConfigKeyDoc>& config_key_docs() {
   static const std::vector<ConfigKeyDoc> docs = {
@@ -52,6 +53,8 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
        "KV cache element type; fp8_e4m3 is stored as e4m3fn, or e4m3fnuz on gfx942 (default fp8_e4m3)"},
       {"kv_write", "fused | unfused", "KV write path: one fused kernel, or scale/cast/scatter stages"},
       {"attention", "unified | split", "attention path (default unified)"},
+      {"graphs", "on | off",
+       "decode steps replay a CUDA/HIP graph captured per batch bucket (default on; no effect on the CPU)"},
       {"page_size", "1 .. 1024", "tokens per KV page (default 16)"},
       {"num_pages", ">= 1", "pages in the full pool (default 4096)"},
       {"swa_num_pages", ">= 0", "pages in the SWA pool; 0 sizes it from the window and batch limits"},
@@ -204,6 +207,11 @@ absl::StatusOr<Config> config_from_json(const json& j) {
                                                                {"split", AttentionPath::split}},
                           c.attention));
   }
+  if (has("graphs")) {
+    KVFUSE_TRY(parse_enum(j["graphs"], "graphs",
+                          std::map<std::string, GraphsMode>{{"on", GraphsMode::on}, {"off", GraphsMode::off}},
+                          c.graphs));
+  }
   if (has("page_size")) KVFUSE_TRY(parse_int(j["page_size"], "page_size", 1, 1024, c.page_size));
   if (has("num_pages")) KVFUSE_TRY(parse_int(j["num_pages"], "num_pages", 1, int64_t(1) << 31, c.num_pages));
   if (has("swa_num_pages")) {
@@ -274,6 +282,7 @@ json config_to_json(const Config& c) {
   j["kv_cache_dtype"] = to_string(c.kv_cache_dtype);
   j["kv_write"] = to_string(c.kv_write);
   j["attention"] = to_string(c.attention);
+  j["graphs"] = to_string(c.graphs);
   j["page_size"] = c.page_size;
   j["num_pages"] = c.num_pages;
   j["swa_num_pages"] = c.swa_num_pages;

@@ -15,11 +15,13 @@ enum class Device { auto_, cpu, cuda, hip };
 enum class KvCacheDtype { bf16, fp8_e4m3, fp8_e5m2 };
 enum class KvWritePath { fused, unfused };
 enum class AttentionPath { unified, split };
+enum class GraphsMode { off, on };
 
 const char* to_string(Device d);
 const char* to_string(KvCacheDtype d);
 const char* to_string(KvWritePath p);
 const char* to_string(AttentionPath p);
+const char* to_string(GraphsMode g);
 
 struct Config {
   std::string model = "tiny";  // preset name
@@ -29,6 +31,8 @@ struct Config {
   KvCacheDtype kv_cache_dtype = KvCacheDtype::fp8_e4m3;
   KvWritePath kv_write = KvWritePath::fused;
   AttentionPath attention = AttentionPath::unified;
+  // Decode-only steps replay a CUDA/HIP graph captured per batch bucket (no effect on the CPU).
+  GraphsMode graphs = GraphsMode::on;
   int32_t page_size = 16;
   int64_t num_pages = 4096;
   int64_t swa_num_pages = 0;            // 0: sized from the window and the batch limits

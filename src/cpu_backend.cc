@@ -1,5 +1,7 @@
 #include "src/cpu_backend.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -10,6 +12,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kv_write.h"
 #include "kernels/cpu/ops.h"
+#include "src/sampler.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 
@@ -131,6 +134,15 @@ class CpuBackend final : public Backend {
       cpu::attention_unified(args);
     } else {
       cpu::attention_split(args);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                           int32_t* finite) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = logits + r * vocab;
+      tokens[r] = argmax(row, int32_t(vocab));
+      finite[r] = std::all_of(row, row + vocab, [](float x) { return std::isfinite(x); }) ? 1 : 0;
     }
     return absl::OkStatus();
   }

@@ -164,7 +164,7 @@ const SequenceState* Engine::sequence(SeqId id) const {
 }
 
 absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items) {
-  return step(items, ForwardOptions{cfg_.kv_write, cfg_.attention});
+  return step(items, ForwardOptions{cfg_.kv_write, cfg_.attention, cfg_.graphs == GraphsMode::on});
 }
 
 absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items,
@@ -223,6 +223,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
   b.query_start.assign(1, 0);
   b.context_len.clear();
   b.logits_rows.clear();
+  b.logits_host.clear();
   b.max_query_len = 0;
   b.max_context_len = 0;
   for (size_t i : run) {
@@ -244,7 +245,12 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
     }
     b.query_start.push_back(int32_t(b.token_ids.size()));
     b.context_len.push_back(s.num_computed + it.num_tokens);
-    if (it.sample || it.logits) b.logits_rows.push_back(int32_t(b.token_ids.size()) - 1);
+    if (it.sample || it.logits) {
+      b.logits_rows.push_back(int32_t(b.token_ids.size()) - 1);
+      // Greedy tokens come from the device; logits cross to the host only when asked
+      // for, or for the host sampler (temperature > 0).
+      b.logits_host.push_back((it.logits || (it.sample && s.sampling.temperature != 0.0f)) ? 1 : 0);
+    }
     const auto& full = pool_->page_table(it.id, PoolKind::full);
     std::copy(full.begin(), full.end(), b.block_table_full.begin() + int64_t(r) * b.max_pages_per_seq);
     if (pool_->has_swa()) {
@@ -255,31 +261,33 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
   timings_.prepare_ms = ms_since(t0);
 
   const auto t1 = Clock::now();
-  if (auto st = model_->forward(b, *pool_, opts, logits_); !st.ok()) {
+  if (auto st = model_->forward(b, *pool_, opts, fwd_); !st.ok()) {
     return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
   }
   timings_.forward_ms = ms_since(t1);
 
   const auto t2 = Clock::now();
   const int32_t vocab = model_->spec().vocab;
-  size_t row = 0;
+  size_t row = 0, host_row = 0;
   for (size_t i : run) {
     const StepItem& it = items[i];
     SequenceState& s = seqs_.at(it.id);
     s.num_computed += it.num_tokens;
     pool_->trim_window(it.id);
     if (!it.sample && !it.logits) continue;
-    results[i].logits_row = int32_t(row);
-    const float* lg = logits_.data() + row * size_t(vocab);
-    ++row;
+    const size_t k = row++;
+    const float* lg = nullptr;
+    if (b.logits_host[k]) {
+      results[i].logits_row = int32_t(host_row);
+      lg = fwd_.logits.data() + host_row * size_t(vocab);
+      ++host_row;
+    }
     if (!it.sample) continue;
-    bool finite = true;
-    for (int32_t v = 0; v < vocab && finite; ++v) finite = std::isfinite(lg[v]);
-    if (!finite) {
+    if (!fwd_.finite[k]) {
       results[i].status = absl::InternalError(absl::StrCat("sequence ", it.id, ": non-finite logits"));
       continue;
     }
-    const int32_t tok = sample_token(lg, vocab, s.sampling, s.rng);
+    const int32_t tok = s.sampling.temperature == 0.0f ? fwd_.tokens[k] : sample_token(lg, vocab, s.sampling, s.rng);
     s.tokens.push_back(tok);
     results[i].token = tok;
   }
@@ -287,6 +295,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
   timings_.total_ms = ms_since(t0);
   timings_.num_tokens = b.num_tokens();
   timings_.num_seqs = int32_t(run.size());
+  timings_.graph = fwd_.graph;
   return results;
 }
 

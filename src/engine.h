@@ -31,8 +31,8 @@ struct SequenceState {
 
 // One sequence's share of a step: its next `num_tokens` pending tokens. `sample` asks
 // for a new token, which requires the step to cover all of the pending tokens.
-// `logits` returns the logits of the item's last token without sampling (teacher-forced
-// evaluation in tests and benchmarks).
+// `logits` returns the logits of the item's last token (teacher-forced evaluation in
+// tests and tools), with or without sampling.
 struct StepItem {
   SeqId id = 0;
   int32_t num_tokens = 0;
@@ -54,6 +54,7 @@ struct StepTimings {
   double total_ms = 0;
   int64_t num_tokens = 0;
   int32_t num_seqs = 0;
+  bool graph = false;  // the forward pass ran as a graph
 };
 
 class Engine {
@@ -98,8 +99,11 @@ class Engine {
   // size (their timing is what is measured, not their tokens).
   absl::Status assume_computed(SeqId id, int32_t n);
 
-  // Logits of the last step, [rows, vocab]: one row per item that sampled or asked for logits.
-  const std::vector<float>& last_logits() const { return logits_; }
+  // Logits of the last step, [rows, vocab]: one row per item that asked for logits
+  // (StepItem::logits) or sampled with temperature > 0; StepResult::logits_row indexes it.
+  // Greedy tokens are chosen on the device and bring no logits to the host.
+  const std::vector<float>& last_logits() const { return fwd_.logits; }
+  const GraphStats& graph_stats() const { return model_->graph_stats(); }
   const StepTimings& last_timings() const { return timings_; }
 
  private:
@@ -112,7 +116,7 @@ class Engine {
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<Model> model_;
   std::unordered_map<SeqId, SequenceState> seqs_;
-  std::vector<float> logits_;
+  ForwardResult fwd_;
   StepTimings timings_;
   ForwardBatch batch_;  // reused between steps
 };

@@ -1,5 +1,6 @@
 #include "src/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 
@@ -16,6 +17,8 @@ namespace kvfuse {
   } while (0)
 
 namespace {
+
+int32_t ceil_div(int64_t a, int64_t b) { return int32_t((a + b - 1) / b); }
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -210,6 +213,7 @@ absl::Status Model::init_workspace() {
       {&bt_full_, size_t(S * P) * 4},
       {&bt_swa_, size_t(S * P) * 4},
       {&rows_, size_t(S) * 4},
+      {&argmax_, size_t(2 * S) * 4},
   };
   for (const Want& w : wants) {
     auto b = backend_.alloc(w.bytes);
@@ -257,11 +261,67 @@ absl::Status Model::upload_batch(const ForwardBatch& b) {
   return absl::OkStatus();
 }
 
-absl::Status Model::forward(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts,
-                            std::vector<float>& logits) {
+int32_t Model::graph_batch_bucket(int32_t n) const {
+  int32_t b = n;
+  if (n <= 4) {
+    b = 1;
+    while (b < n) b *= 2;
+  } else {
+    const int32_t step = n <= 64 ? 8 : n <= 256 ? 32 : 64;
+    b = (n + step - 1) / step * step;
+  }
+  const int64_t cap = std::min<int64_t>(limits_.max_seqs, limits_.max_tokens);
+  return int32_t(std::max<int64_t>(n, std::min<int64_t>(b, cap)));
+}
+
+int32_t Model::graph_context_bucket(int32_t max_context_len, int32_t page_size) const {
+  // Powers of two up to 4096 keys, then multiples of 4096: a padded context costs at
+  // most an eighth more keys' worth of block table and split partitions beyond that.
+  int64_t c = 512;
+  while (c < max_context_len && c < 4096) c *= 2;
+  if (c < max_context_len) c = (int64_t(max_context_len) + 4095) / 4096 * 4096;
+  const int64_t cap = int64_t(limits_.max_pages_per_seq) * page_size;
+  return int32_t(std::max<int64_t>(max_context_len, std::min(c, cap)));
+}
+
+void Model::pad_for_graph(const ForwardBatch& in, int32_t ps, ForwardBatch& out) const {
+  const int32_t S = in.num_seqs();
+  const int32_t Sb = graph_batch_bucket(S);
+  const int32_t pages = ceil_div(graph_context_bucket(in.max_context_len, ps), ps);
+  out.token_ids = in.token_ids;
+  out.positions = in.positions;
+  out.slot_mapping = in.slot_mapping;
+  out.token_ids.resize(size_t(Sb), 0);
+  out.positions.resize(size_t(Sb), 0);
+  out.slot_mapping.resize(size_t(Sb), -1);  // padding rows write no KV
+  // Padding sequences own no query rows and no keys: attention skips them, and the rows
+  // past query_start[S] belong to no sequence.
+  out.query_start = in.query_start;
+  out.query_start.resize(size_t(Sb) + 1, in.query_start.back());
+  out.context_len = in.context_len;
+  out.context_len.resize(size_t(Sb), 0);
+  out.max_pages_per_seq = pages;
+  out.max_query_len = 1;
+  out.max_context_len = pages * ps;
+  const auto restride = [&](const std::vector<int32_t>& src, std::vector<int32_t>& dst) {
+    dst.assign(src.empty() ? 0 : size_t(Sb) * size_t(pages), -1);
+    if (src.empty()) return;
+    for (int32_t s = 0; s < S; ++s) {
+      std::copy_n(src.begin() + int64_t(s) * in.max_pages_per_seq, in.max_pages_per_seq,
+                  dst.begin() + int64_t(s) * pages);
+    }
+  };
+  restride(in.block_table_full, out.block_table_full);
+  restride(in.block_table_swa, out.block_table_swa);
+  // Every row's token is computed (the graph does not depend on which rows sample);
+  // the caller's rows are picked out afterwards.
+  out.logits_rows.resize(size_t(Sb));
+  for (int32_t r = 0; r < Sb; ++r) out.logits_rows[size_t(r)] = r;
+  out.logits_host.assign(size_t(Sb), 0);
+}
+
+absl::Status Model::run_body(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts) {
   const ModelSpec& s = spec_;
-  KVFUSE_RETURN_IF_ERROR(upload_batch(b));
-  KVFUSE_RETURN_IF_ERROR(pool.sync_swa_table());
   const int64_t T = b.num_tokens();
   const int64_t qkv_dim = s.qkv_dim();
   bf16_t* x = x_.as<bf16_t>();
@@ -324,14 +384,100 @@ absl::Status Model::forward(const ForwardBatch& b, KvPool& pool, const ForwardOp
   }
 
   const int64_t n = int64_t(b.logits_rows.size());
-  logits.assign(size_t(n * s.vocab), 0.0f);
-  if (n == 0) return backend_.synchronize();
+  if (n == 0) return absl::OkStatus();
   bf16_t* last = last_.as<bf16_t>();
   KVFUSE_RETURN_IF_ERROR(backend_.gather_rows(x, s.hidden, rows_.as<int32_t>(), n, last));
   KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(last, final_norm_.as<bf16_t>(), n, s.hidden, s.rms_eps, last));
   KVFUSE_RETURN_IF_ERROR(backend_.linear_logits(last, n, lm_head_, logits_.as<float>()));
-  KVFUSE_RETURN_IF_ERROR(backend_.copy_to_host(logits.data(), logits_.get(), logits.size() * sizeof(float)));
-  return backend_.synchronize();
+  int32_t* tokens = argmax_.as<int32_t>();
+  return backend_.argmax_rows(logits_.as<float>(), n, s.vocab, tokens, tokens + n);  // flags after the tokens
+}
+
+absl::Status Model::run_graph(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts) {
+  if (backend_.graph_epoch() != graph_epoch_) {
+    // Scratch a graph points at was replaced by a larger eager step: recapture.
+    graph_stats_.invalidated += int64_t(graphs_.size());
+    graphs_.clear();
+    graph_epoch_ = backend_.graph_epoch();
+  }
+  const GraphKey key{b.num_seqs(), b.max_pages_per_seq, opts.kv_write, opts.attention};
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) {
+    ++graph_stats_.replays;
+    return it->second->replay();
+  }
+  // The bucket's first step runs eagerly: that is its result, and it grows every lazily
+  // sized scratch buffer to this shape, so the capture below needs no allocation.
+  KVFUSE_RETURN_IF_ERROR(run_body(b, pool, opts));
+  if (backend_.graph_epoch() != graph_epoch_) {
+    graph_stats_.invalidated += int64_t(graphs_.size());
+    graphs_.clear();
+    graph_epoch_ = backend_.graph_epoch();
+  }
+  KVFUSE_RETURN_IF_ERROR(backend_.begin_capture());
+  const absl::Status recorded = run_body(b, pool, opts);
+  auto graph = backend_.end_capture();  // always ends the capture, even after a failure
+  if (!recorded.ok()) return recorded;
+  if (!graph.ok()) return graph.status();
+  graphs_.emplace(key, std::move(*graph));
+  ++graph_stats_.captures;
+  graph_stats_.num_graphs = int64_t(graphs_.size());
+  return absl::OkStatus();
+}
+
+absl::Status Model::forward(const ForwardBatch& in, KvPool& pool, const ForwardOptions& opts,
+                            ForwardResult& out) {
+  const ModelSpec& s = spec_;
+  out.graph = false;
+  const bool decode_only = in.max_query_len == 1 && in.num_tokens() == in.num_seqs();
+  const bool replay = opts.graph_replay && backend_.supports_graphs();
+  const bool pad = opts.graphs && decode_only && (replay || !opts.graph_replay);
+  const ForwardBatch* b = &in;
+  if (pad) {
+    if (in.logits_rows.size() != in.logits_host.size() || in.query_start.size() != size_t(in.num_seqs()) + 1) {
+      return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+    }
+    pad_for_graph(in, pool.config().page_size, padded_);
+    b = &padded_;
+  }
+  KVFUSE_RETURN_IF_ERROR(upload_batch(*b));
+  KVFUSE_RETURN_IF_ERROR(pool.sync_swa_table());
+  if (pad && replay) {
+    KVFUSE_RETURN_IF_ERROR(run_graph(*b, pool, opts));
+    out.graph = true;
+  } else {
+    KVFUSE_RETURN_IF_ERROR(run_body(*b, pool, opts));
+    if (pad) ++graph_stats_.padded_eager;
+  }
+
+  // Results: every computed row's token and flag in one copy, then the logits rows the
+  // caller wants. Padded passes computed row r for token row r; others, row k for k.
+  const int64_t computed = int64_t(b->logits_rows.size());
+  const size_t n = in.logits_rows.size();
+  out.tokens.resize(n);
+  out.finite.resize(n);
+  out.logits.clear();
+  if (n == 0) return backend_.synchronize();
+  host_rows_.resize(size_t(2 * computed));
+  const int32_t* dev = argmax_.as<int32_t>();
+  KVFUSE_RETURN_IF_ERROR(backend_.copy_to_host(host_rows_.data(), dev, host_rows_.size() * sizeof(int32_t)));
+  const size_t vocab = size_t(s.vocab);
+  size_t wanted = 0;
+  for (size_t k = 0; k < n; ++k) wanted += (k < in.logits_host.size() && in.logits_host[k]) ? 1 : 0;
+  out.logits.resize(wanted * vocab);
+  size_t w = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t row = pad ? in.logits_rows[k] : int64_t(k);
+    out.tokens[k] = host_rows_[size_t(row)];
+    out.finite[k] = host_rows_[size_t(computed + row)];
+    if (k < in.logits_host.size() && in.logits_host[k]) {
+      KVFUSE_RETURN_IF_ERROR(backend_.copy_to_host(out.logits.data() + w * vocab,
+                                                   logits_.as<float>() + size_t(row) * vocab,
+                                                   vocab * sizeof(float)));
+      ++w;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvfuse

@@ -2,7 +2,9 @@
 // layer, and hybrids of window and full layers) running on a Backend.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,7 +26,8 @@ struct ForwardBatch {
   int32_t max_pages_per_seq = 0;
   int32_t max_query_len = 0;
   int32_t max_context_len = 0;
-  std::vector<int32_t> logits_rows;  // rows of T whose logits are returned
+  std::vector<int32_t> logits_rows;  // rows of T whose greedy token (and maybe logits) are returned
+  std::vector<uint8_t> logits_host;  // per logits row: 1 copies the row's logits to the host
 
   int64_t num_tokens() const { return int64_t(token_ids.size()); }
   int32_t num_seqs() const { return int32_t(context_len.size()); }
@@ -33,6 +36,31 @@ struct ForwardBatch {
 struct ForwardOptions {
   KvWritePath kv_write = KvWritePath::fused;
   AttentionPath attention = AttentionPath::unified;
+  // Decode-only batches run as a graph captured per (batch bucket, context bucket, paths)
+  // on backends that have graphs; elsewhere, and for batches with prefill rows, eagerly.
+  bool graphs = true;
+  // With graphs: false pads the batch to its bucket exactly as a replay would but runs it
+  // eagerly (tests compare the two; a replay must equal it bit for bit).
+  bool graph_replay = true;
+};
+
+// What a forward pass returns per logits row: the greedy token is computed on the device,
+// so only rows whose logits are wanted on the host (evaluation, non-greedy sampling)
+// cross the bus.
+struct ForwardResult {
+  std::vector<int32_t> tokens;  // [logits rows] greedy token (first index of the maximum)
+  std::vector<int32_t> finite;  // [logits rows] 1 if every logit of the row is finite
+  std::vector<float> logits;    // [rows with logits_host set, vocab], in logits-row order
+  bool graph = false;           // the pass replayed (or captured) a graph
+};
+
+// Counters of the graph path, for tests and logs.
+struct GraphStats {
+  int64_t captures = 0;       // graphs recorded (each after one eager run of its bucket)
+  int64_t replays = 0;        // steps that replayed a graph
+  int64_t padded_eager = 0;   // steps padded to a bucket and run eagerly (graph_replay off)
+  int64_t invalidated = 0;    // graphs dropped because backend scratch memory was replaced
+  int64_t num_graphs = 0;     // graphs held now
 };
 
 // Host bf16 weights in the model's fused layouts, handed over one piece at a time so that
@@ -90,10 +118,23 @@ class Model {
   const ModelSpec& spec() const { return spec_; }
   const ModelLimits& limits() const { return limits_; }
 
-  // Runs the batch, writes the new K/V of every layer into `pool`, and returns the
-  // logits of `batch.logits_rows` as [rows, vocab] fp32 on the host.
-  absl::Status forward(const ForwardBatch& batch, KvPool& pool, const ForwardOptions& opts,
-                       std::vector<float>& logits);
+  // Runs the batch, writes the new K/V of every layer into `pool`, and returns for each
+  // of `batch.logits_rows` the greedy token, a finiteness flag and, where
+  // `batch.logits_host` asks, the fp32 logits.
+  //
+  // With opts.graphs, a decode-only batch (one token per sequence) on a backend with
+  // graphs is padded to its bucket — sequences to graph_batch_bucket(), keys to
+  // graph_context_bucket() — and replays the graph of (bucket, write path, attention
+  // path), captured after the bucket's first, eager, run. Padding rows have slot -1 (no
+  // KV write) and belong to no sequence (attention skips them).
+  absl::Status forward(const ForwardBatch& batch, KvPool& pool, const ForwardOptions& opts, ForwardResult& out);
+
+  const GraphStats& graph_stats() const { return graph_stats_; }
+  // Buckets: up to 4 sequences a power of two, then multiples of 8 up to 64, of 32 up to
+  // 256, of 64 beyond; never above the limits. Context: a power of two from 512 to
+  // 4096 keys, then a multiple of 4096; at most max_pages_per_seq pages.
+  int32_t graph_batch_bucket(int32_t num_seqs) const;
+  int32_t graph_context_bucket(int32_t max_context_len, int32_t page_size) const;
 
  private:
   struct Layer {
@@ -105,6 +146,24 @@ class Model {
   absl::Status init_weights(HostWeightSource& weights);
   absl::Status init_workspace();
   absl::Status upload_batch(const ForwardBatch& b);
+  // Every op of the pass after the metadata upload, through argmax_rows: what a graph holds.
+  absl::Status run_body(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts);
+  void pad_for_graph(const ForwardBatch& in, int32_t page_size, ForwardBatch& out) const;
+  absl::Status run_graph(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts);
+
+  struct GraphKey {
+    int32_t seqs, pages;
+    KvWritePath write;
+    AttentionPath attention;
+    bool operator<(const GraphKey& o) const {
+      return std::tie(seqs, pages, write, attention) < std::tie(o.seqs, o.pages, o.write, o.attention);
+    }
+  };
+  std::map<GraphKey, std::unique_ptr<BackendGraph>> graphs_;
+  uint64_t graph_epoch_ = 0;
+  GraphStats graph_stats_;
+  ForwardBatch padded_;  // reused between steps
+  std::vector<int32_t> host_rows_;  // tokens then finite flags of every computed row
 
   Backend& backend_;
   ModelSpec spec_;
@@ -117,6 +176,7 @@ class Model {
   // Workspace, sized for limits_.
   DeviceBuffer x_, h_, qkv_, attn_, gate_up_, act_, last_, logits_, kv_scratch_;
   DeviceBuffer ids_, pos_, slots_, qstart_, ctx_, bt_full_, bt_swa_, rows_;
+  DeviceBuffer argmax_;  // [2, max_seqs] int32: greedy tokens, then finiteness flags
 };
 
 // Deterministic synthetic weight value i of tensor `tensor` (counter-based, so any

@@ -1,6 +1,8 @@
 // Helpers shared by the engine-level tests.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -81,6 +83,64 @@ inline std::vector<std::vector<float>> teacher_forced_logits(Engine& e, SeqId id
   }
   REQUIRE(e.release(id).ok());
   return rows;
+}
+
+inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return a.size() == b.size() ? m : INFINITY;
+}
+
+// A decode schedule that moves between graph buckets: 3 sequences decode `steps` steps,
+// 2 more join (batch 5), then 2 leave (batch 3 again). Prompts of `prompt_len` tokens,
+// prefilled one sequence per step; every decode step asks for logits. Returns every
+// decode step's tokens and logits rows, in order.
+struct ScheduleRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+  int64_t graph_steps = 0;  // decode steps whose forward pass ran as a graph
+};
+inline ScheduleRun run_bucket_schedule(Engine& e, const ForwardOptions& opts, int32_t prompt_len, int steps,
+                                       SeqId first = 1000) {
+  ScheduleRun out;
+  const int32_t vocab = e.spec().vocab;
+  std::vector<SeqId> live;
+  auto join = [&](SeqId id) {
+    const auto prompt = prompt_of(prompt_len, int32_t(id - first), vocab);  // same prompts for any `first`
+    REQUIRE(e.add_sequence(id, prompt, SamplingParams{}).ok());
+    auto r = e.step({StepItem{id, prompt_len, true, false}}, opts);
+    REQUIRE(r.ok());
+    REQUIRE((*r)[0].status.ok());
+    live.push_back(id);
+  };
+  auto decode = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      std::vector<StepItem> items;
+      for (SeqId id : live) items.push_back(StepItem{id, 1, true, true});
+      auto r = e.step(items, opts);
+      REQUIRE(r.ok());
+      out.graph_steps += e.last_timings().graph ? 1 : 0;
+      for (const StepResult& x : *r) {
+        REQUIRE(x.status.ok());
+        REQUIRE(x.logits_row >= 0);
+        out.tokens.push_back(*x.token);
+        const float* lg = e.last_logits().data() + size_t(x.logits_row) * size_t(vocab);
+        out.logits.insert(out.logits.end(), lg, lg + vocab);
+      }
+    }
+  };
+  for (SeqId id = first; id < first + 3; ++id) join(id);
+  decode(steps);
+  join(first + 3);
+  join(first + 4);
+  decode(steps);
+  for (SeqId id : {first + 1, first + 3}) {
+    REQUIRE(e.release(id).ok());
+    live.erase(std::find(live.begin(), live.end(), id));
+  }
+  decode(steps);
+  for (SeqId id : live) REQUIRE(e.release(id).ok());
+  return out;
 }
 
 }  // namespace kvfuse::testing

@@ -137,6 +137,58 @@ TEST_CASE("gpu backend: row and elementwise ops match the CPU within one bf16 ul
   check_close(pc, pg, 1, 2e-3f, "rope");
 }
 
+TEST_CASE("gpu backend: greedy argmax and the finiteness flag equal the CPU's on every row",
+          "[gpu][sampling]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend();
+  // Rows of random logits with planted cases: ties of the maximum (the lowest index
+  // wins), the maximum in the first and last column, +inf, -inf, NaN (flagged not
+  // finite), all equal, and vocabularies that are not multiples of the block size.
+  for (int64_t vocab : {int64_t(1), int64_t(31), int64_t(1000), int64_t(128256)}) {
+    CAPTURE(vocab);
+    const int64_t rows = 12;
+    std::mt19937 rng{uint32_t(vocab)};
+    std::normal_distribution<float> dist(0.0f, 3.0f);
+    std::vector<float> lg(size_t(rows * vocab));
+    for (auto& v : lg) v = dist(rng);
+    auto row = [&](int64_t r) { return lg.data() + r * vocab; };
+    const int64_t last = vocab - 1, mid = vocab / 2;
+    row(0)[mid] = 50.0f;
+    row(0)[last] = 50.0f;  // tie: mid wins (or 0 when vocab is 1)
+    row(1)[0] = 60.0f;
+    row(2)[last] = 60.0f;
+    row(3)[mid] = INFINITY;
+    row(4)[mid] = -INFINITY;
+    row(5)[last] = NAN;
+    std::fill(row(6), row(6) + vocab, 1.5f);  // all equal: token 0
+    std::fill(row(7), row(7) + vocab, -INFINITY);
+    for (int64_t c = 0; c < vocab; c += 3) row(8)[c] = 20.0f;  // many ties: token 0
+    auto run = [&](Backend& b) {
+      Mirror<float> in(b, lg);
+      Mirror<int32_t> tok(b, size_t(rows)), fin(b, size_t(rows));
+      REQUIRE(b.argmax_rows(in.ptr(), rows, vocab, tok.ptr(), fin.ptr()).ok());
+      return std::make_pair(tok.read(b), fin.read(b));
+    };
+    const auto [ct, cf] = run(*cpu);
+    const auto [gt, gf] = run(*gpu);
+    CHECK(cf == gf);
+    for (int64_t r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      if (cf[size_t(r)]) CHECK(ct[size_t(r)] == gt[size_t(r)]);  // a flagged row's token is not used
+    }
+    CHECK(cf[3] == 0);
+    CHECK(cf[5] == 0);
+    CHECK(cf[7] == 0);
+    CHECK(cf[0] == 1);
+    if (vocab > 2) CHECK(gt[0] == int32_t(mid));
+    CHECK(gt[1] == 0);
+    CHECK(gt[2] == int32_t(last));
+    CHECK(gt[6] == 0);
+    CHECK(gt[8] == 0);
+  }
+}
+
 TEST_CASE("gpu backend: linear layers match OpenBLAS within fp32 accumulation and one bf16 ulp",
           "[gpu][gemm]") {
   auto gpu = gpu_or_skip();

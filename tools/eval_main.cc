@@ -37,7 +37,7 @@ absl::StatusOr<StepResult> run_pending(Engine& e, SeqId id, bool sample) {
   for (;;) {
     const int32_t pending = e.sequence(id)->num_pending();
     const bool last = pending <= chunk;
-    auto r = e.step({StepItem{id, last ? pending : chunk, last && sample, last && !sample}});
+    auto r = e.step({StepItem{id, last ? pending : chunk, last && sample, last}});
     if (!r.ok()) return r.status();
     if (!(*r)[0].status.ok()) return (*r)[0].status;
     if (last) return (*r)[0];

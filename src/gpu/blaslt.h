@@ -10,6 +10,7 @@ using blasLtMatmulDesc_t = hipblasLtMatmulDesc_t;
 using blasLtMatrixLayout_t = hipblasLtMatrixLayout_t;
 using blasLtMatmulPreference_t = hipblasLtMatmulPreference_t;
 using blasLtMatmulHeuristicResult_t = hipblasLtMatmulHeuristicResult_t;
+using blasLtMatmulAlgo_t = hipblasLtMatmulAlgo_t;
 using blasStatus_t = hipblasStatus_t;
 #define BLAS_STATUS_SUCCESS HIPBLAS_STATUS_SUCCESS
 #define BLAS_COMPUTE_32F HIPBLAS_COMPUTE_32F
@@ -40,6 +41,7 @@ using blasLtMatmulDesc_t = cublasLtMatmulDesc_t;
 using blasLtMatrixLayout_t = cublasLtMatrixLayout_t;
 using blasLtMatmulPreference_t = cublasLtMatmulPreference_t;
 using blasLtMatmulHeuristicResult_t = cublasLtMatmulHeuristicResult_t;
+using blasLtMatmulAlgo_t = cublasLtMatmulAlgo_t;
 using blasStatus_t = cublasStatus_t;
 #define BLAS_STATUS_SUCCESS CUBLAS_STATUS_SUCCESS
 #define BLAS_COMPUTE_32F CUBLAS_COMPUTE_32F

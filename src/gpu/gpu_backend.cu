@@ -4,8 +4,12 @@
 // (copy_to_host, synchronize), so a step has no host synchronisation inside it.
 #include "kernels/gpu.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -53,6 +57,7 @@ class GpuBackend final : public Backend {
   }
   ~GpuBackend() override {
     if (stream_) cudaStreamSynchronize(stream_);
+    plans_.clear();
     blas_workspace_.reset();
     split_scratch_.reset();
     gemm_f32_.reset();
@@ -137,10 +142,12 @@ class GpuBackend final : public Backend {
     // With a bias the GEMM result stays fp32 until the bias is in: one bf16 rounding.
     const size_t need = size_t(m * w.n) * sizeof(float);
     if (need > gemm_f32_.bytes()) {
+      if (capturing_) return absl::FailedPreconditionError("linear: fp32 scratch must grow during a capture");
       if (auto st = synchronize(); !st.ok()) return st;  // the old buffer may still be in use
       auto b = alloc(need * 2);
       if (!b.ok()) return b.status();
       gemm_f32_ = std::move(*b);
+      ++graph_epoch_;
     }
     if (auto st = gemm(x, m, w, gemm_f32_.get(), BLAS_R_32F); !st.ok()) return st;
     return cuda_status(
@@ -188,19 +195,47 @@ class GpuBackend final : public Backend {
         gpu::attention_split_scratch_bytes(args.batch.num_tokens, args.num_q_heads, args.cache.head_dim,
                                            args.batch.max_context_len, kSplitPartition);
     if (need > split_scratch_.bytes()) {
+      if (capturing_) return absl::FailedPreconditionError("attention: split scratch must grow during a capture");
       if (auto st = synchronize(); !st.ok()) return st;  // the old buffer may still be in use
       auto b = alloc(need * 2);
       if (!b.ok()) return b.status();
       split_scratch_ = std::move(*b);
+      ++graph_epoch_;
     }
     return cuda_status(gpu::launch_attention_split(args, split_scratch_.get(), kSplitPartition, stream_),
                        "attention_split");
   }
+  absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                           int32_t* finite) override {
+    return cuda_status(gpu::launch_argmax_rows(logits, rows, vocab, tokens, finite, stream_), "argmax_rows");
+  }
+
+  bool supports_graphs() const override { return true; }
+  absl::Status begin_capture() override {
+    if (capturing_) return absl::FailedPreconditionError("begin_capture: a capture is already open");
+    // Thread-local mode: other threads' runtime calls neither join nor break the capture.
+    KVFUSE_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<BackendGraph>> end_capture() override {
+    if (!capturing_) return absl::FailedPreconditionError("end_capture without begin_capture");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    KVFUSE_CUDA(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    KVFUSE_CUDA(err);
+    return std::unique_ptr<BackendGraph>(new Graph(exec, stream_));
+  }
+  uint64_t graph_epoch() const override { return graph_epoch_; }
 
  private:
   GpuBackend() = default;
 
   absl::Status init(int device) {
+    device_ = device;
     KVFUSE_CUDA(cudaSetDevice(device));
     cudaDeviceProp prop{};
     KVFUSE_CUDA(cudaGetDeviceProperties(&prop, device));
@@ -227,62 +262,190 @@ class GpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // GEMM plans: descriptors per shape (host objects, made once), and the algorithm.
+  struct GemmKey {
+    int64_t m, n, k;
+    int out_type;
+    bool operator<(const GemmKey& o) const {
+      return std::tie(m, n, k, out_type) < std::tie(o.m, o.n, o.k, o.out_type);
+    }
+  };
+  struct GemmPlan {
+    blasLtMatmulDesc_t desc = nullptr;
+    blasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    blasLtMatmulAlgo_t algo{};
+    GemmPlan() = default;
+    GemmPlan(const GemmPlan&) = delete;
+    GemmPlan& operator=(const GemmPlan&) = delete;
+    ~GemmPlan() {
+      if (d) blasLtMatrixLayoutDestroy(d);
+      if (b) blasLtMatrixLayoutDestroy(b);
+      if (a) blasLtMatrixLayoutDestroy(a);
+      if (desc) blasLtMatmulDescDestroy(desc);
+    }
+  };
+  // Decode-sized GEMMs (m <= kTuneMaxRows) are memory bound, and the library's first
+  // heuristic choice is often not its fastest there: each such shape is timed once over
+  // the heuristic's candidates and the fastest kept. The choice is shared by every
+  // backend in the process (two engines A/B-ed side by side must run the same kernels
+  // to produce the same bytes). KVFUSE_GEMM_TUNE=0 keeps the first heuristic choice;
+  // KVFUSE_GEMM_TUNE_LOG=1 prints each decision to stderr.
+  static constexpr int64_t kTuneMaxRows = 512;
+  static constexpr int kTuneCandidates = 8;
+  static constexpr size_t kL2FlushBytes = size_t(128) << 20;  // above any current GPU's L2
+  static std::mutex& tuned_mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<std::pair<int, GemmKey>, blasLtMatmulAlgo_t>& tuned_algos() {
+    static auto* m = new std::map<std::pair<int, GemmKey>, blasLtMatmulAlgo_t>();
+    return *m;
+  }
+  static bool env_flag(const char* name, bool dflt) {
+    const char* v = std::getenv(name);
+    return v == nullptr || *v == '\0' ? dflt : std::string(v) != "0";
+  }
+
+  absl::StatusOr<GemmPlan*> gemm_plan(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
+                                      decltype(BLAS_R_32F) out_type) {
+    const GemmKey key{m, w.n, w.k, int(out_type)};
+    auto found = plans_.find(key);
+    if (found != plans_.end()) return found->second.get();
+    auto plan = std::make_unique<GemmPlan>();
+    const auto t = BLAS_OP_T, n = BLAS_OP_N;
+    KVFUSE_BLAS(blasLtMatmulDescCreate(&plan->desc, BLAS_COMPUTE_32F, BLAS_R_32F));
+    KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->a, BLAS_R_16BF, uint64_t(w.k), uint64_t(w.n), int64_t(w.k)));
+    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->b, BLAS_R_16BF, uint64_t(w.k), uint64_t(m), int64_t(w.k)));
+    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->d, out_type, uint64_t(w.n), uint64_t(m), int64_t(w.n)));
+
+    const std::pair<int, GemmKey> tuned_key{device_, key};
+    {
+      std::lock_guard<std::mutex> lock(tuned_mutex());
+      auto it = tuned_algos().find(tuned_key);
+      if (it != tuned_algos().end()) {
+        plan->algo = it->second;
+        return plans_.emplace(key, std::move(plan)).first->second.get();
+      }
+    }
+    struct Pref {
+      blasLtMatmulPreference_t p = nullptr;
+      ~Pref() {
+        if (p) blasLtMatmulPreferenceDestroy(p);
+      }
+    } pref;
+    KVFUSE_BLAS(blasLtMatmulPreferenceCreate(&pref.p));
+    const size_t ws = blas_workspace_.bytes();
+    KVFUSE_BLAS(
+        blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    blasLtMatmulHeuristicResult_t heur[kTuneCandidates] = {};
+    int found_n = 0;
+    const bool tune = !capturing_ && m <= kTuneMaxRows && env_flag("KVFUSE_GEMM_TUNE", true);
+    KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p,
+                                             tune ? kTuneCandidates : 1, heur, &found_n));
+    if (found_n == 0) {
+      return absl::InternalError(
+          absl::StrCat(KVFUSE_BLASLT_NAME, ": no algorithm for a ", m, "x", w.n, "x", w.k, " bf16 GEMM"));
+    }
+    int best = 0;
+    if (tune && found_n > 1) {
+      // Time each candidate on the real operands (the output is rewritten by the call
+      // that follows): one untimed run, then the mean of three, each after a write of
+      // more bytes than the L2 holds, so that the weights come from device memory as
+      // they do in a model step (a warm L2 favours other kernels for the small shapes).
+      if (l2_flush_.bytes() == 0) {
+        auto f = alloc(kL2FlushBytes);
+        if (!f.ok()) return f.status();
+        l2_flush_ = std::move(*f);
+      }
+      std::vector<float> ms(size_t(found_n), -1.0f);
+      cudaEvent_t e0 = nullptr, e1 = nullptr;
+      KVFUSE_CUDA(cudaEventCreate(&e0));
+      KVFUSE_CUDA(cudaEventCreate(&e1));
+      const float alpha = 1.0f, beta = 0.0f;
+      for (int c = 0; c < found_n; ++c) {
+        auto launch = [&] {
+          return blasLtMatmul(blas_, plan->desc, &alpha, w.w.get(), plan->a, x, plan->b, &beta, out, plan->d, out,
+                              plan->d, &heur[c].algo, blas_workspace_.get(), ws, stream_);
+        };
+        if (launch() != BLAS_STATUS_SUCCESS) continue;
+        float total = 0.0f;
+        bool ok = true;
+        for (int r = 0; r < 3 && ok; ++r) {
+          cudaMemsetAsync(l2_flush_.get(), r, l2_flush_.bytes(), stream_);
+          cudaEventRecord(e0, stream_);
+          ok = launch() == BLAS_STATUS_SUCCESS;
+          cudaEventRecord(e1, stream_);
+          float t_ms = 0.0f;
+          ok = ok && cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&t_ms, e0, e1) == cudaSuccess;
+          total += t_ms;
+        }
+        if (ok) ms[size_t(c)] = total / 3.0f;
+      }
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      KVFUSE_CUDA(cudaStreamSynchronize(stream_));
+      for (int c = 0; c < found_n; ++c) {
+        if (ms[size_t(c)] >= 0 && (ms[size_t(best)] < 0 || ms[size_t(c)] < ms[size_t(best)])) best = c;
+      }
+      if (env_flag("KVFUSE_GEMM_TUNE_LOG", false)) {
+        std::fprintf(stderr,
+                     "kvfuse gemm tune %lldx%lldx%lld %s: %d candidates, heuristic first %.4f ms, chosen #%d "
+                     "%.4f ms\n",
+                     (long long)m, (long long)w.n, (long long)w.k, out_type == BLAS_R_32F ? "f32" : "bf16", found_n,
+                     double(ms[0]), best, double(ms[size_t(best)]));
+      }
+    }
+    plan->algo = heur[best].algo;
+    if (tune) {
+      std::lock_guard<std::mutex> lock(tuned_mutex());
+      tuned_algos().emplace(tuned_key, plan->algo);
+    }
+    return plans_.emplace(key, std::move(plan)).first->second.get();
+  }
+
   // out[m, n] = x[m, k] * w[n, k]^T, fp32 accumulation. Column-major view: out^T (n x m)
   // = op(W) (n x k, W stored k x n, transposed) * x^T (k x m).
   absl::Status gemm(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
                     decltype(BLAS_R_32F) out_type) {
     if (m <= 0) return absl::OkStatus();
-    // Descriptors are created per call: a few microseconds of host work, no device
-    // work. (A per-shape cache belongs with graph capture.)
-    struct Descs {
-      blasLtMatmulDesc_t desc = nullptr;
-      blasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-      blasLtMatmulPreference_t pref = nullptr;
-      ~Descs() {
-        if (pref) blasLtMatmulPreferenceDestroy(pref);
-        if (d) blasLtMatrixLayoutDestroy(d);
-        if (b) blasLtMatrixLayoutDestroy(b);
-        if (a) blasLtMatrixLayoutDestroy(a);
-        if (desc) blasLtMatmulDescDestroy(desc);
-      }
-    } h;
-    auto& desc = h.desc;
-    auto& a = h.a;
-    auto& b = h.b;
-    auto& d = h.d;
-    auto& pref = h.pref;
-    const auto t = BLAS_OP_T, n = BLAS_OP_N;
-    KVFUSE_BLAS(blasLtMatmulDescCreate(&desc, BLAS_COMPUTE_32F, BLAS_R_32F));
-    KVFUSE_BLAS(blasLtMatmulDescSetAttribute(desc, BLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-    KVFUSE_BLAS(blasLtMatmulDescSetAttribute(desc, BLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
-    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&a, BLAS_R_16BF, uint64_t(w.k), uint64_t(w.n), int64_t(w.k)));
-    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&b, BLAS_R_16BF, uint64_t(w.k), uint64_t(m), int64_t(w.k)));
-    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&d, out_type, uint64_t(w.n), uint64_t(m), int64_t(w.n)));
-    KVFUSE_BLAS(blasLtMatmulPreferenceCreate(&pref));
-    const size_t ws = blas_workspace_.bytes();
-    KVFUSE_BLAS(
-        blasLtMatmulPreferenceSetAttribute(pref, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    blasLtMatmulHeuristicResult_t heur{};
-    int found = 0;
-    KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, desc, a, b, d, d, pref, 1, &heur, &found));
-    if (found == 0) {
-      return absl::InternalError(
-          absl::StrCat(KVFUSE_BLASLT_NAME, ": no algorithm for a ", m, "x", w.n, "x", w.k, " bf16 GEMM"));
-    }
+    auto plan = gemm_plan(x, m, w, out, out_type);
+    if (!plan.ok()) return plan.status();
+    GemmPlan& p = **plan;
     const float alpha = 1.0f, beta = 0.0f;
-    KVFUSE_BLAS(blasLtMatmul(blas_, desc, &alpha, w.w.get(), a, x, b, &beta, out, d, out, d, &heur.algo,
-                             blas_workspace_.get(), ws, stream_));
+    KVFUSE_BLAS(blasLtMatmul(blas_, p.desc, &alpha, w.w.get(), p.a, x, p.b, &beta, out, p.d, out, p.d, &p.algo,
+                             blas_workspace_.get(), blas_workspace_.bytes(), stream_));
     return absl::OkStatus();
   }
 
+  class Graph final : public BackendGraph {
+   public:
+    Graph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+    ~Graph() override { cudaGraphExecDestroy(exec_); }
+    absl::Status replay() override {
+      KVFUSE_CUDA(cudaGraphLaunch(exec_, stream_));
+      return absl::OkStatus();
+    }
+
+   private:
+    cudaGraphExec_t exec_;
+    cudaStream_t stream_;
+  };
+
   std::string description_;
+  int device_ = 0;
+  std::map<GemmKey, std::unique_ptr<GemmPlan>> plans_;
   bool fnuz_ = false;
+  bool capturing_ = false;
+  uint64_t graph_epoch_ = 0;
   gpu::KvWriteLaunch kv_launch_;
   cudaStream_t stream_ = nullptr;
   blasLtHandle_t blas_ = nullptr;
   DeviceBuffer blas_workspace_;
   DeviceBuffer split_scratch_;
   DeviceBuffer gemm_f32_;  // fp32 GEMM results of biased linear layers
+  DeviceBuffer l2_flush_;  // written between timed GEMM candidates (tuning only)
 };
 
 }  // namespace
