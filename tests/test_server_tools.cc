@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "tests/run_command.h"
 #include "tests/test_server_util.h"
 
 using namespace kvfuse;
@@ -10,16 +11,7 @@ using namespace kvfuse::testing;
 
 namespace {
 
-// Runs a command; returns its exit status and what it printed (stdout and stderr).
-std::pair<int, std::string> run(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+std::pair<int, std::string> run(const std::string& cmd) { return kvfuse::testing::run_command(cmd); }
 
 }  // namespace
 

@@ -2,6 +2,9 @@
 // build and one device. The two engines run interleaved, A B A B, over a grid of batch
 // sizes and context lengths; each cell reports decode tokens/s, step time and the A/B
 // ratio with a 95% confidence interval, as a table, JSON and an SVG plot.
+//
+// With --server ADDR twice it measures two running kvfuse servers over gRPC instead
+// (bench/ab/ab_server.h): side A the first, side B the second.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -10,6 +13,10 @@
 #include <sstream>
 
 #include "bench/ab/ab_stats.h"
+#include "bench/synthetic_cell.h"
+#ifdef KVFUSE_AB_WITH_SERVER
+#include "bench/ab/ab_server.h"
+#endif
 #include "src/config.h"
 #include "src/engine.h"
 
@@ -46,28 +53,6 @@ struct Side {
   std::unique_ptr<Engine> engine;
 };
 
-// Starts `batch` sequences whose first `context` tokens count as computed (a synthetic
-// context: decode reads that many keys), ready to decode.
-absl::Status start_cell(Engine& e, int batch, int context, SeqId first_id) {
-  const int32_t vocab = e.spec().vocab;
-  for (int i = 0; i < batch; ++i) {
-    std::vector<int32_t> prompt(static_cast<size_t>(context));
-    for (int t = 0; t < context; ++t) prompt[size_t(t)] = (t * 31 + i * 7 + 1) % vocab;
-    const SeqId id = first_id + SeqId(i);
-    if (auto st = e.add_sequence(id, std::move(prompt), SamplingParams{}); !st.ok()) return st;
-    if (auto st = e.assume_computed(id, context - 1); !st.ok()) return st;
-  }
-  // The last prompt token of every sequence in one step: the first sampled token.
-  std::vector<StepItem> items;
-  for (int i = 0; i < batch; ++i) items.push_back({first_id + SeqId(i), 1, true});
-  auto r = e.step(items);
-  if (!r.ok()) return r.status();
-  for (const auto& x : *r) {
-    if (!x.status.ok()) return x.status;
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<ab::Sample> decode(Engine& e, int batch, int steps, SeqId first_id) {
   std::vector<StepItem> items;
   for (int i = 0; i < batch; ++i) items.push_back({first_id + SeqId(i), 1, true});
@@ -85,16 +70,34 @@ absl::StatusOr<ab::Sample> decode(Engine& e, int batch, int steps, SeqId first_i
   return ab::Sample{ms / steps, 1000.0 * batch * steps / ms};
 }
 
+// The table on stdout, then the JSON and SVG files if asked for: the same in both modes.
+void write_outputs(const std::vector<ab::Cell>& cells, const std::string& a_name, const std::string& b_name,
+                   const json& meta, const std::string& json_path, const std::string& svg_path,
+                   const std::string& title) {
+  std::printf("%s", ab::render_table(cells, a_name, b_name).c_str());
+  if (!json_path.empty()) {
+    std::ofstream(json_path) << ab::to_json(cells, a_name, b_name, meta).dump(2) << "\n";
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  if (!svg_path.empty()) {
+    std::ofstream(svg_path) << ab::render_svg(cells, a_name, b_name, title);
+    std::printf("wrote %s\n", svg_path.c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kvfuse-ab: A/B of two engine configs (default: fused vs unfused KV writes), interleaved"};
   std::string a_path, b_path, batches = "1,8,32", contexts = "512,2048", json_path, svg_path, title;
-  std::vector<std::string> overrides;
+  std::vector<std::string> overrides, servers;
   int reps = 5, warmup = 1, steps = 16;
   app.add_option("--a", a_path, "config A (default: the built-in default with kv_write=fused)");
   app.add_option("--b", b_path, "config B (default: A with kv_write=unfused)");
   app.add_option("-s,--set", overrides, "override a key in both configs: key=value (repeatable)");
+  app.add_option("--server", servers,
+                 "measure a running kvfuse-server over gRPC instead of an in-process engine: give it twice, "
+                 "side A then side B (host:port)");
   app.add_option("--batch", batches, "batch sizes, comma-separated");
   app.add_option("--context", contexts, "context lengths, comma-separated");
   app.add_option("--reps", reps, "measured repetitions per side and cell (>= 5)")->check(CLI::Range(5, 1000));
@@ -119,6 +122,35 @@ int main(int argc, char** argv) {
   for (int v : cs) {
     if (v < 2) return fail("context lengths must be >= 2");
   }
+
+  if (!servers.empty()) {
+#ifdef KVFUSE_AB_WITH_SERVER
+    if (auto st = ab::check_server_args(servers, !a_path.empty() || !b_path.empty()); !st.ok())
+      return fail(std::string(st.message()));
+    if (!overrides.empty()) {
+      return fail("--set configures the in-process engines; with --server, start each kvfuse-server with its "
+                  "own --set key=value");
+    }
+    ab::ServerAbOptions so;
+    so.servers = servers;
+    so.batches = bs;
+    so.contexts = cs;
+    so.reps = reps;
+    so.warmup = warmup;
+    so.steps = steps;
+    auto r = ab::run_server_ab(so);
+    if (!r.ok()) {
+      std::fprintf(stderr, "\n");
+      return fail(std::string(r.status().message()));
+    }
+    write_outputs(r->cells, r->a_name, r->b_name, r->meta, json_path, svg_path,
+                  title.empty() ? r->default_title : title);
+    return 0;
+#else
+    return fail("kvfuse-ab was built without the gRPC client (KVFUSE_BUILD_SERVER=OFF)");
+#endif
+  }
+
   const int max_b = *std::max_element(bs.begin(), bs.end());
   const int max_c = *std::max_element(cs.begin(), cs.end());
 
@@ -177,7 +209,7 @@ int main(int argc, char** argv) {
     for (int c : cs) {
       ab::Cell cell{b, c, {}, {}};
       for (Side& s : sides) {
-        if (auto st = start_cell(*s.engine, b, c, next_id); !st.ok()) {
+        if (auto st = bench::start_synthetic_cell(*s.engine, b, c, next_id); !st.ok()) {
           return fail(s.name + ": " + std::string(st.message()));
         }
       }
@@ -200,7 +232,6 @@ int main(int argc, char** argv) {
     }
   }
   std::fprintf(stderr, "\n");
-  std::printf("%s", ab::render_table(cells, a_name, b_name).c_str());
 
   json meta = {{"model", ea.spec().name},
                {"device", ea.backend().description()},
@@ -210,16 +241,8 @@ int main(int argc, char** argv) {
                {"steps", steps},
                {"config_a", ja},
                {"config_b", jb}};
-  if (!json_path.empty()) {
-    std::ofstream(json_path) << ab::to_json(cells, a_name, b_name, meta).dump(2) << "\n";
-    std::printf("wrote %s\n", json_path.c_str());
-  }
-  if (!svg_path.empty()) {
-    if (title.empty())
-      title =
-          "kvfuse " + a_name + " vs " + b_name + ": " + ea.spec().name + " on " + ea.backend().description();
-    std::ofstream(svg_path) << ab::render_svg(cells, a_name, b_name, title);
-    std::printf("wrote %s\n", svg_path.c_str());
-  }
+  if (title.empty())
+    title = "kvfuse " + a_name + " vs " + b_name + ": " + ea.spec().name + " on " + ea.backend().description();
+  write_outputs(cells, a_name, b_name, meta, json_path, svg_path, title);
   return 0;
 }

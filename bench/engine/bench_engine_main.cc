@@ -1,0 +1,615 @@
+// kvfuse-bench-engine: the engine's decode step against batch size and context length,
+// for one model, with the achieved bandwidth and the ratio to the memory roofline
+// (bf16 weights + attended KV read once per step at a peak bandwidth). Every cell runs
+// each variant (attention unified | split x graphs off | on) interleaved, in rotating
+// order, after a warm-up that covers graph capture; the output is a table, JSON and SVG.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/str_format.h"
+#include "bench/ab/ab_stats.h"
+#include "bench/engine/roofline.h"
+#include "bench/synthetic_cell.h"
+#include "src/config.h"
+#include "src/engine.h"
+
+using namespace kvfuse;
+using namespace kvfuse::bench;
+using nlohmann::json;
+
+namespace {
+
+int fail(const std::string& msg) {
+  std::fprintf(stderr, "\nkvfuse-bench-engine: %s\n", msg.c_str());
+  return 2;
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> v;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) v.push_back(item);
+  }
+  return v;
+}
+
+struct Variant {
+  AttentionPath attention = AttentionPath::unified;
+  bool graphs = false;
+  std::string name() const { return std::string(to_string(attention)) + (graphs ? "/graphs" : "/eager"); }
+};
+
+// One repetition of one variant: mean step time and the bytes a step had to read.
+struct Sample {
+  double step_ms = 0;
+  double bytes = 0;     // mean over the repetition's steps (the context grows by one a step)
+  double kv_bytes = 0;  // its KV part
+  double context = 0;   // mean keys attended per sequence
+};
+
+struct Cell {
+  int batch = 0, context = 0;
+  KvFootprint fp;
+  std::string skip;                    // why it did not run; empty if it ran
+  std::vector<std::vector<Sample>> s;  // [variant][repetition]
+};
+
+struct Figures {
+  double step_ms = 0, ci_ms = 0, tokens_per_s = 0, bytes = 0, kv_bytes = 0, context = 0;
+  double gbs = 0, frac_peak = 0, roofline_ms = 0, ratio = 0, ratio_ci = 0;
+};
+
+struct MeanCi {
+  double mean = 0, half = 0;
+};
+
+MeanCi mean_ci(const std::vector<double>& x) {
+  MeanCi m;
+  const size_t n = x.size();
+  if (n == 0) return m;
+  for (double v : x) m.mean += v / double(n);
+  double var = 0;
+  for (double v : x) var += (v - m.mean) * (v - m.mean);
+  if (n > 1) m.half = ab::t95(int(n)) * std::sqrt(var / double(n - 1) / double(n));
+  return m;
+}
+
+Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs) {
+  Figures f;
+  std::vector<double> ms, ratios;
+  for (const Sample& x : s) {
+    ms.push_back(x.step_ms);
+    ratios.push_back(x.step_ms / roofline_ms(x.bytes, peak_gbs));
+    f.bytes += x.bytes / double(s.size());
+    f.kv_bytes += x.kv_bytes / double(s.size());
+    f.context += x.context / double(s.size());
+  }
+  const MeanCi m = mean_ci(ms), r = mean_ci(ratios);
+  f.step_ms = m.mean;
+  f.ci_ms = m.half;
+  f.tokens_per_s = 1000.0 * batch / m.mean;
+  f.gbs = f.bytes / m.mean / 1e6;
+  f.frac_peak = f.gbs / peak_gbs;
+  f.roofline_ms = roofline_ms(f.bytes, peak_gbs);
+  f.ratio = r.mean;
+  f.ratio_ci = r.half;
+  return f;
+}
+
+// A paired comparison of two variants of one cell: mean of the per-repetition step-time
+// ratios num/den, with its 95% interval.
+struct Comparison {
+  std::string name;
+  int num = 0, den = 0;  // variant indices
+};
+MeanCi compare(const Cell& c, const Comparison& k) {
+  std::vector<double> r;
+  for (size_t i = 0; i < c.s[size_t(k.num)].size(); ++i)
+    r.push_back(c.s[size_t(k.num)][i].step_ms / c.s[size_t(k.den)][i].step_ms);
+  return mean_ci(r);
+}
+
+// `steps` decode steps of every sequence, timed between two device synchronizations.
+absl::StatusOr<double> decode_ms(Engine& e, const std::vector<StepItem>& items, int steps,
+                                 const ForwardOptions& opts) {
+  if (auto st = e.backend().synchronize(); !st.ok()) return st;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int s = 0; s < steps; ++s) {
+    auto r = e.step(items, opts);
+    if (!r.ok()) return r.status();
+    for (const auto& x : *r) {
+      if (!x.status.ok())
+        return absl::Status(x.status.code(), absl::StrFormat("sequence %d: %s", x.id, x.status.message()));
+    }
+  }
+  if (auto st = e.backend().synchronize(); !st.ok()) return st;
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    if (ch == '&')
+      o += "&amp;";
+    else if (ch == '<')
+      o += "&lt;";
+    else if (ch == '>')
+      o += "&gt;";
+    else if (ch == '\'')
+      o += "&apos;";
+    else
+      o += ch;
+  }
+  return o;
+}
+
+// Small multiples, one panel per context: step time / roofline (log y) against batch size
+// (log2 x), a line per variant with 95% intervals, and the roofline at 1.
+std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant>& vars,
+                       const std::vector<int>& contexts, double peak_gbs, const std::string& title,
+                       const std::string& subtitle) {
+  std::vector<int> ctxs;
+  int bmin = 1 << 30, bmax = 0;
+  double lo = 1.0, hi = 1.0;
+  for (int c : contexts) {
+    bool any = false;
+    for (const Cell& cell : cells) {
+      if (cell.context != c || !cell.skip.empty()) continue;
+      any = true;
+      bmin = std::min(bmin, cell.batch);
+      bmax = std::max(bmax, cell.batch);
+      for (size_t v = 0; v < vars.size(); ++v) {
+        const Figures f = figures(cell.s[v], cell.batch, peak_gbs);
+        lo = std::min(lo, f.ratio);
+        hi = std::max(hi, f.ratio + std::min(f.ratio_ci, f.ratio));
+      }
+    }
+    if (any) ctxs.push_back(c);
+  }
+  const double ylo = std::pow(10.0, std::floor(std::log10(lo) * 4) / 4 - 0.05);
+  const double yhi = std::pow(10.0, std::ceil(std::log10(hi) * 4) / 4 + 0.05);
+  const double xlo = std::log2(std::max(1, bmin)) - 0.3, xhi = std::log2(std::max(bmin, bmax)) + 0.3;
+  const int ncol = std::max<int>(1, std::min<int>(4, int(ctxs.size())));
+  const int nrow = std::max<int>(1, (int(ctxs.size()) + ncol - 1) / ncol);
+  const double pw = 300, ph = 230, ml = 70, mt = 100, gap = 80;
+  const double W = std::max(960.0, ml + ncol * (pw + gap) + 10), H = mt + nrow * (ph + 60) + 10;
+  const char* colors[] = {"#1f5fa8", "#c0392b"};  // unified, split
+  std::ostringstream s;
+  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
+    << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
+  s << "<text x='" << ml << "' y='24' font-size='15'>" << xml_escape(title) << "</text>\n";
+  s << "<text x='" << ml << "' y='42' fill='#555'>" << xml_escape(subtitle) << "</text>\n";
+  for (size_t v = 0; v < vars.size(); ++v) {  // legend
+    const double lx = ml + 170.0 * double(v), ly = 64;
+    s << "<line x1='" << lx << "' x2='" << lx + 30 << "' y1='" << ly << "' y2='" << ly << "' stroke='"
+      << colors[vars[v].attention == AttentionPath::split] << "' stroke-width='2'"
+      << (vars[v].graphs ? "" : " stroke-dasharray='6 4'") << "/><text x='" << lx + 36 << "' y='" << ly + 4
+      << "'>" << vars[v].name() << "</text>\n";
+  }
+  auto fmt = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, v >= 100 ? "%.0f" : v >= 1 ? "%.3g" : "%.2g", v);
+    return std::string(b);
+  };
+  for (size_t p = 0; p < ctxs.size(); ++p) {
+    const double x0 = ml + double(p % size_t(ncol)) * (pw + gap),
+                 y0 = mt + double(p / size_t(ncol)) * (ph + 60);
+    auto X = [&](double b) { return x0 + (std::log2(b) - xlo) / (xhi - xlo) * pw; };
+    auto Y = [&](double r) {
+      return y0 + ph - (std::log10(r) - std::log10(ylo)) / std::log10(yhi / ylo) * ph;
+    };
+    s << "<rect x='" << x0 << "' y='" << y0 << "' width='" << pw << "' height='" << ph
+      << "' fill='none' stroke='#999'/>\n";
+    s << "<text x='" << x0 + pw / 2 << "' y='" << y0 - 6
+      << "' text-anchor='middle' font-weight='bold'>context " << ctxs[p] << "</text>\n";
+    for (int e = int(std::floor(std::log10(ylo))); e <= int(std::ceil(std::log10(yhi))); ++e) {
+      for (double m : {1.0, 2.0, 5.0}) {
+        const double v = m * std::pow(10.0, e);
+        if (v < ylo || v > yhi || (m != 1.0 && yhi / ylo > 300)) continue;  // 2 and 5 only over few decades
+        s << "<line x1='" << x0 << "' x2='" << x0 + pw << "' y1='" << Y(v) << "' y2='" << Y(v) << "' stroke='"
+          << (v == 1.0 ? "#333" : "#eee") << "'" << (v == 1.0 ? " stroke-dasharray='3 3'" : "")
+          << "/><text x='" << x0 - 5 << "' y='" << Y(v) + 4 << "' text-anchor='end'>" << fmt(v)
+          << "</text>\n";
+      }
+    }
+    if (ylo <= 1.0 && 1.0 <= yhi)
+      s << "<text x='" << x0 + pw - 4 << "' y='" << Y(1.0) - 4
+        << "' text-anchor='end' fill='#333'>roofline</text>\n";
+    for (int b = 1; b <= bmax; b *= 2) {
+      if (b < bmin) continue;
+      s << "<line x1='" << X(b) << "' x2='" << X(b) << "' y1='" << y0 + ph << "' y2='" << y0 + ph + 4
+        << "' stroke='#333'/><text x='" << X(b) << "' y='" << y0 + ph + 16 << "' text-anchor='middle'>" << b
+        << "</text>\n";
+    }
+    s << "<text x='" << x0 + pw / 2 << "' y='" << y0 + ph + 32
+      << "' text-anchor='middle'>batch size (log2)</text>\n";
+    s << "<text transform='translate(" << x0 - 44 << "," << y0 + ph / 2
+      << ") rotate(-90)' text-anchor='middle'>step time / roofline (log)</text>\n";
+    for (size_t v = 0; v < vars.size(); ++v) {
+      const char* color = colors[vars[v].attention == AttentionPath::split];
+      std::ostringstream path;
+      for (const Cell& cell : cells) {
+        if (cell.context != ctxs[p] || !cell.skip.empty()) continue;
+        const Figures f = figures(cell.s[v], cell.batch, peak_gbs);
+        const double x = X(cell.batch);
+        path << (path.tellp() == 0 ? "M" : " L") << x << "," << Y(f.ratio);
+        s << "<line x1='" << x << "' x2='" << x << "' y1='" << Y(std::max(ylo, f.ratio - f.ratio_ci))
+          << "' y2='" << Y(std::min(yhi, f.ratio + f.ratio_ci)) << "' stroke='" << color << "'/><circle cx='"
+          << x << "' cy='" << Y(f.ratio) << "' r='3' fill='" << color << "'><title>" << vars[v].name()
+          << " batch " << cell.batch << ": " << fmt(f.ratio) << "x roofline, " << fmt(f.step_ms)
+          << " ms</title></circle>\n";
+      }
+      s << "<path d='" << path.str() << "' fill='none' stroke='" << color << "' stroke-width='1.8'"
+        << (vars[v].graphs ? "" : " stroke-dasharray='6 4'") << "/>\n";
+    }
+  }
+  s << "</svg>\n";
+  return s.str();
+}
+
+std::string now_iso8601() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char b[32];
+  std::strftime(b, sizeof b, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kvfuse-bench-engine: decode step time against batch size and context length, and its "
+      "ratio to the memory roofline, for eager/graphs and unified/split attention"};
+  std::string config_path, batches = "1,8,32,64,128,256", contexts = "512,2048,8192,32768";
+  std::string attn_list = "unified,split", graphs_list = "off,on", json_path, svg_path, title;
+  std::vector<std::string> overrides;
+  int steps = 8, reps = 5, warmup = 2;
+  double peak_gbs = 4800, max_kv_gib = -1;
+  app.add_option("--config", config_path, "engine config JSON (default: the built-in defaults)");
+  app.add_option("-s,--set", overrides, "override a config key: key=value (repeatable)");
+  app.add_option("--batch", batches, "batch sizes, comma-separated");
+  app.add_option("--context", contexts, "context lengths, comma-separated");
+  app.add_option("--attention", attn_list, "attention paths: unified,split");
+  app.add_option("--graphs", graphs_list, "graph modes: off,on (no effect on the CPU backend)");
+  app.add_option("--steps", steps, "decode steps per repetition")->check(CLI::Range(1, 100000));
+  app.add_option("--reps", reps, "measured repetitions per variant and cell (>= 3)")
+      ->check(CLI::Range(3, 1000));
+  app.add_option("--warmup", warmup, "unmeasured repetitions first (>= 1 with graphs on)")
+      ->check(CLI::Range(0, 100));
+  app.add_option("--peak-gbs", peak_gbs, "peak memory bandwidth in GB/s (default 4800: H200 HBM3e)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-kv-gib", max_kv_gib,
+                 "KV budget in GiB; bigger cells are skipped (default 100 on a GPU, 2 on the CPU)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--json", json_path, "write every figure as JSON");
+  app.add_option("--svg", svg_path, "write the plot as SVG");
+  app.add_option("--title", title, "plot title");
+  CLI11_PARSE(app, argc, argv);
+  std::string cmdline;
+  for (int i = 0; i < argc; ++i) cmdline += (i ? " " : "") + std::string(argv[i]);
+
+  std::vector<int> bs, cs;
+  try {
+    for (const auto& x : split_list(batches)) bs.push_back(std::stoi(x));
+    for (const auto& x : split_list(contexts)) cs.push_back(std::stoi(x));
+  } catch (const std::exception&) {
+    return fail("--batch and --context take comma-separated integers");
+  }
+  if (bs.empty() || cs.empty()) return fail("--batch and --context need at least one value each");
+  if (*std::min_element(bs.begin(), bs.end()) < 1) return fail("batch sizes must be >= 1");
+  if (*std::min_element(cs.begin(), cs.end()) < 2) return fail("context lengths must be >= 2");
+  std::vector<Variant> vars;
+  for (const auto& a : split_list(attn_list)) {
+    if (a != "unified" && a != "split")
+      return fail("--attention takes unified and/or split, got '" + a + "'");
+    for (const auto& g : split_list(graphs_list)) {
+      if (g != "off" && g != "on") return fail("--graphs takes off and/or on, got '" + g + "'");
+      vars.push_back({a == "split" ? AttentionPath::split : AttentionPath::unified, g == "on"});
+    }
+  }
+  if (vars.empty()) return fail("--attention and --graphs need at least one value each");
+  const bool any_graphs = std::any_of(vars.begin(), vars.end(), [](const Variant& v) { return v.graphs; });
+  if (any_graphs && warmup < 1)
+    return fail("--warmup must be >= 1 with --graphs on: the first step captures a graph");
+
+  json j = json::object();
+  if (!config_path.empty()) {
+    std::ifstream in(config_path);
+    if (!in) return fail("cannot open config file " + config_path);
+    j = json::parse(in, nullptr, false, true);
+    if (j.is_discarded() || !j.is_object()) return fail(config_path + " is not a JSON object");
+  }
+  for (const auto& o : overrides) {
+    if (auto st = apply_config_override(j, o); !st.ok()) return fail(std::string(st.message()));
+  }
+  auto base = config_from_json(j);
+  if (!base.ok()) return fail(std::string(base.status().message()));
+  auto spec_or = resolve_model_spec(*base);
+  if (!spec_or.ok()) return fail(std::string(spec_or.status().message()));
+  const ModelSpec spec = *spec_or;
+  const int elem = base->kv_cache_dtype == KvCacheDtype::bf16 ? 2 : 1;
+  const int ps = base->page_size;
+  auto backend = make_backend(base->device);
+  if (!backend.ok()) return fail(std::string(backend.status().message()));
+  const bool gpu = (*backend)->device() != Device::cpu;
+  if (max_kv_gib <= 0) max_kv_gib = gpu ? 100 : 2;
+  double budget = max_kv_gib * double(int64_t(1) << 30);
+
+  // Sequences grow by one token per decode step of every variant and repetition.
+  const int V = int(vars.size());
+  const int total_steps = (warmup + reps) * V * steps;
+  const int grow = total_steps + 2;
+  const int max_b = *std::max_element(bs.begin(), bs.end());
+  const int mbt = std::max(max_b, j.value("max_batch_tokens", base->max_batch_tokens));
+  const int max_len_limit = std::min(spec.max_position, 1048576);
+  std::vector<Cell> cells;
+  for (int b : bs) {
+    for (int c : cs) {
+      Cell cell;
+      cell.batch = b;
+      cell.context = c;
+      cell.fp = kv_footprint(spec, ps, elem, b, int64_t(c) + grow, mbt);
+      if (int64_t(c) + grow > max_len_limit)
+        cell.skip = absl::StrFormat("skipped: context %d + %d decode steps exceeds %s's max position %d", c,
+                                    total_steps, spec.name, max_len_limit);
+      cells.push_back(cell);
+    }
+  }
+
+  // One engine sized for the largest cells under the KV budget; if it cannot be created
+  // for lack of memory, the budget halves below the largest cell and it tries again.
+  std::unique_ptr<Engine> engine;
+  json used;
+  std::string create_error;  // of the last failed attempt
+  for (;;) {
+    int fb = 0, fc = 0;
+    int64_t full_pages = 0, swa_pages = 0;
+    double biggest = 0;
+    for (Cell& cell : cells) {
+      if (!cell.skip.empty()) continue;
+      const double gib = double(cell.fp.bytes) / double(int64_t(1) << 30);
+      if (double(cell.fp.bytes) > budget) {
+        cell.skip = absl::StrFormat("skipped: needs %.2f GiB of KV (budget %.2f GiB)", gib,
+                                    budget / double(int64_t(1) << 30));
+        continue;
+      }
+      fb = std::max(fb, cell.batch);
+      fc = std::max(fc, cell.context);
+      full_pages = std::max(full_pages, cell.fp.full_pages);
+      swa_pages = std::max(swa_pages, cell.fp.swa_pages);
+      biggest = std::max(biggest, double(cell.fp.bytes));
+    }
+    if (fb == 0) {
+      for (const Cell& cell : cells)
+        std::printf("batch %d context %d: %s\n", cell.batch, cell.context, cell.skip.c_str());
+      if (!create_error.empty()) return fail("cannot create the engine: " + create_error);
+      return fail("no cell fits (see --max-kv-gib, --context)");
+    }
+    used = j;
+    used["max_running_seqs"] = std::max(fb, j.value("max_running_seqs", 1));
+    used["max_batch_tokens"] = mbt;
+    used["max_seq_len"] = std::max(fc + grow, j.value("max_seq_len", 2));
+    used["num_pages"] = std::max(full_pages, j.value("num_pages", int64_t(1)));
+    if (spec.any_swa()) used["swa_num_pages"] = std::max(swa_pages, j.value("swa_num_pages", int64_t(0)));
+    auto cfg = config_from_json(used);
+    if (!cfg.ok()) return fail(std::string(cfg.status().message()));
+    std::fprintf(stderr,
+                 "kvfuse-bench-engine: building engine (%s, %s KV, %.3f GiB of KV pages, weights generated: "
+                 "this can take a while)...\n",
+                 spec.name.c_str(), to_string(cfg->kv_cache_dtype),
+                 double(kv_pool_bytes(spec, ps, elem, used["num_pages"].get<int64_t>(),
+                                      spec.any_swa() ? used["swa_num_pages"].get<int64_t>() : 0)) /
+                     double(int64_t(1) << 30));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto e = Engine::create(*cfg, std::move(*backend));
+    if (e.ok()) {
+      engine = std::move(*e);
+      std::fprintf(stderr, "kvfuse-bench-engine: engine ready in %.1f s\n",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      break;
+    }
+    if (e.status().code() != absl::StatusCode::kResourceExhausted)
+      return fail(std::string(e.status().message()));
+    create_error = std::string(e.status().message());
+    budget = biggest * 0.5;
+    std::fprintf(stderr,
+                 "kvfuse-bench-engine: engine creation failed (%s); retrying with a KV budget of %.2f GiB\n",
+                 std::string(e.status().message()).c_str(), budget / double(int64_t(1) << 30));
+    backend = make_backend(base->device);
+    if (!backend.ok()) return fail(std::string(backend.status().message()));
+  }
+  Engine& e = *engine;
+  const KvWritePath kv_write = e.config().kv_write;
+  const int64_t weight_bytes = decode_weight_bytes(spec);
+  std::printf(
+      "kvfuse-bench-engine: model %s on %s, kv %s, %s write; %d reps (+%d warm-up) of %d decode steps "
+      "per variant and cell\n",
+      spec.name.c_str(), e.backend().description().c_str(), kv_dtype_name(e.kv_dtype()), to_string(kv_write),
+      reps, warmup, steps);
+  std::printf("roofline: (%.3f GB of bf16 weights + KV attended) per step at a peak of %.0f GB/s%s\n",
+              double(weight_bytes) / 1e9, peak_gbs,
+              app.count("--peak-gbs") ? " (--peak-gbs)" : " (default: H200 HBM3e nominal)");
+  for (const Cell& cell : cells) {
+    if (!cell.skip.empty())
+      std::printf("batch %d context %d: %s\n", cell.batch, cell.context, cell.skip.c_str());
+  }
+
+  const size_t n_run =
+      size_t(std::count_if(cells.begin(), cells.end(), [](const Cell& c) { return c.skip.empty(); }));
+  size_t done = 0;
+  SeqId next_id = 1;
+  for (Cell& cell : cells) {
+    if (!cell.skip.empty()) continue;
+    ++done;
+    const int b = cell.batch;
+    cell.s.assign(vars.size(), {});
+    if (auto st =
+            bench::start_synthetic_cell(e, b, cell.context, next_id, ForwardOptions{kv_write, AttentionPath::unified, false});
+        !st.ok()) {
+      return fail(
+          absl::StrFormat("batch %d context %d: starting the sequences: %s", b, cell.context, st.message()));
+    }
+    std::vector<StepItem> items;
+    for (int i = 0; i < b; ++i) items.push_back({next_id + SeqId(i), 1, true});
+    for (int r = 0; r < warmup + reps; ++r) {
+      for (int i = 0; i < V; ++i) {
+        const int v = (r + i) % V;  // rotating order: drift affects every variant alike
+        std::fprintf(stderr, "\rkvfuse-bench-engine: cell %zu/%zu (batch %d, context %d) %-14s %s %d/%d     ",
+                     done, n_run, b, cell.context, vars[size_t(v)].name().c_str(),
+                     r < warmup ? "warm-up" : "rep", r < warmup ? r + 1 : r - warmup + 1,
+                     r < warmup ? warmup : reps);
+        const int64_t ctx0 = e.sequence(next_id)->num_computed + 1;  // keys the first step attends
+        auto ms = decode_ms(e, items, steps,
+                            ForwardOptions{kv_write, vars[size_t(v)].attention, vars[size_t(v)].graphs});
+        if (!ms.ok()) {
+          return fail(absl::StrFormat("batch %d context %d %s: decode step failed: %s", b, cell.context,
+                                      vars[size_t(v)].name(), ms.status().ToString()));
+        }
+        if (r < warmup) continue;
+        Sample smp;
+        smp.step_ms = *ms / steps;
+        for (int t = 0; t < steps; ++t) {
+          const double kv = double(b) * double(decode_kv_bytes_per_seq(spec, ctx0 + t, elem));
+          smp.kv_bytes += kv / steps;
+          smp.bytes += (double(weight_bytes) + kv) / steps;
+        }
+        smp.context = double(ctx0) + (steps - 1) / 2.0;
+        cell.s[size_t(v)].push_back(smp);
+      }
+    }
+    for (int i = 0; i < b; ++i) {
+      if (auto st = e.release(next_id + SeqId(i)); !st.ok()) return fail(std::string(st.message()));
+    }
+    next_id += SeqId(b);
+  }
+  std::fprintf(stderr, "\n");
+
+  // Comparisons: graphs speedup (eager / graphs step time) per attention path, and
+  // split / unified step time per graph mode, where both variants ran.
+  std::vector<Comparison> comps;
+  auto find = [&](AttentionPath a, bool g) {
+    for (int v = 0; v < V; ++v) {
+      if (vars[size_t(v)].attention == a && vars[size_t(v)].graphs == g) return v;
+    }
+    return -1;
+  };
+  for (AttentionPath a : {AttentionPath::unified, AttentionPath::split}) {
+    if (find(a, false) >= 0 && find(a, true) >= 0)
+      comps.push_back({std::string("graphs speedup ") + to_string(a), find(a, false), find(a, true)});
+  }
+  for (bool g : {false, true}) {
+    if (find(AttentionPath::split, g) >= 0 && find(AttentionPath::unified, g) >= 0)
+      comps.push_back({std::string("split/unified ") + (g ? "graphs" : "eager"),
+                       find(AttentionPath::split, g), find(AttentionPath::unified, g)});
+  }
+
+  std::printf("\n%6s %8s  %-15s %10s %9s %11s %9s %7s %11s %10s\n", "batch", "context", "variant", "step ms",
+              "ci95 ms", "tok/s", "GB/s", "%peak", "roofline ms", "x roofline");
+  for (const Cell& cell : cells) {
+    if (!cell.skip.empty()) continue;
+    for (int v = 0; v < V; ++v) {
+      const Figures f = figures(cell.s[size_t(v)], cell.batch, peak_gbs);
+      std::printf("%6d %8d  %-15s %10.3f %9.3f %11.1f %9.2f %7.3f %11.4f %10.2f\n", cell.batch, cell.context,
+                  vars[size_t(v)].name().c_str(), f.step_ms, f.ci_ms, f.tokens_per_s, f.gbs,
+                  100 * f.frac_peak, f.roofline_ms, f.ratio);
+    }
+  }
+  if (!comps.empty()) {
+    std::printf("\n%6s %8s", "batch", "context");
+    for (const auto& k : comps) std::printf("  %22s", k.name.c_str());
+    std::printf("\n");
+    for (const Cell& cell : cells) {
+      if (!cell.skip.empty()) continue;
+      std::printf("%6d %8d", cell.batch, cell.context);
+      for (const auto& k : comps) {
+        const MeanCi m = compare(cell, k);
+        std::printf("  %13.4f ± %6.4f", m.mean, m.half);
+      }
+      std::printf("\n");
+    }
+    std::printf(
+        "(graphs speedup: eager / graphs step time, > 1: graphs faster; split/unified: step time "
+        "ratio, < 1: split faster; ± is the 95%% interval over paired repetitions)\n");
+  }
+
+  const std::string device = e.backend().description();
+  if (!json_path.empty()) {
+    json out;
+    out["meta"] = {{"program", "kvfuse-bench-engine"},
+                   {"model", spec.name},
+                   {"device", device},
+                   {"kv_dtype", kv_dtype_name(e.kv_dtype())},
+                   {"kv_write", to_string(kv_write)},
+                   {"steps", steps},
+                   {"reps", reps},
+                   {"warmup", warmup},
+                   {"peak_gbs", peak_gbs},
+                   {"max_kv_gib", max_kv_gib},
+                   {"weight_bytes", weight_bytes},
+                   {"date", now_iso8601()},
+                   {"command_line", cmdline},
+                   {"config", used}};
+    for (const Variant& v : vars) out["variants"].push_back(v.name());
+    out["cells"] = json::array();
+    out["skipped"] = json::array();
+    for (const Cell& cell : cells) {
+      if (!cell.skip.empty()) {
+        out["skipped"].push_back({{"batch", cell.batch},
+                                  {"context", cell.context},
+                                  {"kv_gib", double(cell.fp.bytes) / double(int64_t(1) << 30)},
+                                  {"reason", cell.skip}});
+        continue;
+      }
+      json jc = {{"batch", cell.batch},
+                 {"context", cell.context},
+                 {"kv_pool_gib", double(cell.fp.bytes) / double(int64_t(1) << 30)}};
+      for (int v = 0; v < V; ++v) {
+        const Figures f = figures(cell.s[size_t(v)], cell.batch, peak_gbs);
+        json jv = {{"variant", vars[size_t(v)].name()}, {"attention", to_string(vars[size_t(v)].attention)},
+                   {"graphs", vars[size_t(v)].graphs},  {"step_ms", f.step_ms},
+                   {"step_ms_ci95_half", f.ci_ms},      {"tokens_per_s", f.tokens_per_s},
+                   {"bytes_per_step", f.bytes},         {"kv_bytes_per_step", f.kv_bytes},
+                   {"mean_context_len", f.context},     {"achieved_gbs", f.gbs},
+                   {"fraction_of_peak", f.frac_peak},   {"roofline_ms", f.roofline_ms},
+                   {"ratio_to_roofline", f.ratio},      {"ratio_to_roofline_ci95_half", f.ratio_ci}};
+        for (const Sample& x : cell.s[size_t(v)])
+          jv["samples"].push_back(
+              {{"step_ms", x.step_ms}, {"bytes_per_step", x.bytes}, {"mean_context_len", x.context}});
+        jc["variants"].push_back(jv);
+      }
+      for (const auto& k : comps) {
+        const MeanCi m = compare(cell, k);
+        jc["comparisons"][k.name] = {{"ratio", m.mean}, {"ci95", {m.mean - m.half, m.mean + m.half}}};
+      }
+      out["cells"].push_back(jc);
+    }
+    std::ofstream f(json_path);
+    f << out.dump(2) << "\n";
+    if (!f) return fail("cannot write " + json_path);
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  if (!svg_path.empty()) {
+    if (title.empty()) title = "kvfuse decode step vs memory roofline: " + spec.name + " on " + device;
+    const std::string sub = absl::StrFormat(
+        "step time / ((bf16 weights + KV attended) at %.0f GB/s); KV %s, %s write; lower is better, 1 = at "
+        "the "
+        "roofline; bars: 95%% CI",
+        peak_gbs, kv_dtype_name(e.kv_dtype()), to_string(kv_write));
+    std::ofstream f(svg_path);
+    f << render_svg(cells, vars, cs, peak_gbs, title, sub);
+    if (!f) return fail("cannot write " + svg_path);
+    std::printf("wrote %s\n", svg_path.c_str());
+  }
+  return 0;
+}

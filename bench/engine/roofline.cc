@@ -1,0 +1,58 @@
+#include "bench/engine/roofline.h"
+
+#include <algorithm>
+
+namespace kvfuse::bench {
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+int64_t decode_weight_bytes(const ModelSpec& spec) {
+  // num_params() counts the embedding table and, untied, the lm_head beside it; the
+  // untied table is not read as a whole.
+  const int64_t embed = int64_t(spec.vocab) * spec.hidden;
+  return 2 * (spec.num_params() - (spec.tie_embeddings ? 0 : embed));
+}
+
+int64_t decode_kv_bytes_per_seq(const ModelSpec& spec, int64_t context_len, int kv_elem_bytes) {
+  int64_t keys = 0;
+  for (int32_t l = 0; l < spec.num_layers; ++l) {
+    const bool swa =
+        size_t(l) < spec.layer_is_swa.size() && spec.layer_is_swa[size_t(l)] && spec.sliding_window > 0;
+    keys += swa ? std::min<int64_t>(context_len, spec.sliding_window) : context_len;
+  }
+  return keys * spec.kv_dim() * 2 * kv_elem_bytes;
+}
+
+int64_t decode_step_bytes(const ModelSpec& spec, int64_t batch, int64_t context_len, int kv_elem_bytes) {
+  return decode_weight_bytes(spec) + batch * decode_kv_bytes_per_seq(spec, context_len, kv_elem_bytes);
+}
+
+double roofline_ms(double bytes, double peak_gbs) { return bytes / (peak_gbs * 1e6); }
+
+int64_t kv_pool_bytes(const ModelSpec& spec, int32_t page_size, int kv_elem_bytes, int64_t full_pages,
+                      int64_t swa_pages) {
+  const int64_t page_bytes = 2 * int64_t(page_size) * spec.kv_dim() * kv_elem_bytes;  // K and V, one layer
+  int64_t total = 0;
+  for (int32_t l = 0; l < spec.num_layers; ++l) {
+    const bool swa = size_t(l) < spec.layer_is_swa.size() && spec.layer_is_swa[size_t(l)];
+    total += page_bytes * (swa ? swa_pages : full_pages);
+  }
+  return total;
+}
+
+KvFootprint kv_footprint(const ModelSpec& spec, int32_t page_size, int kv_elem_bytes, int64_t batch,
+                         int64_t max_len, int32_t max_batch_tokens) {
+  KvFootprint f;
+  const int64_t full_per_seq = ceil_div(max_len, page_size) + 1;
+  f.full_pages = batch * full_per_seq;
+  if (spec.any_swa()) {
+    const int64_t swa_per_seq = ceil_div(int64_t(spec.sliding_window) + max_batch_tokens, page_size) + 1;
+    f.swa_pages = batch * std::min(full_per_seq, swa_per_seq);
+  }
+  f.bytes = kv_pool_bytes(spec, page_size, kv_elem_bytes, f.full_pages, f.swa_pages);
+  return f;
+}
+
+}  // namespace kvfuse::bench

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# End-to-end GPU runs from the bundle that scripts/gpu-bundle.sh builds (a CUDA machine
+# with the driver and CUDA 13, none of the Debian libraries): the engine tests, the
+# engine benchmark and the fused/unfused A/B, as named jobs, in one command:
+#
+#   scripts/gpu-bench.sh [JOB ...]      (default: tests engine-llama ab-target)
+#
+# Jobs:
+#   tests          test_gpu_backend and test_gpu_engine (GPU vs CPU, graph replay vs eager)
+#   engine-llama   kvfuse-bench-engine, llama3-8b, fp8_e4m3 KV: batch x context grid,
+#                  unified/split x eager/graphs
+#   engine-hybrid  the same for hybrid-swa
+#   ab-target      kvfuse-ab, llama3-8b, split, graphs on: batch 32 x context 8192 (the
+#                  issue's cell), 10 repetitions
+#   ab-grid        kvfuse-ab grids: llama3-8b split and unified, hybrid-swa split and
+#                  unified, graphs on, batch 1,4,16,32,64 x context 2048,8192
+# Environment: BENCH_BATCH / BENCH_CONTEXT override the engine grids, AB_BATCH /
+# AB_CONTEXT / AB_REPS / AB_STEPS the A/B grids.
+#
+# Everything lands in $OUT (or build-gpu-bench/): summary.txt, and one gpu-bench.tgz with
+# every job's log, table, JSON and SVG (the device runner returns at most 8 files).
+# Exit status 0 if every job succeeded.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bundle=.device-bundle
+out=${OUT:-build-gpu-bench}
+res=$(mktemp -d)/gpu-bench
+mkdir -p "$out" "$res"
+summary="$out/summary.txt"
+: >"$summary"
+t0=$(date +%s)
+note() { echo "gpu-bench: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
+if [[ ! -x $bundle/kvfuse-bench-engine ]]; then
+  note "FAIL: no $bundle; build it with scripts/gpu-bundle.sh and carry it"
+  exit 1
+fi
+cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+  echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(git status --porcelain 2>/dev/null | wc -l) changed"
+} | tee -a "$summary" >"$res/machine.txt"
+
+status=0
+run() {  # name, command...
+  local name=$1
+  shift
+  echo "\$ $*" >"$res/$name.log"
+  "$@" >>"$res/$name.log" 2>&1
+  local rc=$?
+  ((rc == 0)) || status=1
+  note "$name: exit $rc"
+  return $rc
+}
+
+engine_bench() {  # model
+  local model=$1
+  run "engine_$model" "$bundle/kvfuse-bench-engine" --set model="$model" --set device=cuda \
+    --set kv_cache_dtype=fp8_e4m3 --batch "${BENCH_BATCH:-1,8,32,64,128,256}" \
+    --context "${BENCH_CONTEXT:-512,2048,8192,32768}" --attention unified,split --graphs off,on \
+    --json "$res/engine_$model.json" --svg "$res/engine_$model.svg"
+  grep -vE '^kvfuse-bench-engine: cell|\r' "$res/engine_$model.log" | tail -60 | tee -a "$summary"
+}
+
+ab() {  # name, model, attention, batch, context, reps
+  local name=$1 model=$2 attn=$3
+  run "$name" "$bundle/kvfuse-ab" --set model="$model" --set device=cuda --set kv_cache_dtype=fp8_e4m3 \
+    --set attention="$attn" --set graphs=on --batch "$4" --context "$5" --reps "$6" --steps "${AB_STEPS:-8}" \
+    --json "$res/$name.json" --svg "$res/$name.svg"
+  grep -E '^ +[0-9]+ +[0-9]+ \||batch +context|kvfuse-ab: fused vs' "$res/$name.log" | tee -a "$summary"
+}
+
+jobs=("$@")
+((${#jobs[@]})) || jobs=(tests engine-llama ab-target)
+for job in "${jobs[@]}"; do
+  case $job in
+    tests)
+      run test_gpu_backend "$bundle/test_gpu_backend"
+      run test_gpu_engine "$bundle/test_gpu_engine" -s
+      grep -E "^graphs |passed|failed" "$res/test_gpu_engine.log" | tail -20 | tee -a "$summary"
+      ;;
+    engine-llama) engine_bench llama3-8b ;;
+    engine-hybrid) engine_bench hybrid-swa ;;
+    ab-target) ab ab_target_llama3-8b_split llama3-8b split 32 8192 "${AB_REPS:-10}" ;;
+    ab-grid)
+      for run in llama3-8b:split llama3-8b:unified hybrid-swa:split hybrid-swa:unified; do
+        ab "ab_${run%%:*}_${run##*:}" "${run%%:*}" "${run##*:}" "${AB_BATCH:-1,4,16,32,64}" \
+          "${AB_CONTEXT:-2048,8192}" "${AB_REPS:-5}"
+      done
+      ;;
+    *)
+      note "unknown job '$job'"
+      status=1
+      ;;
+  esac
+done
+tar -C "$(dirname "$res")" -czf "$out/gpu-bench.tgz" gpu-bench
+note "$( ((status == 0)) && echo PASS || echo FAIL); results in $out/gpu-bench.tgz"
+exit $status

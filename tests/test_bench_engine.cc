@@ -1,0 +1,182 @@
+// kvfuse-bench-engine: the roofline byte counting against hand-computed figures, and a
+// smoke run of the real binary on the CPU with the tiny model.
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tests/run_command.h"
+#include "tests/catch.h"
+
+#include "bench/engine/roofline.h"
+#include "src/model_spec.h"
+
+using namespace kvfuse;
+using namespace kvfuse::bench;
+
+namespace {
+
+ModelSpec preset(const std::string& name) {
+  auto s = model_preset(name);
+  REQUIRE(s.ok());
+  return *s;
+}
+
+// llama3-8b: vocab 128256, hidden 4096, intermediate 14336, 32 layers, 32 q heads,
+// 8 kv heads, head_dim 128, untied.
+constexpr int64_t kLlamaLayerParams = 4096LL * (4096 + 2 * 1024)  // qkv
+                                      + 4096LL * 4096             // o
+                                      + 2LL * 14336 * 4096        // gate_up
+                                      + 14336LL * 4096            // down
+                                      + 2LL * 4096;               // attn and ffn norms
+static_assert(kLlamaLayerParams == 218112000);
+// Layers, final norm, lm_head; the untied embedding table is not read as a whole.
+constexpr int64_t kLlamaWeightBytes = 2 * (32 * kLlamaLayerParams + 4096 + 128256LL * 4096);
+static_assert(kLlamaWeightBytes == 15009849344LL);
+
+std::pair<int, std::string> run(const std::string& cmd) { return kvfuse::testing::run_command(cmd); }
+
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "kvfuse-bench-engine-XXXXXX").string();
+    REQUIRE(mkdtemp(t.data()) != nullptr);
+    path = t;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+nlohmann::json read_json(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+TEST_CASE("bench engine roofline: llama3-8b weights and full-layer KV bytes", "[bench][roofline]") {
+  const ModelSpec s = preset("llama3-8b");
+  CHECK(decode_weight_bytes(s) == kLlamaWeightBytes);
+  // Batch 8, context 2048, fp8: 8 seqs x 32 layers x 2048 keys x 8 heads x 128 x (K, V) x 1 byte = 1 GiB.
+  CHECK(decode_kv_bytes_per_seq(s, 2048, 1) == 32LL * 2048 * 8 * 128 * 2);
+  CHECK(decode_step_bytes(s, 8, 2048, 1) == kLlamaWeightBytes + (int64_t(1) << 30));
+  CHECK(decode_step_bytes(s, 8, 2048, 2) == kLlamaWeightBytes + (int64_t(2) << 30));
+  // 16,083,591,168 bytes at 4800 GB/s (4.8e12 bytes/s): 3.3507 ms.
+  CHECK(roofline_ms(double(decode_step_bytes(s, 8, 2048, 1)), 4800) == Approx(16083591168.0 / 4.8e12 * 1e3));
+  CHECK(roofline_ms(4.8e9, 4800) == Approx(1.0));
+
+  // Tied embeddings: the table is the lm_head, read once; the byte count is unchanged.
+  ModelSpec tied = s;
+  tied.tie_embeddings = true;
+  CHECK(decode_weight_bytes(tied) == kLlamaWeightBytes);
+  // Without tying, the embedding table is excluded: weights are params minus vocab x hidden.
+  CHECK(decode_weight_bytes(s) == 2 * (s.num_params() - int64_t(s.vocab) * s.hidden));
+}
+
+TEST_CASE("bench engine roofline: hybrid-swa caps window layers at the window", "[bench][roofline]") {
+  const ModelSpec s = preset("hybrid-swa");  // 16 window layers (4096 keys), 16 full layers
+  REQUIRE(s.sliding_window == 4096);
+  CHECK(decode_weight_bytes(s) == kLlamaWeightBytes);  // llama3-8b shapes
+  const int64_t per_key_layer = 8 * 128 * 2 * 2;       // kv heads x head_dim x (K, V) x bf16
+  // Below the window every layer reads the whole context.
+  CHECK(decode_kv_bytes_per_seq(s, 1000, 2) == 32 * 1000 * per_key_layer);
+  CHECK(decode_kv_bytes_per_seq(s, 4096, 2) == 32 * 4096 * per_key_layer);
+  // Beyond it, window layers read 4096 keys, full layers the context.
+  CHECK(decode_kv_bytes_per_seq(s, 8192, 2) == (16 * 8192 + 16 * 4096) * per_key_layer);
+  CHECK(decode_step_bytes(s, 2, 8192, 2) == kLlamaWeightBytes + 2 * (16 * 8192 + 16 * 4096) * per_key_layer);
+  // mistral-7b: the window on every layer.
+  const ModelSpec m = preset("mistral-7b");
+  CHECK(decode_kv_bytes_per_seq(m, 32768, 1) == 32LL * 4096 * 8 * 128 * 2);
+}
+
+TEST_CASE("bench engine roofline: KV pool footprint of a cell", "[bench][roofline]") {
+  const ModelSpec tiny = preset("tiny");  // 4 layers, 2 kv heads, head_dim 64
+  // 100 tokens in pages of 16: 7 pages + 1 spare per sequence; a page of one layer holds
+  // 16 x 2 x 64 x (K, V) x 1 byte = 4096 bytes.
+  const KvFootprint f = kv_footprint(tiny, 16, 1, 2, 100, 512);
+  CHECK(f.full_pages == 16);
+  CHECK(f.swa_pages == 0);
+  CHECK(f.bytes == 4 * 16 * 4096);
+  // hybrid-swa: window layers need the window plus a step's chunk, (4096 + 512) / 16 + 1 pages.
+  const ModelSpec h = preset("hybrid-swa");
+  const KvFootprint g = kv_footprint(h, 16, 1, 3, 8192, 512);
+  CHECK(g.full_pages == 3 * 513);
+  CHECK(g.swa_pages == 3 * 289);
+  CHECK(g.bytes == (16 * 3 * 513 + 16 * 3 * 289) * int64_t(16 * 8 * 128 * 2));
+  // Short sequences: the window pool never needs more than the full table.
+  CHECK(kv_footprint(h, 16, 1, 1, 64, 512).swa_pages == 5);
+}
+
+TEST_CASE("kvfuse-bench-engine: CPU smoke run writes every cell and variant", "[bench][tools]") {
+  TempDir dir;
+  const auto json_path = dir.path / "out.json", svg_path = dir.path / "out.svg";
+  auto [rc, out] = run(std::string(KVFUSE_BENCH_ENGINE_BIN) +
+                       " --set device=cpu --set model=tiny --batch 1,2 --context 32,64 --steps 2 --reps 3 "
+                       "--warmup 1 --json " +
+                       json_path.string() + " --svg " + svg_path.string());
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(out.find("x roofline") != std::string::npos);
+  CHECK(out.find("graphs speedup unified") != std::string::npos);
+  const nlohmann::json j = read_json(json_path);
+  CHECK(j["meta"]["model"] == "tiny");
+  CHECK(j["meta"]["device"].get<std::string>().find("cpu") != std::string::npos);
+  CHECK(j["meta"]["peak_gbs"].get<double>() == 4800.0);
+  CHECK(j["meta"]["reps"] == 3);
+  CHECK(j["meta"]["command_line"].get<std::string>().find("--context 32,64") != std::string::npos);
+  CHECK(j["skipped"].empty());
+  REQUIRE(j["cells"].size() == 4);
+  std::set<std::pair<int, int>> seen;
+  for (const auto& c : j["cells"]) {
+    seen.insert({c["batch"].get<int>(), c["context"].get<int>()});
+    REQUIRE(c["variants"].size() == 4);
+    std::set<std::string> names;
+    for (const auto& v : c["variants"]) {
+      names.insert(v["variant"].get<std::string>());
+      CHECK(v["step_ms"].get<double>() > 0);
+      CHECK(v["tokens_per_s"].get<double>() > 0);
+      CHECK(v["achieved_gbs"].get<double>() > 0);
+      CHECK(v["ratio_to_roofline"].get<double>() > 0);
+      CHECK(v["samples"].size() == 3);
+      // The context grows during the run: what a step attends is at least the nominal context.
+      CHECK(v["mean_context_len"].get<double>() > c["context"].get<double>());
+    }
+    CHECK(names == std::set<std::string>{"unified/eager", "unified/graphs", "split/eager", "split/graphs"});
+    CHECK(c["comparisons"].contains("graphs speedup unified"));
+    CHECK(c["comparisons"].contains("split/unified eager"));
+  }
+  CHECK(seen == std::set<std::pair<int, int>>{{1, 32}, {1, 64}, {2, 32}, {2, 64}});
+  std::ifstream svg(svg_path);
+  const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(text.find("<svg") != std::string::npos);
+  CHECK(text.find("context 64") != std::string::npos);
+}
+
+TEST_CASE("kvfuse-bench-engine: cells beyond the KV budget or the model are skipped", "[bench][tools]") {
+  TempDir dir;
+  const auto json_path = dir.path / "out.json";
+  // tiny: 1 KiB of fp8 KV per token; 4096 tokens do not fit 0.001 GiB, 8192 exceed its max position.
+  auto [rc, out] = run(std::string(KVFUSE_BENCH_ENGINE_BIN) +
+                       " --set device=cpu --batch 1 --context 32,4096,8192 --attention unified --graphs off "
+                       "--steps 1 --reps 3 --warmup 0 --max-kv-gib 0.001 --json " +
+                       json_path.string());
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(out.find("skipped: needs") != std::string::npos);
+  const nlohmann::json j = read_json(json_path);
+  REQUIRE(j["cells"].size() == 1);
+  CHECK(j["cells"][0]["context"] == 32);
+  CHECK(j["cells"][0]["variants"].size() == 1);
+  REQUIRE(j["skipped"].size() == 2);
+  CHECK(j["skipped"][0]["context"] == 4096);
+  CHECK(j["skipped"][0]["reason"].get<std::string>().find("needs") != std::string::npos);
+  CHECK(j["skipped"][1]["context"] == 8192);
+  CHECK(j["skipped"][1]["reason"].get<std::string>().find("max position") != std::string::npos);
+}
