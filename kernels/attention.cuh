@@ -14,7 +14,8 @@
 //   sized from the multiprocessor count) writing (max, sum, partial output) per partition,
 //   a log-sum-exp merge kernel, and for prefill rows the unified kernel restricted to them.
 //   Unified has no split-KV: a decode row is one block, so small decode batches with long
-//   contexts (fewer blocks than multiprocessors) belong on the split path.
+//   contexts (fewer blocks than multiprocessors) belong on the split path (the GPU
+//   backend routes them there).
 //
 // All launchers are asynchronous, never read device memory on the host, and are safe to
 // capture in a CUDA/HIP graph. Grids come from host fields of AttnBatch (num_seqs,

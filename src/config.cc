@@ -52,7 +52,9 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"kv_cache_dtype", "bf16 | fp8_e4m3 | fp8_e5m2",
        "KV cache element type; fp8_e4m3 is stored as e4m3fn, or e4m3fnuz on gfx942 (default fp8_e4m3)"},
       {"kv_write", "fused | unfused", "KV write path: one fused kernel, or scale/cast/scatter stages"},
-      {"attention", "unified | split", "attention path (default unified)"},
+      {"attention", "unified | split",
+       "attention path (default unified; on a GPU a decode-only batch too small to fill it takes the split-KV "
+       "kernel)"},
       {"graphs", "on | off",
        "decode steps replay a CUDA/HIP graph captured per batch bucket (default on; no effect on the CPU)"},
       {"page_size", "1 .. 1024", "tokens per KV page (default 16)"},
