@@ -94,7 +94,8 @@ for job in "${jobs[@]}"; do
       status=1
       ;;
   esac
+  # After every job, so that a run stopped at a time limit still returns what finished.
+  tar -C "$(dirname "$res")" -czf "$out/gpu-bench.tgz" gpu-bench
 done
-tar -C "$(dirname "$res")" -czf "$out/gpu-bench.tgz" gpu-bench
 note "$( ((status == 0)) && echo PASS || echo FAIL); results in $out/gpu-bench.tgz"
 exit $status
