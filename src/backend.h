@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/kv_types.h"
+#include "kernels/sampling.h"
 #include "src/config.h"
 
 namespace kvfuse {
@@ -115,6 +116,11 @@ class Backend {
   // row is finite, else 0.
   virtual absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
                                    int32_t* finite) = 0;
+
+  // Per row with params[row].temperature > 0: the sampled token into tokens[row]
+  // (kernels/sampling.h has the rule; greedy rows are not written).
+  virtual absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
+                                   int32_t* tokens) = 0;
 
   // Graphs. Between begin_capture and end_capture the ops are recorded, not run; the
   // graph replays them. supports_graphs() is false on backends without graphs (the CPU).

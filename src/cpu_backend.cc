@@ -12,6 +12,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/kv_write.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/sampling.h"
 #include "src/sampler.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
@@ -143,6 +144,13 @@ class CpuBackend final : public Backend {
       const float* row = logits + r * vocab;
       tokens[r] = argmax(row, int32_t(vocab));
       finite[r] = std::all_of(row, row + vocab, [](float x) { return std::isfinite(x); }) ? 1 : 0;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
+                           int32_t* tokens) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (params[r].temperature != 0.0f) tokens[r] = cpu::sample_row(logits + r * vocab, vocab, params[r]);
     }
     return absl::OkStatus();
   }

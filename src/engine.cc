@@ -224,6 +224,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
   b.context_len.clear();
   b.logits_rows.clear();
   b.logits_host.clear();
+  b.sampling.clear();
   b.max_query_len = 0;
   b.max_context_len = 0;
   for (size_t i : run) {
@@ -247,9 +248,16 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
     b.context_len.push_back(s.num_computed + it.num_tokens);
     if (it.sample || it.logits) {
       b.logits_rows.push_back(int32_t(b.token_ids.size()) - 1);
-      // Greedy tokens come from the device; logits cross to the host only when asked
-      // for, or for the host sampler (temperature > 0).
-      b.logits_host.push_back((it.logits || (it.sample && s.sampling.temperature != 0.0f)) ? 1 : 0);
+      // Tokens are chosen on the device; logits cross to the host only when asked for.
+      b.logits_host.push_back(it.logits ? 1 : 0);
+      RowSampling rs;
+      if (it.sample && s.sampling.temperature != 0.0f) {
+        rs.temperature = s.sampling.temperature;
+        rs.top_k = s.sampling.top_k;
+        rs.top_p = s.sampling.top_p;
+        rs.u = seqs_.at(it.id).rng.uniform();  // one draw per sampled token, as sample_token
+      }
+      b.sampling.push_back(rs);
     }
     const auto& full = pool_->page_table(it.id, PoolKind::full);
     std::copy(full.begin(), full.end(), b.block_table_full.begin() + int64_t(r) * b.max_pages_per_seq);
@@ -267,7 +275,6 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
   timings_.forward_ms = ms_since(t1);
 
   const auto t2 = Clock::now();
-  const int32_t vocab = model_->spec().vocab;
   size_t row = 0, host_row = 0;
   for (size_t i : run) {
     const StepItem& it = items[i];
@@ -276,18 +283,13 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
     pool_->trim_window(it.id);
     if (!it.sample && !it.logits) continue;
     const size_t k = row++;
-    const float* lg = nullptr;
-    if (b.logits_host[k]) {
-      results[i].logits_row = int32_t(host_row);
-      lg = fwd_.logits.data() + host_row * size_t(vocab);
-      ++host_row;
-    }
+    if (b.logits_host[k]) results[i].logits_row = int32_t(host_row++);
     if (!it.sample) continue;
     if (!fwd_.finite[k]) {
       results[i].status = absl::InternalError(absl::StrCat("sequence ", it.id, ": non-finite logits"));
       continue;
     }
-    const int32_t tok = s.sampling.temperature == 0.0f ? fwd_.tokens[k] : sample_token(lg, vocab, s.sampling, s.rng);
+    const int32_t tok = s.sampling.temperature == 0.0f ? fwd_.tokens[k] : fwd_.sampled[k];
     s.tokens.push_back(tok);
     results[i].token = tok;
   }

@@ -213,7 +213,8 @@ absl::Status Model::init_workspace() {
       {&bt_full_, size_t(S * P) * 4},
       {&bt_swa_, size_t(S * P) * 4},
       {&rows_, size_t(S) * 4},
-      {&argmax_, size_t(2 * S) * 4},
+      {&argmax_, size_t(3 * S) * 4},
+      {&sampling_, size_t(S) * sizeof(RowSampling)},
   };
   for (const Want& w : wants) {
     auto b = backend_.alloc(w.bytes);
@@ -258,6 +259,16 @@ absl::Status Model::upload_batch(const ForwardBatch& b) {
   KVFUSE_RETURN_IF_ERROR(up(bt_full_, b.block_table_full));
   if (!b.block_table_swa.empty()) KVFUSE_RETURN_IF_ERROR(up(bt_swa_, b.block_table_swa));
   KVFUSE_RETURN_IF_ERROR(up(rows_, b.logits_rows));
+  if (!b.sampling.empty() && b.sampling.size() != b.logits_rows.size()) {
+    return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+  }
+  if (b.sampling.empty()) {
+    // Every row greedy.
+    sampling_host_.assign(b.logits_rows.size(), RowSampling{});
+    KVFUSE_RETURN_IF_ERROR(up(sampling_, sampling_host_));
+  } else {
+    KVFUSE_RETURN_IF_ERROR(up(sampling_, b.sampling));
+  }
   return absl::OkStatus();
 }
 
@@ -318,6 +329,10 @@ void Model::pad_for_graph(const ForwardBatch& in, int32_t ps, ForwardBatch& out)
   out.logits_rows.resize(size_t(Sb));
   for (int32_t r = 0; r < Sb; ++r) out.logits_rows[size_t(r)] = r;
   out.logits_host.assign(size_t(Sb), 0);
+  out.sampling.assign(size_t(Sb), RowSampling{});
+  for (size_t k = 0; k < in.logits_rows.size() && k < in.sampling.size(); ++k) {
+    out.sampling[size_t(in.logits_rows[k])] = in.sampling[k];
+  }
 }
 
 absl::Status Model::run_body(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts) {
@@ -390,7 +405,9 @@ absl::Status Model::run_body(const ForwardBatch& b, KvPool& pool, const ForwardO
   KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(last, final_norm_.as<bf16_t>(), n, s.hidden, s.rms_eps, last));
   KVFUSE_RETURN_IF_ERROR(backend_.linear_logits(last, n, lm_head_, logits_.as<float>()));
   int32_t* tokens = argmax_.as<int32_t>();
-  return backend_.argmax_rows(logits_.as<float>(), n, s.vocab, tokens, tokens + n);  // flags after the tokens
+  // Greedy tokens, then the finiteness flags, then the sampled tokens.
+  KVFUSE_RETURN_IF_ERROR(backend_.argmax_rows(logits_.as<float>(), n, s.vocab, tokens, tokens + n));
+  return backend_.sample_rows(logits_.as<float>(), n, s.vocab, sampling_.as<RowSampling>(), tokens + 2 * n);
 }
 
 absl::Status Model::run_graph(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts) {
@@ -456,9 +473,10 @@ absl::Status Model::forward(const ForwardBatch& in, KvPool& pool, const ForwardO
   const size_t n = in.logits_rows.size();
   out.tokens.resize(n);
   out.finite.resize(n);
+  out.sampled.resize(n);
   out.logits.clear();
   if (n == 0) return backend_.synchronize();
-  host_rows_.resize(size_t(2 * computed));
+  host_rows_.resize(size_t(3 * computed));
   const int32_t* dev = argmax_.as<int32_t>();
   KVFUSE_RETURN_IF_ERROR(backend_.copy_to_host(host_rows_.data(), dev, host_rows_.size() * sizeof(int32_t)));
   const size_t vocab = size_t(s.vocab);
@@ -470,6 +488,7 @@ absl::Status Model::forward(const ForwardBatch& in, KvPool& pool, const ForwardO
     const int64_t row = pad ? in.logits_rows[k] : int64_t(k);
     out.tokens[k] = host_rows_[size_t(row)];
     out.finite[k] = host_rows_[size_t(computed + row)];
+    out.sampled[k] = host_rows_[size_t(2 * computed + row)];
     if (k < in.logits_host.size() && in.logits_host[k]) {
       KVFUSE_RETURN_IF_ERROR(backend_.copy_to_host(out.logits.data() + w * vocab,
                                                    logits_.as<float>() + size_t(row) * vocab,

@@ -28,6 +28,7 @@ struct ForwardBatch {
   int32_t max_context_len = 0;
   std::vector<int32_t> logits_rows;  // rows of T whose greedy token (and maybe logits) are returned
   std::vector<uint8_t> logits_host;  // per logits row: 1 copies the row's logits to the host
+  std::vector<RowSampling> sampling; // per logits row: temperature > 0 samples on the device
 
   int64_t num_tokens() const { return int64_t(token_ids.size()); }
   int32_t num_seqs() const { return int32_t(context_len.size()); }
@@ -44,12 +45,12 @@ struct ForwardOptions {
   bool graph_replay = true;
 };
 
-// What a forward pass returns per logits row: the greedy token is computed on the device,
-// so only rows whose logits are wanted on the host (evaluation, non-greedy sampling)
-// cross the bus.
+// What a forward pass returns per logits row: the greedy and the sampled token are
+// computed on the device, so only rows whose logits are asked for cross the bus.
 struct ForwardResult {
   std::vector<int32_t> tokens;  // [logits rows] greedy token (first index of the maximum)
   std::vector<int32_t> finite;  // [logits rows] 1 if every logit of the row is finite
+  std::vector<int32_t> sampled; // [logits rows] token drawn under the row's RowSampling (temperature > 0)
   std::vector<float> logits;    // [rows with logits_host set, vocab], in logits-row order
   bool graph = false;           // the pass replayed (or captured) a graph
 };
@@ -163,7 +164,8 @@ class Model {
   uint64_t graph_epoch_ = 0;
   GraphStats graph_stats_;
   ForwardBatch padded_;  // reused between steps
-  std::vector<int32_t> host_rows_;  // tokens then finite flags of every computed row
+  std::vector<int32_t> host_rows_;  // tokens, finite flags, sampled tokens of every computed row
+  std::vector<RowSampling> sampling_host_;  // all-greedy parameters when a batch brings none
 
   Backend& backend_;
   ModelSpec spec_;
@@ -176,7 +178,8 @@ class Model {
   // Workspace, sized for limits_.
   DeviceBuffer x_, h_, qkv_, attn_, gate_up_, act_, last_, logits_, kv_scratch_;
   DeviceBuffer ids_, pos_, slots_, qstart_, ctx_, bt_full_, bt_swa_, rows_;
-  DeviceBuffer argmax_;  // [2, max_seqs] int32: greedy tokens, then finiteness flags
+  DeviceBuffer argmax_;  // [3, rows] int32: greedy tokens, finiteness flags, sampled tokens
+  DeviceBuffer sampling_;  // [max_seqs] RowSampling
 };
 
 // Deterministic synthetic weight value i of tensor `tensor` (counter-based, so any

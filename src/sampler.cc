@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/sampling.h"
 
 namespace kvfuse {
 
@@ -60,44 +61,12 @@ int32_t argmax(const float* logits, int32_t vocab) {
 
 int32_t sample_token(const float* logits, int32_t vocab, const SamplingParams& p, Rng& rng) {
   if (p.temperature == 0.0f) return argmax(logits, vocab);
-  // Candidates sorted by logit, descending; ties by token id so the order is total.
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  const int32_t k = p.top_k > 0 ? p.top_k : vocab;
-  auto by_logit = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), by_logit);
-  order.resize(size_t(k));
-
-  std::vector<double> prob(order.size());
-  const double top = logits[order[0]];
-  double sum = 0.0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    prob[i] = std::exp((double(logits[order[i]]) - top) / double(p.temperature));
-    sum += prob[i];
-  }
-  // Nucleus: the smallest prefix whose probability reaches top_p.
-  size_t keep = order.size();
-  if (p.top_p < 1.0f) {
-    double cum = 0.0;
-    for (size_t i = 0; i < order.size(); ++i) {
-      cum += prob[i] / sum;
-      if (cum >= double(p.top_p)) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
-  double kept = 0.0;
-  for (size_t i = 0; i < keep; ++i) kept += prob[i];
-  const double u = rng.uniform() * kept;
-  double cum = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    cum += prob[i];
-    if (u < cum) return order[i];
-  }
-  return order[keep - 1];
+  RowSampling row;
+  row.temperature = p.temperature;
+  row.top_k = p.top_k;
+  row.top_p = p.top_p;
+  row.u = rng.uniform();
+  return cpu::sample_row(logits, vocab, row);
 }
 
 }  // namespace kvfuse

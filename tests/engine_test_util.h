@@ -93,21 +93,24 @@ inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>&
 
 // A decode schedule that moves between graph buckets: 3 sequences decode `steps` steps,
 // 2 more join (batch 5), then 2 leave (batch 3 again). Prompts of `prompt_len` tokens,
-// prefilled one sequence per step; every decode step asks for logits. Returns every
-// decode step's tokens and logits rows, in order.
+// prefilled one sequence per step; every decode step asks for logits. `sampling` (seed
+// offset by the sequence's rank) for every sequence. Returns every decode step's tokens
+// and logits rows, in order.
 struct ScheduleRun {
   std::vector<int32_t> tokens;
   std::vector<float> logits;
   int64_t graph_steps = 0;  // decode steps whose forward pass ran as a graph
 };
 inline ScheduleRun run_bucket_schedule(Engine& e, const ForwardOptions& opts, int32_t prompt_len, int steps,
-                                       SeqId first = 1000) {
+                                       SeqId first = 1000, const SamplingParams& sampling = SamplingParams{}) {
   ScheduleRun out;
   const int32_t vocab = e.spec().vocab;
   std::vector<SeqId> live;
   auto join = [&](SeqId id) {
     const auto prompt = prompt_of(prompt_len, int32_t(id - first), vocab);  // same prompts for any `first`
-    REQUIRE(e.add_sequence(id, prompt, SamplingParams{}).ok());
+    SamplingParams sp = sampling;
+    sp.seed += uint64_t(id - first);  // a stream per sequence, the same for any `first`
+    REQUIRE(e.add_sequence(id, prompt, sp).ok());
     auto r = e.step({StepItem{id, prompt_len, true, false}}, opts);
     REQUIRE(r.ok());
     REQUIRE((*r)[0].status.ok());
@@ -141,6 +144,29 @@ inline ScheduleRun run_bucket_schedule(Engine& e, const ForwardOptions& opts, in
   decode(steps);
   for (SeqId id : live) REQUIRE(e.release(id).ok());
   return out;
+}
+
+// Decodes `steps` tokens of one sequence with seeded sampling, asking for logits too,
+// and counts the steps whose token equals sample_token on the returned logits with a
+// copy of the sequence's stream: the engine's (device) sampler against the reference.
+inline std::pair<int, int> sampled_tokens_match_reference(Engine& e, const SamplingParams& sp, int steps,
+                                                          SeqId id = 77) {
+  const int32_t vocab = e.spec().vocab;
+  const auto prompt = prompt_of(40, 5, vocab);
+  REQUIRE(e.add_sequence(id, prompt, sp).ok());
+  Rng ref(sp.seed);
+  int32_t pending = int32_t(prompt.size());
+  int equal = 0;
+  for (int i = 0; i < steps; ++i) {
+    auto r = e.step({StepItem{id, pending, true, true}});
+    REQUIRE(r.ok());
+    REQUIRE((*r)[0].status.ok());
+    const float* lg = e.last_logits().data() + size_t((*r)[0].logits_row) * size_t(vocab);
+    equal += sample_token(lg, vocab, sp, ref) == *(*r)[0].token ? 1 : 0;
+    pending = 1;
+  }
+  REQUIRE(e.release(id).ok());
+  return {equal, steps};
 }
 
 }  // namespace kvfuse::testing

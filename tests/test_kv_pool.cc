@@ -90,6 +90,7 @@ class HostTestBackend final : public Backend {
   size_t kv_write_scratch_bytes(int64_t, int64_t) const override { return 0; }
   absl::Status attention(const AttnArgs&, AttentionPath) override { return no(); }
   absl::Status argmax_rows(const float*, int64_t, int64_t, int32_t*, int32_t*) override { return no(); }
+  absl::Status sample_rows(const float*, int64_t, int64_t, const RowSampling*, int32_t*) override { return no(); }
 
  private:
   static absl::Status no() { return absl::UnimplementedError("test backend: ops are not used by KvPool"); }

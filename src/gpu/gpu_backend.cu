@@ -18,6 +18,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/kv_write.cuh"
 #include "kernels/model_ops.cuh"
+#include "kernels/sampling.cuh"
 #include "src/backend.h"
 #include "src/cpu_backend.h"
 #include "src/gpu/blaslt.h"
@@ -217,6 +218,11 @@ class GpuBackend final : public Backend {
   absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
                            int32_t* finite) override {
     return cuda_status(gpu::launch_argmax_rows(logits, rows, vocab, tokens, finite, stream_), "argmax_rows");
+  }
+
+  absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
+                           int32_t* tokens) override {
+    return cuda_status(gpu::launch_sample_rows(logits, rows, vocab, params, tokens, stream_), "sample_rows");
   }
 
   bool supports_graphs() const override { return true; }

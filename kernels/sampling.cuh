@@ -1,0 +1,18 @@
+// Token sampling on the GPU (CUDA and HIP from one source): the rule of
+// kernels/sampling.h, the same tokens as the CPU reference (kernels/cpu/sampling.cc)
+// for the same logits and draws. One block per row; rows with temperature 0 are left
+// unwritten (their token is the greedy one of launch_argmax_rows). Safe to capture in a
+// graph (parameters and draws are read from device memory).
+#pragma once
+
+#include "kernels/gpu.h"
+#include "kernels/sampling.h"
+
+namespace kvfuse::gpu {
+
+// tokens[r] = the token row r of logits[rows, vocab] samples under params[r], for every
+// row with params[r].temperature > 0.
+cudaError_t launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
+                               int32_t* tokens, cudaStream_t stream);
+
+}  // namespace kvfuse::gpu
