@@ -9,12 +9,13 @@
 #   tests          test_gpu_backend and test_gpu_engine (GPU vs CPU, graph replay vs eager)
 #   engine-llama   kvfuse-bench-engine, llama3-8b, fp8_e4m3 KV: batch x context grid,
 #                  unified/split x eager/graphs
-#   engine-hybrid  the same for hybrid-swa
+#   engine-hybrid  the same for hybrid-swa (engine-qwen: qwen2.5-7b, engine-mistral:
+#                  mistral-7b)
 #   ab-target      kvfuse-ab, llama3-8b, split, graphs on: batch 32 x context 8192 (the
 #                  issue's cell), 10 repetitions
 #   ab-grid        kvfuse-ab grids: llama3-8b split and unified, hybrid-swa split and
 #                  unified, graphs on, batch 1,4,16,32,64 x context 2048,8192
-# Environment: BENCH_BATCH / BENCH_CONTEXT override the engine grids, AB_BATCH /
+# Environment: BENCH_BATCH / BENCH_CONTEXT / BENCH_ATTENTION override the engine grids, AB_BATCH /
 # AB_CONTEXT / AB_REPS / AB_STEPS the A/B grids.
 #
 # Everything lands in $OUT (or build-gpu-bench/): summary.txt, and one gpu-bench.tgz with
@@ -58,7 +59,7 @@ engine_bench() {  # model
   local model=$1
   run "engine_$model" "$bundle/kvfuse-bench-engine" --set model="$model" --set device=cuda \
     --set kv_cache_dtype=fp8_e4m3 --batch "${BENCH_BATCH:-1,8,32,64,128,256}" \
-    --context "${BENCH_CONTEXT:-512,2048,8192,32768}" --attention unified,split --graphs off,on \
+    --context "${BENCH_CONTEXT:-512,2048,8192,32768}" --attention "${BENCH_ATTENTION:-unified,split}" --graphs off,on \
     --json "$res/engine_$model.json" --svg "$res/engine_$model.svg"
   grep -vE '^kvfuse-bench-engine: cell|\r' "$res/engine_$model.log" | tail -60 | tee -a "$summary"
 }
@@ -82,6 +83,8 @@ for job in "${jobs[@]}"; do
       ;;
     engine-llama) engine_bench llama3-8b ;;
     engine-hybrid) engine_bench hybrid-swa ;;
+    engine-qwen) engine_bench qwen2.5-7b ;;
+    engine-mistral) engine_bench mistral-7b ;;
     ab-target) ab ab_target_llama3-8b_split llama3-8b split 32 8192 "${AB_REPS:-10}" ;;
     ab-grid)
       for run in llama3-8b:split llama3-8b:unified hybrid-swa:split hybrid-swa:unified; do
