@@ -267,6 +267,10 @@ absl::Status EngineLoop::warm_up() {
     if (!(*res)[0].status.ok()) return (*res)[0].status;
   }
   if (auto st = engine_->release(warm_id); !st.ok()) return st;
+  // Decode graphs (GPU, graphs: on): capture every batch bucket now, not on a request.
+  auto warmed = engine_->warm_up_decode_graphs();
+  if (!warmed.ok()) return warmed.status();
+  if (*warmed > 0) spdlog::info("event=graphs_captured buckets={}", *warmed);
 
   limits_ = opts_.limits;
   limits_.vocab = engine_->spec().vocab;

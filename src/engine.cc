@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <unordered_set>
 
@@ -299,6 +300,35 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
   timings_.num_seqs = int32_t(run.size());
   timings_.graph = fwd_.graph;
   return results;
+}
+
+absl::StatusOr<int> Engine::warm_up_decode_graphs() {
+  if (cfg_.graphs != GraphsMode::on || !backend_->supports_graphs()) return 0;
+  const int32_t limit = std::min<int32_t>(cfg_.max_running_seqs, cfg_.max_batch_tokens);
+  std::vector<int32_t> buckets;
+  for (int32_t n = 1; n <= limit; ++n) {
+    const int32_t b = model_->graph_batch_bucket(n);
+    if (b <= limit && (buckets.empty() || buckets.back() != b)) buckets.push_back(b);
+  }
+  // Ids from the top of the range, clear of callers' ids.
+  const SeqId base = std::numeric_limits<SeqId>::max() - SeqId(limit) - 1;
+  int warmed = 0;
+  for (int32_t b : buckets) {
+    std::vector<StepItem> items;
+    absl::Status st;
+    for (int32_t i = 0; i < b && st.ok(); ++i) {
+      st = add_sequence(base + SeqId(i), {int32_t(i % model_->spec().vocab)}, SamplingParams{});
+      if (st.ok()) items.push_back(StepItem{base + SeqId(i), 1, true});
+    }
+    absl::StatusOr<std::vector<StepResult>> r = st.ok() ? step(items) : absl::StatusOr<std::vector<StepResult>>(st);
+    bool all_ok = r.ok();
+    for (size_t i = 0; all_ok && i < r->size(); ++i) all_ok = (*r)[i].status.ok();
+    for (const StepItem& it : items) (void)release(it.id);
+    if (!r.ok()) return r.status();
+    if (!all_ok) break;  // the pool cannot hold this bucket: larger ones neither
+    ++warmed;
+  }
+  return warmed;
 }
 
 absl::Status Engine::assume_computed(SeqId id, int32_t n) {

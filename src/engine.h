@@ -93,6 +93,14 @@ class Engine {
   absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items,
                                                const ForwardOptions& opts);
 
+  // On a backend with graphs and with `graphs: on`: runs one decode-shaped step for every
+  // batch bucket up to max_running_seqs (throw-away one-token sequences), so that each
+  // bucket's graph (context bucket 512, the configured paths) is captured and its GEMM
+  // shapes are tuned before the first request. Returns the number of buckets warmed;
+  // 0 and nothing done elsewhere. Needs no live sequences' pages beyond one per bucket
+  // slot; RESOURCE_EXHAUSTED stops at the largest bucket that fits.
+  absl::StatusOr<int> warm_up_decode_graphs();
+
   // For decode benchmarks: treats the first `n` pending tokens of a sequence as computed
   // without running them. Their pages are reserved; the cache keeps whatever bytes the
   // pages hold, so the decode steps that follow read a synthetic context of the right

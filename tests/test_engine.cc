@@ -334,3 +334,12 @@ TEST_CASE("engine sampling: seeded tokens are the reference sampler's on the ste
   CHECK(gen(1, 9) == gen(2, 9));
   CHECK(gen(3, 9) != gen(4, 10));
 }
+
+TEST_CASE("engine graphs: warming the decode buckets is a no-op without graphs", "[engine][graphs]") {
+  auto e = make_engine();
+  auto warmed = e->warm_up_decode_graphs();
+  REQUIRE(warmed.ok());
+  CHECK(*warmed == 0);  // the CPU backend has no graphs
+  CHECK(e->num_sequences() == 0);
+  CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
+}

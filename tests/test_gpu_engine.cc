@@ -175,3 +175,34 @@ TEST_CASE("gpu engine: seeded sampling on the device, in and out of graphs", "[g
   CHECK(g.logits == p.logits);
   CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
 }
+
+TEST_CASE("gpu engine: warming captures every decode bucket, and requests then replay", "[gpu][engine][graphs]") {
+  auto e = gpu_engine_or_skip({{"max_running_seqs", 16}});
+  if (!e) return;
+  auto warmed = e->warm_up_decode_graphs();
+  REQUIRE(warmed.ok());
+  CHECK(*warmed == 5);  // buckets 1, 2, 4, 8, 16
+  const int64_t captures = e->graph_stats().captures;
+  CHECK(captures == 5);
+  CHECK(e->num_sequences() == 0);
+  CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
+  // Three short sequences: their decode steps (bucket 4, context bucket 512) replay the
+  // graph captured at warm-up.
+  const int32_t vocab = e->spec().vocab;
+  std::vector<StepItem> items;
+  for (SeqId id = 1; id <= 3; ++id) {
+    REQUIRE(e->add_sequence(id, prompt_of(20, int32_t(id), vocab), SamplingParams{}).ok());
+    auto r = e->step({StepItem{id, 20, true}});
+    REQUIRE(r.ok());
+    items.push_back(StepItem{id, 1, true});
+  }
+  const int64_t replays = e->graph_stats().replays;
+  for (int i = 0; i < 4; ++i) {
+    auto r = e->step(items);
+    REQUIRE(r.ok());
+    CHECK(e->last_timings().graph);
+  }
+  CHECK(e->graph_stats().captures == captures);
+  CHECK(e->graph_stats().replays == replays + 4);
+  for (SeqId id = 1; id <= 3; ++id) REQUIRE(e->release(id).ok());
+}
