@@ -5,6 +5,8 @@
 #include <future>
 #include <set>
 
+#include <memory>
+
 #include "tests/test_server_util.h"
 
 using namespace kvfuse;
@@ -12,11 +14,14 @@ using namespace kvfuse::testing;
 
 TEST_CASE("server: 80 concurrent Generate streams and router calls share steps and equal the engine's output",
           "[server][stream]") {
-  auto t = TestServer::start();
+  // The engine's output is recorded per sequence as the steps return it (an in-process
+  // rerun would batch differently, and the CPU's GEMM sums a step of one or two rows in
+  // another order than a larger step, so near-tied greedy choices could differ).
+  auto rec = std::make_shared<TokenRecord>();
+  auto t = TestServer::start({}, [rec](server::ServerOptions& o) { o.loop.result_hook = rec->hook(); });
   constexpr int kStreams = 80, kRouter = 4, kTokens = 24;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < kStreams + kRouter; ++i) prompts.push_back(test_prompt(i, 5 + (i * 7) % 56));
-  const auto expected = expected_tokens(test_config(), prompts, kTokens);
 
   std::vector<std::future<StreamResult>> streams;
   for (int i = 0; i < kStreams; ++i) {
@@ -55,7 +60,8 @@ TEST_CASE("server: 80 concurrent Generate streams and router calls share steps a
     const StreamResult r = streams[size_t(i)].get();
     INFO("stream " << i);
     REQUIRE(r.status.ok());
-    CHECK(r.tokens == expected[size_t(i)]);  // none lost, duplicated or reordered
+    CHECK(r.tokens.size() == size_t(kTokens));
+    CHECK(r.tokens == rec->get(SeqId(r.id)));  // none lost, duplicated or reordered
     CHECK(r.final_messages == 1);
     CHECK(r.finish == v1::FINISH_REASON_LENGTH);
     CHECK(r.usage.completion_tokens() == uint32_t(kTokens));
@@ -65,14 +71,22 @@ TEST_CASE("server: 80 concurrent Generate streams and router calls share steps a
   }
   CHECK(ids.size() == size_t(kStreams));
   const auto got = router.get();
-  for (int i = 0; i < kRouter; ++i) CHECK(got[size_t(i)] == expected[size_t(kStreams + i)]);
+  for (int i = 0; i < kRouter; ++i) CHECK(got[size_t(i)] == rec->get(SeqId(100 + i)));
   REQUIRE(t.release({100, 101, 102, 103}).ok());
   CHECK(t.wait_all_pages_free());
 }
 
 TEST_CASE("server: a slow reader gets every token in order and never holds up the engine loop",
           "[server][stream]") {
-  auto t = TestServer::start({}, [](server::ServerOptions& o) { o.service.stream_queue_messages = 2; });
+  // Every token the engine produces, per sequence, as the steps return them: the stream
+  // must deliver exactly these, in order. (Not an in-process rerun: which steps the two
+  // requests share depends on timing here, and the CPU's GEMM sums a one-row step in
+  // another order than a step of several, so near-tied greedy choices could differ.)
+  auto rec = std::make_shared<TokenRecord>();
+  auto t = TestServer::start({}, [rec](server::ServerOptions& o) {
+    o.service.stream_queue_messages = 2;
+    o.loop.result_hook = rec->hook();
+  });
   // A client that advertises a tiny HTTP/2 window, so unread messages back up on the
   // server instead of in socket buffers.
   grpc::ChannelArguments args;
@@ -83,7 +97,6 @@ TEST_CASE("server: a slow reader gets every token in order and never holds up th
   auto slow_stub = v1::DecodeService::NewStub(slow_channel);
 
   const auto slow_prompt = test_prompt(1, 10), fast_prompt = test_prompt(2, 10);
-  const auto expected = expected_tokens(test_config(), {slow_prompt, fast_prompt}, 300);
   const auto t0 = Clock::now();
   auto slow = std::async(std::launch::async, [&] {
     return generate(*slow_stub, generate_request(slow_prompt, 300), 60,
@@ -96,9 +109,11 @@ TEST_CASE("server: a slow reader gets every token in order and never holds up th
   const double slow_done_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
   REQUIRE(fast.status.ok());
-  CHECK(fast.tokens == expected[1]);
   REQUIRE(r.status.ok());
-  CHECK(r.tokens == expected[0]);
+  CHECK(r.tokens.size() == 300);
+  CHECK(fast.tokens.size() == 300);
+  CHECK(r.tokens == rec->get(SeqId(r.id)));
+  CHECK(fast.tokens == rec->get(SeqId(fast.id)));
   CHECK(r.final_messages == 1);
   // Tokens were coalesced into fewer messages than one per token...
   CHECK(r.messages < 300);

@@ -3,6 +3,8 @@
 // compare the served tokens against.
 #pragma once
 
+#include <mutex>
+
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 #include "tests/catch.h"
@@ -172,6 +174,25 @@ inline std::vector<int32_t> test_prompt(int index, int len) {
 
 // The engine's greedy output for each prompt, run in-process through a Scheduler of
 // its own: what the server must stream.
+// Every token the server's engine produces, per sequence, in step order (install
+// hook() as ServerOptions::loop.result_hook).
+struct TokenRecord {
+  std::mutex mu;
+  std::map<SeqId, std::vector<int32_t>> tokens;
+  std::function<void(std::vector<StepResult>&)> hook() {
+    return [this](std::vector<StepResult>& results) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& r : results) {
+        if (r.token) tokens[r.id].push_back(*r.token);
+      }
+    };
+  }
+  std::vector<int32_t> get(SeqId id) {
+    std::lock_guard<std::mutex> lock(mu);
+    return tokens[id];
+  }
+};
+
 inline std::vector<std::vector<int32_t>> expected_tokens(const Config& cfg,
                                                          const std::vector<std::vector<int32_t>>& prompts,
                                                          int max_tokens) {
