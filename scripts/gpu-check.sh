@@ -99,6 +99,7 @@ if [[ -n $san ]]; then
     { echo "=== memcheck $t (exit $rc)"; tail -60 "$build/$t.memcheck.log"; } >>"$tests_log"
     if grep -q "Device not supported\|not supported on this" "$build/$t.memcheck.log"; then
       note "compute-sanitizer $t: SKIP (device not supported here)"
+      san=""
       break
     elif ((rc == 124)); then
       note "compute-sanitizer $t: SKIP (timed out; see gpu_tests.log)"
@@ -126,6 +127,14 @@ if [[ -x $bundle/test_gpu_backend ]]; then
     note "$t: exit $rc ($(elapsed))"
     ((rc == 0)) || status=1
   done
+  # The sampling and argmax kernels live only behind the backend: memcheck them there.
+  if [[ -n $san ]]; then
+    timeout "${KVFUSE_SANITIZER_TIMEOUT:-150}" "$san" --tool memcheck --error-exitcode 3 \
+      "$bundle/test_gpu_backend" "[sampling]" >>"$out/engine.log" 2>&1
+    rc=$?
+    note "compute-sanitizer memcheck test_gpu_backend [sampling]: exit $rc, $(grep -E 'ERROR SUMMARY' "$out/engine.log" | tail -1) ($(elapsed))"
+    ((rc == 0)) || status=1
+  fi
   "$bundle/kvfuse-run" --set device=cuda -n 8 -m 32 -q >>"$out/engine.log" 2>&1
   rc=$?
   tail -3 "$out/engine.log"
