@@ -10,6 +10,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvfuse/v1/decode.grpc.pb.h"
 #include "server/client_util.h"
+#include "src/int_list.h"
 
 using namespace kvfuse;
 
@@ -158,8 +159,8 @@ int main(int argc, char** argv) {
     return report(hs.Check(&ctx, req, &resp), &resp);
   }
   if (*gen) {
-    auto ids = client::parse_ids(prompt_ids);
-    auto stops = client::parse_ids(stop_ids);
+    auto ids = parse_int_list(prompt_ids);
+    auto stops = parse_int_list(stop_ids);
     if (!ids.ok() || !stops.ok()) {
       std::fprintf(stderr, "kvfuse-cli: %s\n",
                    std::string((ids.ok() ? stops : ids).status().message()).c_str());
@@ -174,7 +175,7 @@ int main(int argc, char** argv) {
     return run_generate(stub, c, std::move(req));
   }
   if (*prefill) {
-    auto ids = client::parse_ids(pf_ids);
+    auto ids = parse_int_list(pf_ids);
     if (!ids.ok()) {
       std::fprintf(stderr, "kvfuse-cli: %s\n", std::string(ids.status().message()).c_str());
       return 2;

@@ -19,18 +19,6 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& addr, int max_mes
   return grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
 }
 
-absl::StatusOr<std::vector<int32_t>> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    int32_t v = 0;
-    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(item), &v)) {
-      return absl::InvalidArgumentError(absl::StrCat("'", item, "' is not an integer token id"));
-    }
-    ids.push_back(v);
-  }
-  return ids;
-}
-
 std::string to_json(const google::protobuf::Message& m) {
   std::string out;
   google::protobuf::util::JsonPrintOptions opts;

@@ -15,8 +15,6 @@ namespace kvfuse::client {
 
 // An insecure channel with message limits that fit large batches.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& addr, int max_message_bytes = 64 << 20);
-// "1,2,3" -> {1, 2, 3}.
-absl::StatusOr<std::vector<int32_t>> parse_ids(const std::string& text);
 // One-line JSON of a message (proto3 JSON mapping, fields with default values included).
 std::string to_json(const google::protobuf::Message& m);
 // The p-th percentile (0..100) of `v`, by nearest rank; sorts `v`. 0 if empty.

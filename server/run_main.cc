@@ -6,26 +6,17 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/config.h"
 #include "src/engine.h"
+#include "src/int_list.h"
 #include "src/scheduler.h"
 
 using namespace kvfuse;
 
 namespace {
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) ids.push_back(std::stoi(item));
-  }
-  return ids;
-}
 
 int fail(const absl::Status& st) {
   std::fprintf(stderr, "kvfuse-run: %s\n", std::string(st.message()).c_str());
@@ -86,12 +77,12 @@ int main(int argc, char** argv) {
       to_string(cfg->kv_write), to_string(cfg->attention), (long long)cfg->num_pages, cfg->page_size,
       init_ms);
 
-  std::vector<int32_t> base;
-  try {
-    base = parse_ids(prompt_ids);
-  } catch (const std::exception&) {
-    return fail(absl::InvalidArgumentError("--prompt-ids must be comma-separated integers"));
+  auto ids = parse_int_list(prompt_ids);
+  if (!ids.ok()) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat("--prompt-ids must be comma-separated integers: ", ids.status().message())));
   }
+  const std::vector<int32_t> base = *std::move(ids);
   Scheduler sched(e);
   for (int i = 0; i < num_prompts; ++i) {
     GenerateRequest r;

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tests/checkpoint_test_util.h"
 #include "tests/run_command.h"
 #include "tests/catch.h"
 
@@ -17,6 +18,7 @@
 
 using namespace kvfuse;
 using namespace kvfuse::bench;
+using kvfuse::testing::TempDir;
 
 namespace {
 
@@ -39,19 +41,6 @@ constexpr int64_t kLlamaWeightBytes = 2 * (32 * kLlamaLayerParams + 4096 + 12825
 static_assert(kLlamaWeightBytes == 15009849344LL);
 
 std::pair<int, std::string> run(const std::string& cmd) { return kvfuse::testing::run_command(cmd); }
-
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "kvfuse-bench-engine-XXXXXX").string();
-    REQUIRE(mkdtemp(t.data()) != nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
 
 nlohmann::json read_json(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -116,7 +105,7 @@ TEST_CASE("bench engine roofline: KV pool footprint of a cell", "[bench][rooflin
 
 TEST_CASE("kvfuse-bench-engine: CPU smoke run writes every cell and variant", "[bench][tools]") {
   TempDir dir;
-  const auto json_path = dir.path / "out.json", svg_path = dir.path / "out.svg";
+  const std::filesystem::path json_path = dir / "out.json", svg_path = dir / "out.svg";
   auto [rc, out] = run(std::string(KVFUSE_BENCH_ENGINE_BIN) +
                        " --set device=cpu --set model=tiny --batch 1,2 --context 32,64 --steps 2 --reps 3 "
                        "--warmup 1 --json " +
@@ -161,7 +150,7 @@ TEST_CASE("kvfuse-bench-engine: CPU smoke run writes every cell and variant", "[
 
 TEST_CASE("kvfuse-bench-engine: cells beyond the KV budget or the model are skipped", "[bench][tools]") {
   TempDir dir;
-  const auto json_path = dir.path / "out.json";
+  const std::filesystem::path json_path = dir / "out.json";
   // tiny: 1 KiB of fp8 KV per token; 4096 tokens do not fit 0.001 GiB, 8192 exceed its max position.
   auto [rc, out] = run(std::string(KVFUSE_BENCH_ENGINE_BIN) +
                        " --set device=cpu --batch 1 --context 32,4096,8192 --attention unified --graphs off "

@@ -10,10 +10,10 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "bench/ab/ab_stats.h"
 #include "bench/synthetic_cell.h"
+#include "src/int_list.h"
 #ifdef KVFUSE_AB_WITH_SERVER
 #include "bench/ab/ab_server.h"
 #endif
@@ -28,16 +28,6 @@ namespace {
 int fail(const std::string& msg) {
   std::fprintf(stderr, "kvfuse-ab: %s\n", msg.c_str());
   return 2;
-}
-
-std::vector<int> parse_list(const std::string& text) {
-  std::vector<int> v;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) v.push_back(std::stoi(item));
-  }
-  return v;
 }
 
 absl::StatusOr<json> read_json(const std::string& path) {
@@ -108,13 +98,9 @@ int main(int argc, char** argv) {
   app.add_option("--title", title, "plot title");
   CLI11_PARSE(app, argc, argv);
 
-  std::vector<int> bs, cs;
-  try {
-    bs = parse_list(batches);
-    cs = parse_list(contexts);
-  } catch (const std::exception&) {
-    return fail("--batch and --context take comma-separated integers");
-  }
+  auto bl = parse_int_list(batches), cl = parse_int_list(contexts);
+  if (!bl.ok() || !cl.ok()) return fail("--batch and --context take comma-separated integers");
+  const std::vector<int> bs = *std::move(bl), cs = *std::move(cl);
   if (bs.empty() || cs.empty()) return fail("--batch and --context need at least one value each");
   for (int v : bs) {
     if (v < 1) return fail("batch sizes must be >= 1");

@@ -18,6 +18,7 @@
 #include "bench/ab/ab_stats.h"
 #include "bench/engine/roofline.h"
 #include "bench/synthetic_cell.h"
+#include "src/int_list.h"
 #include "src/config.h"
 #include "src/engine.h"
 
@@ -299,13 +300,9 @@ int main(int argc, char** argv) {
   std::string cmdline;
   for (int i = 0; i < argc; ++i) cmdline += (i ? " " : "") + std::string(argv[i]);
 
-  std::vector<int> bs, cs;
-  try {
-    for (const auto& x : split_list(batches)) bs.push_back(std::stoi(x));
-    for (const auto& x : split_list(contexts)) cs.push_back(std::stoi(x));
-  } catch (const std::exception&) {
-    return fail("--batch and --context take comma-separated integers");
-  }
+  auto bl = parse_int_list(batches), cl = parse_int_list(contexts);
+  if (!bl.ok() || !cl.ok()) return fail("--batch and --context take comma-separated integers");
+  const std::vector<int> bs = *std::move(bl), cs = *std::move(cl);
   if (bs.empty() || cs.empty()) return fail("--batch and --context need at least one value each");
   if (*std::min_element(bs.begin(), bs.end()) < 1) return fail("batch sizes must be >= 1");
   if (*std::min_element(cs.begin(), cs.end()) < 2) return fail("context lengths must be >= 2");
