@@ -15,8 +15,6 @@
 #include "kernels/cpu/sampling.h"
 #include "src/sampler.h"
 
-extern "C" void openblas_set_num_threads(int num_threads);
-
 namespace kvfuse {
 namespace {
 
@@ -24,14 +22,11 @@ constexpr size_t kAlign = 64;
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() {
-    // Decode GEMMs are a few rows: OpenBLAS threads spin more than they help there, and
-    // tests run several engines side by side. OPENBLAS_NUM_THREADS still overrides.
-    if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) openblas_set_num_threads(1);
-  }
+  explicit CpuBackend(cpu::GemmIsa isa) : isa_(isa) {}
   Device device() const override { return Device::cpu; }
   std::string description() const override {
-    return absl::StrCat("cpu (", std::thread::hardware_concurrency(), " hardware threads, OpenBLAS GEMM)");
+    return absl::StrCat("cpu (", std::thread::hardware_concurrency(), " hardware threads, batch-invariant ",
+                        cpu::gemm_isa_name(isa_), " GEMM)");
   }
   // The CPU stores OCP e4m3fn, as NVIDIA sm_89+ and gfx950 do.
   KvDtype resolve_kv_dtype(KvCacheDtype d) const override { return kv_dtype_for(d, false); }
@@ -63,10 +58,10 @@ class CpuBackend final : public Backend {
     LinearWeight lw;
     lw.n = n;
     lw.k = k;
-    auto wb = alloc(size_t(n * k) * sizeof(float));
+    auto wb = alloc(cpu::gemm_packed_floats(n, k) * sizeof(float));
     if (!wb.ok()) return wb.status();
     lw.w = std::move(*wb);
-    cpu::bf16_to_f32(w, n * k, lw.w.as<float>());
+    cpu::gemm_pack_weight(w, n, k, lw.w.as<float>());
     if (bias) {
       auto bb = alloc(size_t(n) * sizeof(float));
       if (!bb.ok()) return bb.status();
@@ -88,11 +83,12 @@ class CpuBackend final : public Backend {
   }
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
     cpu::linear_bf16(x, m, w.k, w.w.as<float>(), w.n, w.bias.as<float>(), out,
-                     scratch(size_t(m * (w.k + w.n))));
+                     scratch(cpu::gemm_scratch_floats(m, w.k, w.n)), isa_);
     return absl::OkStatus();
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
-    cpu::linear_f32_out(x, m, w.k, w.w.as<float>(), w.n, out, scratch(size_t(m * w.k)));
+    cpu::linear_f32_out(x, m, w.k, w.w.as<float>(), w.n, out, scratch(cpu::gemm_scratch_floats(m, w.k, w.n)),
+                        isa_);
     return absl::OkStatus();
   }
   absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
@@ -160,19 +156,34 @@ class CpuBackend final : public Backend {
     if (scratch_.size() < floats) scratch_.resize(floats);
     return scratch_.data();
   }
+  cpu::GemmIsa isa_;
   std::vector<float> scratch_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(cpu::GemmIsa isa) { return std::make_unique<CpuBackend>(isa); }
+
+std::unique_ptr<Backend> make_cpu_backend() {
+  for (cpu::GemmIsa isa : {cpu::GemmIsa::avx512, cpu::GemmIsa::avx2}) {
+    if (cpu::gemm_isa_supported(isa)) return make_cpu_backend(isa);
+  }
+  return make_cpu_backend(cpu::GemmIsa::generic);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> make_cpu_backend_from_env() {
+  cpu::GemmIsa isa = cpu::GemmIsa::generic;
+  std::string error;
+  if (!cpu::gemm_isa_from_env(isa, error)) return absl::InvalidArgumentError(error);
+  return make_cpu_backend(isa);
+}
 
 #if !defined(KVFUSE_HAVE_GPU)
 absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
   switch (device) {
     case Device::auto_:
     case Device::cpu:
-      return make_cpu_backend();
+      return make_cpu_backend_from_env();
     case Device::cuda:
     case Device::hip:
       return absl::FailedPreconditionError(absl::StrCat(

@@ -1,5 +1,5 @@
-// Tests of the CPU elementwise/row ops (kernels/cpu/ops.h) and GEMM (kernels/cpu/gemm.h)
-// against double-precision references.
+// Tests of the CPU elementwise/row ops (kernels/cpu/ops.h) against double-precision
+// references (the GEMM: test_cpu_gemm.cc).
 //
 // Every op rounds its fp32 result to bf16 once. bf16 keeps 8 significant bits, so the
 // rounding alone is up to half an ulp (2^-8 relative); the tolerances below allow one
@@ -11,7 +11,6 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/ops.h"
 
 namespace {
@@ -223,93 +222,4 @@ TEST_CASE("ops: bulk bf16/f32 conversions match the scalar ones", "[ops]") {
   cpu::bf16_to_f32(b.data(), int64_t(b.size()), back.data());
   for (size_t i = 0; i + 1 < f.size(); ++i) CHECK(back[i] == kvfuse::bf16_to_f32(b[i]));
   CHECK(std::isnan(back.back()));
-}
-
-namespace {
-
-// Naive y = x * w^T (+ bias) in double, and sum |x| |w| for the fp32 error bound.
-void naive_linear(const std::vector<bf16_t>& x, int64_t m, int64_t k, const std::vector<float>& w, int64_t n,
-                  const float* bias, std::vector<double>& y, std::vector<double>& mag) {
-  y.assign(size_t(m * n), 0.0);
-  mag.assign(size_t(m * n), 0.0);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double s = bias != nullptr ? double(bias[j]) : 0.0,
-             a = bias != nullptr ? std::fabs(double(bias[j])) : 0.0;
-      for (int64_t p = 0; p < k; ++p) {
-        s += bf(x[size_t(i * k + p)]) * double(w[size_t(j * k + p)]);
-        a += std::fabs(bf(x[size_t(i * k + p)]) * double(w[size_t(j * k + p)]));
-      }
-      y[size_t(i * n + j)] = s;
-      mag[size_t(i * n + j)] = a;
-    }
-}
-
-std::vector<float> random_f32(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = uni(rng);
-  return v;
-}
-
-constexpr float kGuard = -12345.0f;  // scratch guard values: the op must stay in bounds
-
-}  // namespace
-
-TEST_CASE("gemm: linear_bf16 matches a naive loop, with and without bias", "[gemm]") {
-  struct Shape {
-    int64_t m, k, n;
-  };
-  for (Shape s : {Shape{1, 64, 96}, Shape{5, 130, 37}, Shape{16, 256, 512}}) {
-    for (bool with_bias : {false, true}) {
-      const std::vector<bf16_t> x = random_bf16(size_t(s.m * s.k), -2.0f, 2.0f, uint64_t(s.m * 100 + s.k));
-      const std::vector<float> w = random_f32(size_t(s.n * s.k), uint64_t(s.n));
-      const std::vector<float> bias = random_f32(size_t(s.n), 77);
-      const float* b = with_bias ? bias.data() : nullptr;
-      std::vector<float> scratch(size_t(s.m * s.k + s.m * s.n) + 16, kGuard);
-      std::vector<bf16_t> out(size_t(s.m * s.n));
-      cpu::linear_bf16(x.data(), s.m, s.k, w.data(), s.n, b, out.data(), scratch.data());
-      std::vector<double> ref, mag;
-      naive_linear(x, s.m, s.k, w, s.n, b, ref, mag);
-      int64_t bad = 0;
-      for (size_t i = 0; i < out.size(); ++i) {
-        // One bf16 ulp, plus the fp32 accumulation bound k * 2^-24 * sum |x w|.
-        const double tol = std::ldexp(std::fabs(ref[i]), -7) + double(s.k) * std::ldexp(mag[i], -24);
-        bad += !(std::fabs(bf(out[i]) - ref[i]) <= tol);
-      }
-      INFO("m " << s.m << " k " << s.k << " n " << s.n << " bias " << with_bias);
-      CHECK(bad == 0);
-      int64_t guard_changed = 0;
-      for (size_t i = size_t(s.m * s.k + s.m * s.n); i < scratch.size(); ++i)
-        guard_changed += scratch[i] != kGuard;
-      CHECK(guard_changed == 0);
-    }
-  }
-}
-
-TEST_CASE("gemm: linear_f32_out matches a naive loop", "[gemm]") {
-  const int64_t m = 3, k = 200, n = 1000;
-  const std::vector<bf16_t> x = random_bf16(size_t(m * k), -2.0f, 2.0f, 90);
-  const std::vector<float> w = random_f32(size_t(n * k), 91);
-  std::vector<float> scratch(size_t(m * k) + 16, kGuard);
-  std::vector<float> out(size_t(m * n));
-  cpu::linear_f32_out(x.data(), m, k, w.data(), n, out.data(), scratch.data());
-  std::vector<double> ref, mag;
-  naive_linear(x, m, k, w, n, nullptr, ref, mag);
-  int64_t bad = 0;
-  for (size_t i = 0; i < out.size(); ++i)
-    bad += !(std::fabs(double(out[i]) - ref[i]) <= double(k) * std::ldexp(mag[i], -24) + 1e-30);
-  CHECK(bad == 0);
-  int64_t guard_changed = 0;
-  for (size_t i = size_t(m * k); i < scratch.size(); ++i) guard_changed += scratch[i] != kGuard;
-  CHECK(guard_changed == 0);
-}
-
-TEST_CASE("gemm: empty batch is a no-op", "[gemm]") {
-  const std::vector<float> w = random_f32(64 * 32, 5);
-  std::vector<float> scratch(16, kGuard);
-  bf16_t out_sentinel = 0x1234;
-  cpu::linear_bf16(nullptr, 0, 32, w.data(), 64, nullptr, &out_sentinel, scratch.data());
-  CHECK(out_sentinel == 0x1234);
 }

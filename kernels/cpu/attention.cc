@@ -153,12 +153,17 @@ void unified_block(const AttnArgs& a, const KvReader& kv, int32_t kv_head, int64
   for (int32_t r = 0; r < rows; ++r)
     for (int32_t h = 0; h < group; ++h) load_q(a, row0 + r, kv_head * group + h, &q[sz(r * group + h) * d]);
 
+  // Tiles are aligned to multiples of kTileK in absolute positions, so a row meets the
+  // same tiles, in the same order, whichever block (prefill chunk or decode step) holds
+  // it: its bits do not depend on how the sequence was batched or chunked. Only the
+  // block's visible keys [lo, hi] are loaded (pages before lo may be gone).
   const int32_t lo = key_lo(pos0, a.window), hi = pos0 + rows - 1;
   std::vector<float> kt(sz(kTileK) * d), vt(sz(kTileK) * d);
   float p[kTileK];
-  for (int32_t t0 = lo; t0 <= hi; t0 += kTileK) {
+  for (int32_t t0 = lo / kTileK * kTileK; t0 <= hi; t0 += kTileK) {
     const int32_t t1 = std::min(t0 + kTileK, hi + 1);
-    kv.load(kv_head, t0, t1, kt.data(), vt.data());
+    const int32_t l0 = std::max(t0, lo);
+    kv.load(kv_head, l0, t1, &kt[sz(l0 - t0) * d], &vt[sz(l0 - t0) * d]);
     for (int32_t r = 0; r < rows; ++r) {
       const int32_t pos = pos0 + r;
       const int32_t jb = std::max(t0, key_lo(pos, a.window)), je = std::min(t1, pos + 1);
@@ -195,11 +200,15 @@ void unified_block(const AttnArgs& a, const KvReader& kv, int32_t kv_head, int64
     }
 }
 
-// Split, decode row: partitions are aligned to multiples of partition_size in absolute
-// positions (as a GPU grid would cut them); those wholly before the window are skipped.
-// Each partition yields (m, l, unnormalised acc); the merge rescales by exp(m_k - M).
-void split_decode(const AttnArgs& a, const KvReader& kv, int32_t kv_head, int64_t row, int32_t pos,
-                  int32_t partition_size) {
+// Split: one query row at position `pos` over keys [lo(pos), pos], whose fp32 keys and
+// values start at position `base` in k/v. Partitions are aligned to multiples of
+// partition_size in absolute positions (as a GPU grid would cut them); those wholly
+// before the window are skipped. Each partition yields (m, l, unnormalised acc); the
+// merge rescales by exp(m_k - M). Decode rows and prefill rows both come here, so a
+// position's output has the same bits whether it was computed in a decode step or in a
+// prefill chunk (a recomputation after preemption, a differently chunked prompt).
+void split_row(const AttnArgs& a, int32_t kv_head, int64_t row, int32_t pos, const float* k, const float* v,
+               int32_t base, int32_t partition_size) {
   const int32_t d = a.cache.head_dim;
   const int32_t group = a.num_q_heads / a.cache.num_kv_heads;
   const int32_t lo = key_lo(pos, a.window);
@@ -210,14 +219,15 @@ void split_decode(const AttnArgs& a, const KvReader& kv, int32_t kv_head, int64_
   for (int32_t h = 0; h < group; ++h) load_q(a, row, kv_head * group + h, &q[sz(h) * d]);
   std::vector<float> m(sz(parts) * group), l(sz(parts) * group);
   std::vector<float> acc(sz(parts) * group * d, 0.0f);
-  std::vector<float> kp(sz(partition_size) * d), vp(sz(partition_size) * d), s(sz(partition_size));
+  std::vector<float> s(sz(partition_size));
 
-  for (int32_t k = 0; k < parts; ++k) {
-    const int32_t b = std::max(lo, (first + k) * partition_size);
-    const int32_t e = std::min(pos + 1, (first + k + 1) * partition_size);
-    kv.load(kv_head, b, e, kp.data(), vp.data());
+  for (int32_t p = 0; p < parts; ++p) {
+    const int32_t b = std::max(lo, (first + p) * partition_size);
+    const int32_t e = std::min(pos + 1, (first + p + 1) * partition_size);
+    const float* kp = k + sz(b - base) * d;
+    const float* vp = v + sz(b - base) * d;
     for (int32_t h = 0; h < group; ++h) {
-      const size_t i = sz(k) * group + h;
+      const size_t i = sz(p) * group + h;
       float mk = -std::numeric_limits<float>::infinity();
       for (int32_t j = 0; j < e - b; ++j) {
         s[j] = dot(&q[sz(h) * d], &kp[sz(j) * d], d) * a.softmax_scale;
@@ -240,11 +250,11 @@ void split_decode(const AttnArgs& a, const KvReader& kv, int32_t kv_head, int64_
   std::vector<float> out(sz(d));
   for (int32_t h = 0; h < group; ++h) {
     float big_m = -std::numeric_limits<float>::infinity();
-    for (int32_t k = 0; k < parts; ++k) big_m = std::max(big_m, m[sz(k) * group + h]);
+    for (int32_t p = 0; p < parts; ++p) big_m = std::max(big_m, m[sz(p) * group + h]);
     float big_l = 0.0f;
     std::fill(out.begin(), out.end(), 0.0f);
-    for (int32_t k = 0; k < parts; ++k) {
-      const size_t i = sz(k) * group + h;
+    for (int32_t p = 0; p < parts; ++p) {
+      const size_t i = sz(p) * group + h;
       const float f = std::exp(m[i] - big_m);
       big_l += l[i] * f;
       for (int32_t x = 0; x < d; ++x) out[x] += acc[i * d + x] * f;
@@ -253,38 +263,17 @@ void split_decode(const AttnArgs& a, const KvReader& kv, int32_t kv_head, int64_
   }
 }
 
-// Split, prefill chunk: the keys of the chunk's visible range are dequantised once per
-// KV head; each (row, head) then takes a two-pass softmax over its own window.
-void split_prefill(const AttnArgs& a, const KvReader& kv, int32_t kv_head, int64_t row0, int32_t pos0,
-                   int32_t rows) {
+// Split, a sequence's query rows (one decode row or a prefill chunk): the keys of the
+// rows' visible range are dequantised once per KV head, then each row is split_row.
+void split_rows(const AttnArgs& a, const KvReader& kv, int32_t kv_head, int64_t row0, int32_t pos0,
+                int32_t rows, int32_t partition_size) {
   const int32_t d = a.cache.head_dim;
-  const int32_t group = a.num_q_heads / a.cache.num_kv_heads;
   const int32_t lo = key_lo(pos0, a.window), hi = pos0 + rows - 1;
   const int32_t nk = hi - lo + 1;
-  std::vector<float> k(sz(nk) * d), v(sz(nk) * d), s(sz(nk)), q(sz(d)), acc(sz(d));
+  std::vector<float> k(sz(nk) * d), v(sz(nk) * d);
   kv.load(kv_head, lo, hi + 1, k.data(), v.data());
-
-  for (int32_t r = 0; r < rows; ++r) {
-    const int32_t pos = pos0 + r;
-    const int32_t jb = key_lo(pos, a.window) - lo, je = pos - lo + 1;
-    for (int32_t h = 0; h < group; ++h) {
-      const int32_t qh = kv_head * group + h;
-      load_q(a, row0 + r, qh, q.data());
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int32_t j = jb; j < je; ++j) {
-        s[j] = dot(q.data(), &k[sz(j) * d], d) * a.softmax_scale;
-        mx = std::max(mx, s[j]);
-      }
-      float sum = 0.0f;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int32_t j = jb; j < je; ++j) {
-        const float w = std::exp(s[j] - mx);
-        sum += w;
-        for (int32_t x = 0; x < d; ++x) acc[x] += w * v[sz(j) * d + x];
-      }
-      store_out(a, row0 + r, qh, acc.data(), sum);
-    }
-  }
+  for (int32_t r = 0; r < rows; ++r)
+    split_row(a, kv_head, row0 + r, pos0 + r, k.data(), v.data(), lo, partition_size);
 }
 
 struct SeqRows {
@@ -321,12 +310,8 @@ void attention_split(const AttnArgs& args, int32_t partition_size) {
     const SeqRows sr = seq_rows(args.batch, s);
     if (sr.rows == 0) continue;
     const KvReader kv(args, s);
-    for (int32_t g = 0; g < args.cache.num_kv_heads; ++g) {
-      if (sr.rows == 1)
-        split_decode(args, kv, g, sr.row0, sr.pos0, partition_size);
-      else
-        split_prefill(args, kv, g, sr.row0, sr.pos0, sr.rows);
-    }
+    for (int32_t g = 0; g < args.cache.num_kv_heads; ++g)
+      split_rows(args, kv, g, sr.row0, sr.pos0, sr.rows, partition_size);
   }
 }
 

@@ -1,18 +1,61 @@
-// GEMM for the CPU backend through OpenBLAS: y[m, n] = x[m, k] * w[n, k]^T (+ bias),
-// the layout of a Linear layer's weight. Weights are held in fp32 (converted once at
-// load); activations are bf16 and are widened per call.
+// The CPU backend's GEMM: y[m, n] = x[m, k] * w[n, k]^T (+ bias), the layout of a Linear
+// layer's weight, with a fixed summation order so that the CPU backend is batch-invariant.
+//
+// Every output element is one fp32 fused multiply-add chain over k in increasing order,
+// starting from +0:  acc = 0; for p in 0..k-1: acc = fma(x[i, p], w[j, p], acc).
+// Tiles, vector width (AVX-512, AVX2+FMA, or scalar) and k blocking change only how many
+// such chains run side by side, never the order within one, so the bits of a row depend
+// on that row and the weights alone: not on m, the row's position in the batch, the tail
+// handling or the machine's SIMD width.
+//
+// Weights are converted once at load to fp32 and packed in panels of kGemmPanel output
+// columns, k-major within a panel (zero-padded past n), so a tile reads its weights with
+// aligned vector loads. Activations are bf16 and are widened per call.
 #pragma once
+
+#include <cstddef>
+#include <string>
 
 #include "kernels/bf16.h"
 
 namespace kvfuse::cpu {
 
-// out (bf16) = round(x * w^T + bias); bias may be null. `scratch` holds m*k + m*n floats.
-void linear_bf16(const bf16_t* x, int64_t m, int64_t k, const float* w, int64_t n, const float* bias,
-                 bf16_t* out, float* scratch);
+constexpr int64_t kGemmPanel = 16;  // output columns per packed weight panel
 
-// out (fp32) = x * w^T; used for logits. `scratch` holds m*k floats.
-void linear_f32_out(const bf16_t* x, int64_t m, int64_t k, const float* w, int64_t n, float* out,
-                    float* scratch);
+enum class GemmIsa { generic, avx2, avx512 };
+
+const char* gemm_isa_name(GemmIsa isa);
+bool gemm_isa_supported(GemmIsa isa);
+// The widest supported kernel, or the one named by KVFUSE_CPU_GEMM (generic, avx2,
+// avx512); an unknown or unsupported name there is an error naming the variable.
+bool gemm_isa_from_env(GemmIsa& isa, std::string& error);
+
+// Floats of a packed [n, k] weight.
+size_t gemm_packed_floats(int64_t n, int64_t k);
+// Packs a bf16 [n, k] row-major weight (exactly widened to fp32).
+void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, float* packed);
+
+// y[i * ldy + j] = sum_p x[i * k + p] * w[j, p] for j < round_up(n, kGemmPanel) (columns
+// past n are 0), with `packed` from gemm_pack_weight. ldy >= round_up(n, kGemmPanel).
+void gemm_f32(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* y, int64_t ldy,
+              GemmIsa isa);
+
+// Floats of scratch linear_bf16 / linear_f32_out need.
+size_t gemm_scratch_floats(int64_t m, int64_t k, int64_t n);
+
+// out (bf16) = round(x * w^T + bias); bias may be null. The bias is added to the finished
+// fp32 dot product, then the sum is rounded once.
+void linear_bf16(const bf16_t* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
+                 bf16_t* out, float* scratch, GemmIsa isa);
+
+// out (fp32) = x * w^T; used for logits.
+void linear_f32_out(const bf16_t* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out,
+                    float* scratch, GemmIsa isa);
+
+// The per-ISA drivers (gemm_avx2.cc, gemm_avx512.cc; x86-64 builds only).
+void gemm_f32_avx2(const float* x, int64_t m, int64_t k, const float* packed, int64_t panels, float* y,
+                   int64_t ldy);
+void gemm_f32_avx512(const float* x, int64_t m, int64_t k, const float* packed, int64_t panels, float* y,
+                     int64_t ldy);
 
 }  // namespace kvfuse::cpu

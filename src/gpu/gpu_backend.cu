@@ -477,7 +477,7 @@ absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
 #else
   const Device built = Device::cuda;
 #endif
-  if (device == Device::cpu || (device == Device::auto_ && count == 0)) return make_cpu_backend();
+  if (device == Device::cpu || (device == Device::auto_ && count == 0)) return make_cpu_backend_from_env();
   if (device != Device::auto_ && device != built) {
     return absl::FailedPreconditionError(absl::StrCat(
         "config key 'device': '", to_string(device), "' is not built into this binary (built for ",
