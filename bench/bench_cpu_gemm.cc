@@ -3,7 +3,8 @@
 // llama3-8b layer shapes) at decode and prefill row counts. Prints GFLOP/s for every
 // kernel this CPU runs and the ratio to OpenBLAS. Both compute y = x * w^T in fp32 from
 // bf16-representable inputs; OpenBLAS gets x already widened and w row-major, so its time
-// excludes the widening and packing that kvfuse does (kvfuse's includes the widening).
+// excludes the widening and packing that kvfuse does (kvfuse's includes widening x, and
+// its weights are bf16, widened in the kernel: half the bytes OpenBLAS's fp32 weights are).
 #include <cblas.h>
 
 #include <algorithm>
@@ -86,7 +87,8 @@ int main(int argc, char** argv) {
     // numbers.
     std::vector<bf16_t> w(size_t(s.n * s.k));
     for (size_t i = 0; i < w.size(); ++i) w[i] = f32_to_bf16(float(int(i * 2654435761u % 129) - 64) / 64.0f);
-    std::vector<float> w_f32(w.size()), packed(cpu::gemm_packed_floats(s.n, s.k));
+    std::vector<float> w_f32(w.size());
+    std::vector<bf16_t> packed(cpu::gemm_packed_elems(s.n, s.k));
     for (size_t i = 0; i < w.size(); ++i) w_f32[i] = bf16_to_f32(w[i]);
     cpu::gemm_pack_weight(w.data(), s.n, s.k, packed.data());
     for (int64_t m : *rows) {

@@ -65,7 +65,7 @@ class BackendGraph {
 };
 
 // A Linear layer's weight [n, k] (out_features x in_features) in the backend's own
-// layout (fp32 on the CPU), with an optional bias [n].
+// layout (bf16 packed in 16-column panels on the CPU), with an optional bias [n].
 struct LinearWeight {
   DeviceBuffer w;
   DeviceBuffer bias;

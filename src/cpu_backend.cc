@@ -58,10 +58,10 @@ class CpuBackend final : public Backend {
     LinearWeight lw;
     lw.n = n;
     lw.k = k;
-    auto wb = alloc(cpu::gemm_packed_floats(n, k) * sizeof(float));
+    auto wb = alloc(cpu::gemm_packed_elems(n, k) * sizeof(bf16_t));
     if (!wb.ok()) return wb.status();
     lw.w = std::move(*wb);
-    cpu::gemm_pack_weight(w, n, k, lw.w.as<float>());
+    cpu::gemm_pack_weight(w, n, k, lw.w.as<bf16_t>());
     if (bias) {
       auto bb = alloc(size_t(n) * sizeof(float));
       if (!bb.ok()) return bb.status();
@@ -82,12 +82,12 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
-    cpu::linear_bf16(x, m, w.k, w.w.as<float>(), w.n, w.bias.as<float>(), out,
+    cpu::linear_bf16(x, m, w.k, w.w.as<bf16_t>(), w.n, w.bias.as<float>(), out,
                      scratch(cpu::gemm_scratch_floats(m, w.k, w.n)), isa_);
     return absl::OkStatus();
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
-    cpu::linear_f32_out(x, m, w.k, w.w.as<float>(), w.n, out, scratch(cpu::gemm_scratch_floats(m, w.k, w.n)),
+    cpu::linear_f32_out(x, m, w.k, w.w.as<bf16_t>(), w.n, out, scratch(cpu::gemm_scratch_floats(m, w.k, w.n)),
                         isa_);
     return absl::OkStatus();
   }

@@ -32,6 +32,19 @@ double available_memory_gib() {
 }
 }  // namespace
 
+absl::Status check_cpu_weight_memory(const ModelSpec& s, double available_gib) {
+  // The CPU backend holds weights in bf16: refuse shapes that cannot fit in memory with a
+  // message instead of failing an allocation half way.
+  const double need_gib = double(s.num_params()) * 2.0 / double(1 << 30);
+  if (available_gib > 0 && need_gib > 0.8 * available_gib) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("model '%s' needs %.1f GiB of bf16 weights on the CPU backend, %.1f GiB available; "
+                        "use a GPU device or the tiny preset",
+                        s.name, need_gib, available_gib));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg) {
   auto backend = make_backend(cfg.device);
   if (!backend.ok()) return backend.status();
@@ -51,16 +64,7 @@ absl::Status Engine::init() {
   const ModelSpec& s = *spec;
   const size_t L = size_t(s.num_layers);
   if (backend_->device() == Device::cpu) {
-    // The CPU backend holds weights in fp32: refuse shapes that cannot fit in memory
-    // with a message instead of failing an allocation half way.
-    const double need_gib = double(s.num_params()) * 4.0 / double(1 << 30);
-    const double avail_gib = available_memory_gib();
-    if (avail_gib > 0 && need_gib > 0.8 * avail_gib) {
-      return absl::ResourceExhaustedError(
-          absl::StrFormat("model '%s' needs %.1f GiB of fp32 weights on the CPU backend, %.1f GiB available; "
-                          "use a GPU device or the tiny preset",
-                          s.name, need_gib, avail_gib));
-    }
+    if (auto st = check_cpu_weight_memory(s, available_memory_gib()); !st.ok()) return st;
   }
 
   KvPoolConfig pc;
@@ -320,7 +324,8 @@ absl::StatusOr<int> Engine::warm_up_decode_graphs() {
       st = add_sequence(base + SeqId(i), {int32_t(i % model_->spec().vocab)}, SamplingParams{});
       if (st.ok()) items.push_back(StepItem{base + SeqId(i), 1, true});
     }
-    absl::StatusOr<std::vector<StepResult>> r = st.ok() ? step(items) : absl::StatusOr<std::vector<StepResult>>(st);
+    absl::StatusOr<std::vector<StepResult>> r =
+        st.ok() ? step(items) : absl::StatusOr<std::vector<StepResult>>(st);
     bool all_ok = r.ok();
     for (size_t i = 0; all_ok && i < r->size(); ++i) all_ok = (*r)[i].status.ok();
     for (const StepItem& it : items) (void)release(it.id);
@@ -336,8 +341,8 @@ absl::Status Engine::assume_computed(SeqId id, int32_t n) {
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   SequenceState& s = it->second;
   if (n < 0 || n >= s.num_pending()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("assume_computed: ", n, " of ", s.num_pending(), " pending tokens (the last one must still run)"));
+    return absl::InvalidArgumentError(absl::StrCat("assume_computed: ", n, " of ", s.num_pending(),
+                                                   " pending tokens (the last one must still run)"));
   }
   // In chunks of a step's budget, trimming the window between them, as a real chunked
   // prefill would: the SWA pool then holds a window plus one chunk, not the whole context.

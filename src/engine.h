@@ -57,6 +57,10 @@ struct StepTimings {
   bool graph = false;  // the forward pass ran as a graph
 };
 
+// RESOURCE_EXHAUSTED naming the sizes when the model's bf16 weights would take more than
+// 80% of `available_gib` (the CPU backend's check at engine creation; <= 0: unknown, ok).
+absl::Status check_cpu_weight_memory(const ModelSpec& spec, double available_gib);
+
 class Engine {
  public:
   static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg);

@@ -33,7 +33,7 @@ std::vector<cpu::GemmIsa> supported_isas() {
 struct Problem {
   int64_t m, k, n;
   std::vector<bf16_t> x, w;
-  std::vector<float> packed;
+  std::vector<bf16_t> packed;
 };
 
 Problem make_problem(int64_t m, int64_t k, int64_t n, uint64_t seed) {
@@ -43,7 +43,7 @@ Problem make_problem(int64_t m, int64_t k, int64_t n, uint64_t seed) {
             random_bf16(size_t(m * k), -2.0f, 2.0f, seed),
             random_bf16(size_t(n * k), -1.0f, 1.0f, seed + 1),
             {}};
-  p.packed.resize(cpu::gemm_packed_floats(n, k));
+  p.packed.resize(cpu::gemm_packed_elems(n, k));
   cpu::gemm_pack_weight(p.w.data(), n, k, p.packed.data());
   return p;
 }

@@ -22,6 +22,7 @@ struct Scalar {
   static reg load(const float* p) { return *p; }
   static void store(float* p, reg r) { *p = r; }
   static reg set1(float x) { return x; }
+  static reg load_w(const uint16_t* p) { return bf16_to_f32(*p); }
   // Rounded once, as the vector FMA instructions do (a libm call without hardware FMA).
   static reg fma(reg a, reg b, reg c) { return __builtin_fmaf(a, b, c); }
 };
@@ -84,18 +85,18 @@ bool gemm_isa_from_env(GemmIsa& isa, std::string& error) {
   return false;
 }
 
-size_t gemm_packed_floats(int64_t n, int64_t k) { return size_t(panels_of(n) * kGemmPanel * k); }
+size_t gemm_packed_elems(int64_t n, int64_t k) { return size_t(panels_of(n) * kGemmPanel * k); }
 
-void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, float* packed) {
+void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, bf16_t* packed) {
   for (int64_t p = 0; p < panels_of(n); ++p)
     for (int64_t kk = 0; kk < k; ++kk)
       for (int64_t c = 0; c < kGemmPanel; ++c) {
         const int64_t row = p * kGemmPanel + c;
-        packed[(p * k + kk) * kGemmPanel + c] = row < n ? bf16_to_f32(w[row * k + kk]) : 0.0f;
+        packed[(p * k + kk) * kGemmPanel + c] = row < n ? w[row * k + kk] : bf16_t(0);
       }
 }
 
-void gemm_f32(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* y, int64_t ldy,
+void gemm_f32(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* y, int64_t ldy,
               GemmIsa isa) {
   const int64_t panels = panels_of(n);
   if (m <= 0 || panels == 0) return;
@@ -126,7 +127,7 @@ size_t gemm_scratch_floats(int64_t m, int64_t k, int64_t n) {
 namespace {
 
 // Widens x into scratch and runs the GEMM into the rest of it (row stride = padded n).
-float* gemm_into_scratch(const bf16_t* x, int64_t m, int64_t k, const float* packed, int64_t n,
+float* gemm_into_scratch(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n,
                          float* scratch, GemmIsa isa) {
   float* xs = scratch;
   float* y = scratch + m * k;
@@ -137,7 +138,7 @@ float* gemm_into_scratch(const bf16_t* x, int64_t m, int64_t k, const float* pac
 
 }  // namespace
 
-void linear_bf16(const bf16_t* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
+void linear_bf16(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, const float* bias,
                  bf16_t* out, float* scratch, GemmIsa isa) {
   if (m <= 0 || n <= 0) return;
   const float* y = gemm_into_scratch(x, m, k, packed, n, scratch, isa);
@@ -149,7 +150,7 @@ void linear_bf16(const bf16_t* x, int64_t m, int64_t k, const float* packed, int
     }
 }
 
-void linear_f32_out(const bf16_t* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out,
+void linear_f32_out(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* out,
                     float* scratch, GemmIsa isa) {
   if (m <= 0 || n <= 0) return;
   const float* y = gemm_into_scratch(x, m, k, packed, n, scratch, isa);

@@ -8,9 +8,10 @@
 // on that row and the weights alone: not on m, the row's position in the batch, the tail
 // handling or the machine's SIMD width.
 //
-// Weights are converted once at load to fp32 and packed in panels of kGemmPanel output
-// columns, k-major within a panel (zero-padded past n), so a tile reads its weights with
-// aligned vector loads. Activations are bf16 and are widened per call.
+// Weights stay bf16 (half the bytes a decode step streams) and are packed once at load in
+// panels of kGemmPanel output columns, k-major within a panel (zero-padded past n), so a
+// tile reads a panel row with one vector load and widens it exactly to fp32. Activations
+// are bf16 and are widened per call.
 #pragma once
 
 #include <cstddef>
@@ -30,14 +31,14 @@ bool gemm_isa_supported(GemmIsa isa);
 // avx512); an unknown or unsupported name there is an error naming the variable.
 bool gemm_isa_from_env(GemmIsa& isa, std::string& error);
 
-// Floats of a packed [n, k] weight.
-size_t gemm_packed_floats(int64_t n, int64_t k);
-// Packs a bf16 [n, k] row-major weight (exactly widened to fp32).
-void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, float* packed);
+// bf16 elements of a packed [n, k] weight.
+size_t gemm_packed_elems(int64_t n, int64_t k);
+// Packs a bf16 [n, k] row-major weight.
+void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, bf16_t* packed);
 
 // y[i * ldy + j] = sum_p x[i * k + p] * w[j, p] for j < round_up(n, kGemmPanel) (columns
 // past n are 0), with `packed` from gemm_pack_weight. ldy >= round_up(n, kGemmPanel).
-void gemm_f32(const float* x, int64_t m, int64_t k, const float* packed, int64_t n, float* y, int64_t ldy,
+void gemm_f32(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* y, int64_t ldy,
               GemmIsa isa);
 
 // Floats of scratch linear_bf16 / linear_f32_out need.
@@ -45,17 +46,17 @@ size_t gemm_scratch_floats(int64_t m, int64_t k, int64_t n);
 
 // out (bf16) = round(x * w^T + bias); bias may be null. The bias is added to the finished
 // fp32 dot product, then the sum is rounded once.
-void linear_bf16(const bf16_t* x, int64_t m, int64_t k, const float* packed, int64_t n, const float* bias,
+void linear_bf16(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, const float* bias,
                  bf16_t* out, float* scratch, GemmIsa isa);
 
 // out (fp32) = x * w^T; used for logits.
-void linear_f32_out(const bf16_t* x, int64_t m, int64_t k, const float* packed, int64_t n, float* out,
+void linear_f32_out(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* out,
                     float* scratch, GemmIsa isa);
 
 // The per-ISA drivers (gemm_avx2.cc, gemm_avx512.cc; x86-64 builds only).
-void gemm_f32_avx2(const float* x, int64_t m, int64_t k, const float* packed, int64_t panels, float* y,
+void gemm_f32_avx2(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t panels, float* y,
                    int64_t ldy);
-void gemm_f32_avx512(const float* x, int64_t m, int64_t k, const float* packed, int64_t panels, float* y,
+void gemm_f32_avx512(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t panels, float* y,
                      int64_t ldy);
 
 }  // namespace kvfuse::cpu

@@ -17,12 +17,17 @@ struct Avx2 {
   static reg load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, reg r) { _mm256_storeu_ps(p, r); }
   static reg set1(float x) { return _mm256_set1_ps(x); }
+  // 8 bf16 -> fp32: zero-extend to 32 bits, shift into the high half (exact).
+  static reg load_w(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
   static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
 };
 
 }  // namespace
 
-void gemm_f32_avx2(const float* x, int64_t m, int64_t k, const float* packed, int64_t panels, float* y,
+void gemm_f32_avx2(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t panels, float* y,
                    int64_t ldy) {
   gemm_tiles<Avx2>(x, m, k, packed, panels, y, ldy);
 }

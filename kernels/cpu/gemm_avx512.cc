@@ -17,12 +17,19 @@ struct Avx512 {
   static reg load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, reg r) { _mm512_storeu_ps(p, r); }
   static reg set1(float x) { return _mm512_set1_ps(x); }
+  // 16 bf16 -> fp32: zero-extend to 32 bits, shift into the high half (exact).
+  static reg load_w(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    // The maskz forms: GCC 12 warns that the unmasked ones read an undefined register.
+    const __m512i w = _mm512_maskz_cvtepu16_epi32(0xffff, h);
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, w, 16));
+  }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
 };
 
 }  // namespace
 
-void gemm_f32_avx512(const float* x, int64_t m, int64_t k, const float* packed, int64_t panels, float* y,
+void gemm_f32_avx512(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t panels, float* y,
                      int64_t ldy) {
   gemm_tiles<Avx512>(x, m, k, packed, panels, y, ldy);
 }

@@ -5,7 +5,8 @@
 // AVX-512 copy and run on a machine without AVX-512.
 //
 // V provides: reg, kLanes, kMaxRows, kMaxAcc, zero(), load(p), store(p, r), set1(x),
-// fma(a, b, c) = a * b + c rounded once.
+// load_w(p) (kLanes bf16 weights widened to fp32, exactly), fma(a, b, c) = a * b + c
+// rounded once.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +23,7 @@ inline int64_t tile_min(int64_t a, int64_t b) { return a < b ? a : b; }
 // MR rows x NP panels of y, over kc steps of k. `first` starts the chains at +0;
 // otherwise they continue from y (the previous k block's partial sums).
 template <class V, int MR, int NP>
-void tile(const float* a, int64_t lda, const float* b, int64_t panel_stride, int64_t kc, float* c,
+void tile(const float* a, int64_t lda, const uint16_t* b, int64_t panel_stride, int64_t kc, float* c,
           int64_t ldc, bool first) {
   constexpr int VP = int(kTilePanel / V::kLanes);  // vectors per panel
   typename V::reg acc[MR][NP * VP];
@@ -32,7 +33,7 @@ void tile(const float* a, int64_t lda, const float* b, int64_t panel_stride, int
   for (int64_t p = 0; p < kc; ++p) {
     typename V::reg bv[NP * VP];
     for (int j = 0; j < NP * VP; ++j)
-      bv[j] = V::load(b + (j / VP) * panel_stride + p * kTilePanel + (j % VP) * V::kLanes);
+      bv[j] = V::load_w(b + (j / VP) * panel_stride + p * kTilePanel + (j % VP) * V::kLanes);
     for (int r = 0; r < MR; ++r) {
       const typename V::reg av = V::set1(a[r * lda + p]);
       for (int j = 0; j < NP * VP; ++j) acc[r][j] = V::fma(av, bv[j], acc[r][j]);
@@ -52,8 +53,8 @@ constexpr int panels_per_tile() {
 }
 
 template <class V, int MR, int NP>
-void tail_panels(int64_t left, const float* a, int64_t lda, const float* b, int64_t ps, int64_t kc, float* c,
-                 int64_t ldc, bool first) {
+void tail_panels(int64_t left, const float* a, int64_t lda, const uint16_t* b, int64_t ps, int64_t kc,
+                 float* c, int64_t ldc, bool first) {
   if constexpr (NP > 0) {
     if (left == NP) return tile<V, MR, NP>(a, lda, b, ps, kc, c, ldc, first);
     tail_panels<V, MR, NP - 1>(left, a, lda, b, ps, kc, c, ldc, first);
@@ -61,8 +62,8 @@ void tail_panels(int64_t left, const float* a, int64_t lda, const float* b, int6
 }
 
 template <class V, int MR>
-void row_tile(const float* a, int64_t lda, const float* b, int64_t ps, int64_t panels, int64_t kc, float* c,
-              int64_t ldc, bool first) {
+void row_tile(const float* a, int64_t lda, const uint16_t* b, int64_t ps, int64_t panels, int64_t kc,
+              float* c, int64_t ldc, bool first) {
   constexpr int NP = panels_per_tile<V, MR>();
   int64_t p = 0;
   for (; p + NP <= panels; p += NP)
@@ -72,7 +73,7 @@ void row_tile(const float* a, int64_t lda, const float* b, int64_t ps, int64_t p
 }
 
 template <class V, int MR>
-void rows_dispatch(int mr, const float* a, int64_t lda, const float* b, int64_t ps, int64_t panels,
+void rows_dispatch(int mr, const float* a, int64_t lda, const uint16_t* b, int64_t ps, int64_t panels,
                    int64_t kc, float* c, int64_t ldc, bool first) {
   if constexpr (MR > 0) {
     if (mr == MR) return row_tile<V, MR>(a, lda, b, ps, panels, kc, c, ldc, first);
@@ -82,7 +83,7 @@ void rows_dispatch(int mr, const float* a, int64_t lda, const float* b, int64_t 
 
 // y[m, panels * 16] (row stride ldy) = x[m, k] * packed^T.
 template <class V>
-void gemm_tiles(const float* x, int64_t m, int64_t k, const float* packed, int64_t panels, float* y,
+void gemm_tiles(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t panels, float* y,
                 int64_t ldy) {
   const int64_t ps = k * kTilePanel;  // floats between panels
   for (int64_t pc = 0; pc < k; pc += kTileKc) {
