@@ -16,11 +16,12 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/ab/ab_stats.h"
+#include "bench/ab/progress.h"
 #include "bench/engine/roofline.h"
 #include "bench/synthetic_cell.h"
-#include "src/int_list.h"
 #include "src/config.h"
 #include "src/engine.h"
+#include "src/int_list.h"
 
 using namespace kvfuse;
 using namespace kvfuse::bench;
@@ -182,8 +183,31 @@ std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant
   const int ncol = std::max<int>(1, std::min<int>(4, int(ctxs.size())));
   const int nrow = std::max<int>(1, (int(ctxs.size()) + ncol - 1) / ncol);
   const double pw = 300, ph = 230, ml = 70, mt = 100, gap = 80;
-  const double W = std::max(960.0, ml + ncol * (pw + gap) + 10), H = mt + nrow * (ph + 60) + 10;
-  const char* colors[] = {"#1f5fa8", "#c0392b"};  // unified, split
+  // As wide as the panels and the longest heading (about 0.6 em a character), no wider.
+  const double text_w = 0.6 * std::max(15.0 * double(title.size()), 12.0 * double(subtitle.size()));
+  const double W = std::ceil(std::max(
+                   {ml + ncol * (pw + gap) - gap + 20, ml + text_w + 20, ml + 170.0 * double(vars.size())})),
+               H = mt + nrow * (ph + 60) + 10;
+  // Variants often measure alike (a small decode batch takes the split-KV kernel under
+  // unified too), so each gets its own colour and marker and a small sideways offset:
+  // coinciding lines stay visible side by side instead of hiding each other.
+  auto color_of = [](const Variant& v) {
+    if (v.attention == AttentionPath::split) return v.graphs ? "#c0392b" : "#e67e22";
+    return v.graphs ? "#1f5fa8" : "#5dade2";
+  };
+  // Circles for unified, squares for split; filled with graphs, hollow without.
+  auto marker = [&](const Variant& v, double x, double y) {
+    const std::string c = color_of(v), fill = v.graphs ? c : "white";
+    std::ostringstream m;
+    if (v.attention == AttentionPath::split) {
+      m << "<rect x='" << x - 3 << "' y='" << y - 3 << "' width='6' height='6'";
+    } else {
+      m << "<circle cx='" << x << "' cy='" << y << "' r='3.4'";
+    }
+    m << " fill='" << fill << "' stroke='" << c << "' stroke-width='1.3'";
+    return m.str();
+  };
+  auto dodge = [&](size_t v) { return (double(v) - (double(vars.size()) - 1) / 2) * 4.0; };
   std::ostringstream s;
   s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
     << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
@@ -192,9 +216,9 @@ std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant
   for (size_t v = 0; v < vars.size(); ++v) {  // legend
     const double lx = ml + 170.0 * double(v), ly = 64;
     s << "<line x1='" << lx << "' x2='" << lx + 30 << "' y1='" << ly << "' y2='" << ly << "' stroke='"
-      << colors[vars[v].attention == AttentionPath::split] << "' stroke-width='2'"
-      << (vars[v].graphs ? "" : " stroke-dasharray='6 4'") << "/><text x='" << lx + 36 << "' y='" << ly + 4
-      << "'>" << vars[v].name() << "</text>\n";
+      << color_of(vars[v]) << "' stroke-width='2'" << (vars[v].graphs ? "" : " stroke-dasharray='6 4'")
+      << "/>" << marker(vars[v], lx + 15, ly) << "/><text x='" << lx + 36 << "' y='" << ly + 4 << "'>"
+      << vars[v].name() << "</text>\n";
   }
   auto fmt = [](double v) {
     char b[32];
@@ -236,18 +260,18 @@ std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant
     s << "<text transform='translate(" << x0 - 44 << "," << y0 + ph / 2
       << ") rotate(-90)' text-anchor='middle'>step time / roofline (log)</text>\n";
     for (size_t v = 0; v < vars.size(); ++v) {
-      const char* color = colors[vars[v].attention == AttentionPath::split];
+      const char* color = color_of(vars[v]);
       std::ostringstream path;
       for (const Cell& cell : cells) {
         if (cell.context != ctxs[p] || !cell.skip.empty()) continue;
         const Figures f = figures(cell.s[v], cell.batch, peak_gbs);
-        const double x = X(cell.batch);
+        const double x = X(cell.batch) + dodge(v);
         path << (path.tellp() == 0 ? "M" : " L") << x << "," << Y(f.ratio);
         s << "<line x1='" << x << "' x2='" << x << "' y1='" << Y(std::max(ylo, f.ratio - f.ratio_ci))
-          << "' y2='" << Y(std::min(yhi, f.ratio + f.ratio_ci)) << "' stroke='" << color << "'/><circle cx='"
-          << x << "' cy='" << Y(f.ratio) << "' r='3' fill='" << color << "'><title>" << vars[v].name()
-          << " batch " << cell.batch << ": " << fmt(f.ratio) << "x roofline, " << fmt(f.step_ms)
-          << " ms</title></circle>\n";
+          << "' y2='" << Y(std::min(yhi, f.ratio + f.ratio_ci)) << "' stroke='" << color << "'/>"
+          << marker(vars[v], x, Y(f.ratio)) << "><title>" << vars[v].name() << " batch " << cell.batch << ": "
+          << fmt(f.ratio) << "x roofline, " << fmt(f.step_ms) << " ms</title></"
+          << (vars[v].attention == AttentionPath::split ? "rect" : "circle") << ">\n";
       }
       s << "<path d='" << path.str() << "' fill='none' stroke='" << color << "' stroke-width='1.8'"
         << (vars[v].graphs ? "" : " stroke-dasharray='6 4'") << "/>\n";
@@ -446,13 +470,14 @@ int main(int argc, char** argv) {
       size_t(std::count_if(cells.begin(), cells.end(), [](const Cell& c) { return c.skip.empty(); }));
   size_t done = 0;
   SeqId next_id = 1;
+  bench::Progress progress(stderr);
   for (Cell& cell : cells) {
     if (!cell.skip.empty()) continue;
     ++done;
     const int b = cell.batch;
     cell.s.assign(vars.size(), {});
-    if (auto st =
-            bench::start_synthetic_cell(e, b, cell.context, next_id, ForwardOptions{kv_write, AttentionPath::unified, false});
+    if (auto st = bench::start_synthetic_cell(e, b, cell.context, next_id,
+                                              ForwardOptions{kv_write, AttentionPath::unified, false});
         !st.ok()) {
       return fail(
           absl::StrFormat("batch %d context %d: starting the sequences: %s", b, cell.context, st.message()));
@@ -462,10 +487,11 @@ int main(int argc, char** argv) {
     for (int r = 0; r < warmup + reps; ++r) {
       for (int i = 0; i < V; ++i) {
         const int v = (r + i) % V;  // rotating order: drift affects every variant alike
-        std::fprintf(stderr, "\rkvfuse-bench-engine: cell %zu/%zu (batch %d, context %d) %-14s %s %d/%d     ",
-                     done, n_run, b, cell.context, vars[size_t(v)].name().c_str(),
-                     r < warmup ? "warm-up" : "rep", r < warmup ? r + 1 : r - warmup + 1,
-                     r < warmup ? warmup : reps);
+        progress.update(
+            absl::StrFormat("kvfuse-bench-engine: cell %zu/%zu (batch %d, context %d)", done, n_run, b,
+                            cell.context),
+            absl::StrFormat("%-14s %s %d/%d", vars[size_t(v)].name(), r < warmup ? "warm-up" : "rep",
+                            r < warmup ? r + 1 : r - warmup + 1, r < warmup ? warmup : reps));
         const int64_t ctx0 = e.sequence(next_id)->num_computed + 1;  // keys the first step attends
         auto ms = decode_ms(e, items, steps,
                             ForwardOptions{kv_write, vars[size_t(v)].attention, vars[size_t(v)].graphs});
@@ -490,7 +516,7 @@ int main(int argc, char** argv) {
     }
     next_id += SeqId(b);
   }
-  std::fprintf(stderr, "\n");
+  progress.finish();
 
   // Comparisons: graphs speedup (eager / graphs step time) per attention path, and
   // split / unified step time per graph mode, where both variants ran.
