@@ -35,7 +35,8 @@ void Watchdog::beat(bool working) {
   // The time first: the watchdog reads `working_`, then the time it goes with.
   last_beat_ns_ = now_ns();
   working_ = working;
-  if (working && stalled_.exchange(false)) on_change_(false, 0);
+  // Any mark is progress, also the one of a loop going idle after its last step.
+  if (stalled_.exchange(false)) on_change_(false, 0);
 }
 
 void Watchdog::watch() {

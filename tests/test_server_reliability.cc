@@ -137,7 +137,8 @@ TEST_CASE("server: a timed-out Prefill extend retried with expected_len is not a
   stall.set(true);
   v1::PrefillResponse first;
   CHECK(t.prefill(extend, &first, 0.5).error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
-  REQUIRE(stall.wait_held(30));
+  // (On a very slow machine the cancel may even come before the first step: the retry
+  // then finds all of the chunk pending, which it handles alike.)
   stall.set(false);
 
   // The retry finishes the first attempt's work (ABORTED while the cancelled task is
