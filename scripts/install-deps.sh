@@ -10,6 +10,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 libcli11-dev
   libopenblas-dev libcpp-httplib-dev
+  libboost-math-dev  # Student's t quantiles of the benchmarks (header-only)
   clang libclang-rt-14-dev python3  # the libFuzzer targets (scripts/fuzz.sh)
 )
 # Optional extras, only on request: clang-19 + hipcc for the gfx942 device-code check.

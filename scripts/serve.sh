@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds kvfuse and runs it on the default config (CPU backend, tiny synthetic model).
+# Builds kvfuse-server (only the server and what it needs, not the tests) and runs it
+# on the default config (CPU backend, tiny synthetic model).
 # Extra arguments go to the program, e.g. scripts/serve.sh --set kv_write=unfused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh
-if [[ -x build/kvfuse-server ]]; then
-  exec build/kvfuse-server --config config/cpu-default.json "$@"
+if [[ ! -x build/kvfuse-server ]]; then
+  echo "serve.sh: first build of kvfuse-server: about 2 minutes on 2 cores (later builds are incremental)"
 fi
-exec build/kvfuse-run --config config/cpu-default.json "$@"
+KVFUSE_TARGETS=kvfuse-server scripts/build.sh
+exec build/kvfuse-server --config config/cpu-default.json "$@"

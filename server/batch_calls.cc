@@ -16,6 +16,36 @@ void BatchCall::set_status(int index, const absl::Status& st) {
                        : decode_->mutable_results(index)->mutable_status());
 }
 
+namespace {
+
+// What a Prefill extend with expected_len finds: its chunk not yet appended (run it),
+// appended but not finished by an earlier attempt (resume that work), or finished.
+enum class Replay { none, resume, done };
+
+absl::StatusOr<Replay> extend_replay(const Scheduler& sched, const Engine& engine,
+                                     const v1::PrefillSequence& s) {
+  const SequenceState* seq = sched.is_router_sequence(s.id()) ? engine.sequence(s.id()) : nullptr;
+  if (!seq) return Replay::none;  // router_prefill says NOT_FOUND
+  const int64_t len = int64_t(seq->tokens.size());
+  const int64_t e = s.expected_len();
+  const int64_t n = s.token_ids_size();
+  if (len == e) return Replay::none;
+  if (sched.router_busy(s.id())) {
+    return absl::AbortedError(absl::StrCat("sequence ", s.id(), " is busy with another call"));
+  }
+  const bool sample = !s.no_sample();
+  const bool chunk_there =
+      len >= e + n && std::equal(s.token_ids().begin(), s.token_ids().end(), seq->tokens.begin() + e);
+  if (chunk_there && len == e + n && seq->num_pending() > 0) return Replay::resume;
+  if (chunk_there && len == e + n && !sample) return Replay::done;
+  if (chunk_there && len == e + n + 1 && sample && seq->num_pending() == 1) return Replay::done;
+  return absl::FailedPreconditionError(absl::StrCat("sequence ", s.id(), " has ", len,
+                                                    " tokens; expected_len ", e, " plus this chunk of ", n,
+                                                    " cannot match it"));
+}
+
+}  // namespace
+
 std::unique_ptr<BatchCall> BatchCall::prefill(Scheduler& sched, const Engine& engine,
                                               const v1::PrefillRequest& req, v1::PrefillResponse* resp,
                                               bool accept_new, int64_t retry_after_ms) {
@@ -26,7 +56,19 @@ std::unique_ptr<BatchCall> BatchCall::prefill(Scheduler& sched, const Engine& en
     v1::PrefillResult* r = resp->add_results();
     r->set_id(s.id());
     absl::Status st;
-    if (!s.extend() && !accept_new) {
+    Replay replay = Replay::none;
+    if (s.extend() && s.has_expected_len()) {
+      auto found = extend_replay(sched, engine, s);
+      st = found.status();
+      if (found.ok()) replay = *found;
+    }
+    if (!st.ok()) {
+      // The replay check failed: the result says why.
+    } else if (replay == Replay::done) {
+      if (!s.no_sample()) r->set_token_id(engine.sequence(s.id())->tokens.back());
+    } else if (replay == Replay::resume) {
+      st = sched.router_resume(s.id(), !s.no_sample());
+    } else if (!s.extend() && !accept_new) {
       st = absl::UnavailableError("server is draining: no new sequences");
     } else {
       auto sampling = to_sampling(s.sampling(), vocab);  // validated on arrival; cannot fail here
@@ -43,9 +85,10 @@ std::unique_ptr<BatchCall> BatchCall::prefill(Scheduler& sched, const Engine& en
       call->set_status(i, st);
       continue;
     }
-    call->prompt_tokens_ += s.token_ids_size();
+    if (replay == Replay::done) continue;
+    if (replay == Replay::none) call->prompt_tokens_ += s.token_ids_size();
     call->index_[s.id()] = i;
-    if (!s.extend()) call->created_.push_back(s.id());
+    if (!s.extend()) call->created_.push_back({s.id(), sched.router_generation(s.id())});
   }
   return call;
 }
@@ -121,8 +164,10 @@ void BatchCall::on_result(const RouterResult& res) {
 
 void BatchCall::cancel(Scheduler& sched, const absl::Status& why) {
   for (SeqId id : running()) sched.router_stop(id, why);
-  for (SeqId id : created_) {
-    if (sched.is_router_sequence(id)) (void)sched.router_release(id);
+  // Only the sequences this call still owns: one it created may have been released
+  // by another caller and created again under the same id since.
+  for (const auto& [id, generation] : created_) {
+    if (sched.router_generation(id) == generation) (void)sched.router_release(id);
   }
   // The stopped tasks' results are delivered here by the loop; anything left (a task
   // already gone) gets `why` directly.

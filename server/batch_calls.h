@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -35,7 +36,9 @@ class BatchCall {
   // Records a finished task of one of running().
   void on_result(const RouterResult& r);
   // Stops the running tasks with `why`, and releases the sequences this call created
-  // (a cancelled Prefill leaves nothing behind, so a retry can create them again).
+  // and still owns (a cancelled Prefill leaves nothing behind, so a retry can create
+  // them again; a sequence created under the same id by a later call is left alone).
+  // A cancelled extend stays appended: its retry with expected_len finishes it.
   void cancel(Scheduler& sched, const absl::Status& why);
 
   int64_t prompt_tokens() const { return prompt_tokens_; }
@@ -51,7 +54,8 @@ class BatchCall {
   v1::DecodeResponse* decode_;
   int64_t retry_after_ms_;
   std::unordered_map<SeqId, int> index_;  // running sequence -> result index
-  std::vector<SeqId> created_;            // sequences this Prefill created
+  // Sequences this Prefill created, with their Scheduler::router_generation.
+  std::vector<std::pair<SeqId, uint64_t>> created_;
   int64_t prompt_tokens_ = 0;
   int64_t generated_tokens_ = 0;
   bool saw_internal_ = false;

@@ -78,7 +78,12 @@ int run_generate(v1::DecodeService::Stub& stub, const Common& c, v1::GenerateReq
     }
   }
   const grpc::Status st = reader->Finish();
-  if (!st.ok() && !first) std::printf("\n");
+  if (!st.ok() && !first) {
+    // End the token line before the error goes to stderr: with both streams on one
+    // pipe, a buffered newline would land after the message.
+    std::printf("\n");
+    std::fflush(stdout);
+  }
   return report(st, nullptr);
 }
 
@@ -104,7 +109,10 @@ int main(int argc, char** argv) {
   std::string stop_ids;
   SamplingFlags gen_sampling;
   gen->add_option("--prompt-ids", prompt_ids, "comma-separated prompt token ids")->required();
-  gen->add_option("-m,--max-tokens", max_tokens, "tokens to generate")->capture_default_str();
+  gen->add_option(
+         "-m,--max-tokens", max_tokens,
+         "tokens to generate; 0 asks for the server's default (16), at most the server's max_seq_len")
+      ->capture_default_str();
   gen->add_option("--id", gen_id, "request id (0: the server picks)");
   gen->add_option("--stop-ids", stop_ids, "comma-separated stop token ids");
   gen_sampling.add(gen);

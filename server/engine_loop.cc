@@ -47,14 +47,27 @@ const char* to_string(LoopState s) {
 }
 
 EngineLoop::EngineLoop(LoopOptions opts, ServerMetrics& metrics, std::function<void(bool)> on_serving)
-    : opts_(std::move(opts)), metrics_(metrics), on_serving_(std::move(on_serving)) {}
+    : opts_(std::move(opts)),
+      metrics_(metrics),
+      on_serving_(std::move(on_serving)),
+      watchdog_(opts_.watchdog_s, [this](bool stalled, double idle_s) {
+        if (stalled) {
+          spdlog::error("event=watchdog_stall no_progress_s={:.1f} limit_s={} health=NOT_SERVING", idle_s,
+                        opts_.watchdog_s);
+        } else {
+          spdlog::warn("event=watchdog_recovered");
+        }
+        update_health();
+      }) {}
 
 EngineLoop::~EngineLoop() {
   if (thread_.joinable()) stop(absl::UnavailableError("server is shutting down"));
+  watchdog_.stop();  // before the members its callback uses are gone
 }
 
 void EngineLoop::start() {
   thread_ = std::thread([this] { run(); });
+  watchdog_.start();
 }
 
 absl::Status EngineLoop::wait_until_ready(double timeout_s) {
@@ -166,7 +179,8 @@ void EngineLoop::generate(const v1::GenerateRequest* req, std::shared_ptr<Genera
     g.id = req.id() != 0 ? req.id() : next_generate_id();
     g.prompt.assign(req.prompt_ids().begin(), req.prompt_ids().end());
     g.sampling = *to_sampling(req.sampling(), limits_.vocab);  // validated on arrival
-    g.max_new_tokens = req.max_tokens() != 0 ? int32_t(req.max_tokens()) : limits_.default_max_tokens;
+    g.max_new_tokens = req.max_tokens() != 0 ? int32_t(req.max_tokens())
+                                             : std::min(limits_.default_max_tokens, limits_.max_seq_len);
     g.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
     const SeqId id = g.id;
     const int32_t prompt_tokens = int32_t(g.prompt.size());
@@ -179,6 +193,9 @@ void EngineLoop::generate(const v1::GenerateRequest* req, std::shared_ptr<Genera
     s.call = call;
     s.prompt_tokens = prompt_tokens;
     metrics_.add_prompt_tokens(prompt_tokens);
+    // Counted in flight before its first token can reach the client: a drain that
+    // starts once the client has seen a token must wait for the stream.
+    publish_load();
     call->accept(id);
   });
 }
@@ -208,6 +225,7 @@ void EngineLoop::run() {
   for (;;) {
     std::deque<std::function<void()>> cmds;
     bool stopping = false;
+    watchdog_.beat(false);
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [this] {
@@ -217,6 +235,7 @@ void EngineLoop::run() {
       woken_ = false;
       stopping = stop_requested_;
     }
+    watchdog_.beat(true);
     for (auto& cmd : cmds) {
       cmd();
       if (sched_) dispatch_router_results();
@@ -226,6 +245,7 @@ void EngineLoop::run() {
     if (sched_ && sched_->has_work()) step();
     publish_load();
   }
+  watchdog_.beat(false);
 
   // Commands posted until now run with state stopped (they answer UNAVAILABLE); later
   // ones run on the posting thread (see post()).
@@ -233,6 +253,8 @@ void EngineLoop::run() {
   absl::Status why;
   {
     std::lock_guard lock(mu_);
+    // Before the state changes: a drain that sees the loop stopped reads it.
+    ended_by_stop_ = sched_ ? int64_t(streams_.size() + batches_.size() + sched_->num_router_sequences()) : 0;
     state_ = LoopState::stopped;
     accepting_commands_ = false;
     rest.swap(commands_);
@@ -324,7 +346,7 @@ void EngineLoop::update_health() {
   // Serialized, and reading the state now rather than taking it as an argument: with
   // two changes racing, the last call still reports the latest state.
   std::lock_guard lock(health_mu_);
-  on_serving_(state_.load() == LoopState::serving && healthy_.load());
+  on_serving_(state_.load() == LoopState::serving && healthy_.load() && !watchdog_.stalled());
 }
 
 void EngineLoop::begin_drain() {
@@ -350,6 +372,7 @@ void EngineLoop::stop(const absl::Status& why) {
   // stop() may race with itself (a second signal during a drain); join once.
   std::lock_guard join_lock(join_mu_);
   if (thread_.joinable()) thread_.join();
+  watchdog_.stop();
 }
 
 void EngineLoop::end_cancelled() {
@@ -475,6 +498,7 @@ void EngineLoop::add_batch(std::unique_ptr<BatchCall> call, Flag cancelled, Done
   const uint64_t id = next_batch_id_++;
   for (SeqId seq : call->running()) task_owner_[seq] = id;
   batches_[id] = Batch{std::move(call), std::move(cancelled), std::move(done)};
+  publish_load();  // in flight from now on (see generate())
 }
 
 void EngineLoop::complete_batch(uint64_t batch_id, const absl::Status& st) {
@@ -521,7 +545,7 @@ void EngineLoop::fill_load(v1::GetLoadResponse* resp) const {
   resp->set_kv_usage(full.total_pages > 0 ? double(full.used_pages) / double(full.total_pages) : 0.0);
   resp->set_num_router_sequences(uint32_t(sched_->num_router_sequences()));
   resp->set_num_streams(uint32_t(streams_.size()));
-  resp->set_serving(state_.load() == LoopState::serving && healthy_.load());
+  resp->set_serving(state_.load() == LoopState::serving && healthy_.load() && !watchdog_.stalled());
 }
 
 void EngineLoop::publish_load() {

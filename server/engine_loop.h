@@ -21,6 +21,7 @@
 #include "server/generate_stream.h"
 #include "server/metrics.h"
 #include "server/request_validation.h"
+#include "server/watchdog.h"
 #include "src/config.h"
 #include "src/engine.h"
 #include "src/scheduler.h"
@@ -38,6 +39,10 @@ struct LoopOptions {
   std::function<void()> before_warmup;
   // Tests: sees every step's results (fault injection, see Scheduler::set_result_hook).
   std::function<void(std::vector<StepResult>&)> result_hook;
+  // Health turns NOT_SERVING when the loop has work and makes no progress (no step or
+  // command finishes) for this long; it turns back when a step completes. 0: off.
+  // Generous by default: one long prefill step of a large model on a CPU takes a while.
+  double watchdog_s = 300;
 };
 
 enum class LoopState { warming, serving, draining, stopped, failed };
@@ -61,6 +66,8 @@ class EngineLoop {
   // OK while new work (Generate, creating sequences) is admitted; UNAVAILABLE otherwise.
   absl::Status check_accepting() const;
   bool healthy() const { return healthy_.load(); }
+  // True while the watchdog sees the loop stuck (see LoopOptions::watchdog_s).
+  bool stalled() const { return watchdog_.stalled(); }
   // After the warmup.
   const ServiceLimits& limits() const { return limits_; }
   const v1::GetInfoResponse& info() const { return info_; }
@@ -82,6 +89,8 @@ class EngineLoop {
   void begin_drain();
   // Streams, batch calls, waiting requests and live router sequences.
   int64_t in_flight() const { return in_flight_.load(); }
+  // What stop() found still in flight and ended with its status (0 before stop()).
+  int64_t ended_by_stop() const { return ended_by_stop_.load(); }
   // Ends all remaining work with `why`, frees every sequence and stops the thread.
   void stop(const absl::Status& why);
 
@@ -102,6 +111,7 @@ class EngineLoop {
   void run();
   absl::Status warm_up();
   void set_healthy(bool healthy);
+
   // Tells on_serving whether the server serves now (warm, not draining, healthy).
   void update_health();
   void run_commands();
@@ -127,6 +137,8 @@ class EngineLoop {
   std::atomic<LoopState> state_{LoopState::warming};
   std::atomic<bool> healthy_{true};
   std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> ended_by_stop_{0};
+  Watchdog watchdog_;
   absl::Status start_error_;  // set before state_ becomes failed
   ServiceLimits limits_;      // set before state_ becomes serving
   v1::GetInfoResponse info_;  // set before state_ becomes serving

@@ -16,7 +16,9 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void observe(double v);
-  void render(std::string& out, const std::string& name, const std::string& help) const;
+  // `labels`: those every series of the histogram carries (`key="value",...`).
+  void render(std::string& out, const std::string& name, const std::string& help,
+              const std::string& labels = "") const;
   uint64_t count() const;
 
  private:

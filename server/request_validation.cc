@@ -69,6 +69,13 @@ absl::Status validate(const v1::PrefillRequest& req, const ServiceLimits& lim) {
     if (s.extend() && s.has_sampling()) {
       return invalid(where, "sampling is set when the sequence is created, not when it is extended");
     }
+    if (s.has_expected_len() && !s.extend()) {
+      return invalid(where, "expected_len applies to an extend only");
+    }
+    if (s.has_expected_len() && int64_t(s.expected_len()) + s.token_ids_size() > int64_t(lim.max_seq_len)) {
+      return invalid(where, "expected_len ", s.expected_len(), " plus ", s.token_ids_size(),
+                     " tokens exceed max_seq_len ", lim.max_seq_len);
+    }
     if (auto sp = to_sampling(s.sampling(), lim.vocab); !sp.ok())
       return invalid(where, sp.status().message());
   }

@@ -36,11 +36,17 @@ int main(int argc, char** argv) {
   bool quiet_steps = false;
   bool print_keys = false;
   app.add_option("-c,--config", config_path, "JSON config file (default: the built-in CPU default)");
-  app.add_option("-s,--set", overrides, "override a config key: key=value (repeatable)");
+  app.add_option("-s,--set", overrides,
+                 "override a config key: key=value (repeatable; over KVFUSE_<KEY> environment variables, "
+                 "over the --config file)");
   app.add_option("--prompt-ids", prompt_ids, "comma-separated prompt token ids");
-  app.add_option("-n,--num-prompts", num_prompts, "number of sequences (prompt i is the prompt shifted by i)")
+  app.add_option(
+         "-n,--num-prompts", num_prompts,
+         "number of sequences (prompt i is the prompt with i added to every id; each must stay inside "
+         "the vocabulary)")
       ->check(CLI::Range(1, 4096));
-  app.add_option("-m,--max-tokens", max_tokens, "tokens to generate per sequence")
+  app.add_option("-m,--max-tokens", max_tokens,
+                 "tokens to generate per sequence (at most max_seq_len; generation also stops there)")
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("-t,--temperature", temperature, "sampling temperature (0 = greedy)");
   app.add_flag("-q,--quiet-steps", quiet_steps, "print only the summary, not each step");
@@ -59,6 +65,7 @@ int main(int argc, char** argv) {
     j = nlohmann::json::parse(in, nullptr, false, true);
     if (j.is_discarded()) return fail(absl::InvalidArgumentError(config_path + " is not valid JSON"));
   }
+  if (auto st = apply_config_env(j); !st.ok()) return fail(st);
   for (const auto& o : overrides) {
     if (auto st = apply_config_override(j, o); !st.ok()) return fail(st);
   }
@@ -88,11 +95,16 @@ int main(int argc, char** argv) {
     GenerateRequest r;
     r.id = SeqId(i);
     r.prompt = base;
-    for (auto& t : r.prompt) t = (t + i) % std::max(1, e.spec().vocab);
+    for (auto& t : r.prompt) t += i;
     r.max_new_tokens = max_tokens;
     r.sampling.temperature = temperature;
     r.sampling.seed = uint64_t(i);
-    if (auto st = sched.submit(std::move(r)); !st.ok()) return fail(st);
+    // Checked as the server checks a Generate request: a token outside the vocabulary
+    // or a max_tokens beyond max_seq_len is refused, not wrapped or capped.
+    if (auto st = sched.submit(std::move(r)); !st.ok()) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("prompt ", i, " (--prompt-ids shifted by ", i, "): ", st.message())));
+    }
   }
 
   std::map<SeqId, std::vector<int32_t>> out;

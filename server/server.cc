@@ -45,10 +45,14 @@ absl::StatusOr<std::unique_ptr<KvfuseServer>> KvfuseServer::start(ServerOptions 
   builder.RegisterService(s->health_.get());
   builder.SetMaxReceiveMessageSize(opts.max_message_bytes);
   builder.SetMaxSendMessageSize(opts.max_message_bytes);
+  // gRPC sets SO_REUSEPORT by default on Linux: a second server on a busy port would
+  // bind too and silently take half of the connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   s->grpc_ = builder.BuildAndStart();
   if (!s->grpc_ || (s->port_ == 0 && opts.listen.rfind("unix:", 0) != 0)) {
     s->grpc_.reset();
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", opts.listen));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", opts.listen,
+                                               " (gRPC): the port is in use or the address is not local"));
   }
   spdlog::info("event=listening addr={} port={}", opts.listen, s->port_);
 
@@ -84,8 +88,11 @@ void KvfuseServer::drain(double grace_s) {
   while (loop_->in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  const int64_t left = loop_->in_flight();
-  spdlog::info("event=drain_done in_flight_left={} waited_s={:.3f}", left,
+  // A second signal stops the loop during the wait, which ends the work in flight and
+  // empties in_flight(): what it ended is what the drain left unfinished.
+  const bool cut = loop_->state() == LoopState::stopped;
+  const int64_t left = cut ? loop_->ended_by_stop() : loop_->in_flight();
+  spdlog::info("event=drain_done in_flight_left={} cut_short={} waited_s={:.3f}", left, cut,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   loop_->stop(absl::UnavailableError("server is shutting down"));
   health_->shutdown();

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -32,6 +33,7 @@ absl::StatusOr<Config> build_config(const std::string& path, const std::vector<s
     j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
     if (j.is_discarded()) return absl::InvalidArgumentError(path + " is not valid JSON");
   }
+  if (auto st = apply_config_env(j); !st.ok()) return st;
   for (const auto& o : overrides) {
     if (auto st = apply_config_override(j, o); !st.ok()) return st;
   }
@@ -51,14 +53,21 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("-c,--config", config_path,
                  "JSON config file (default: built-in defaults, see --config-keys)");
-  app.add_option("-s,--set", overrides, "override a config key: key=value (repeatable)");
+  app.add_option("-s,--set", overrides,
+                 "override a config key: key=value (repeatable). Precedence: these flags > KVFUSE_<KEY> "
+                 "environment variables > --config file > defaults");
   // Every config key is also a flag of its own: --num_pages 256 is --set num_pages=256.
   std::vector<std::pair<std::string, std::string>> key_flags;
   key_flags.reserve(config_key_docs().size());
   for (const auto& d : config_key_docs()) {
     key_flags.emplace_back(d.key, "");
-    app.add_option(std::string("--") + d.key, key_flags.back().second,
-                   std::string(d.meaning) + " (" + d.values + ")")
+    // --kv_write and --kv-write: the other flags use dashes.
+    std::string names = std::string("--") + d.key;
+    std::string dashed = d.key;
+    std::replace(dashed.begin(), dashed.end(), '_', '-');
+    if (dashed != d.key) names += ",--" + dashed;
+    app.add_option(names, key_flags.back().second,
+                   std::string(d.meaning) + " (" + d.values + "; env " + config_env_name(d.key) + ")")
         ->group("Config keys");
   }
   app.add_option("-l,--listen", opts.listen, "gRPC listen address host:port (port 0: a free port)")
@@ -67,6 +76,11 @@ int main(int argc, char** argv) {
                  "Prometheus /metrics HTTP port; 0 picks one, -1 turns it off")
       ->capture_default_str();
   app.add_option("--drain-grace-s", grace_s, "on SIGTERM/SIGINT, how long in-flight work may finish")
+      ->capture_default_str();
+  app.add_option(
+         "--watchdog-s", opts.loop.watchdog_s,
+         "health turns NOT_SERVING when the engine makes no progress this long with work pending (0: off)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--max-waiting", opts.loop.max_waiting, "Generate requests queued before RESOURCE_EXHAUSTED")
       ->capture_default_str();

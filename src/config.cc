@@ -1,6 +1,9 @@
 #include "src/config.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -53,7 +56,8 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
        "KV cache element type; fp8_e4m3 is stored as e4m3fn, or e4m3fnuz on gfx942 (default fp8_e4m3)"},
       {"kv_write", "fused | unfused", "KV write path: one fused kernel, or scale/cast/scatter stages"},
       {"attention", "unified | split",
-       "attention path (default unified; on a GPU a decode-only batch too small to fill it takes the split-KV "
+       "attention path (default unified; on a GPU a decode-only batch too small to fill it takes the "
+       "split-KV "
        "kernel)"},
       {"graphs", "on | off",
        "decode steps replay a CUDA/HIP graph captured per batch bucket (default on; no effect on the CPU)"},
@@ -152,8 +156,21 @@ absl::Status parse_path(const json& j, const std::string& key, std::string& out)
 
 }  // namespace
 
-absl::StatusOr<Config> config_from_json(const json& j) {
-  if (!j.is_object()) return absl::InvalidArgumentError("config: the top level must be a JSON object");
+std::string config_key_name(std::string key) {
+  std::replace(key.begin(), key.end(), '-', '_');
+  return key;
+}
+
+absl::StatusOr<Config> config_from_json(const json& spelled) {
+  if (!spelled.is_object()) return absl::InvalidArgumentError("config: the top level must be a JSON object");
+  // kv-write and kv_write are one key, as on the command line.
+  json j = json::object();
+  for (const auto& [key, value] : spelled.items()) {
+    const std::string name = config_key_name(key);
+    if (j.contains(name))
+      return absl::InvalidArgumentError(absl::StrCat("config: key '", name, "' is set twice"));
+    j[name] = value;
+  }
   std::set<std::string> known;
   for (const auto& d : config_key_docs()) known.insert(d.key);
   for (const auto& [key, _] : j.items()) {
@@ -268,10 +285,34 @@ absl::Status apply_config_override(json& j, const std::string& assignment) {
   if (eq == std::string::npos || eq == 0) {
     return absl::InvalidArgumentError(absl::StrCat("override '", assignment, "' is not key=value"));
   }
-  const std::string key = assignment.substr(0, eq);
+  const std::string key = config_key_name(assignment.substr(0, eq));
   const std::string text = assignment.substr(eq + 1);
   json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // The later assignment wins, whichever spelling the earlier one used.
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end();) {
+      it = it.key() != key && config_key_name(it.key()) == key ? j.erase(it) : std::next(it);
+    }
+  }
   j[key] = v.is_discarded() ? json(text) : v;
+  return absl::OkStatus();
+}
+
+std::string config_env_name(const std::string& key) {
+  std::string name = "KVFUSE_" + config_key_name(key);
+  for (char& ch : name) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  return name;
+}
+
+absl::Status apply_config_env(json& j) {
+  for (const auto& d : config_key_docs()) {
+    const std::string var = config_env_name(d.key);
+    const char* value = std::getenv(var.c_str());
+    if (value == nullptr || *value == '\0') continue;
+    if (auto st = apply_config_override(j, absl::StrCat(d.key, "=", value)); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(var, ": ", st.message()));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -54,7 +54,16 @@ struct Config {
 absl::StatusOr<Config> config_from_json(const nlohmann::json& j);
 absl::StatusOr<Config> load_config_file(const std::string& path);
 // Applies "key=value" (the value parsed as JSON, or taken as a string if that fails).
+// Keys may be spelled with dashes or underscores (kv-write, kv_write), here and in a file.
 absl::Status apply_config_override(nlohmann::json& j, const std::string& assignment);
+// The canonical spelling of a key: dashes become underscores.
+std::string config_key_name(std::string key);
+// KVFUSE_<KEY> (KVFUSE_KV_WRITE=unfused) for a config key.
+std::string config_env_name(const std::string& key);
+// Applies the KVFUSE_<KEY> environment variables that are set and not empty, as
+// overrides. Precedence: command line > environment > config file > default, so call
+// this after loading the file and before applying the command line.
+absl::Status apply_config_env(nlohmann::json& j);
 nlohmann::json config_to_json(const Config& c);
 
 // Reference of every key, for --help and the README: key, allowed values, default, meaning.

@@ -85,6 +85,12 @@ absl::Status Scheduler::submit(GenerateRequest req) {
   if (req.max_new_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_new_tokens ", req.max_new_tokens, " must be >= 1"));
   }
+  // The server's rule for max_tokens (server/request_validation.cc); a request within
+  // it still ends at max_seq_len (finish reason length).
+  if (req.max_new_tokens > cfg.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens ", req.max_new_tokens, " exceeds max_seq_len ", cfg.max_seq_len));
+  }
   if (int64_t(req.prompt.size()) + 1 > cfg.max_seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("prompt of ", req.prompt.size(),
                                                    " tokens exceeds max_seq_len ", cfg.max_seq_len, " - 1"));

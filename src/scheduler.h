@@ -99,9 +99,17 @@ class Scheduler {
   // Ends the running task of a sequence with `why` (its result is queued); the
   // sequence stays. No-op without a task.
   void router_stop(SeqId id, const absl::Status& why);
+  // Starts a task that computes a live sequence's pending tokens and, if `sample`,
+  // samples one: the rest of a prefill whose task was stopped. NOT_FOUND, ABORTED,
+  // RESOURCE_EXHAUSTED as above; FAILED_PRECONDITION with nothing pending.
+  absl::Status router_resume(SeqId id, bool sample);
   // Frees a router-driven sequence; a running task ends CANCELLED. NOT_FOUND if unknown.
   absl::Status router_release(SeqId id);
   bool is_router_sequence(SeqId id) const { return router_.count(id) != 0; }
+  // Which incarnation of an id is live: a number that differs for every sequence
+  // router_prefill creates, so that a call can tell its own sequence from a later
+  // one under the same id. 0 if the id is not a live router-driven sequence.
+  uint64_t router_generation(SeqId id) const;
   bool router_busy(SeqId id) const;
   size_t num_router_sequences() const { return router_.size(); }
   size_t num_router_tasks() const { return router_active_.size(); }
@@ -131,6 +139,7 @@ class Scheduler {
   };
   struct RouterSeq {
     std::optional<RouterTask> task;
+    uint64_t generation = 0;
   };
   // Who a step item belongs to.
   struct Owner {
@@ -172,6 +181,7 @@ class Scheduler {
   std::unordered_map<SeqId, RouterSeq> router_;
   std::vector<SeqId> router_active_;  // sequences with a task, oldest task first
   std::vector<RouterResult> router_results_;
+  uint64_t next_router_generation_ = 1;
   uint64_t step_count_ = 0;
   std::function<void(std::vector<StepResult>&)> result_hook_;
 };

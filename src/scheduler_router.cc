@@ -74,7 +74,7 @@ absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, co
     }
     if (auto st = check_router_capacity(id, int64_t(tokens.size())); !st.ok()) return st;
     if (auto st = engine_.add_sequence(id, std::move(tokens), sampling); !st.ok()) return st;
-    router_[id] = RouterSeq{};
+    router_[id] = RouterSeq{std::nullopt, next_router_generation_++};
   } else {
     if (!router_.count(id)) return not_found(id);
     if (router_busy(id)) return busy(id);
@@ -84,6 +84,23 @@ absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, co
   }
   start_router_task(id, sample ? 1 : 0);
   return absl::OkStatus();
+}
+
+absl::Status Scheduler::router_resume(SeqId id, bool sample) {
+  if (!router_.count(id)) return not_found(id);
+  if (router_busy(id)) return busy(id);
+  const SequenceState* s = engine_.sequence(id);
+  if (s->num_pending() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " has no pending token to compute"));
+  }
+  if (auto st = check_router_capacity(id, int64_t(s->tokens.size())); !st.ok()) return st;
+  start_router_task(id, sample ? 1 : 0);
+  return absl::OkStatus();
+}
+
+uint64_t Scheduler::router_generation(SeqId id) const {
+  auto it = router_.find(id);
+  return it == router_.end() ? 0 : it->second.generation;
 }
 
 absl::Status Scheduler::router_decode(SeqId id, int32_t steps) {

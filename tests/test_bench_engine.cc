@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tests/catch.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/run_command.h"
-#include "tests/catch.h"
 
 #include "bench/engine/roofline.h"
 #include "src/model_spec.h"
@@ -114,6 +114,9 @@ TEST_CASE("kvfuse-bench-engine: CPU smoke run writes every cell and variant", "[
   REQUIRE(rc == 0);
   CHECK(out.find("x roofline") != std::string::npos);
   CHECK(out.find("graphs speedup unified") != std::string::npos);
+  // Not a terminal: the progress comes as lines, one per cell, with no carriage returns.
+  CHECK(out.find('\r') == std::string::npos);
+  CHECK(out.find("kvfuse-bench-engine: cell 4/4 (batch 2, context 64)") != std::string::npos);
   const nlohmann::json j = read_json(json_path);
   CHECK(j["meta"]["model"] == "tiny");
   CHECK(j["meta"]["device"].get<std::string>().find("cpu") != std::string::npos);

@@ -1,4 +1,5 @@
 // Config loading: every key validated, clear errors, overrides, the shipped files.
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -128,4 +129,35 @@ TEST_CASE("config: the README documents every key", "[config][docs]") {
     CAPTURE(d.key);
     CHECK(contains(text, std::string("| `") + d.key + "` |"));
   }
+}
+
+TEST_CASE("config: keys with dashes, and KVFUSE_<KEY> environment variables under the command line",
+          "[config]") {
+  // Both spellings, in a file and in an override; the later override wins over either.
+  json j = {{"kv-write", "unfused"}, {"num_pages", 64}};
+  auto c = config_from_json(j);
+  REQUIRE(c.ok());
+  CHECK(c->kv_write == KvWritePath::unfused);
+  CHECK(contains(error_of({{"kv-write", "unfused"}, {"kv_write", "fused"}}), "set twice"));
+  REQUIRE(apply_config_override(j, "kv_write=fused").ok());
+  REQUIRE(config_from_json(j).ok());
+  CHECK(config_from_json(j)->kv_write == KvWritePath::fused);
+  REQUIRE(apply_config_override(j, "max-seq-len=128").ok());
+  CHECK(config_from_json(j)->max_seq_len == 128);
+
+  CHECK(config_env_name("kv_write") == "KVFUSE_KV_WRITE");
+  CHECK(config_env_name("max-seq-len") == "KVFUSE_MAX_SEQ_LEN");
+  // file < environment < command line
+  json layered = {{"kv_write", "fused"}, {"page_size", 32}, {"num_pages", 64}};
+  setenv("KVFUSE_KV_WRITE", "unfused", 1);
+  setenv("KVFUSE_PAGE_SIZE", "8", 1);
+  REQUIRE(apply_config_env(layered).ok());
+  REQUIRE(apply_config_override(layered, "page_size=64").ok());
+  unsetenv("KVFUSE_KV_WRITE");
+  unsetenv("KVFUSE_PAGE_SIZE");
+  auto lc = config_from_json(layered);
+  REQUIRE(lc.ok());
+  CHECK(lc->kv_write == KvWritePath::unfused);
+  CHECK(lc->page_size == 64);
+  CHECK(lc->num_pages == 64);
 }

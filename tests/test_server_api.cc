@@ -388,16 +388,26 @@ TEST_CASE("server: /metrics serves the Prometheus metrics users know", "[server]
   REQUIRE(t.prefill(pre, &pr).ok());
   const std::string body = http_get(t.server->metrics_port(), "/metrics");
   CHECK(body.find("200 OK") != std::string::npos);
-  for (const char* name :
-       {"kvfuse:time_to_first_token_seconds_bucket", "kvfuse:inter_token_latency_seconds_bucket",
-        "kvfuse:e2e_request_latency_seconds_count 1", "kvfuse:num_requests_running 1",
-        "kvfuse:num_requests_waiting 0", "kvfuse:kv_cache_usage_perc", "kvfuse:prompt_tokens_total 14",
-        "kvfuse:generation_tokens_total 6", "kvfuse:kv_write_path_info{kv_write=\"fused\"} 1",
-        "kvfuse:step_duration_seconds_bucket", "kvfuse:request_success_total{finished_reason=\"length\"} 1",
-        "kv_format=\"fp8_e4m3fn\""}) {
+  // Every series carries vLLM's model_name label.
+  for (const char* name : {"kvfuse:time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.1\"}",
+                           "kvfuse:inter_token_latency_seconds_bucket{model_name=\"tiny\",le=",
+                           "kvfuse:e2e_request_latency_seconds_count{model_name=\"tiny\"} 1",
+                           "kvfuse:num_requests_running{model_name=\"tiny\"} 1",
+                           "kvfuse:num_requests_waiting{model_name=\"tiny\"} 0",
+                           "kvfuse:kv_cache_usage_perc{model_name=\"tiny\"}",
+                           "kvfuse:prompt_tokens_total{model_name=\"tiny\"} 14",
+                           "kvfuse:generation_tokens_total{model_name=\"tiny\"} 6",
+                           "kvfuse:kv_write_path_info{model_name=\"tiny\",kv_write=\"fused\"} 1",
+                           "kvfuse:step_duration_seconds_bucket{model_name=\"tiny\",le=\"0.0025\"}",
+                           "kvfuse:request_success_total{model_name=\"tiny\",finished_reason=\"length\"} 1",
+                           "kv_format=\"fp8_e4m3fn\""}) {
     INFO(name);
     CHECK(body.find(name) != std::string::npos);
   }
+  // Bucket bounds in their shortest round-trip form, as other exporters print them.
+  CHECK(body.find("0.10000000000000001") == std::string::npos);
+  CHECK(body.find("le=\"0.001\"") != std::string::npos);
+  CHECK(body.find("le=\"+Inf\"") != std::string::npos);
   CHECK(http_get(t.server->metrics_port(), "/health").find("200 OK") != std::string::npos);
   REQUIRE(t.release({3}).ok());
 }

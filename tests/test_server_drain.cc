@@ -190,4 +190,8 @@ TEST_CASE("kvfuse-server: a second signal cuts the drain short, exit 0", "[serve
   CHECK(p.wait_exit(20) == 0);
   CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 10);
   for (auto& s : streams) CHECK(s.get().status.error_code() == grpc::StatusCode::UNAVAILABLE);
+  // The log counts the two streams the second signal cut, not the empty loop after.
+  const std::string log = p.log();
+  INFO(log);
+  CHECK(log.find("event=drain_done in_flight_left=2 cut_short=true") != std::string::npos);
 }

@@ -218,6 +218,6 @@ TEST_CASE("server: a pool too small for the load queues and preempts, and every 
   }
   INFO("streams equal to the unpreempted output: " << exact << " of 10");
   const std::string metrics = t.server->metrics().render();
-  CHECK(metrics.find("kvfuse:num_preemptions_total 0\n") == std::string::npos);
+  CHECK(metrics.find("kvfuse:num_preemptions_total{model_name=\"tiny\"} 0\n") == std::string::npos);
   CHECK(t.wait_all_pages_free());
 }

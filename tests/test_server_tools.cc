@@ -2,6 +2,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <future>
 
 #include "tests/run_command.h"
 #include "tests/test_server_util.h"
@@ -79,4 +80,47 @@ TEST_CASE("kvfuse-bench-serve: concurrent streams, progress, throughput and late
   for (const char* row : {"TTFT  ms   p50", "ITL   ms   p50", "E2E   ms   p50"})
     CHECK(out.find(row) != std::string::npos);
   CHECK(t.wait_all_pages_free());
+}
+
+TEST_CASE("kvfuse-cli: an error that cuts a stream starts on a line of its own", "[server][tools]") {
+  TokenRecord record;
+  auto t = TestServer::start({"max_seq_len=4096"},
+                             [&](server::ServerOptions& o) { o.loop.result_hook = record.hook(); });
+  // A stream long enough to be cut, its stdout and stderr on one pipe as in a terminal log.
+  auto cli = std::async(std::launch::async, [&] {
+    return run(std::string(KVFUSE_CLI_BIN) + " --addr " + t.server->address() +
+               " generate --prompt-ids 1,2,3 --max-tokens 4000");
+  });
+  const auto end = Clock::now() + std::chrono::seconds(30);
+  auto any_token = [&] {
+    std::lock_guard<std::mutex> lock(record.mu);
+    return !record.tokens.empty();
+  };
+  while (!any_token() && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let some tokens reach the client
+  t.server->loop().stop(absl::UnavailableError("server is shutting down"));
+  const auto [rc, out] = cli.get();
+  INFO(out);
+  CHECK(rc == int(grpc::StatusCode::UNAVAILABLE));
+  const auto at = out.find("kvfuse-cli: ");
+  REQUIRE(at != std::string::npos);
+  CHECK((at == 0 || out[at - 1] == '\n'));
+}
+
+TEST_CASE("kvfuse-server: config key flags take dashes, and KVFUSE_<KEY> variables are read",
+          "[server][tools][config]") {
+  // A bad value proves where the key was read, without starting a server.
+  const std::string srv = std::string(KVFUSE_SERVER_BIN) + " --listen 127.0.0.1:0 --metrics-port -1 ";
+  auto [rc, out] = run(srv + "--kv-write sideways");
+  INFO(out);
+  CHECK(rc != 0);
+  CHECK(out.find("event=bad_config") != std::string::npos);
+  CHECK(out.find("kv_write") != std::string::npos);
+  std::tie(rc, out) = run("KVFUSE_KV_WRITE=sideways " + srv);
+  CHECK(rc != 0);
+  CHECK(out.find("event=bad_config") != std::string::npos);
+  // The command line wins over the environment: only the flag's bad value is reported.
+  std::tie(rc, out) = run("KVFUSE_KV_WRITE=unfused " + srv + "--kv_write sideways2");
+  CHECK(rc != 0);
+  CHECK(out.find("sideways2") != std::string::npos);
 }

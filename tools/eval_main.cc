@@ -2,7 +2,7 @@
 // as JSON, the greedy continuation and the logits of given prompts. It is the kvfuse side
 // of tests/hf_reference.py, and a quick way to inspect a checkpoint.
 //
-// Input (--input FILE):
+// Input (--input FILE): a list of prompts [[ids...], ...], or
 //   {"prompts": [[ids...], ...],
 //    "steps": 32,                  greedy tokens per prompt (default 32)
 //    "forced": [[ids...], ...]}    optional, one list per prompt: teacher-forced tokens
@@ -115,8 +115,12 @@ int main(int argc, char** argv) {
   if (input_path.empty()) return tools::fail(kTool, absl::InvalidArgumentError("--input is required"));
   auto input = tools::read_json_file(input_path);
   if (!input.ok()) return tools::fail(kTool, input.status());
+  // A bare list of prompts, as kvfuse-calibrate takes, stands for {"prompts": [...]}.
+  if (input->is_array()) *input = json{{"prompts", std::move(*input)}};
   if (!input->is_object() || !input->contains("prompts")) {
-    return tools::fail(kTool, absl::InvalidArgumentError(input_path + ": needs a \"prompts\" list"));
+    return tools::fail(
+        kTool, absl::InvalidArgumentError(input_path + ": needs a list of prompts, or an object with a "
+                                                       "\"prompts\" list"));
   }
   auto prompts = tools::token_lists(input->at("prompts"), input_path + ": prompts");
   if (!prompts.ok()) return tools::fail(kTool, prompts.status());

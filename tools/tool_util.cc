@@ -26,6 +26,7 @@ absl::StatusOr<json> config_json(const std::string& path, const std::vector<std:
     if (!j.is_object())
       return absl::InvalidArgumentError(absl::StrCat(path, ": the config must be a JSON object"));
   }
+  if (absl::Status st = apply_config_env(j); !st.ok()) return st;
   for (const auto& o : overrides) {
     if (absl::Status st = apply_config_override(j, o); !st.ok()) return st;
   }

@@ -11,7 +11,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_format.h"
 #include "bench/ab/ab_stats.h"
+#include "bench/ab/progress.h"
 #include "bench/synthetic_cell.h"
 #include "src/int_list.h"
 #ifdef KVFUSE_AB_WITH_SERVER
@@ -114,8 +116,9 @@ int main(int argc, char** argv) {
     if (auto st = ab::check_server_args(servers, !a_path.empty() || !b_path.empty()); !st.ok())
       return fail(std::string(st.message()));
     if (!overrides.empty()) {
-      return fail("--set configures the in-process engines; with --server, start each kvfuse-server with its "
-                  "own --set key=value");
+      return fail(
+          "--set configures the in-process engines; with --server, start each kvfuse-server with its "
+          "own --set key=value");
     }
     ab::ServerAbOptions so;
     so.servers = servers;
@@ -190,6 +193,7 @@ int main(int argc, char** argv) {
 
   std::vector<ab::Cell> cells;
   const size_t total = bs.size() * cs.size();
+  bench::Progress progress(stderr);
   SeqId next_id = 1;
   for (int b : bs) {
     for (int c : cs) {
@@ -200,8 +204,9 @@ int main(int argc, char** argv) {
         }
       }
       for (int r = 0; r < warmup + reps; ++r) {
-        std::fprintf(stderr, "\rkvfuse-ab: cell %zu/%zu (batch %d, context %d) repetition %d/%d   ",
-                     cells.size() + 1, total, b, c, r + 1, warmup + reps);
+        progress.update(
+            absl::StrFormat("kvfuse-ab: cell %zu/%zu (batch %d, context %d)", cells.size() + 1, total, b, c),
+            absl::StrFormat("repetition %d/%d", r + 1, warmup + reps));
         for (int i = 0; i < 2; ++i) {
           // Alternate which side goes first, so drift over time affects both alike.
           Side& s = sides[(r % 2) ^ i];
@@ -217,7 +222,7 @@ int main(int argc, char** argv) {
       cells.push_back(std::move(cell));
     }
   }
-  std::fprintf(stderr, "\n");
+  progress.finish();
 
   json meta = {{"model", ea.spec().name},
                {"device", ea.backend().description()},
@@ -228,7 +233,8 @@ int main(int argc, char** argv) {
                {"config_a", ja},
                {"config_b", jb}};
   if (title.empty())
-    title = "kvfuse " + a_name + " vs " + b_name + ": " + ea.spec().name + " on " + ea.backend().description();
+    title =
+        "kvfuse " + a_name + " vs " + b_name + ": " + ea.spec().name + " on " + ea.backend().description();
   write_outputs(cells, a_name, b_name, meta, json_path, svg_path, title);
   return 0;
 }

@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/ab/progress.h"
 #include "kvfuse/v1/decode.grpc.pb.h"
 #include "server/client_util.h"
 
@@ -42,7 +44,9 @@ absl::Status rpc_error(const Server& s, const std::string& what, const grpc::Sta
                       absl::StrCat(s.label(), ": ", what, ": ", client::describe(st)));
 }
 
-std::string cell_name(int batch, int context) { return absl::StrCat("cell batch ", batch, " x context ", context); }
+std::string cell_name(int batch, int context) {
+  return absl::StrCat("cell batch ", batch, " x context ", context);
+}
 
 json summary(const v1::GetInfoResponse& i) {
   return {{"model", i.model()},
@@ -63,8 +67,8 @@ json summary(const v1::GetInfoResponse& i) {
 }
 
 std::string describe_info(const v1::GetInfoResponse& i) {
-  return absl::StrCat("model ", i.model(), " on ", i.device(), ", kv ", i.kv_format(), " (", i.kv_cache_dtype(),
-                      "), ", i.kv_write(), " write, ", i.attention(), " attention");
+  return absl::StrCat("model ", i.model(), " on ", i.device(), ", kv ", i.kv_format(), " (",
+                      i.kv_cache_dtype(), "), ", i.kv_write(), " write, ", i.attention(), " attention");
 }
 
 // Connects and reads GetInfo, waiting while the server warms up (UNAVAILABLE).
@@ -135,8 +139,8 @@ class CellSequences {
         const grpc::Status st = s.stub->Release(&ctx, req, &resp);
         if (!st.ok()) {
           if (first.ok()) {
-            first = rpc_error(s, absl::StrCat("Release of ", ids.size(), " sequences (their KV pages may stay held)"),
-                              st);
+            first = rpc_error(
+                s, absl::StrCat("Release of ", ids.size(), " sequences (their KV pages may stay held)"), st);
           }
           break;
         }
@@ -194,20 +198,21 @@ absl::Status prefill_cell(Server& s, std::vector<uint64_t>& ids, uint64_t first_
       if (r.status().code() != v1::SequenceStatus::OK) {
         const auto code = absl::StatusCode(int(r.status().code()));
         const grpc::Status gs(grpc::StatusCode(int(r.status().code())), r.status().message());
-        std::string msg = absl::StrCat(s.label(), ": ", cell_name(batch, context),
-                                       code == absl::StatusCode::kResourceExhausted ? " does not fit" : " failed",
-                                       ": Prefill of sequence ", index + 1, " of ", batch, ": ",
-                                       client::describe(gs));
+        std::string msg =
+            absl::StrCat(s.label(), ": ", cell_name(batch, context),
+                         code == absl::StatusCode::kResourceExhausted ? " does not fit" : " failed",
+                         ": Prefill of sequence ", index + 1, " of ", batch, ": ", client::describe(gs));
         if (code == absl::StatusCode::kResourceExhausted) {
-          absl::StrAppend(&msg, " (the KV pool cannot hold the cell: drop it, free the server, or restart it with "
-                                "a larger --set num_pages=...)");
+          absl::StrAppend(&msg,
+                          " (the KV pool cannot hold the cell: drop it, free the server, or restart it with "
+                          "a larger --set num_pages=...)");
         }
         return absl::Status(code, msg);
       }
       if (!r.has_token_id() || r.seq_len() != uint32_t(context) + 1) {
-        return absl::InternalError(absl::StrCat(s.label(), ": ", cell_name(batch, context), ": Prefill of sequence ",
-                                                index + 1, " returned seq_len ", r.seq_len(), ", expected ",
-                                                context + 1, " with a sampled token"));
+        return absl::InternalError(absl::StrCat(
+            s.label(), ": ", cell_name(batch, context), ": Prefill of sequence ", index + 1,
+            " returned seq_len ", r.seq_len(), ", expected ", context + 1, " with a sampled token"));
       }
     }
   }
@@ -219,8 +224,8 @@ absl::Status prefill_cell(Server& s, std::vector<uint64_t>& ids, uint64_t first_
 // Decode call carries all the cell's sequences for n steps, so the server runs them in
 // the same engine steps; a single call per repetition unless `steps` exceeds the
 // server's max_decode_steps (then the fewest calls that cover it).
-absl::StatusOr<Sample> decode_rep(Server& s, const std::vector<uint64_t>& ids, int steps, int batch, int context,
-                                  uint32_t& seq_len, double timeout_s) {
+absl::StatusOr<Sample> decode_rep(Server& s, const std::vector<uint64_t>& ids, int steps, int batch,
+                                  int context, uint32_t& seq_len, double timeout_s) {
   const int per_call = std::max<int>(1, int(s.info.max_decode_steps()));
   std::vector<v1::DecodeRequest> reqs;
   for (int done = 0; done < steps; done += per_call) {
@@ -246,14 +251,15 @@ absl::StatusOr<Sample> decode_rep(Server& s, const std::vector<uint64_t>& ids, i
       if (r.status().code() != v1::SequenceStatus::OK) {
         const grpc::Status gs(grpc::StatusCode(int(r.status().code())), r.status().message());
         return absl::Status(absl::StatusCode(int(r.status().code())),
-                            absl::StrCat(s.label(), ": ", cell_name(batch, context), ": Decode of sequence ", r.id(),
-                                         ": ", client::describe(gs)));
+                            absl::StrCat(s.label(), ": ", cell_name(batch, context), ": Decode of sequence ",
+                                         r.id(), ": ", client::describe(gs)));
       }
       // Every step ran: one token per step, and the length the server reports.
       if (r.token_ids_size() != int(req.steps()) || r.seq_len() != seq_len) {
-        return absl::InternalError(absl::StrCat(s.label(), ": ", cell_name(batch, context), ": Decode of sequence ",
-                                                r.id(), " returned ", r.token_ids_size(), " tokens and seq_len ",
-                                                r.seq_len(), "; expected ", req.steps(), " and ", seq_len));
+        return absl::InternalError(absl::StrCat(s.label(), ": ", cell_name(batch, context),
+                                                ": Decode of sequence ", r.id(), " returned ",
+                                                r.token_ids_size(), " tokens and seq_len ", r.seq_len(),
+                                                "; expected ", req.steps(), " and ", seq_len));
       }
     }
   }
@@ -267,28 +273,30 @@ absl::Status check_cell_limits(const Server& s, int batch, int context, int grow
   const std::string where = absl::StrCat(cell_name(batch, context), " on ", s.label());
   const int64_t need_len = int64_t(context) + grow;
   if (need_len > int64_t(i.max_seq_len())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, ": sequences need up to ", need_len, " tokens (context ", context, " + (warm-up + reps) x steps + 2)",
-        " but max_seq_len is ", i.max_seq_len(), "; lower --context, --reps, --warmup or --steps, or start ",
-        "the server with --set max_seq_len=", need_len));
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": sequences need up to ", need_len, " tokens (context ", context,
+                     " + (warm-up + reps) x steps + 2)", " but max_seq_len is ", i.max_seq_len(),
+                     "; lower --context, --reps, --warmup or --steps, or start ",
+                     "the server with --set max_seq_len=", need_len));
   }
   if (uint32_t(batch) > i.max_running_seqs()) {
-    return absl::FailedPreconditionError(absl::StrCat(where, ": batch ", batch, " exceeds max_running_seqs ",
-                                                      i.max_running_seqs(),
-                                                      " (its sequences would not share engine steps); start the "
-                                                      "server with --set max_running_seqs=",
-                                                      batch));
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": batch ", batch, " exceeds max_running_seqs ", i.max_running_seqs(),
+                     " (its sequences would not share engine steps); start the "
+                     "server with --set max_running_seqs=",
+                     batch));
   }
   if (uint32_t(batch) > i.max_batch_tokens()) {
-    return absl::FailedPreconditionError(absl::StrCat(where, ": batch ", batch, " exceeds max_batch_tokens ",
-                                                      i.max_batch_tokens(),
-                                                      " (a decode step of the whole batch would be split); start "
-                                                      "the server with --set max_batch_tokens=",
-                                                      batch));
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": batch ", batch, " exceeds max_batch_tokens ", i.max_batch_tokens(),
+                     " (a decode step of the whole batch would be split); start "
+                     "the server with --set max_batch_tokens=",
+                     batch));
   }
   if (uint32_t(batch) > i.max_batch_sequences()) {
     return absl::FailedPreconditionError(absl::StrCat(where, ": batch ", batch, " exceeds the ",
-                                                      i.max_batch_sequences(), " sequences one Decode call may carry"));
+                                                      i.max_batch_sequences(),
+                                                      " sequences one Decode call may carry"));
   }
   return absl::OkStatus();
 }
@@ -306,10 +314,11 @@ absl::Status check_cell_pages(const Server& s, int batch, int context, int grow)
   for (const v1::PoolLoad& p : load->pools()) {
     if (p.pool() != "full") continue;
     if (need > int64_t(p.free_pages())) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          cell_name(batch, context), " on ", s.label(), ": needs ", need, " KV pages but only ", p.free_pages(),
-          " of ", p.total_pages(), " are free; drop the cell, free the server, or restart it with a larger "
-          "--set num_pages=..."));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(cell_name(batch, context), " on ", s.label(), ": needs ", need, " KV pages but only ",
+                       p.free_pages(), " of ", p.total_pages(),
+                       " are free; drop the cell, free the server, or restart it with a larger "
+                       "--set num_pages=..."));
     }
   }
   return absl::OkStatus();
@@ -339,14 +348,16 @@ absl::Status check_server_args(const std::vector<std::string>& servers, bool con
       "  kvfuse-server --listen 127.0.0.1:50052 --metrics-port -1 --set kv_write=unfused &\n"
       "  kvfuse-ab --server 127.0.0.1:50051 --server 127.0.0.1:50052";
   if (servers.size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat("the server mode needs one server per side: --server given ",
-                                                   servers.size(), " time(s), expected twice (A, then B); ", how));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the server mode needs one server per side: --server given ", servers.size(),
+                     " time(s), expected twice (A, then B); ", how));
   }
   if (config_files_given) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--a/--b configure in-process engines and cannot be combined with --server: each server's config is the "
-        "one it was started with; ",
-        how));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--a/--b configure in-process engines and cannot be combined with --server: each "
+                     "server's config is the "
+                     "one it was started with; ",
+                     how));
   }
   for (const std::string& s : servers) {
     if (s.empty()) return absl::InvalidArgumentError("--server needs an address host:port");
@@ -412,7 +423,8 @@ absl::StatusOr<ServerAbResult> run_server_ab(const ServerAbOptions& o) {
         if (o.precheck_pages && int64_t(b) * pages_per_seq(s, c, grow) > int64_t(s.info.num_pages())) {
           return absl::ResourceExhaustedError(absl::StrCat(
               cell_name(b, c), " on ", s.label(), ": needs ", int64_t(b) * pages_per_seq(s, c, grow),
-              " KV pages; the pool has ", s.info.num_pages(), " in all; drop the cell or restart the server with "
+              " KV pages; the pool has ", s.info.num_pages(),
+              " in all; drop the cell or restart the server with "
               "a larger --set num_pages=..."));
         }
       }
@@ -437,12 +449,12 @@ absl::StatusOr<ServerAbResult> run_server_ab(const ServerAbOptions& o) {
     next_id = (uint64_t(rd()) << 20) + 1;  // the lower half of the id space: server-picked ids are above
   }
   const size_t total = o.batches.size() * o.contexts.size();
+  bench::Progress progress(o.progress_out);
   for (int b : o.batches) {
     for (int c : o.contexts) {
-      if (o.progress_out) {
-        std::fprintf(o.progress_out, "\rkvfuse-ab: cell %zu/%zu (batch %d, context %d) prefill   ",
-                     res.cells.size() + 1, total, b, c);
-      }
+      const std::string unit = absl::StrFormat("kvfuse-ab: cell %zu/%zu (batch %d, context %d)",
+                                               res.cells.size() + 1, total, b, c);
+      progress.update(unit, "prefill");
       if (o.precheck_pages) {
         for (const Server& s : servers) {
           if (auto st = check_cell_pages(s, b, c, grow); !st.ok()) return st;
@@ -451,19 +463,18 @@ absl::StatusOr<ServerAbResult> run_server_ab(const ServerAbOptions& o) {
       CellSequences seqs(&servers[0], &servers[1], o.progress_out);
       uint32_t seq_len[2] = {uint32_t(c) + 1, uint32_t(c) + 1};
       for (int i = 0; i < 2; ++i) {
-        if (auto st = prefill_cell(servers[i], seqs.ids(i), next_id, b, c, o.rpc_timeout_s); !st.ok()) return st;
+        if (auto st = prefill_cell(servers[i], seqs.ids(i), next_id, b, c, o.rpc_timeout_s); !st.ok())
+          return st;
         next_id += uint64_t(b);  // distinct ids per side: A and B may even be one server
       }
       Cell cell{b, c, {}, {}};
       for (int r = 0; r < o.warmup + o.reps; ++r) {
-        if (o.progress_out) {
-          std::fprintf(o.progress_out, "\rkvfuse-ab: cell %zu/%zu (batch %d, context %d) repetition %d/%d   ",
-                       res.cells.size() + 1, total, b, c, r + 1, o.warmup + o.reps);
-        }
+        progress.update(unit, absl::StrFormat("repetition %d/%d", r + 1, o.warmup + o.reps));
         for (int k = 0; k < 2; ++k) {
           // Alternate which side goes first, so drift over time affects both alike.
           const int side = (r % 2) ^ k;
-          auto sample = decode_rep(servers[side], seqs.ids(side), o.steps, b, c, seq_len[side], o.rpc_timeout_s);
+          auto sample =
+              decode_rep(servers[side], seqs.ids(side), o.steps, b, c, seq_len[side], o.rpc_timeout_s);
           if (!sample.ok()) return sample.status();
           if (r >= o.warmup) (side == 0 ? cell.a : cell.b).push_back(*sample);
         }
@@ -472,7 +483,7 @@ absl::StatusOr<ServerAbResult> run_server_ab(const ServerAbOptions& o) {
       res.cells.push_back(std::move(cell));
     }
   }
-  if (o.progress_out) std::fprintf(o.progress_out, "\n");
+  progress.finish();
 
   res.meta = {{"mode", "server"},
               {"servers", absl::StrCat("server A ", servers[0].addr, " / server B ", servers[1].addr)},
@@ -489,8 +500,8 @@ absl::StatusOr<ServerAbResult> run_server_ab(const ServerAbOptions& o) {
               {"decode_calls_per_rep", calls_per_rep},
               {"timed", "client wall time of the Decode RPCs stepping the whole batch, gRPC included"},
               {"warnings", res.warnings}};
-  res.default_title = absl::StrCat("kvfuse ", res.a_name, " vs ", res.b_name, " (servers): ", ia.model(), " on ",
-                                   ia.device());
+  res.default_title = absl::StrCat("kvfuse ", res.a_name, " vs ", res.b_name, " (servers): ", ia.model(),
+                                   " on ", ia.device());
   return res;
 }
 

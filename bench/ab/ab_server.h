@@ -35,8 +35,8 @@ struct ServerAbOptions {
   // The first sequence id; 0 picks a random one (ids of other router clients on the
   // same servers are then unlikely to collide).
   uint64_t first_id = 0;
-  FILE* info_out = stdout;       // the two servers' summaries; nullptr: quiet
-  FILE* progress_out = stderr;   // the progress line and warnings; nullptr: quiet
+  FILE* info_out = stdout;      // the two servers' summaries; nullptr: quiet
+  FILE* progress_out = stderr;  // the progress line and warnings; nullptr: quiet
 };
 
 struct ServerAbResult {

@@ -1,5 +1,7 @@
 #include "bench/ab/ab_stats.h"
 
+#include <boost/math/distributions/students_t.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,53 +11,111 @@
 namespace kvfuse::ab {
 
 double t95(int n) {
-  // Quantiles t_{0.975, df} for df = 1..30; the normal 1.96 beyond.
-  static const double table[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-                                 2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-                                 2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
   const int df = n - 1;
   if (df < 1) return NAN;
-  return df <= 30 ? table[df - 1] : 1.96;
+  const boost::math::students_t dist(df);
+  return boost::math::quantile(boost::math::complement(dist, 0.025));
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+std::vector<bool> outliers(const std::vector<double>& v) {
+  std::vector<bool> out(v.size(), false);
+  // Too few to tell a stray repetition from the spread.
+  if (v.size() < 4) return out;
+  const double med = median(v);
+  std::vector<double> dev;
+  for (double x : v) dev.push_back(std::fabs(x - med));
+  // 1.4826 * MAD estimates the standard deviation of normal data; 3.5 of those is the
+  // usual cut (Iglewicz and Hoaglin). With more than half the values equal the MAD is 0:
+  // their fallback, 1.2533 * the mean absolute deviation, takes over.
+  double scale = 1.4826 * median(dev);
+  if (scale == 0) {
+    for (double d : dev) scale += 1.2533 * d / double(dev.size());
+  }
+  const double limit = 3.5 * scale;
+  for (size_t i = 0; i < v.size(); ++i) out[i] = std::fabs(v[i] - med) > limit;
+  return out;
 }
 
 Summary summarize(const Cell& c) {
   Summary s;
   const size_t n = std::min(c.a.size(), c.b.size());
   if (n == 0) return s;
-  std::vector<double> ratios;
+  // Step times by their median and tok/s from that same median: one repetition on a
+  // busy machine moves neither, and the two columns cannot disagree.
+  std::vector<double> a_ms, b_ms, ratios;
+  double tokens_per_step = 0;
   for (size_t i = 0; i < n; ++i) {
-    s.a_tps += c.a[i].tokens_per_s / double(n);
-    s.b_tps += c.b[i].tokens_per_s / double(n);
-    s.a_step_ms += c.a[i].step_ms / double(n);
-    s.b_step_ms += c.b[i].step_ms / double(n);
+    a_ms.push_back(c.a[i].step_ms);
+    b_ms.push_back(c.b[i].step_ms);
     ratios.push_back(c.a[i].tokens_per_s / c.b[i].tokens_per_s);
+    tokens_per_step += c.a[i].tokens_per_s * c.a[i].step_ms / 1000.0 / double(n);
   }
+  s.a_step_ms = median(a_ms);
+  s.b_step_ms = median(b_ms);
+  s.a_tps = 1000.0 * tokens_per_step / s.a_step_ms;
+  s.b_tps = 1000.0 * tokens_per_step / s.b_step_ms;
+  // The ratio: mean of the paired ratios without the outliers, with its t interval.
+  const std::vector<bool> drop = outliers(ratios);
+  std::vector<double> kept;
+  for (size_t i = 0; i < n; ++i) {
+    if (!drop[i]) kept.push_back(ratios[i]);
+  }
+  s.n = int(kept.size());
+  s.outliers = int(n - kept.size());
   double mean = 0;
-  for (double r : ratios) mean += r / double(n);
+  for (double r : kept) mean += r / double(kept.size());
   double var = 0;
-  for (double r : ratios) var += (r - mean) * (r - mean);
-  var = n > 1 ? var / double(n - 1) : 0;
-  const double half = n > 1 ? t95(int(n)) * std::sqrt(var / double(n)) : 0;
+  for (double r : kept) var += (r - mean) * (r - mean);
+  const size_t k = kept.size();
+  var = k > 1 ? var / double(k - 1) : 0;
+  const double half = k > 1 ? t95(int(k)) * std::sqrt(var / double(k)) : 0;
   s.ratio = mean;
   s.ci_low = mean - half;
   s.ci_high = mean + half;
   return s;
 }
 
+bool too_wide(const Summary& s) { return s.n < 2 || (s.ci_high - s.ci_low) / 2 > kWideInterval * s.ratio; }
+
 std::string render_table(const std::vector<Cell>& cells, const std::string& a_name,
                          const std::string& b_name) {
   std::ostringstream out;
   char line[256];
-  std::snprintf(line, sizeof line, "%6s %8s | %12s %10s | %12s %10s | %8s %19s\n", "batch", "context",
+  std::snprintf(line, sizeof line, "%6s %8s | %12s %10s | %12s %10s | %8s %19s %s\n", "batch", "context",
                 (a_name + " tok/s").c_str(), "step ms", (b_name + " tok/s").c_str(), "step ms", "A/B",
-                "95% CI");
+                "95% CI", " note");
   out << line;
+  int wide = 0;
   for (const Cell& c : cells) {
     const Summary s = summarize(c);
-    std::snprintf(line, sizeof line, "%6d %8d | %12.1f %10.3f | %12.1f %10.3f | %8.4f  [%7.4f, %7.4f]\n",
+    std::string note;
+    if (s.outliers > 0) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, " %d outlier(s) dropped", s.outliers);
+      note += buf;
+    }
+    if (too_wide(s)) {
+      note += " CI wider than +-5%";
+      ++wide;
+    }
+    std::snprintf(line, sizeof line, "%6d %8d | %12.1f %10.3f | %12.1f %10.3f | %8.4f  [%7.4f, %7.4f] %s\n",
                   c.batch, c.context, s.a_tps, s.a_step_ms, s.b_tps, s.b_step_ms, s.ratio, s.ci_low,
-                  s.ci_high);
+                  s.ci_high, note.c_str());
     out << line;
+  }
+  out << "tok/s and step ms: median over the repetitions; A/B: mean of the paired tok/s ratios, "
+         "outliers (beyond 3.5 scaled MADs of the median) dropped\n";
+  if (wide > 0) {
+    out << "warning: " << wide << " of " << cells.size()
+        << " cells have a 95% interval wider than +-5%: the machine is noisy or the repetitions too few "
+           "(more --reps, a quiet machine)\n";
   }
   return out.str();
 }
@@ -66,12 +126,21 @@ nlohmann::json to_json(const std::vector<Cell>& cells, const std::string& a_name
   j["meta"] = meta;
   j["a"] = a_name;
   j["b"] = b_name;
+  j["estimates"] =
+      "tokens_per_s and step_ms: median over the repetitions; ratio: mean of the paired tokens/s ratios a/b, "
+      "outliers (beyond 3.5 scaled MADs of the median) dropped, with its 95% Student t interval";
   for (const Cell& c : cells) {
     const Summary s = summarize(c);
-    nlohmann::json cell = {{"batch", c.batch},          {"context", c.context},
-                           {"a_tokens_per_s", s.a_tps}, {"b_tokens_per_s", s.b_tps},
-                           {"a_step_ms", s.a_step_ms},  {"b_step_ms", s.b_step_ms},
-                           {"ratio", s.ratio},          {"ci95", {s.ci_low, s.ci_high}}};
+    nlohmann::json cell = {{"batch", c.batch},
+                           {"context", c.context},
+                           {"a_tokens_per_s", s.a_tps},
+                           {"b_tokens_per_s", s.b_tps},
+                           {"a_step_ms", s.a_step_ms},
+                           {"b_step_ms", s.b_step_ms},
+                           {"ratio", s.ratio},
+                           {"ci95", {s.ci_low, s.ci_high}},
+                           {"outliers_dropped", s.outliers},
+                           {"ci95_wider_than_5pct", too_wide(s)}};
     for (const auto& [name, side] : {std::pair{"a_samples", &c.a}, std::pair{"b_samples", &c.b}}) {
       for (const Sample& x : *side)
         cell[name].push_back({{"step_ms", x.step_ms}, {"tokens_per_s", x.tokens_per_s}});
@@ -81,10 +150,64 @@ nlohmann::json to_json(const std::vector<Cell>& cells, const std::string& a_name
   return j;
 }
 
+Axis nice_axis(double lo, double hi, int target_ticks) {
+  if (!(hi > lo)) {
+    const double pad = std::max(0.01, std::fabs(lo) * 0.01);
+    lo -= pad;
+    hi += pad;
+  }
+  // A step of 1, 2, 2.5 or 5 times a power of ten, so that tick labels read plainly.
+  const double raw = (hi - lo) / std::max(1, target_ticks);
+  int exponent = int(std::floor(std::log10(raw)));
+  double mult = 10;
+  for (double m : {1.0, 2.0, 2.5, 5.0}) {
+    if (m * std::pow(10.0, exponent) >= raw * (1 - 1e-9)) {
+      mult = m;
+      break;
+    }
+  }
+  if (mult == 10) {
+    mult = 1;
+    ++exponent;
+  }
+  Axis a;
+  a.step = mult * std::pow(10.0, exponent);
+  a.lo = std::floor(lo / a.step + 1e-9) * a.step;
+  a.hi = std::ceil(hi / a.step - 1e-9) * a.step;
+  a.decimals = std::max(0, -exponent + (mult == 2.5 ? 1 : 0));
+  return a;
+}
+
+namespace {
+
+std::string xml_escape(const std::string& in) {
+  std::string o;
+  for (char ch : in) {
+    if (ch == '&')
+      o += "&amp;";
+    else if (ch == '<')
+      o += "&lt;";
+    else if (ch == '>')
+      o += "&gt;";
+    else if (ch == '\'')
+      o += "&apos;";
+    else
+      o += ch;
+  }
+  return o;
+}
+
+// Width of a line of text in the SVG's sans-serif at `size` px: about 0.6 em a
+// character, enough to size the canvas so that nothing is clipped.
+double text_width(const std::string& text, double size) { return 0.6 * size * double(text.size()); }
+
+}  // namespace
+
 std::string render_svg(const std::vector<Cell>& cells, const std::string& a_name, const std::string& b_name,
                        const std::string& title) {
-  const double w = std::max(640.0, 120.0 + 70.0 * double(cells.size())), h = 380, top = 50, bottom = 300,
-               left = 70;
+  const std::string subtitle = "tokens/s ratio " + a_name + " / " + b_name +
+                               ": mean of paired repetitions, 95% confidence interval; above 1: " + a_name +
+                               " faster";
   std::vector<Summary> sums;
   double lo = 1.0, hi = 1.0;
   for (const Cell& c : cells) {
@@ -92,44 +215,58 @@ std::string render_svg(const std::vector<Cell>& cells, const std::string& a_name
     lo = std::min({lo, sums.back().ci_low, sums.back().ratio});
     hi = std::max({hi, sums.back().ci_high, sums.back().ratio});
   }
-  const double pad = std::max(0.01, (hi - lo) * 0.15);
-  lo -= pad;
-  hi += pad;
-  auto y = [&](double v) { return bottom - (v - lo) / (hi - lo) * (bottom - top); };
+  // A ratio is positive: an interval reaching below 0 says only that it is wide.
+  lo = std::max(0.0, lo);
+  const double span = hi - lo;
+  const Axis axis = nice_axis(std::max(0.0, lo - 0.08 * span), hi + 0.12 * span, 5);
+
+  const double left = 70, right = 20, top = 60, plot_h = 250, slot_min = 64;
+  const double bottom = top + plot_h;
+  const double w =
+      std::ceil(std::max({left + right + slot_min * double(std::max<size_t>(cells.size(), 1)), 640.0,
+                          left + text_width(title, 15) + right, left + text_width(subtitle, 12) + right}));
+  const double h = bottom + 50;
+  // The cells share the whole plot width.
+  const double slot = (w - left - right) / double(std::max<size_t>(cells.size(), 1));
+  const double bar = std::min(40.0, slot * 0.55);
+  auto y = [&](double v) { return bottom - (v - axis.lo) / (axis.hi - axis.lo) * plot_h; };
   std::ostringstream s;
   s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h
     << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
-  s << "<text x='" << left << "' y='24' font-size='15'>" << title << "</text>\n";
-  s << "<text x='" << left << "' y='40' fill='#555'>tokens/s ratio " << a_name << " / " << b_name
-    << ", 95% confidence interval; above 1: " << a_name << " faster</text>\n";
-  for (int i = 0; i <= 4; ++i) {
-    const double v = lo + (hi - lo) * i / 4.0;
-    s << "<line x1='" << left << "' x2='" << w - 20 << "' y1='" << y(v) << "' y2='" << y(v)
-      << "' stroke='#eee'/><text x='" << left - 8 << "' y='" << y(v) + 4 << "' text-anchor='end'>";
+  s << "<text x='" << left << "' y='24' font-size='15'>" << xml_escape(title) << "</text>\n";
+  s << "<text x='" << left << "' y='42' fill='#555'>" << xml_escape(subtitle) << "</text>\n";
+  for (double v = axis.lo; v <= axis.hi + axis.step * 1e-6; v += axis.step) {
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3f", v);
-    s << buf << "</text>\n";
+    std::snprintf(buf, sizeof buf, "%.*f", axis.decimals, v);
+    s << "<line x1='" << left << "' x2='" << w - right << "' y1='" << y(v) << "' y2='" << y(v)
+      << "' stroke='#eee'/><text x='" << left - 8 << "' y='" << y(v) + 4 << "' text-anchor='end'>" << buf
+      << "</text>\n";
   }
-  s << "<line x1='" << left << "' x2='" << w - 20 << "' y1='" << y(1.0) << "' y2='" << y(1.0)
-    << "' stroke='#333' stroke-dasharray='4 3'/>\n";
+  s << "<text transform='translate(18," << (top + bottom) / 2
+    << ") rotate(-90)' text-anchor='middle'>ratio</text>\n";
+  if (axis.lo <= 1.0 && 1.0 <= axis.hi) {
+    s << "<line x1='" << left << "' x2='" << w - right << "' y1='" << y(1.0) << "' y2='" << y(1.0)
+      << "' stroke='#333' stroke-dasharray='4 3'/>\n";
+  }
   for (size_t i = 0; i < cells.size(); ++i) {
-    const double x = left + 30 + 70.0 * double(i);
+    const double x = left + slot * (double(i) + 0.5);
     const Summary& m = sums[i];
     const bool faster = m.ci_low > 1.0, slower = m.ci_high < 1.0;
     const char* color = faster ? "#2a7f3f" : slower ? "#b03030" : "#888";
-    const double y0 = y(1.0), y1 = y(m.ratio);
-    s << "<rect x='" << x - 18 << "' y='" << std::min(y0, y1) << "' width='36' height='"
+    const double y0 = y(std::clamp(1.0, axis.lo, axis.hi)), y1 = y(m.ratio);
+    s << "<rect x='" << x - bar / 2 << "' y='" << std::min(y0, y1) << "' width='" << bar << "' height='"
       << std::fabs(y1 - y0) + 0.5 << "' fill='" << color << "' opacity='0.8'/>\n";
-    s << "<line x1='" << x << "' x2='" << x << "' y1='" << y(m.ci_low) << "' y2='" << y(m.ci_high)
+    const double ci_lo = std::max(axis.lo, m.ci_low), ci_hi = std::min(axis.hi, m.ci_high);
+    s << "<line x1='" << x << "' x2='" << x << "' y1='" << y(ci_lo) << "' y2='" << y(ci_hi)
       << "' stroke='black'/>\n";
-    for (double v : {m.ci_low, m.ci_high}) {
+    for (double v : {ci_lo, ci_hi}) {
       s << "<line x1='" << x - 6 << "' x2='" << x + 6 << "' y1='" << y(v) << "' y2='" << y(v)
         << "' stroke='black'/>\n";
     }
     char buf[64];
     std::snprintf(buf, sizeof buf, "%+.1f%%", (m.ratio - 1.0) * 100.0);
-    s << "<text x='" << x << "' y='" << std::min(y(m.ci_high), y1) - 6 << "' text-anchor='middle'>" << buf
-      << "</text>\n";
+    s << "<text x='" << x << "' y='" << std::min(y(ci_hi), y1) - 6 << "' text-anchor='middle'>" << buf
+      << (too_wide(m) ? " (wide CI)" : "") << "</text>\n";
     s << "<text x='" << x << "' y='" << bottom + 18 << "' text-anchor='middle'>b=" << cells[i].batch
       << "</text>\n";
     s << "<text x='" << x << "' y='" << bottom + 32 << "' text-anchor='middle' fill='#555'>ctx "

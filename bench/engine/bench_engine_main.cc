@@ -16,11 +16,13 @@
 
 #include "absl/strings/str_format.h"
 #include "bench/ab/ab_stats.h"
+#include "bench/ab/progress.h"
+#include "bench/engine/engine_cells.h"
 #include "bench/engine/roofline.h"
 #include "bench/synthetic_cell.h"
-#include "src/int_list.h"
 #include "src/config.h"
 #include "src/engine.h"
+#include "src/int_list.h"
 
 using namespace kvfuse;
 using namespace kvfuse::bench;
@@ -41,69 +43,6 @@ std::vector<std::string> split_list(const std::string& text) {
     if (!item.empty()) v.push_back(item);
   }
   return v;
-}
-
-struct Variant {
-  AttentionPath attention = AttentionPath::unified;
-  bool graphs = false;
-  std::string name() const { return std::string(to_string(attention)) + (graphs ? "/graphs" : "/eager"); }
-};
-
-// One repetition of one variant: mean step time and the bytes a step had to read.
-struct Sample {
-  double step_ms = 0;
-  double bytes = 0;     // mean over the repetition's steps (the context grows by one a step)
-  double kv_bytes = 0;  // its KV part
-  double context = 0;   // mean keys attended per sequence
-};
-
-struct Cell {
-  int batch = 0, context = 0;
-  KvFootprint fp;
-  std::string skip;                    // why it did not run; empty if it ran
-  std::vector<std::vector<Sample>> s;  // [variant][repetition]
-};
-
-struct Figures {
-  double step_ms = 0, ci_ms = 0, tokens_per_s = 0, bytes = 0, kv_bytes = 0, context = 0;
-  double gbs = 0, frac_peak = 0, roofline_ms = 0, ratio = 0, ratio_ci = 0;
-};
-
-struct MeanCi {
-  double mean = 0, half = 0;
-};
-
-MeanCi mean_ci(const std::vector<double>& x) {
-  MeanCi m;
-  const size_t n = x.size();
-  if (n == 0) return m;
-  for (double v : x) m.mean += v / double(n);
-  double var = 0;
-  for (double v : x) var += (v - m.mean) * (v - m.mean);
-  if (n > 1) m.half = ab::t95(int(n)) * std::sqrt(var / double(n - 1) / double(n));
-  return m;
-}
-
-Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs) {
-  Figures f;
-  std::vector<double> ms, ratios;
-  for (const Sample& x : s) {
-    ms.push_back(x.step_ms);
-    ratios.push_back(x.step_ms / roofline_ms(x.bytes, peak_gbs));
-    f.bytes += x.bytes / double(s.size());
-    f.kv_bytes += x.kv_bytes / double(s.size());
-    f.context += x.context / double(s.size());
-  }
-  const MeanCi m = mean_ci(ms), r = mean_ci(ratios);
-  f.step_ms = m.mean;
-  f.ci_ms = m.half;
-  f.tokens_per_s = 1000.0 * batch / m.mean;
-  f.gbs = f.bytes / m.mean / 1e6;
-  f.frac_peak = f.gbs / peak_gbs;
-  f.roofline_ms = roofline_ms(f.bytes, peak_gbs);
-  f.ratio = r.mean;
-  f.ratio_ci = r.half;
-  return f;
 }
 
 // A paired comparison of two variants of one cell: mean of the per-repetition step-time
@@ -134,127 +73,6 @@ absl::StatusOr<double> decode_ms(Engine& e, const std::vector<StepItem>& items, 
   }
   if (auto st = e.backend().synchronize(); !st.ok()) return st;
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    if (ch == '&')
-      o += "&amp;";
-    else if (ch == '<')
-      o += "&lt;";
-    else if (ch == '>')
-      o += "&gt;";
-    else if (ch == '\'')
-      o += "&apos;";
-    else
-      o += ch;
-  }
-  return o;
-}
-
-// Small multiples, one panel per context: step time / roofline (log y) against batch size
-// (log2 x), a line per variant with 95% intervals, and the roofline at 1.
-std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant>& vars,
-                       const std::vector<int>& contexts, double peak_gbs, const std::string& title,
-                       const std::string& subtitle) {
-  std::vector<int> ctxs;
-  int bmin = 1 << 30, bmax = 0;
-  double lo = 1.0, hi = 1.0;
-  for (int c : contexts) {
-    bool any = false;
-    for (const Cell& cell : cells) {
-      if (cell.context != c || !cell.skip.empty()) continue;
-      any = true;
-      bmin = std::min(bmin, cell.batch);
-      bmax = std::max(bmax, cell.batch);
-      for (size_t v = 0; v < vars.size(); ++v) {
-        const Figures f = figures(cell.s[v], cell.batch, peak_gbs);
-        lo = std::min(lo, f.ratio);
-        hi = std::max(hi, f.ratio + std::min(f.ratio_ci, f.ratio));
-      }
-    }
-    if (any) ctxs.push_back(c);
-  }
-  const double ylo = std::pow(10.0, std::floor(std::log10(lo) * 4) / 4 - 0.05);
-  const double yhi = std::pow(10.0, std::ceil(std::log10(hi) * 4) / 4 + 0.05);
-  const double xlo = std::log2(std::max(1, bmin)) - 0.3, xhi = std::log2(std::max(bmin, bmax)) + 0.3;
-  const int ncol = std::max<int>(1, std::min<int>(4, int(ctxs.size())));
-  const int nrow = std::max<int>(1, (int(ctxs.size()) + ncol - 1) / ncol);
-  const double pw = 300, ph = 230, ml = 70, mt = 100, gap = 80;
-  const double W = std::max(960.0, ml + ncol * (pw + gap) + 10), H = mt + nrow * (ph + 60) + 10;
-  const char* colors[] = {"#1f5fa8", "#c0392b"};  // unified, split
-  std::ostringstream s;
-  s << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
-    << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n";
-  s << "<text x='" << ml << "' y='24' font-size='15'>" << xml_escape(title) << "</text>\n";
-  s << "<text x='" << ml << "' y='42' fill='#555'>" << xml_escape(subtitle) << "</text>\n";
-  for (size_t v = 0; v < vars.size(); ++v) {  // legend
-    const double lx = ml + 170.0 * double(v), ly = 64;
-    s << "<line x1='" << lx << "' x2='" << lx + 30 << "' y1='" << ly << "' y2='" << ly << "' stroke='"
-      << colors[vars[v].attention == AttentionPath::split] << "' stroke-width='2'"
-      << (vars[v].graphs ? "" : " stroke-dasharray='6 4'") << "/><text x='" << lx + 36 << "' y='" << ly + 4
-      << "'>" << vars[v].name() << "</text>\n";
-  }
-  auto fmt = [](double v) {
-    char b[32];
-    std::snprintf(b, sizeof b, v >= 100 ? "%.0f" : v >= 1 ? "%.3g" : "%.2g", v);
-    return std::string(b);
-  };
-  for (size_t p = 0; p < ctxs.size(); ++p) {
-    const double x0 = ml + double(p % size_t(ncol)) * (pw + gap),
-                 y0 = mt + double(p / size_t(ncol)) * (ph + 60);
-    auto X = [&](double b) { return x0 + (std::log2(b) - xlo) / (xhi - xlo) * pw; };
-    auto Y = [&](double r) {
-      return y0 + ph - (std::log10(r) - std::log10(ylo)) / std::log10(yhi / ylo) * ph;
-    };
-    s << "<rect x='" << x0 << "' y='" << y0 << "' width='" << pw << "' height='" << ph
-      << "' fill='none' stroke='#999'/>\n";
-    s << "<text x='" << x0 + pw / 2 << "' y='" << y0 - 6
-      << "' text-anchor='middle' font-weight='bold'>context " << ctxs[p] << "</text>\n";
-    for (int e = int(std::floor(std::log10(ylo))); e <= int(std::ceil(std::log10(yhi))); ++e) {
-      for (double m : {1.0, 2.0, 5.0}) {
-        const double v = m * std::pow(10.0, e);
-        if (v < ylo || v > yhi || (m != 1.0 && yhi / ylo > 300)) continue;  // 2 and 5 only over few decades
-        s << "<line x1='" << x0 << "' x2='" << x0 + pw << "' y1='" << Y(v) << "' y2='" << Y(v) << "' stroke='"
-          << (v == 1.0 ? "#333" : "#eee") << "'" << (v == 1.0 ? " stroke-dasharray='3 3'" : "")
-          << "/><text x='" << x0 - 5 << "' y='" << Y(v) + 4 << "' text-anchor='end'>" << fmt(v)
-          << "</text>\n";
-      }
-    }
-    if (ylo <= 1.0 && 1.0 <= yhi)
-      s << "<text x='" << x0 + pw - 4 << "' y='" << Y(1.0) - 4
-        << "' text-anchor='end' fill='#333'>roofline</text>\n";
-    for (int b = 1; b <= bmax; b *= 2) {
-      if (b < bmin) continue;
-      s << "<line x1='" << X(b) << "' x2='" << X(b) << "' y1='" << y0 + ph << "' y2='" << y0 + ph + 4
-        << "' stroke='#333'/><text x='" << X(b) << "' y='" << y0 + ph + 16 << "' text-anchor='middle'>" << b
-        << "</text>\n";
-    }
-    s << "<text x='" << x0 + pw / 2 << "' y='" << y0 + ph + 32
-      << "' text-anchor='middle'>batch size (log2)</text>\n";
-    s << "<text transform='translate(" << x0 - 44 << "," << y0 + ph / 2
-      << ") rotate(-90)' text-anchor='middle'>step time / roofline (log)</text>\n";
-    for (size_t v = 0; v < vars.size(); ++v) {
-      const char* color = colors[vars[v].attention == AttentionPath::split];
-      std::ostringstream path;
-      for (const Cell& cell : cells) {
-        if (cell.context != ctxs[p] || !cell.skip.empty()) continue;
-        const Figures f = figures(cell.s[v], cell.batch, peak_gbs);
-        const double x = X(cell.batch);
-        path << (path.tellp() == 0 ? "M" : " L") << x << "," << Y(f.ratio);
-        s << "<line x1='" << x << "' x2='" << x << "' y1='" << Y(std::max(ylo, f.ratio - f.ratio_ci))
-          << "' y2='" << Y(std::min(yhi, f.ratio + f.ratio_ci)) << "' stroke='" << color << "'/><circle cx='"
-          << x << "' cy='" << Y(f.ratio) << "' r='3' fill='" << color << "'><title>" << vars[v].name()
-          << " batch " << cell.batch << ": " << fmt(f.ratio) << "x roofline, " << fmt(f.step_ms)
-          << " ms</title></circle>\n";
-      }
-      s << "<path d='" << path.str() << "' fill='none' stroke='" << color << "' stroke-width='1.8'"
-        << (vars[v].graphs ? "" : " stroke-dasharray='6 4'") << "/>\n";
-    }
-  }
-  s << "</svg>\n";
-  return s.str();
 }
 
 std::string now_iso8601() {
@@ -446,13 +264,14 @@ int main(int argc, char** argv) {
       size_t(std::count_if(cells.begin(), cells.end(), [](const Cell& c) { return c.skip.empty(); }));
   size_t done = 0;
   SeqId next_id = 1;
+  bench::Progress progress(stderr);
   for (Cell& cell : cells) {
     if (!cell.skip.empty()) continue;
     ++done;
     const int b = cell.batch;
     cell.s.assign(vars.size(), {});
-    if (auto st =
-            bench::start_synthetic_cell(e, b, cell.context, next_id, ForwardOptions{kv_write, AttentionPath::unified, false});
+    if (auto st = bench::start_synthetic_cell(e, b, cell.context, next_id,
+                                              ForwardOptions{kv_write, AttentionPath::unified, false});
         !st.ok()) {
       return fail(
           absl::StrFormat("batch %d context %d: starting the sequences: %s", b, cell.context, st.message()));
@@ -462,10 +281,11 @@ int main(int argc, char** argv) {
     for (int r = 0; r < warmup + reps; ++r) {
       for (int i = 0; i < V; ++i) {
         const int v = (r + i) % V;  // rotating order: drift affects every variant alike
-        std::fprintf(stderr, "\rkvfuse-bench-engine: cell %zu/%zu (batch %d, context %d) %-14s %s %d/%d     ",
-                     done, n_run, b, cell.context, vars[size_t(v)].name().c_str(),
-                     r < warmup ? "warm-up" : "rep", r < warmup ? r + 1 : r - warmup + 1,
-                     r < warmup ? warmup : reps);
+        progress.update(
+            absl::StrFormat("kvfuse-bench-engine: cell %zu/%zu (batch %d, context %d)", done, n_run, b,
+                            cell.context),
+            absl::StrFormat("%-14s %s %d/%d", vars[size_t(v)].name(), r < warmup ? "warm-up" : "rep",
+                            r < warmup ? r + 1 : r - warmup + 1, r < warmup ? warmup : reps));
         const int64_t ctx0 = e.sequence(next_id)->num_computed + 1;  // keys the first step attends
         auto ms = decode_ms(e, items, steps,
                             ForwardOptions{kv_write, vars[size_t(v)].attention, vars[size_t(v)].graphs});
@@ -490,7 +310,7 @@ int main(int argc, char** argv) {
     }
     next_id += SeqId(b);
   }
-  std::fprintf(stderr, "\n");
+  progress.finish();
 
   // Comparisons: graphs speedup (eager / graphs step time) per attention path, and
   // split / unified step time per graph mode, where both variants ran.

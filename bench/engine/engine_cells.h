@@ -1,0 +1,54 @@
+// The cells of kvfuse-bench-engine (a batch size x context length, each variant's
+// repetitions), their figures against the memory roofline, and the SVG of them.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "bench/engine/roofline.h"
+#include "src/engine.h"
+
+namespace kvfuse::bench {
+
+struct Variant {
+  AttentionPath attention = AttentionPath::unified;
+  bool graphs = false;
+  std::string name() const { return std::string(to_string(attention)) + (graphs ? "/graphs" : "/eager"); }
+};
+
+// One repetition of one variant: mean step time and the bytes a step had to read.
+struct Sample {
+  double step_ms = 0;
+  double bytes = 0;     // mean over the repetition's steps (the context grows by one a step)
+  double kv_bytes = 0;  // its KV part
+  double context = 0;   // mean keys attended per sequence
+};
+
+struct Cell {
+  int batch = 0, context = 0;
+  KvFootprint fp;
+  std::string skip;                    // why it did not run; empty if it ran
+  std::vector<std::vector<Sample>> s;  // [variant][repetition]
+};
+
+struct Figures {
+  double step_ms = 0, ci_ms = 0, tokens_per_s = 0, bytes = 0, kv_bytes = 0, context = 0;
+  double gbs = 0, frac_peak = 0, roofline_ms = 0, ratio = 0, ratio_ci = 0;
+};
+
+struct MeanCi {
+  double mean = 0, half = 0;
+};
+
+// Mean and the half-width of its 95% Student t interval.
+MeanCi mean_ci(const std::vector<double>& x);
+// A cell's figures for one variant's repetitions.
+Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs);
+
+// Small multiples, one panel per context: step time / roofline (log y) against batch size
+// (log2 x), a line per variant with 95% intervals, and the roofline at 1.
+std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant>& vars,
+                       const std::vector<int>& contexts, double peak_gbs, const std::string& title,
+                       const std::string& subtitle);
+
+}  // namespace kvfuse::bench

@@ -1,0 +1,63 @@
+// kvfuse-run and kvfuse-eval as a user runs them: the same checks as the server, config
+// keys from the environment and in either spelling.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/checkpoint_test_util.h"
+#include "tests/run_command.h"
+
+using kvfuse::testing::run_command;
+using kvfuse::testing::TempDir;
+
+namespace {
+const std::string kRun = std::string(KVFUSE_RUN_BIN) + " --set device=cpu --set model=tiny -q ";
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("kvfuse-run: prompt ids and max tokens are checked as the server checks them", "[tools][cli]") {
+  // The tiny model's vocabulary is 1024: 1023 shifted by one is outside it, not wrapped.
+  auto [rc, out] = run_command(kRun + "--prompt-ids 1,1023 -n 2 -m 2");
+  INFO(out);
+  CHECK(rc != 0);
+  CHECK(has(out, "prompt 1"));
+  CHECK(has(out, "outside the vocabulary"));
+  // More tokens than max_seq_len: refused, not capped.
+  std::tie(rc, out) = run_command(kRun + "--set max_seq_len=64 -n 1 -m 100");
+  CHECK(rc != 0);
+  CHECK(has(out, "exceeds max_seq_len 64"));
+  std::tie(rc, out) = run_command(kRun + "-n 1 -m 3");
+  CHECK(rc == 0);
+  CHECK(has(out, "generated 3 tokens"));
+}
+
+TEST_CASE("kvfuse-run: config keys from the environment, dashes or underscores, flags win",
+          "[tools][cli][config]") {
+  auto [rc, out] = run_command("KVFUSE_KV_WRITE=unfused " + kRun + "-n 1 -m 1");
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(has(out, "(unfused write)"));
+  std::tie(rc, out) = run_command("KVFUSE_KV_WRITE=unfused " + kRun + "--set kv-write=fused -n 1 -m 1");
+  CHECK(rc == 0);
+  CHECK(has(out, "(fused write)"));
+  std::tie(rc, out) = run_command("KVFUSE_KV_WRITE=sideways " + kRun + "-n 1 -m 1");
+  CHECK(rc != 0);
+  CHECK(has(out, "kv_write"));
+}
+
+TEST_CASE("kvfuse-eval: takes a bare list of prompts, as kvfuse-calibrate does", "[tools][cli]") {
+  TempDir dir;
+  {
+    std::ofstream(dir / "bare.json") << "[[1, 2, 3], [4, 5]]";
+    std::ofstream(dir / "object.json") << R"({"prompts": [[1, 2, 3], [4, 5]], "steps": 2})";
+  }
+  const std::string eval = std::string(KVFUSE_EVAL_BIN) + " --set device=cpu --set model=tiny --input ";
+  auto [rc, out] = run_command(eval + (dir / "bare.json") + " --output " + (dir / "bare.out.json"));
+  INFO(out);
+  REQUIRE(rc == 0);
+  std::tie(rc, out) = run_command(eval + (dir / "object.json") + " --output " + (dir / "object.out.json"));
+  REQUIRE(rc == 0);
+  const auto bare = nlohmann::json::parse(std::ifstream(dir / "bare.out.json"));
+  const auto object = nlohmann::json::parse(std::ifstream(dir / "object.out.json"));
+  REQUIRE(bare["results"].size() == 2);
+  CHECK(bare["results"][1]["greedy"][0] == object["results"][1]["greedy"][0]);
+}
