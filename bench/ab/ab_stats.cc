@@ -178,8 +178,6 @@ Axis nice_axis(double lo, double hi, int target_ticks) {
   return a;
 }
 
-namespace {
-
 std::string xml_escape(const std::string& in) {
   std::string o;
   for (char ch : in) {
@@ -196,6 +194,8 @@ std::string xml_escape(const std::string& in) {
   }
   return o;
 }
+
+namespace {
 
 // Width of a line of text in the SVG's sans-serif at `size` px: about 0.6 em a
 // character, enough to size the canvas so that nothing is clipped.

@@ -54,6 +54,9 @@ struct Axis {
 };
 Axis nice_axis(double lo, double hi, int target_ticks);
 
+// Text made safe for an SVG/XML attribute or element (&, <, >, ').
+std::string xml_escape(const std::string& in);
+
 // A bar per cell (ratio with its interval), a line at 1.0: readable at a glance.
 std::string render_svg(const std::vector<Cell>& cells, const std::string& a_name, const std::string& b_name,
                        const std::string& title);

@@ -9,26 +9,7 @@
 
 namespace kvfuse::bench {
 
-namespace {
-
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    if (ch == '&')
-      o += "&amp;";
-    else if (ch == '<')
-      o += "&lt;";
-    else if (ch == '>')
-      o += "&gt;";
-    else if (ch == '\'')
-      o += "&apos;";
-    else
-      o += ch;
-  }
-  return o;
-}
-
-}  // namespace
+using ab::xml_escape;
 
 MeanCi mean_ci(const std::vector<double>& x) {
   MeanCi m;

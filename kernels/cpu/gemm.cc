@@ -96,8 +96,10 @@ void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, bf16_t* packed) {
       }
 }
 
+size_t gemm_wbuf_floats() { return size_t(kTileGroup * kTileKc * kTilePanel); }
+
 void gemm_f32(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* y, int64_t ldy,
-              GemmIsa isa) {
+              GemmIsa isa, float* wbuf) {
   const int64_t panels = panels_of(n);
   if (m <= 0 || panels == 0) return;
   if (k <= 0) {
@@ -111,17 +113,17 @@ void gemm_f32(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_
   switch (isa) {
 #if defined(__x86_64__)
     case GemmIsa::avx512:
-      return gemm_f32_avx512(x, m, k, packed, panels, y, ldy);
+      return gemm_f32_avx512(x, m, k, packed, panels, y, ldy, wbuf);
     case GemmIsa::avx2:
-      return gemm_f32_avx2(x, m, k, packed, panels, y, ldy);
+      return gemm_f32_avx2(x, m, k, packed, panels, y, ldy, wbuf);
 #endif
     default:
-      return gemm_tiles<Scalar>(x, m, k, packed, panels, y, ldy);
+      return gemm_tiles<Scalar>(x, m, k, packed, panels, y, ldy, wbuf);
   }
 }
 
 size_t gemm_scratch_floats(int64_t m, int64_t k, int64_t n) {
-  return size_t(m * k + m * panels_of(n) * kGemmPanel);
+  return size_t(m * k + m * panels_of(n) * kGemmPanel) + gemm_wbuf_floats();
 }
 
 namespace {
@@ -131,8 +133,9 @@ float* gemm_into_scratch(const bf16_t* x, int64_t m, int64_t k, const bf16_t* pa
                          float* scratch, GemmIsa isa) {
   float* xs = scratch;
   float* y = scratch + m * k;
+  float* wbuf = y + m * panels_of(n) * kGemmPanel;
   for (int64_t i = 0; i < m * k; ++i) xs[i] = bf16_to_f32(x[i]);
-  gemm_f32(xs, m, k, packed, n, y, panels_of(n) * kGemmPanel, isa);
+  gemm_f32(xs, m, k, packed, n, y, panels_of(n) * kGemmPanel, isa, wbuf);
   return y;
 }
 

@@ -38,8 +38,10 @@ void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, bf16_t* packed);
 
 // y[i * ldy + j] = sum_p x[i * k + p] * w[j, p] for j < round_up(n, kGemmPanel) (columns
 // past n are 0), with `packed` from gemm_pack_weight. ldy >= round_up(n, kGemmPanel).
+// wbuf (gemm_wbuf_floats(), or null) lets large m widen each weight block once.
 void gemm_f32(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* y, int64_t ldy,
-              GemmIsa isa);
+              GemmIsa isa, float* wbuf = nullptr);
+size_t gemm_wbuf_floats();
 
 // Floats of scratch linear_bf16 / linear_f32_out need.
 size_t gemm_scratch_floats(int64_t m, int64_t k, int64_t n);
@@ -55,8 +57,8 @@ void linear_f32_out(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed,
 
 // The per-ISA drivers (gemm_avx2.cc, gemm_avx512.cc; x86-64 builds only).
 void gemm_f32_avx2(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t panels, float* y,
-                   int64_t ldy);
+                   int64_t ldy, float* wbuf);
 void gemm_f32_avx512(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t panels, float* y,
-                     int64_t ldy);
+                     int64_t ldy, float* wbuf);
 
 }  // namespace kvfuse::cpu

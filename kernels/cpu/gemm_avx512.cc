@@ -30,8 +30,8 @@ struct Avx512 {
 }  // namespace
 
 void gemm_f32_avx512(const float* x, int64_t m, int64_t k, const uint16_t* packed, int64_t panels, float* y,
-                     int64_t ldy) {
-  gemm_tiles<Avx512>(x, m, k, packed, panels, y, ldy);
+                     int64_t ldy, float* wbuf) {
+  gemm_tiles<Avx512>(x, m, k, packed, panels, y, ldy, wbuf);
 }
 
 }  // namespace kvfuse::cpu
