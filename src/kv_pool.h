@@ -90,9 +90,9 @@ class KvPool {
   size_t num_sequences() const { return seqs_.size(); }
 
   // ---- Page policy: how many pages a sequence takes, for admission and reservation.
-  // Pages leaving the window are freed after every step, so a sequence of `len` tokens
-  // never holds more SWA pages than its last window plus one step's tokens span, plus
-  // the page the window starts in. The SWA pool is sized from this bound.
+  // Pages leaving the window are freed after every step, so the SWA pages a sequence
+  // holds at once span at most min(len, window + max_step_tokens) tokens, plus one for
+  // a window that starts inside a page. The engine sizes the SWA pool from this bound.
   static int64_t max_swa_pages_held(const KvPoolConfig& cfg,
                                     int64_t len = std::numeric_limits<int64_t>::max());
   // Pages that reserve(id, new_len) would take now. An unknown id is an empty sequence.

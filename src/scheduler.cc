@@ -196,19 +196,22 @@ void Scheduler::plan_step(std::vector<StepItem>& items, std::vector<Owner>& owne
 
 absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
   std::vector<TokenEvent> events;
-  admit_waiting(events);
-  std::vector<StepItem> items;
-  std::vector<Owner> owners;
-  plan_step(items, owners);
-  reserve_pages(items, owners, events);
-  if (items.empty()) return events;
+  const Plan plan = schedule(events);
+  if (plan.items.empty()) return events;
   ++step_count_;
-
-  auto results = engine_.step(items);
+  auto results = engine_.step(plan.items);
   if (!results.ok()) return results.status();
   if (result_hook_) result_hook_(*results);
-  apply_results(*results, owners, events);
+  apply_results(*results, plan.owners, events);
   return events;
+}
+
+Scheduler::Plan Scheduler::schedule(std::vector<TokenEvent>& events) {
+  admit_waiting(events);
+  Plan plan;
+  plan_step(plan.items, plan.owners);
+  reserve_pages(plan.items, plan.owners, events);
+  return plan;
 }
 
 bool Scheduler::reserve(const StepItem& item) {

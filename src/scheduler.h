@@ -147,6 +147,15 @@ class Scheduler {
     bool router = false;
     SeqId id = 0;
   };
+  // What the engine is to run in a step: items whose pages are reserved, and whose they are.
+  struct Plan {
+    std::vector<StepItem> items;
+    std::vector<Owner> owners;
+  };
+
+  // Admits waiting requests, plans the step and reserves its pages, preempting or
+  // failing what cannot fit (their events go to `events`).
+  Plan schedule(std::vector<TokenEvent>& events);
 
   PagesNeeded pages_to_finish_prefill(const Entry& e) const;
   bool can_admit(const Entry& e) const;
