@@ -379,6 +379,18 @@ std::unique_ptr<HostWeightSource> Checkpoint::weights() const {
   return std::make_unique<CheckpointWeights>(*this);
 }
 
+absl::Status Checkpoint::check_shapes(const ModelSpec& spec) const {
+  const ModelSpec& c = spec_;
+  if (spec.vocab != c.vocab || spec.hidden != c.hidden || spec.intermediate != c.intermediate ||
+      spec.num_layers != c.num_layers || spec.num_q_heads != c.num_q_heads ||
+      spec.num_kv_heads != c.num_kv_heads || spec.head_dim != c.head_dim || spec.qkv_bias != c.qkv_bias ||
+      spec.tie_embeddings != c.tie_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model spec '", spec.name, "' does not have the shapes of checkpoint ", dir_));
+  }
+  return absl::OkStatus();
+}
+
 json hf_config_json(const ModelSpec& s) {
   const std::string arch = s.arch == "qwen2" ? "qwen2" : s.arch == "mistral" ? "mistral" : "llama";
   json j = {

@@ -34,8 +34,8 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "absl/status/statusor.h"
+#include "src/host_weights.h"
 #include "src/kv_scales.h"
-#include "src/model.h"
 #include "src/model_spec.h"
 #include "src/safetensors.h"
 
@@ -58,6 +58,9 @@ class Checkpoint {
 
   // The weights, converted to bf16 on demand. The Checkpoint must outlive the source.
   std::unique_ptr<HostWeightSource> weights() const;
+  // INVALID_ARGUMENT unless `spec` has the checkpoint's shapes: the checkpoint's spec
+  // with config overrides (the sliding window) applied.
+  absl::Status check_shapes(const ModelSpec& spec) const;
 
  private:
   Checkpoint() = default;

@@ -90,13 +90,13 @@ absl::Status Engine::init() {
     pc.k_scale.push_back(kv_scale_on_device(scales->k[l], pc.dtype));
     pc.v_scale.push_back(kv_scale_on_device(scales->v[l], pc.dtype));
   }
+  pc.max_step_tokens = cfg_.max_batch_tokens;
   if (s.any_swa()) {
-    // Enough SWA pages for every running sequence to hold its window plus one step's
-    // chunk, unless the config sizes the pool itself.
-    const int64_t per_seq = ceil_div(int64_t(s.sliding_window) + cfg_.max_batch_tokens, cfg_.page_size) + 1;
-    pc.swa_num_pages = cfg_.swa_num_pages > 0
-                           ? cfg_.swa_num_pages
-                           : std::min<int64_t>(cfg_.num_pages, per_seq * cfg_.max_running_seqs);
+    // Enough SWA pages for every running sequence, unless the config sizes the pool itself.
+    pc.swa_num_pages =
+        cfg_.swa_num_pages > 0
+            ? cfg_.swa_num_pages
+            : std::min<int64_t>(cfg_.num_pages, KvPool::max_swa_pages_held(pc) * cfg_.max_running_seqs);
   }
   auto pool = KvPool::create(*backend_, pc);
   if (!pool.ok()) return pool.status();
@@ -106,10 +106,17 @@ absl::Status Engine::init() {
   limits.max_tokens = cfg_.max_batch_tokens;
   limits.max_seqs = cfg_.max_running_seqs;
   limits.max_pages_per_seq = ceil_div(cfg_.max_seq_len, cfg_.page_size);
-  auto model = ckpt ? Model::create_from_checkpoint(*backend_, s, *ckpt, limits)
-                    : Model::create_synthetic(*backend_, s, cfg_.seed, limits);
+  if (ckpt) {
+    if (auto st = ckpt->check_shapes(s); !st.ok()) return st;
+  }
+  const std::unique_ptr<HostWeightSource> weights =
+      ckpt ? ckpt->weights() : make_synthetic_weights(s, cfg_.seed);
+  auto model = Model::create(*backend_, s, *weights);
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
+  auto runner = ModelRunner::create(*backend_, *model_, limits);
+  if (!runner.ok()) return runner.status();
+  runner_ = std::move(*runner);
   return absl::OkStatus();
 }
 
@@ -176,6 +183,30 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
                                                      const ForwardOptions& opts) {
   const auto t0 = Clock::now();
   timings_ = StepTimings{};
+  if (auto st = check_items(items); !st.ok()) return st;
+  std::vector<StepResult> results(items.size());
+  const std::vector<size_t> run = reserve_pages(items, results);
+  if (run.empty()) return results;
+  build_batch(items, run);
+  timings_.prepare_ms = ms_since(t0);
+
+  const auto t1 = Clock::now();
+  if (auto st = runner_->run(batch_, *pool_, opts, fwd_); !st.ok()) {
+    return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
+  }
+  timings_.forward_ms = ms_since(t1);
+
+  const auto t2 = Clock::now();
+  apply_results(items, run, results);
+  timings_.sample_ms = ms_since(t2);
+  timings_.total_ms = ms_since(t0);
+  timings_.num_tokens = batch_.num_tokens();
+  timings_.num_seqs = int32_t(run.size());
+  timings_.graph = fwd_.graph;
+  return results;
+}
+
+absl::Status Engine::check_items(const std::vector<StepItem>& items) const {
   if (items.empty()) return absl::InvalidArgumentError("step: no items");
   if (int64_t(items.size()) > cfg_.max_running_seqs) {
     return absl::InvalidArgumentError(
@@ -207,9 +238,13 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
     return absl::InvalidArgumentError(
         absl::StrCat("step: ", total, " tokens exceed max_batch_tokens ", cfg_.max_batch_tokens));
   }
+  return absl::OkStatus();
+}
 
-  // Reserve pages; a sequence that cannot get them fails alone.
-  std::vector<StepResult> results(items.size());
+std::vector<size_t> Engine::reserve_pages(const std::vector<StepItem>& items,
+                                          std::vector<StepResult>& results) {
+  // Pages a scheduler reserved already cost nothing here; a sequence that cannot get
+  // them fails alone.
   std::vector<size_t> run;
   for (size_t i = 0; i < items.size(); ++i) {
     results[i].id = items[i].id;
@@ -217,9 +252,10 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
     results[i].status = pool_->reserve(s.id, s.num_computed + items[i].num_tokens);
     if (results[i].status.ok()) run.push_back(i);
   }
-  if (run.empty()) return results;
+  return run;
+}
 
-  // Batch metadata.
+void Engine::build_batch(const std::vector<StepItem>& items, const std::vector<size_t>& run) {
   ForwardBatch& b = batch_;
   const int32_t ps = cfg_.page_size;
   b.token_ids.clear();
@@ -243,7 +279,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
   b.block_table_swa.assign(pool_->has_swa() ? b.block_table_full.size() : 0, -1);
   for (size_t r = 0; r < run.size(); ++r) {
     const StepItem& it = items[run[r]];
-    const SequenceState& s = seqs_.at(it.id);
+    SequenceState& s = seqs_.at(it.id);
     for (int32_t p = s.num_computed; p < s.num_computed + it.num_tokens; ++p) {
       b.token_ids.push_back(s.tokens[size_t(p)]);
       b.positions.push_back(p);
@@ -260,7 +296,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
         rs.temperature = s.sampling.temperature;
         rs.top_k = s.sampling.top_k;
         rs.top_p = s.sampling.top_p;
-        rs.u = seqs_.at(it.id).rng.uniform();  // one draw per sampled token, as sample_token
+        rs.u = s.rng.uniform();  // one draw per sampled token, as sample_token
       }
       b.sampling.push_back(rs);
     }
@@ -271,15 +307,10 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
       std::copy(swa.begin(), swa.end(), b.block_table_swa.begin() + int64_t(r) * b.max_pages_per_seq);
     }
   }
-  timings_.prepare_ms = ms_since(t0);
+}
 
-  const auto t1 = Clock::now();
-  if (auto st = model_->forward(b, *pool_, opts, fwd_); !st.ok()) {
-    return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
-  }
-  timings_.forward_ms = ms_since(t1);
-
-  const auto t2 = Clock::now();
+void Engine::apply_results(const std::vector<StepItem>& items, const std::vector<size_t>& run,
+                           std::vector<StepResult>& results) {
   size_t row = 0, host_row = 0;
   for (size_t i : run) {
     const StepItem& it = items[i];
@@ -288,7 +319,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
     pool_->trim_window(it.id);
     if (!it.sample && !it.logits) continue;
     const size_t k = row++;
-    if (b.logits_host[k]) results[i].logits_row = int32_t(host_row++);
+    if (batch_.logits_host[k]) results[i].logits_row = int32_t(host_row++);
     if (!it.sample) continue;
     if (!fwd_.finite[k]) {
       results[i].status = absl::InternalError(absl::StrCat("sequence ", it.id, ": non-finite logits"));
@@ -298,12 +329,6 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
     s.tokens.push_back(tok);
     results[i].token = tok;
   }
-  timings_.sample_ms = ms_since(t2);
-  timings_.total_ms = ms_since(t0);
-  timings_.num_tokens = b.num_tokens();
-  timings_.num_seqs = int32_t(run.size());
-  timings_.graph = fwd_.graph;
-  return results;
 }
 
 absl::StatusOr<int> Engine::warm_up_decode_graphs() {
@@ -311,7 +336,7 @@ absl::StatusOr<int> Engine::warm_up_decode_graphs() {
   const int32_t limit = std::min<int32_t>(cfg_.max_running_seqs, cfg_.max_batch_tokens);
   std::vector<int32_t> buckets;
   for (int32_t n = 1; n <= limit; ++n) {
-    const int32_t b = model_->graph_batch_bucket(n);
+    const int32_t b = runner_->graph_batch_bucket(n);
     if (b <= limit && (buckets.empty() || buckets.back() != b)) buckets.push_back(b);
   }
   // Ids from the top of the range, clear of callers' ids.

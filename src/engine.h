@@ -1,6 +1,8 @@
-// The engine runs one step at a time: batch metadata -> model forward -> sampling.
-// It owns the backend, the KV pool, the model and the per-sequence token state; what
-// to run in a step (which sequences, how many tokens each) is the scheduler's choice.
+// The engine runs one step at a time: check the items -> reserve their pages -> build
+// the batch -> run it (ModelRunner) -> apply the tokens. It owns the backend, the KV
+// pool, the model, its runner and the per-sequence token state; what to run in a step
+// (which sequences, how many tokens each, whose pages to free first) is the
+// scheduler's choice.
 #pragma once
 
 #include <memory>
@@ -13,6 +15,7 @@
 #include "src/config.h"
 #include "src/kv_pool.h"
 #include "src/model.h"
+#include "src/model_runner.h"
 #include "src/sampler.h"
 
 namespace kvfuse {
@@ -115,18 +118,27 @@ class Engine {
   // (StepItem::logits) or sampled with temperature > 0; StepResult::logits_row indexes it.
   // Greedy tokens are chosen on the device and bring no logits to the host.
   const std::vector<float>& last_logits() const { return fwd_.logits; }
-  const GraphStats& graph_stats() const { return model_->graph_stats(); }
+  const GraphStats& graph_stats() const { return runner_->graph_stats(); }
   const StepTimings& last_timings() const { return timings_; }
 
  private:
   Engine(Config cfg, std::unique_ptr<Backend> backend) : cfg_(std::move(cfg)), backend_(std::move(backend)) {}
   absl::Status init();
   absl::Status check_tokens(const std::vector<int32_t>& tokens) const;
+  // The phases of a step: bad items reject it; a sequence whose pages cannot be
+  // reserved drops out alone (the indices of the items that run are returned); the
+  // batch of those is built into batch_, run, and its tokens applied.
+  absl::Status check_items(const std::vector<StepItem>& items) const;
+  std::vector<size_t> reserve_pages(const std::vector<StepItem>& items, std::vector<StepResult>& results);
+  void build_batch(const std::vector<StepItem>& items, const std::vector<size_t>& run);
+  void apply_results(const std::vector<StepItem>& items, const std::vector<size_t>& run,
+                     std::vector<StepResult>& results);
 
   Config cfg_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<ModelRunner> runner_;
   std::unordered_map<SeqId, SequenceState> seqs_;
   ForwardResult fwd_;
   StepTimings timings_;

@@ -302,6 +302,34 @@ PagesNeeded KvPool::pages_needed(SeqId id, int32_t new_len) const {
   return need;
 }
 
+int64_t KvPool::max_swa_pages_held(const KvPoolConfig& cfg, int64_t len) {
+  const int64_t span = std::min<int64_t>(len, int64_t(cfg.window) + cfg.max_step_tokens);
+  return pages_for(span, cfg.page_size) + 1;
+}
+
+PagesNeeded KvPool::pages_held(SeqId id) const {
+  PagesNeeded held;
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return held;
+  held.full = int64_t(it->second.full.size());
+  for (int32_t p : it->second.swa) held.swa += p >= 0;
+  return held;
+}
+
+PagesNeeded KvPool::pages_to_reach(SeqId id, int32_t len) const {
+  PagesNeeded need = pages_needed(id, len);
+  if (has_swa()) need.swa = std::min(need.swa, max_swa_pages_held(cfg_));
+  return need;
+}
+
+PagesNeeded KvPool::pages_to_hold(SeqId id, int64_t len) const {
+  const PagesNeeded held = pages_held(id);
+  PagesNeeded need;
+  need.full = std::max<int64_t>(0, pages_for(len, cfg_.page_size) - held.full);
+  if (has_swa()) need.swa = std::max<int64_t>(0, max_swa_pages_held(cfg_, len) - held.swa);
+  return need;
+}
+
 absl::Status KvPool::reserve(SeqId id, int32_t new_len) {
   auto it = seqs_.find(id);
   if (it == seqs_.end())

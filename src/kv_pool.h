@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,6 +59,7 @@ struct KvPoolConfig {
   KvDtype dtype = KvDtype::bf16;
   std::vector<bool> layer_is_swa;  // [num_layers]
   int32_t window = 0;              // keys per query in SWA layers
+  int64_t max_step_tokens = 0;     // tokens a sequence grows by in one step at most (SWA page bound)
   std::vector<float> k_scale;      // [num_layers]
   std::vector<float> v_scale;      // [num_layers]
 };
@@ -87,8 +89,22 @@ class KvPool {
   absl::Status release(SeqId id);
   size_t num_sequences() const { return seqs_.size(); }
 
-  // Pages that reserve(id, new_len) would take now (for admission control).
+  // ---- Page policy: how many pages a sequence takes, for admission and reservation.
+  // Pages leaving the window are freed after every step, so the SWA pages a sequence
+  // holds at once span at most min(len, window + max_step_tokens) tokens, plus one for
+  // a window that starts inside a page. The engine sizes the SWA pool from this bound.
+  static int64_t max_swa_pages_held(const KvPoolConfig& cfg,
+                                    int64_t len = std::numeric_limits<int64_t>::max());
+  // Pages that reserve(id, new_len) would take now. An unknown id is an empty sequence.
   PagesNeeded pages_needed(SeqId id, int32_t new_len) const;
+  // Pages the sequence holds now (SWA: those still mapped); none for an unknown id.
+  PagesNeeded pages_held(SeqId id) const;
+  // Pages still to reserve, over the steps to come, for the sequence to reach `len`
+  // tokens: the SWA part bounded by max_swa_pages_held.
+  PagesNeeded pages_to_reach(SeqId id, int32_t len) const;
+  // Pages beyond those held that the sequence may hold at once on its way to `len`
+  // tokens: what admission promises a sequence (SWA counted at its bound for `len`).
+  PagesNeeded pages_to_hold(SeqId id, int64_t len) const;
   // Makes room for positions [len, new_len): full-pool pages for them, and SWA pages
   // for the SWA layers. All or nothing: RESOURCE_EXHAUSTED leaves the sequence as it was.
   absl::Status reserve(SeqId id, int32_t new_len);

@@ -1,189 +1,71 @@
 // A Llama-family decoder (Llama-3, Qwen2 with QKV bias, Mistral with a window on every
-// layer, and hybrids of window and full layers) running on a Backend.
+// layer, and hybrids of window and full layers) running on a Backend: the weights in
+// the backend's layouts and the ops of one forward pass. What a pass runs on — the
+// batch metadata in device memory, the activations, graphs — is the ModelRunner's
+// (src/model_runner.h).
 #pragma once
 
-#include <map>
 #include <memory>
-#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "src/backend.h"
+#include "src/host_weights.h"
 #include "src/kv_pool.h"
 #include "src/model_spec.h"
 
 namespace kvfuse {
 
-// Host-side metadata of one forward pass, built by the engine (nano-vllm style).
-struct ForwardBatch {
-  std::vector<int32_t> token_ids;         // [T]
-  std::vector<int32_t> positions;         // [T]
-  std::vector<int64_t> slot_mapping;      // [T] full-pool slots, -1 = skip
-  std::vector<int32_t> query_start;       // [S + 1]
-  std::vector<int32_t> context_len;       // [S]
-  std::vector<int32_t> block_table_full;  // [S, max_pages_per_seq]
-  std::vector<int32_t> block_table_swa;   // [S, max_pages_per_seq], empty without SWA layers
-  int32_t max_pages_per_seq = 0;
-  int32_t max_query_len = 0;
-  int32_t max_context_len = 0;
-  std::vector<int32_t> logits_rows;  // rows of T whose greedy token (and maybe logits) are returned
-  std::vector<uint8_t> logits_host;  // per logits row: 1 copies the row's logits to the host
-  std::vector<RowSampling> sampling; // per logits row: temperature > 0 samples on the device
+// One forward pass as the decoder sees it: the batch in device memory and the working
+// memory, all sized and owned by the caller. Activations are [tokens, width] rows.
+struct DecoderPass {
+  const int32_t* token_ids = nullptr;     // [T]
+  const int32_t* positions = nullptr;     // [T]
+  const int64_t* slot_mapping = nullptr;  // [T] full-pool slots, -1 = skip
+  AttnBatch batch;                        // shapes, query_start, context_len (block_table unset)
+  const int32_t* block_table_full = nullptr;
+  const int32_t* block_table_swa = nullptr;
+  const int32_t* logits_rows = nullptr;  // [R] rows of T whose tokens are computed
+  int64_t num_logits_rows = 0;
+  const RowSampling* sampling = nullptr;  // [R]
 
-  int64_t num_tokens() const { return int64_t(token_ids.size()); }
-  int32_t num_seqs() const { return int32_t(context_len.size()); }
-};
+  bf16_t *x = nullptr, *h = nullptr, *qkv = nullptr, *attn = nullptr;  // [T, hidden / qkv_dim / q_dim]
+  bf16_t *gate_up = nullptr, *act = nullptr;                           // [T, 2 intermediate / intermediate]
+  bf16_t* last = nullptr;                                              // [R, hidden]
+  void* kv_scratch = nullptr;  // the unfused KV write's scratch (Backend::kv_write_scratch_bytes)
 
-struct ForwardOptions {
-  KvWritePath kv_write = KvWritePath::fused;
-  AttentionPath attention = AttentionPath::unified;
-  // Decode-only batches run as a graph captured per (batch bucket, context bucket, paths)
-  // on backends that have graphs; elsewhere, and for batches with prefill rows, eagerly.
-  bool graphs = true;
-  // With graphs: false pads the batch to its bucket exactly as a replay would but runs it
-  // eagerly (tests compare the two; a replay must equal it bit for bit).
-  bool graph_replay = true;
-};
-
-// What a forward pass returns per logits row: the greedy and the sampled token are
-// computed on the device, so only rows whose logits are asked for cross the bus.
-struct ForwardResult {
-  std::vector<int32_t> tokens;  // [logits rows] greedy token (first index of the maximum)
-  std::vector<int32_t> finite;  // [logits rows] 1 if every logit of the row is finite
-  std::vector<int32_t> sampled; // [logits rows] token drawn under the row's RowSampling (temperature > 0)
-  std::vector<float> logits;    // [rows with logits_host set, vocab], in logits-row order
-  bool graph = false;           // the pass replayed (or captured) a graph
-};
-
-// Counters of the graph path, for tests and logs.
-struct GraphStats {
-  int64_t captures = 0;       // graphs recorded (each after one eager run of its bucket)
-  int64_t replays = 0;        // steps that replayed a graph
-  int64_t padded_eager = 0;   // steps padded to a bucket and run eagerly (graph_replay off)
-  int64_t invalidated = 0;    // graphs dropped because backend scratch memory was replaced
-  int64_t num_graphs = 0;     // graphs held now
-};
-
-// Host bf16 weights in the model's fused layouts, handed over one piece at a time so that
-// a checkpoint loader holds at most one layer (or the embeddings) in host memory.
-struct HostLinear {
-  std::vector<bf16_t> w;     // [n, k] row-major (out_features x in_features)
-  std::vector<bf16_t> bias;  // [n], or empty
-};
-struct HostLayerWeights {
-  std::vector<bf16_t> attn_norm, ffn_norm;  // [hidden]
-  HostLinear qkv;                           // [q_dim + 2 kv_dim, hidden]: rows q, then k, then v
-  HostLinear o;                             // [hidden, q_dim]
-  HostLinear gate_up;                       // [2 intermediate, hidden]: rows gate, then up
-  HostLinear down;                          // [hidden, intermediate]
-};
-struct HostGlobalWeights {
-  std::vector<bf16_t> embed;       // [vocab, hidden]
-  std::vector<bf16_t> final_norm;  // [hidden]
-  HostLinear lm_head;              // [vocab, hidden]; empty with tie_embeddings (the embedding is used)
-};
-class HostWeightSource {
- public:
-  virtual ~HostWeightSource() = default;
-  virtual absl::Status globals(HostGlobalWeights& out) = 0;
-  virtual absl::Status layer(int32_t layer, HostLayerWeights& out) = 0;
-};
-
-// The deterministic synthetic weights of Model::create_synthetic.
-std::unique_ptr<HostWeightSource> make_synthetic_weights(const ModelSpec& spec, uint64_t seed);
-
-class Checkpoint;
-
-struct ModelLimits {
-  int64_t max_tokens = 0;  // rows of one forward pass
-  int32_t max_seqs = 0;
-  int32_t max_pages_per_seq = 0;
+  float* logits = nullptr;    // out: [R, vocab]
+  int32_t* tokens = nullptr;  // out: [3, R] greedy tokens, finiteness flags, sampled tokens
 };
 
 class Model {
  public:
-  // Builds the model with deterministic synthetic weights from `seed`.
-  static absl::StatusOr<std::unique_ptr<Model>> create_synthetic(Backend& backend, const ModelSpec& spec,
-                                                                 uint64_t seed, const ModelLimits& limits);
-  // Builds the model from host weights; `spec` must describe their shapes.
-  static absl::StatusOr<std::unique_ptr<Model>> create_from_weights(Backend& backend, const ModelSpec& spec,
-                                                                    HostWeightSource& weights,
-                                                                    const ModelLimits& limits);
-  // Builds the model from a checkpoint's weights. `spec` is the checkpoint's spec with
-  // the config's sliding-window overrides applied; its shapes must be the checkpoint's.
-  static absl::StatusOr<std::unique_ptr<Model>> create_from_checkpoint(Backend& backend,
-                                                                       const ModelSpec& spec,
-                                                                       const Checkpoint& checkpoint,
-                                                                       const ModelLimits& limits);
+  // Uploads host weights; `spec` must describe their shapes.
+  static absl::StatusOr<std::unique_ptr<Model>> create(Backend& backend, const ModelSpec& spec,
+                                                       HostWeightSource& weights);
 
   const ModelSpec& spec() const { return spec_; }
-  const ModelLimits& limits() const { return limits_; }
 
-  // Runs the batch, writes the new K/V of every layer into `pool`, and returns for each
-  // of `batch.logits_rows` the greedy token, a finiteness flag and, where
-  // `batch.logits_host` asks, the fp32 logits.
-  //
-  // With opts.graphs, a decode-only batch (one token per sequence) on a backend with
-  // graphs is padded to its bucket — sequences to graph_batch_bucket(), keys to
-  // graph_context_bucket() — and replays the graph of (bucket, write path, attention
-  // path), captured after the bucket's first, eager, run. Padding rows have slot -1 (no
-  // KV write) and belong to no sequence (attention skips them).
-  absl::Status forward(const ForwardBatch& batch, KvPool& pool, const ForwardOptions& opts, ForwardResult& out);
-
-  const GraphStats& graph_stats() const { return graph_stats_; }
-  // Buckets: up to 4 sequences a power of two, then multiples of 8 up to 64, of 32 up to
-  // 256, of 64 beyond; never above the limits. Context: a power of two from 512 to
-  // 4096 keys, then a multiple of 4096; at most max_pages_per_seq pages.
-  int32_t graph_batch_bucket(int32_t num_seqs) const;
-  int32_t graph_context_bucket(int32_t max_context_len, int32_t page_size) const;
+  // Runs every layer over the pass's tokens, writing their K/V into `pool`, then the
+  // final norm, the logits of the pass's logits rows, and each row's greedy token,
+  // finiteness flag and (temperature > 0) sampled token. Only device work, no host
+  // synchronisation: a graph can record it.
+  absl::Status forward(const DecoderPass& pass, KvPool& pool, KvWritePath write, AttentionPath attention);
 
  private:
   struct Layer {
     DeviceBuffer attn_norm, ffn_norm;  // [hidden] bf16
     LinearWeight qkv, o, gate_up, down;
   };
-  Model(Backend& backend, ModelSpec spec, ModelLimits limits)
-      : backend_(backend), spec_(std::move(spec)), limits_(limits) {}
+  Model(Backend& backend, ModelSpec spec) : backend_(backend), spec_(std::move(spec)) {}
   absl::Status init_weights(HostWeightSource& weights);
-  absl::Status init_workspace();
-  absl::Status upload_batch(const ForwardBatch& b);
-  // Every op of the pass after the metadata upload, through argmax_rows: what a graph holds.
-  absl::Status run_body(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts);
-  void pad_for_graph(const ForwardBatch& in, int32_t page_size, ForwardBatch& out) const;
-  absl::Status run_graph(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts);
-
-  struct GraphKey {
-    int32_t seqs, pages;
-    KvWritePath write;
-    AttentionPath attention;
-    bool operator<(const GraphKey& o) const {
-      return std::tie(seqs, pages, write, attention) < std::tie(o.seqs, o.pages, o.write, o.attention);
-    }
-  };
-  std::map<GraphKey, std::unique_ptr<BackendGraph>> graphs_;
-  uint64_t graph_epoch_ = 0;
-  GraphStats graph_stats_;
-  ForwardBatch padded_;  // reused between steps
-  std::vector<int32_t> host_rows_;  // tokens, finite flags, sampled tokens of every computed row
-  std::vector<RowSampling> sampling_host_;  // all-greedy parameters when a batch brings none
 
   Backend& backend_;
   ModelSpec spec_;
-  ModelLimits limits_;
   DeviceBuffer embed_;       // [vocab, hidden] bf16
   DeviceBuffer final_norm_;  // [hidden] bf16
   LinearWeight lm_head_;
   std::vector<Layer> layers_;
-
-  // Workspace, sized for limits_.
-  DeviceBuffer x_, h_, qkv_, attn_, gate_up_, act_, last_, logits_, kv_scratch_;
-  DeviceBuffer ids_, pos_, slots_, qstart_, ctx_, bt_full_, bt_swa_, rows_;
-  DeviceBuffer argmax_;  // [3, rows] int32: greedy tokens, finiteness flags, sampled tokens
-  DeviceBuffer sampling_;  // [max_seqs] RowSampling
 };
-
-// Deterministic synthetic weight value i of tensor `tensor` (counter-based, so any
-// device can generate the same weights independently).
-float synthetic_weight(uint64_t seed, uint64_t tensor, uint64_t i);
 
 }  // namespace kvfuse

@@ -1,6 +1,7 @@
 #include "src/scheduler.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 
@@ -30,32 +31,9 @@ bool Scheduler::contains(SeqId id) const {
          std::any_of(waiting_.begin(), waiting_.end(), match);
 }
 
-PagesNeeded Scheduler::pages_held(SeqId id) const {
-  PagesNeeded held;
-  const KvPool& pool = engine_.pool();
-  if (!pool.contains(id)) return held;
-  held.full = int64_t(pool.page_table(id, PoolKind::full).size());
-  if (pool.has_swa()) {
-    for (int32_t p : pool.page_table(id, PoolKind::swa)) held.swa += p >= 0;
-  }
-  return held;
-}
-
 PagesNeeded Scheduler::pages_to_finish_prefill(const Entry& e) const {
-  // Pages the sequence still needs to hold its whole prompt plus the first sampled
-  // token. For SWA, the window plus one step's chunk bounds what is held at once.
-  const auto& cfg = engine_.config();
-  const int64_t ps = cfg.page_size;
-  const int64_t len = int64_t(e.tokens.size()) + 1;
-  const PagesNeeded held = pages_held(e.req.id);
-  PagesNeeded need;
-  need.full = std::max<int64_t>(0, (len + ps - 1) / ps - held.full);
-  if (engine_.pool().has_swa()) {
-    const int64_t span =
-        std::min<int64_t>(len, int64_t(engine_.pool().config().window) + cfg.max_batch_tokens);
-    need.swa = std::max<int64_t>(0, (span + ps - 1) / ps + 1 - held.swa);
-  }
-  return need;
+  // The whole prompt plus the first sampled token.
+  return engine_.pool().pages_to_hold(e.req.id, int64_t(e.tokens.size()) + 1);
 }
 
 bool Scheduler::can_admit(const Entry& e) const {
@@ -198,7 +176,7 @@ void Scheduler::plan_generate_items(bool decode_pass, int64_t& budget, std::vect
     if (decode_pass != (pending == 1)) continue;
     const int32_t n = int32_t(std::min<int64_t>(pending, budget));
     items.push_back({s->id, n, n == pending});
-    owners.push_back({false, i, s->id});
+    owners.push_back({false, s->id});
     budget -= n;
   }
 }
@@ -217,36 +195,104 @@ void Scheduler::plan_step(std::vector<StepItem>& items, std::vector<Owner>& owne
 }
 
 absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
-  const auto& cfg = engine_.config();
   std::vector<TokenEvent> events;
-  admit_waiting(events);
-  std::vector<StepItem> items;
-  std::vector<Owner> owners;
-  plan_step(items, owners);
-  if (items.empty()) return events;
+  const Plan plan = schedule(events);
+  if (plan.items.empty()) return events;
   ++step_count_;
-
-  auto results = engine_.step(items);
+  auto results = engine_.step(plan.items);
   if (!results.ok()) return results.status();
   if (result_hook_) result_hook_(*results);
+  apply_results(*results, plan.owners, events);
+  return events;
+}
 
-  std::vector<size_t> to_preempt;
-  std::vector<SeqId> router_exhausted;
+Scheduler::Plan Scheduler::schedule(std::vector<TokenEvent>& events) {
+  admit_waiting(events);
+  Plan plan;
+  plan_step(plan.items, plan.owners);
+  reserve_pages(plan.items, plan.owners, events);
+  return plan;
+}
+
+bool Scheduler::reserve(const StepItem& item) {
+  const SequenceState* s = engine_.sequence(item.id);
+  return engine_.pool().reserve(item.id, s->num_computed + item.num_tokens).ok();
+}
+
+void Scheduler::reserve_pages(std::vector<StepItem>& items, std::vector<Owner>& owners,
+                              std::vector<TokenEvent>& events) {
+  // Every item's pages before the step, in plan order (decodes first). A sequence that
+  // cannot get them makes room by preempting the latest-admitted generate request —
+  // possibly itself — and a generate request alone that still cannot fit fails. Router
+  // sequences are never preempted: they take pages from generate requests, and their
+  // task fails only when none are left to take.
+  std::vector<bool> dropped(items.size(), false);
+  auto drop = [&](SeqId id) {
+    for (size_t k = 0; k < items.size(); ++k) dropped[k] = dropped[k] || items[k].id == id;
+  };
+  auto preempt_newest = [&] {
+    drop(running_.back().req.id);
+    preempt(running_.size() - 1);
+  };
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (dropped[k]) continue;
+    const SeqId id = items[k].id;
+    while (!reserve(items[k])) {
+      if (owners[k].router) {
+        if (!running_.empty()) {
+          preempt_newest();
+          continue;
+        }
+        finish_router_task(id,
+                           absl::ResourceExhaustedError(absl::StrCat(
+                               "sequence ", id, ": no free KV pages (the pool is held by other sequences)")));
+        drop(id);
+        break;
+      }
+      if (running_.size() == 1) {
+        events.push_back(finish(
+            running_[0], FinishReason::error,
+            absl::ResourceExhaustedError(router_.empty()
+                                             ? "sequence does not fit in the KV pool on its own"
+                                             : "sequence does not fit in the KV pool beside the router's "
+                                               "sequences")));
+        running_.clear();
+        drop(id);
+        break;
+      }
+      const bool self = running_.back().req.id == id;
+      preempt_newest();
+      if (self) break;
+    }
+  }
+  size_t kept = 0;
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (dropped[k]) continue;
+    items[kept] = items[k];
+    owners[kept] = owners[k];
+    ++kept;
+  }
+  items.resize(kept);
+  owners.resize(kept);
+}
+
+void Scheduler::apply_results(const std::vector<StepResult>& results, const std::vector<Owner>& owners,
+                              std::vector<TokenEvent>& events) {
+  const auto& cfg = engine_.config();
+  std::unordered_map<SeqId, size_t> index;
+  for (size_t i = 0; i < running_.size(); ++i) index[running_[i].req.id] = i;
   std::vector<bool> done(running_.size(), false);
-  for (size_t r = 0; r < results->size(); ++r) {
-    const StepResult& res = (*results)[r];
+  for (size_t r = 0; r < results.size(); ++r) {
+    const StepResult& res = results[r];
     if (owners[r].router) {
-      if (apply_router_result(owners[r].id, res)) router_exhausted.push_back(owners[r].id);
+      apply_router_result(owners[r].id, res);
       continue;
     }
-    Entry& e = running_[owners[r].index];
-    if (res.status.code() == absl::StatusCode::kResourceExhausted) {
-      to_preempt.push_back(owners[r].index);
-      continue;
-    }
+    const size_t i = index.at(owners[r].id);
+    Entry& e = running_[i];
     if (!res.status.ok()) {
       events.push_back(finish(e, FinishReason::error, res.status));
-      done[owners[r].index] = true;
+      done[i] = true;
       continue;
     }
     if (!res.token) continue;
@@ -263,50 +309,15 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
       ev.finish = fin.finish;
       ev.prompt_tokens = fin.prompt_tokens;
       ev.completion_tokens = fin.completion_tokens;
-      done[owners[r].index] = true;
+      done[i] = true;
     }
     events.push_back(ev);
   }
-
-  // A sequence that could not get pages gives way: preempt the latest-admitted running
-  // sequences until it fits, or fail it if it is alone and still cannot.
-  std::sort(to_preempt.begin(), to_preempt.end());
   std::vector<Entry> kept;
-  std::vector<size_t> failed;
   for (size_t i = 0; i < running_.size(); ++i) {
-    if (done[i]) continue;
-    kept.push_back(std::move(running_[i]));
-    if (std::binary_search(to_preempt.begin(), to_preempt.end(), i)) failed.push_back(kept.size() - 1);
+    if (!done[i]) kept.push_back(std::move(running_[i]));
   }
   running_ = std::move(kept);
-  if (!failed.empty()) {
-    if (running_.size() == 1) {
-      events.push_back(finish(
-          running_[0], FinishReason::error,
-          absl::ResourceExhaustedError(router_.empty()
-                                           ? "sequence does not fit in the KV pool on its own"
-                                           : "sequence does not fit in the KV pool beside the router's "
-                                             "sequences")));
-      running_.clear();
-    } else {
-      // Preempting the newest sequence frees its pages for the older ones next step.
-      preempt(running_.size() - 1);
-    }
-  }
-  // Router tasks are never preempted: they take pages from generate requests, and
-  // fail only when none are left to take.
-  if (!router_exhausted.empty()) {
-    if (!running_.empty()) {
-      preempt(running_.size() - 1);
-    } else {
-      for (SeqId id : router_exhausted) {
-        finish_router_task(id,
-                           absl::ResourceExhaustedError(absl::StrCat(
-                               "sequence ", id, ": no free KV pages (the pool is held by other sequences)")));
-      }
-    }
-  }
-  return events;
 }
 
 }  // namespace kvfuse

@@ -1,6 +1,7 @@
 // Continuous batching over the engine: admission by KV capacity, chunked prefill
-// under the per-step token budget, decode of every running sequence each step, and
-// preemption by recomputation when the pool runs dry. Single-threaded: the caller (the
+// under the per-step token budget, decode of every running sequence each step, and the
+// pages of each step reserved before it runs, preempting by recomputation when the
+// pool runs dry. The engine then only runs what was decided. Single-threaded: the caller (the
 // server's engine loop, a benchmark, a test) drives step().
 //
 // Two kinds of work share every step:
@@ -144,9 +145,17 @@ class Scheduler {
   // Who a step item belongs to.
   struct Owner {
     bool router = false;
-    size_t index = 0;  // into running_ for generate requests
     SeqId id = 0;
   };
+  // What the engine is to run in a step: items whose pages are reserved, and whose they are.
+  struct Plan {
+    std::vector<StepItem> items;
+    std::vector<Owner> owners;
+  };
+
+  // Admits waiting requests, plans the step and reserves its pages, preempting or
+  // failing what cannot fit (their events go to `events`).
+  Plan schedule(std::vector<TokenEvent>& events);
 
   PagesNeeded pages_to_finish_prefill(const Entry& e) const;
   bool can_admit(const Entry& e) const;
@@ -159,15 +168,20 @@ class Scheduler {
                            std::vector<Owner>& owners);
   void plan_router_items(bool decode_pass, int64_t& budget, std::vector<StepItem>& items,
                          std::vector<Owner>& owners);
-  // Applies a router item's result; true if the pool was exhausted and it should retry.
-  bool apply_router_result(SeqId id, const StepResult& res);
+  // Reserves the planned items' pages, preempting (or failing) what cannot fit; items
+  // that will not run leave the plan.
+  void reserve_pages(std::vector<StepItem>& items, std::vector<Owner>& owners,
+                     std::vector<TokenEvent>& events);
+  bool reserve(const StepItem& item);
+  void apply_results(const std::vector<StepResult>& results, const std::vector<Owner>& owners,
+                     std::vector<TokenEvent>& events);
+  void apply_router_result(SeqId id, const StepResult& res);
   // Refuses a task whose pages could never be found: more than are free plus those the
   // generate requests hold (which a router task may take by preempting them).
   absl::Status check_router_capacity(SeqId id, int64_t new_len) const;
   void start_router_task(SeqId id, int32_t samples);
   void finish_router_task(SeqId id, absl::Status status);
-  // Pages a sequence holds now, and pages the running router tasks still need.
-  PagesNeeded pages_held(SeqId id) const;
+  // Pages the running router tasks still need.
   PagesNeeded router_pages_promised() const;
   // Pages still to reserve for a sequence to reach new_len tokens in the cache.
   PagesNeeded pages_to_reach(SeqId id, int64_t new_len) const;

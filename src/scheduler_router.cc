@@ -31,16 +31,7 @@ std::vector<SeqId> Scheduler::router_sequence_ids() const {
 }
 
 PagesNeeded Scheduler::pages_to_reach(SeqId id, int64_t new_len) const {
-  const auto& cfg = engine_.config();
-  PagesNeeded need = engine_.pool().pages_needed(id, int32_t(std::min<int64_t>(new_len, cfg.max_seq_len)));
-  if (engine_.pool().has_swa()) {
-    // Pages leaving the window are freed as the sequence grows: it never holds more
-    // than the window plus one step's chunk.
-    const int64_t ps = cfg.page_size;
-    const int64_t span = int64_t(engine_.pool().config().window) + cfg.max_batch_tokens;
-    need.swa = std::min<int64_t>(need.swa, (span + ps - 1) / ps + 1);
-  }
-  return need;
+  return engine_.pool().pages_to_reach(id, int32_t(std::min<int64_t>(new_len, engine_.config().max_seq_len)));
 }
 
 absl::Status Scheduler::check_router_capacity(SeqId id, int64_t new_len) const {
@@ -48,7 +39,7 @@ absl::Status Scheduler::check_router_capacity(SeqId id, int64_t new_len) const {
   const PagesNeeded need = pages_to_reach(id, new_len);
   PagesNeeded takeable;
   for (const Entry& e : running_) {
-    const PagesNeeded h = pages_held(e.req.id);
+    const PagesNeeded h = engine_.pool().pages_held(e.req.id);
     takeable.full += h.full;
     takeable.swa += h.swa;
   }
@@ -184,16 +175,15 @@ void Scheduler::plan_router_items(bool decode_pass, int64_t& budget, std::vector
       continue;
     }
     items.push_back({id, n, sample});
-    owners.push_back({true, 0, id});
+    owners.push_back({true, id});
     budget -= n;
   }
 }
 
-bool Scheduler::apply_router_result(SeqId id, const StepResult& res) {
-  if (res.status.code() == absl::StatusCode::kResourceExhausted) return true;
+void Scheduler::apply_router_result(SeqId id, const StepResult& res) {
   if (!res.status.ok()) {
     finish_router_task(id, res.status);
-    return false;
+    return;
   }
   RouterTask& t = *router_.at(id).task;
   if (res.token) {
@@ -204,7 +194,6 @@ bool Scheduler::apply_router_result(SeqId id, const StepResult& res) {
   if (t.samples_left == 0 && (res.token || engine_.sequence(id)->num_pending() == 0)) {
     finish_router_task(id, absl::OkStatus());
   }
-  return false;
 }
 
 }  // namespace kvfuse

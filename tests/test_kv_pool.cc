@@ -90,7 +90,9 @@ class HostTestBackend final : public Backend {
   size_t kv_write_scratch_bytes(int64_t, int64_t) const override { return 0; }
   absl::Status attention(const AttnArgs&, AttentionPath) override { return no(); }
   absl::Status argmax_rows(const float*, int64_t, int64_t, int32_t*, int32_t*) override { return no(); }
-  absl::Status sample_rows(const float*, int64_t, int64_t, const RowSampling*, int32_t*) override { return no(); }
+  absl::Status sample_rows(const float*, int64_t, int64_t, const RowSampling*, int32_t*) override {
+    return no();
+  }
 
  private:
   static absl::Status no() { return absl::UnimplementedError("test backend: ops are not used by KvPool"); }
@@ -404,6 +406,44 @@ TEST_CASE("kv pool swa: pages out of the window are freed as a sequence grows", 
     CHECK(pool->usage(PoolKind::swa).used_pages == live_swa_pages(*pool, 7));
     REQUIRE(pool->release(7).ok());
     CHECK(pool->usage(PoolKind::swa).used_pages == 0);
+  }
+}
+
+TEST_CASE("kv pool: page policy counts and bounds the pages of a growing sequence", "[kv_pool][swa]") {
+  for (const auto& [ps, window, chunk] :
+       {std::tuple{16, 64, 1}, std::tuple{16, 40, 37}, std::tuple{8, 3, 100}}) {
+    CAPTURE(ps, window, chunk);
+    HostTestBackend be;
+    KvPoolConfig c = make_cfg({true, false}, ps, ceil_div(3000, ps) + 1, 1, window);
+    c.max_step_tokens = chunk;
+    // An SWA pool of exactly the bound serves one sequence of any length.
+    c.swa_num_pages = KvPool::max_swa_pages_held(c);
+    CHECK(c.swa_num_pages == ceil_div(window + chunk, ps) + 1);
+    CHECK(KvPool::max_swa_pages_held(c, 1) == 2);
+    auto pool = make_pool(be, c);
+    const int32_t target = 3000 - chunk;
+    const PagesNeeded unknown = pool->pages_to_hold(7, target);
+    CHECK(unknown.full == ceil_div(target, ps));
+    CHECK(unknown.swa == c.swa_num_pages);
+    REQUIRE(pool->add_sequence(7).ok());
+    const PagesNeeded to_reach = pool->pages_to_reach(7, target);
+    CHECK(to_reach.full == ceil_div(target, ps));
+    CHECK(to_reach.swa == std::min(ceil_div(target, ps), c.swa_num_pages));
+    while (pool->reserved_len(7) + chunk <= target) {
+      const int32_t len = pool->reserved_len(7) + chunk;
+      const PagesNeeded need = pool->pages_needed(7, len);
+      const int64_t full_used = pool->usage(PoolKind::full).used_pages;
+      const int64_t swa_used = pool->usage(PoolKind::swa).used_pages;
+      REQUIRE(pool->reserve(7, len).ok());
+      CHECK(pool->usage(PoolKind::full).used_pages - full_used == need.full);
+      CHECK(pool->usage(PoolKind::swa).used_pages - swa_used == need.swa);
+      const PagesNeeded held = pool->pages_held(7);
+      CHECK(held.full == ceil_div(len, ps));
+      CHECK(held.swa == live_swa_pages(*pool, 7));
+      CHECK(held.swa <= KvPool::max_swa_pages_held(c, len));
+      CHECK(pool->pages_to_hold(7, len).full == 0);
+      pool->trim_window(7);
+    }
   }
 }
 

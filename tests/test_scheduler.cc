@@ -68,6 +68,28 @@ TEST_CASE("scheduler: preemption under pool pressure recomputes and loses no tok
   CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
 }
 
+TEST_CASE("scheduler: pages are reserved and preemption decided before the step runs", "[scheduler][pool]") {
+  // Under the same pool pressure, no item reaches the engine without its pages: the
+  // engine never reports an exhausted pool to the scheduler.
+  auto e = make_engine({{"num_pages", 10}, {"page_size", 16}, {"max_batch_tokens", 64}});
+  const int32_t vocab = e->spec().vocab;
+  Scheduler s(*e);
+  int64_t results = 0, exhausted = 0;
+  s.set_result_hook([&](std::vector<StepResult>& rs) {
+    for (const StepResult& r : rs) {
+      ++results;
+      exhausted += r.status.code() == absl::StatusCode::kResourceExhausted ? 1 : 0;
+    }
+  });
+  for (SeqId id = 0; id < 6; ++id) REQUIRE(s.submit(request(id, 20 + int32_t(id), 50, vocab)).ok());
+  const auto out = run_all(s);
+  CHECK(s.num_preemptions() > 0);
+  CHECK(results > 0);
+  CHECK(exhausted == 0);
+  REQUIRE(out.size() == 6);
+  for (const auto& [id, toks] : out) CHECK(toks.size() == 50);
+}
+
 TEST_CASE("scheduler: seeded sampling is reproducible, with and without preemption",
           "[scheduler][sampling]") {
   // The CPU backend is batch-invariant: a recomputed prefill gives the bits of the decode

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "src/kv_pool.h"
+
 namespace kvfuse::bench {
 
 namespace {
@@ -48,7 +50,12 @@ KvFootprint kv_footprint(const ModelSpec& spec, int32_t page_size, int kv_elem_b
   const int64_t full_per_seq = ceil_div(max_len, page_size) + 1;
   f.full_pages = batch * full_per_seq;
   if (spec.any_swa()) {
-    const int64_t swa_per_seq = ceil_div(int64_t(spec.sliding_window) + max_batch_tokens, page_size) + 1;
+    // The engine sizes its SWA pool from the same bound.
+    KvPoolConfig pc;
+    pc.page_size = page_size;
+    pc.window = spec.sliding_window;
+    pc.max_step_tokens = max_batch_tokens;
+    const int64_t swa_per_seq = KvPool::max_swa_pages_held(pc);
     f.swa_pages = batch * std::min(full_per_seq, swa_per_seq);
   }
   f.bytes = kv_pool_bytes(spec, page_size, kv_elem_bytes, f.full_pages, f.swa_pages);
