@@ -12,6 +12,10 @@
 // Every NVIDIA warp is 32 lanes. Kernels use kvfuse::gpu::kWarpSize, never the literal.
 #define KVFUSE_WARP_SIZE 32
 
+// Launch bounds (kernels/gpu.h, KVFUSE_LAUNCH_BOUNDS): CUDA's second argument already
+// is the minimum of resident blocks per multiprocessor.
+#define KVFUSE_VENDOR_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__((threads), (blocks))
+
 namespace kvfuse::gpu {
 
 // Lane masks are as wide as a warp: 32 bits here, 64 on CDNA (vendor/hip.h).
