@@ -122,7 +122,8 @@ def occupancy(k, arch):
     lds = int(k["group_segment_fixed_size"])
     if lds:
         blocks = min(blocks, lds_cu // lds)
-    return min(waves, blocks * block_waves // SIMDS_PER_CU)
+    # Waves per SIMD averaged over the CU: one block of 2 waves on a CU is 0.5.
+    return min(float(waves), blocks * block_waves / SIMDS_PER_CU)
 
 
 def main():
@@ -186,7 +187,7 @@ def main():
                 verdict += " (scalar: not a gfx950 format)"
         if "FAIL" in verdict:
             failures.append("%s %s: %s" % (r["arch"], r["name"], verdict))
-        print("%-6s  %-*s  %5d %5d %7d %6d %5d %4d/%-4s %5s  %s" %
+        print("%-6s  %-*s  %5d %5d %7d %6d %5d %4g/%-4s %5s  %s" %
               (r["arch"], w, r["name"], r["vgpr"], r["agpr"], r["scratch"], r["lds"], r["block"], r["occ"],
                "-" if r["target"] is None else r["target"], r["fp8"] + r["bf8"] or "", verdict or "recorded"))
     for arch in ARCH:
