@@ -35,6 +35,7 @@ Usage: hip-kernel-report.py BUILD_DIR TOOL_DIR
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,15 @@ TARGETS = [
 FORMATS = {"0": "e4m3fn", "1": "e4m3fnuz", "2": "e5m2"}
 
 
+def tool(tools, name, *fallbacks):
+    """The compiler's own copy of a tool, else one on PATH (binutils' objcopy and c++filt
+    do the same jobs as llvm-objcopy and llvm-cxxfilt, which not every ROCm ships)."""
+    for cand in [os.path.join(tools, name), shutil.which(name)] + [shutil.which(f) for f in fallbacks]:
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    raise SystemExit("hip-kernel-report: %s not found in %s or on PATH" % (name, tools))
+
+
 def run(*cmd):
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
@@ -78,7 +88,7 @@ def short_name(demangled):
 
 def kernels_of(code_object, tools):
     """[(symbol, {field: value})] from the AMDHSA metadata note."""
-    notes = run(os.path.join(tools, "llvm-readelf"), "--notes", code_object)
+    notes = run(tool(tools, "llvm-readelf"), "--notes", code_object)
     out = []
     for line in notes.splitlines():
         # Kernel-level keys only: "  - .key: v" starts a kernel, "    .key: v" continues it
@@ -95,7 +105,7 @@ def kernels_of(code_object, tools):
 
 def cvt_counts(code_object, arch, tools):
     """{symbol: (packed fp8 converts, packed bf8 converts)} from the disassembly."""
-    asm = run(os.path.join(tools, "llvm-objdump"), "-d", "--mcpu=" + arch, code_object)
+    asm = run(tool(tools, "llvm-objdump"), "-d", "--mcpu=" + arch, code_object)
     counts, cur = {}, None
     for line in asm.splitlines():
         m = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
@@ -136,18 +146,19 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for obj in objs:
             fatbin = os.path.join(tmp, "fatbin")
-            run(os.path.join(tools, "llvm-objcopy"), "--dump-section=.hip_fatbin=" + fatbin, obj, os.devnull)
-            targets = run(os.path.join(tools, "clang-offload-bundler"), "--list", "--type=o", "--input=" + fatbin)
+            run(tool(tools, "llvm-objcopy", "objcopy"), "--dump-section=.hip_fatbin=" + fatbin, obj,
+                os.path.join(tmp, "copy.o"))
+            targets = run(tool(tools, "clang-offload-bundler"), "--list", "--type=o", "--input=" + fatbin)
             for target in targets.split():
                 arch = target.rsplit("--", 1)[-1].split(":")[0]
                 if not target.startswith("hip") or arch not in ARCH:
                     continue
                 co = os.path.join(tmp, arch + ".co")
-                run(os.path.join(tools, "clang-offload-bundler"), "--unbundle", "--type=o", "--input=" + fatbin,
+                run(tool(tools, "clang-offload-bundler"), "--unbundle", "--type=o", "--input=" + fatbin,
                     "--targets=" + target, "--output=" + co)
                 cvts = cvt_counts(co, arch, tools)
                 names = [k["name"] for k in kernels_of(co, tools)]
-                demangled = run(os.path.join(tools, "llvm-cxxfilt"), *names).splitlines() if names else []
+                demangled = run(tool(tools, "llvm-cxxfilt", "c++filt"), *names).splitlines() if names else []
                 for k, dm in zip(kernels_of(co, tools), demangled):
                     name = short_name(dm)
                     family, target_occ = next((f, t) for f, p, t in TARGETS if re.search(p, name))
