@@ -37,6 +37,16 @@ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVFUSE_GPU=HIP \
 cmake --build "$dir" -j "$jobs"
 say "built in $(($(date +%s) - start)) s"
 
+# The GPU programs link the HIP runtime and hipBLASLt (not a CPU-only fallback).
+for bin in kvfuse-server bench/bench_kv_write tests/test_gpu_engine; do
+  libs=$(ldd "$dir/$bin" | grep -oE 'lib(amdhip64|hipblaslt)\.so[.0-9]*' | sort -u | tr '\n' ' ')
+  [[ $libs == *libamdhip64* && ($bin != kvfuse-server || $libs == *libhipblaslt*) ]] || {
+    say "FAIL: $bin does not link libamdhip64/libhipblaslt ($libs)"
+    exit 1
+  }
+  say "$bin links $libs"
+done
+
 # The device code as machine code: per-kernel table and gates (registers, scratch,
 # occupancy, packed FP8 conversions), from the objects just built.
 tools=$(dirname "$(readlink -f "$cxx")")
