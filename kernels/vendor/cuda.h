@@ -32,6 +32,11 @@ __device__ __forceinline__ T vendor_shfl(T x, int src_lane) {
   return __shfl_sync(kFullLaneMask, x, src_lane);
 }
 
+// Byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x (prmt).
+__device__ __forceinline__ uint32_t vendor_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  return __byte_perm(x, y, s);
+}
+
 // 1/x correctly rounded (IEEE round to nearest even), as the CPU reference computes it.
 __device__ __forceinline__ float vendor_recip_rn(float x) { return __frcp_rn(x); }
 

@@ -91,6 +91,16 @@ __device__ __forceinline__ T vendor_shfl(T x, int src_lane) {
   return __shfl(x, src_lane, KVFUSE_WARP_SIZE);
 }
 
+// CUDA's __byte_perm (byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x) as
+// one v_perm_b32. HIP's own __byte_perm indexes a byte array, which a selector known
+// only at run time puts in scratch memory (the attention kernel's P fragment shuffle).
+// v_perm_b32 takes a whole byte per selector and its sources the other way round:
+// selectors 0-3 pick bytes of its second operand, 4-7 of its first.
+__device__ __forceinline__ uint32_t vendor_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  const uint32_t sel = (s & 0x7u) | ((s & 0x70u) << 4) | ((s & 0x700u) << 8) | ((s & 0x7000u) << 12);
+  return __builtin_amdgcn_perm(y, x, sel);
+}
+
 // 1/x correctly rounded. Not __frcp_rn: HIP implements it with v_rcp_f32, which is an
 // approximation (1 ulp), and the CPU reference divides exactly. clang compiles fp32
 // division correctly rounded for HIP by default (-fhip-fp32-correctly-rounded-divide-sqrt).
