@@ -329,8 +329,8 @@ int main(int argc, char** argv) {
   std::vector<Row> sweep;
   std::printf("\nfused write, block-size sweep (graph replay):\n");
   for (int64_t T : {int64_t(256), int64_t(65536)}) {
-    for (int bt : {32, 64, 128, 256, 512, 1024}) {
-      if (bt % gpu::kWarpSize) continue;
+    for (int bt : {32, 64, 128, 256}) {
+      if (bt % gpu::kWarpSize || bt > gpu::kKvWriteMaxBlockThreads) continue;
       for (bool p : {false, true}) {
         const gpu::KvWriteLaunch l{bt, p};
         const double us = time_graph(Kernel::fused, b, T, s, e0, e1, rounds, l);

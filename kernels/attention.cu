@@ -53,10 +53,14 @@ constexpr int kRows = 8;                        // N: query rows (token x head) 
 constexpr int kGroups = 4;                      // 32-lane groups per block
 constexpr int kThreads = kGroups * kMmaLanes;   // 128
 constexpr int kEpiThreadsPerRow = kThreads / kRows;
-// Resident blocks per multiprocessor the kernels are built for (launch bounds: at most
-// 128 registers a thread for 4; D = 256 needs more).
+// Resident blocks per multiprocessor the kernels are built for (KVFUSE_LAUNCH_BOUNDS).
+// NVIDIA: at most 128 registers a thread for 4; D = 256 needs more. CDNA: the MMA is
+// emulated with shuffles (attention_mma.cuh), which needs more than the 256 registers a
+// lane that 2 waves per SIMD would leave at any head size; 2 blocks of 2 waves a CU are
+// one wave per SIMD with all 512 (VGPRs and AGPRs), the least scratch the compiler can
+// reach until the MFMA kernel replaces the emulation.
 template <int D>
-constexpr int kBlocksPerSm = D == 256 ? 2 : 4;
+constexpr int kBlocksPerSm = kWarpSize == 64 ? 2 : (D == 256 ? 2 : 4);
 // Fixed cost of a decode block (Q, first loads, merge of its groups, partial output and
 // its share of the merge kernel), in keys: fitted on the H200 (batch 64 x 4096, e4m3fn,
 // partitions of 512..4096 keys took waves x (keys + 180) to within 1.2%;
@@ -144,7 +148,7 @@ KVFUSE_DEVICE int32_t block_find_seq(const int32_t* query_start, int32_t num_seq
 }
 
 template <int D, KvKind K, bool kPageTiles>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) attention_kernel(Params p) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel(Params p) {
   using Gm = Geo<D, K>;
   constexpr bool kBf16 = Gm::kBf16;
   constexpr int kEb = Gm::kElemBytes;
@@ -563,9 +567,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<D>) attention_kernel(Pa
 // Split path: merges a decode row's partitions, out = sum_p o_p 2^(m_p - M) / sum_p l_p
 // 2^(m_p - M). A 32-lane group per (sequence, query head), D/32 dimensions per lane.
 template <int D>
-__global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnArgs a, const float* part_o,
-                                                                    const float* part_ml, int32_t part_len,
-                                                                    int32_t num_parts) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    attention_merge_kernel(AttnArgs a, const float* part_o, const float* part_ml, int32_t part_len,
+                           int32_t num_parts) {
   grid_dependency_wait();
   launch_dependents();
   const int32_t head_blocks = (a.num_q_heads + kGroups - 1) / kGroups;

@@ -40,7 +40,8 @@ KVFUSE_DEVICE T group_shfl(T x, int src) {
   return warp_broadcast(x, (lane_id() & ~(kMmaLanes - 1)) | src);
 }
 
-KVFUSE_DEVICE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) { return __byte_perm(x, y, s); }
+// CUDA's __byte_perm: byte i of the result is byte (s >> 4i) & 7 of y:x (one v_perm_b32 on AMD).
+KVFUSE_DEVICE uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) { return vendor_byte_perm(x, y, s); }
 
 // Two fp32 -> packed f16x2 / bf16x2 (low half first), round to nearest even.
 template <bool kBf16>

@@ -18,6 +18,13 @@
 
 #define KVFUSE_DEVICE __device__ __forceinline__
 
+// KVFUSE_LAUNCH_BOUNDS(threads, blocks): the kernel is launched with at most `threads`
+// threads per block, and at least `blocks` such blocks must be resident on one
+// multiprocessor (NVIDIA SM, AMD CU) at once; the compiler limits registers to match.
+// The same meaning on both vendors (HIP's __launch_bounds__ takes waves per SIMD
+// instead: vendor/hip.h converts). Kernels never use __launch_bounds__ directly.
+#define KVFUSE_LAUNCH_BOUNDS(threads, blocks) KVFUSE_VENDOR_LAUNCH_BOUNDS(threads, blocks)
+
 namespace kvfuse::gpu {
 
 constexpr int kWarpSize = KVFUSE_WARP_SIZE;

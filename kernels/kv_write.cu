@@ -31,6 +31,13 @@ namespace kvfuse::gpu {
 namespace {
 
 constexpr int kUnroll = 2;
+// Resident blocks of kKvWriteMaxBlockThreads per multiprocessor the row kernels are
+// built for. NVIDIA: 4 x 256 threads, at most 64 registers a thread (what the old bound
+// of 1024 threads gave; the scalar FNUZ conversion needs 72 without a cap). CDNA: 4 x 4
+// waves is 4 waves per SIMD, 128 registers a lane.
+constexpr int kKvWriteMinBlocks = 4;
+// Threads per block of the unfused path's elementwise kernels.
+constexpr int kElementwiseBlock = 256;
 
 // --- Source loads ------------------------------------------------------------------
 
@@ -154,10 +161,12 @@ struct RowGroup {
   }
 };
 
-// __launch_bounds__(1024): every block size the launch options allow must fit the
-// register file (the scalar FNUZ conversion would otherwise need 72 registers).
+// Launch bounds: every block size the launch options allow (up to
+// kKvWriteMaxBlockThreads) must fit, and kKvWriteMinBlocks of the largest must be
+// resident on a multiprocessor.
 template <class Op, bool kVec>
-__global__ void __launch_bounds__(1024) kv_write_fused_kernel(KvWriteArgs a) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
+    kv_write_fused_kernel(KvWriteArgs a) {
   const PagedKvView& cache = a.cache;
   const int64_t row_elems = cache.row_elems();
   const int64_t row_bytes = row_elems * Op::kOutBytesPerElem;
@@ -210,8 +219,9 @@ __global__ void __launch_bounds__(1024) kv_write_fused_kernel(KvWriteArgs a) {
 // Launches 1 and 2: src rows (strided) -> fp32 scratch [T, row_elems], x * inv for FP8
 // caches, x exactly for bf16 caches. 8 elements per item: one 16-byte load, two stores.
 template <KvSrcDtype S, bool kScaled, bool kVec>
-__global__ void kv_scale_kernel(const uint16_t* src, int64_t token_stride, int64_t num_tokens,
-                                int64_t row_elems, const float* scale, float* out) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
+    kv_scale_kernel(const uint16_t* src, int64_t token_stride, int64_t num_tokens, int64_t row_elems,
+                    const float* scale, float* out) {
   grid_dependency_wait();
   launch_dependents();
   const int64_t per_row = row_elems / 8;
@@ -244,7 +254,8 @@ __global__ void kv_scale_kernel(const uint16_t* src, int64_t token_stride, int64
 
 // Launches 3 and 4, FP8: 16 fp32 -> 16 bytes per item.
 template <Fp8Format F>
-__global__ void kv_cast_fp8_kernel(const float* in, int64_t count, uint8_t* out) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
+    kv_cast_fp8_kernel(const float* in, int64_t count, uint8_t* out) {
   grid_dependency_wait();
   launch_dependents();
   const int64_t items = count / 16;
@@ -268,7 +279,8 @@ __global__ void kv_cast_fp8_kernel(const float* in, int64_t count, uint8_t* out)
 // holds exact widenings, so the high half is the source's bits (NaN payloads included);
 // an f16 source rounds to nearest even, as in the fused path.
 template <KvSrcDtype S>
-__global__ void kv_cast_bf16_kernel(const float* in, int64_t count, uint8_t* out) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
+    kv_cast_bf16_kernel(const float* in, int64_t count, uint8_t* out) {
   grid_dependency_wait();
   launch_dependents();
   const int64_t items = count / 8;
@@ -292,7 +304,7 @@ __global__ void kv_cast_bf16_kernel(const float* in, int64_t count, uint8_t* out
 // Launch 5: scatter the cast rows of K and V into their slots, one warp per row, with
 // the fused kernel's row pipeline (RowGroup over 16-byte bit copies): rows are loaded
 // before the slot is resolved, so the unfused path gets the same latency care.
-__global__ void __launch_bounds__(1024)
+__global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
     kv_scatter_kernel(const uint8_t* k_rows, const uint8_t* v_rows, int64_t row_bytes, KvWriteArgs a) {
   using Copy = Bf16RowOp<KvSrcDtype::bf16>;  // 8 x 16 bits in, the same 16 bytes out
   const int64_t num_slots = a.cache.num_slots();
@@ -355,8 +367,6 @@ cudaError_t launch_fused_src(const KvWriteArgs& a, cudaStream_t stream, const Kv
   }
   return cudaErrorInvalidValue;
 }
-
-constexpr int kElementwiseBlock = 256;
 
 template <KvSrcDtype S, bool kScaled>
 cudaError_t launch_scale(const void* src, int64_t stride, const KvWriteArgs& a, const float* scale,
@@ -463,7 +473,7 @@ std::string kv_write_unsupported(const KvWriteArgs& a) {
 
 cudaError_t launch_kv_write_fused(const KvWriteArgs& args, cudaStream_t stream, const KvWriteLaunch& launch) {
   const int bt = launch.block_threads;
-  if (bt <= 0 || bt > 1024 || bt % kWarpSize != 0) return cudaErrorInvalidValue;
+  if (bt <= 0 || bt > kKvWriteMaxBlockThreads || bt % kWarpSize != 0) return cudaErrorInvalidValue;
   if (!kv_write_unsupported(args).empty()) return cudaErrorInvalidValue;
   if (args.num_tokens == 0) return cudaSuccess;  // an empty step: no launch
   return args.src_dtype == KvSrcDtype::bf16 ? launch_fused_src<KvSrcDtype::bf16>(args, stream, launch)

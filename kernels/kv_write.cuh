@@ -34,9 +34,13 @@ std::string kv_write_unsupported(const KvWriteArgs& args);
 // for 32 / 64 / 128 / 256 / 512 / 1024 threads (small blocks spread the rows over more
 // SMs); T = 65536: 4.16 TB/s for 32 and 64, 4.14 for 128..512.
 constexpr int kKvWriteBlockThreads = 64;
+// The largest block the write kernels are compiled for (their launch bounds). Larger
+// blocks were slower on the H200 at every size, and a bound of 1024 capped the
+// registers so low that the CDNA kernels spilled.
+constexpr int kKvWriteMaxBlockThreads = 256;
 struct KvWriteLaunch {
-  // Threads per block of the fused write (a multiple of the warp size, <= 1024); each
-  // warp writes one token row.
+  // Threads per block of the fused write (a multiple of the warp size, at most
+  // kKvWriteMaxBlockThreads); each warp writes one token row.
   int block_threads = kKvWriteBlockThreads;
   // Programmatic dependent launch (CUDA sm_90+, ignored on HIP): the kernels may be
   // scheduled while the previous kernel in the stream runs, and wait for it in-kernel

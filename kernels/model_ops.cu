@@ -12,8 +12,8 @@ constexpr int kThreads = 256;
 
 KVFUSE_DEVICE float ld(const bf16_t* p, int64_t i) { return bf16_bits_to_f32(p[i]); }
 
-__global__ void embedding_kernel(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
-                                 bf16_t* out) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    embedding_kernel(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out) {
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const bf16_t* src = table + int64_t(ids[row]) * hidden;
     for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) out[row * hidden + c] = src[c];
@@ -21,8 +21,8 @@ __global__ void embedding_kernel(const int32_t* ids, int64_t n, const bf16_t* ta
 }
 
 // One block per row: fp32 sum of squares, then x * rsqrt(mean + eps) * w.
-__global__ void rmsnorm_kernel(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
-                               bf16_t* out) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    rmsnorm_kernel(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps, bf16_t* out) {
   __shared__ float partial[kThreads / kWarpSize + 1];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const bf16_t* xr = x + row * cols;
@@ -51,9 +51,9 @@ __global__ void rmsnorm_kernel(const bf16_t* x, const bf16_t* w, int64_t rows, i
 
 // One thread per rotated pair (i, i + D/2) of one head of one token. The frequency is
 // computed in double, as the reference does, then the angle in fp32.
-__global__ void rope_kernel(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
-                            int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
-                            float theta) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    rope_kernel(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride, int32_t kv_heads,
+                int32_t head_dim, const int32_t* positions, int64_t n, float theta) {
   const int32_t half = head_dim / 2;
   const int64_t heads = int64_t(q_heads) + kv_heads;
   const int64_t total = n * heads * half;
@@ -72,7 +72,8 @@ __global__ void rope_kernel(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t
   }
 }
 
-__global__ void silu_mul_kernel(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    silu_mul_kernel(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) {
   const int64_t total = n * inter;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -83,22 +84,24 @@ __global__ void silu_mul_kernel(const bf16_t* gate_up, int64_t n, int64_t inter,
   }
 }
 
-__global__ void residual_add_kernel(bf16_t* x, const bf16_t* y, int64_t count) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    residual_add_kernel(bf16_t* x, const bf16_t* y, int64_t count) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
     x[i] = f32_to_bf16(ld(x, i) + ld(y, i));
   }
 }
 
-__global__ void gather_rows_kernel(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
-                                   bf16_t* out) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    gather_rows_kernel(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out) {
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const bf16_t* src = x + int64_t(rows[r]) * cols;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[r * cols + c] = src[c];
   }
 }
 
-__global__ void bias_round_kernel(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    bias_round_kernel(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out) {
   const int64_t total = m * n;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -106,7 +109,8 @@ __global__ void bias_round_kernel(const float* y, const float* bias, int64_t m, 
   }
 }
 
-__global__ void bf16_to_f32_kernel(const bf16_t* x, int64_t count, float* out) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    bf16_to_f32_kernel(const bf16_t* x, int64_t count, float* out) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = ld(x, i);
@@ -123,9 +127,8 @@ KVFUSE_DEVICE void argmax_merge(float& v, int32_t& i, float ov, int32_t oi) {
     i = oi;
   }
 }
-__global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float* logits, int64_t rows,
-                                                                      int64_t vocab, int32_t* tokens,
-                                                                      int32_t* finite) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kArgmaxThreads, 1)
+    argmax_rows_kernel(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, int32_t* finite) {
   __shared__ float sv[kArgmaxThreads / kWarpSize];
   __shared__ int32_t si[kArgmaxThreads / kWarpSize];
   __shared__ int32_t snan;

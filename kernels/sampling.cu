@@ -118,8 +118,9 @@ KVFUSE_DEVICE int64_t first_reaching(const float* lg, int64_t vocab, In in, W we
   return vocab - 1;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* logits, int64_t rows, int64_t vocab,
-                                                                const RowSampling* params, int32_t* tokens) {
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    sample_rows_kernel(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
+                       int32_t* tokens) {
   __shared__ Shared sh;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const float* lg = logits + row * vocab;

@@ -13,9 +13,14 @@ packages=(
   libboost-math-dev  # Student's t quantiles of the benchmarks (header-only)
   clang libclang-rt-14-dev python3  # the libFuzzer targets (scripts/fuzz.sh)
 )
-# Optional extras, only on request: clang-19 + hipcc for the gfx942 device-code check.
+# Optional extras, only on request: mmdebstrap for the HIP build in a Debian sid root
+# (scripts/ci-hip-build.sh; the root brings its own ROCm); podman and runc for the
+# container image check (scripts/container-check.sh).
 if [[ "${KVFUSE_WITH_HIP_CHECK:-0}" == 1 ]]; then
-  packages+=(clang-19 hipcc)
+  packages+=(mmdebstrap)
+fi
+if [[ "${KVFUSE_WITH_CONTAINERS:-0}" == 1 ]]; then
+  packages+=(mmdebstrap podman runc uidmap)
 fi
 
 missing=()

@@ -7,4 +7,12 @@
 using Catch::Approx;
 #else
 #include <catch2/catch.hpp>
+// v3's name for the substring matcher; v2 spells it Contains (which v3 removed). Tests
+// use the v3 spelling.
+namespace Catch::Matchers {
+inline StdString::ContainsMatcher ContainsSubstring(const std::string& s,
+                                                    CaseSensitive::Choice cs = CaseSensitive::Yes) {
+  return Contains(s, cs);
+}
+}  // namespace Catch::Matchers
 #endif

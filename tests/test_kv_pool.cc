@@ -458,7 +458,7 @@ TEST_CASE("kv pool: reserve is all-or-nothing when the pool is exhausted", "[kv_
     REQUIRE(pool->pages_needed(2, 64).full == 4);
     const absl::Status st = pool->reserve(2, 64);
     CHECK(st.code() == absl::StatusCode::kResourceExhausted);
-    CHECK_THAT(std::string(st.message()), Catch::Contains("needs 4 full pages, 3 free"));
+    CHECK_THAT(std::string(st.message()), Catch::Matchers::ContainsSubstring("needs 4 full pages, 3 free"));
     CHECK(pool->reserved_len(2) == 0);
     CHECK(pool->page_table(2, PoolKind::full) == before);
     CHECK(pool->usage(PoolKind::full).used_pages == 7);
@@ -477,7 +477,7 @@ TEST_CASE("kv pool: reserve is all-or-nothing when the pool is exhausted", "[kv_
     REQUIRE(pool->reserve(1, 48).ok());  // 3 full, 3 SWA pages
     const absl::Status st = pool->reserve(1, 80);
     CHECK(st.code() == absl::StatusCode::kResourceExhausted);
-    CHECK_THAT(std::string(st.message()), Catch::Contains("2 SWA pages, 1 free"));
+    CHECK_THAT(std::string(st.message()), Catch::Matchers::ContainsSubstring("2 SWA pages, 1 free"));
     CHECK(pool->usage(PoolKind::full).used_pages == 3);
     CHECK(pool->usage(PoolKind::swa).used_pages == 3);
     CHECK(pool->page_table(1, PoolKind::full).size() == 3);
@@ -619,7 +619,7 @@ TEST_CASE("kv pool: config errors", "[kv_pool]") {
     const auto pool = KvPool::create(be, c);
     CAPTURE(what, pool.status().ToString());
     CHECK(pool.status().code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(std::string(pool.status().message()), Catch::Contains(what));
+    CHECK_THAT(std::string(pool.status().message()), Catch::Matchers::ContainsSubstring(what));
   }
   // Window and SWA pool size are irrelevant without SWA layers.
   KvPoolConfig no_swa = good;

@@ -19,6 +19,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
 #include "src/checkpoint.h"
 #include "src/engine.h"
 #include "tools/tool_util.h"

@@ -12,6 +12,10 @@
 // Every NVIDIA warp is 32 lanes. Kernels use kvfuse::gpu::kWarpSize, never the literal.
 #define KVFUSE_WARP_SIZE 32
 
+// Launch bounds (kernels/gpu.h, KVFUSE_LAUNCH_BOUNDS): CUDA's second argument already
+// is the minimum of resident blocks per multiprocessor.
+#define KVFUSE_VENDOR_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__((threads), (blocks))
+
 namespace kvfuse::gpu {
 
 // Lane masks are as wide as a warp: 32 bits here, 64 on CDNA (vendor/hip.h).
@@ -26,6 +30,11 @@ __device__ __forceinline__ T vendor_shfl_xor(T x, int lane_xor) {
 template <class T>
 __device__ __forceinline__ T vendor_shfl(T x, int src_lane) {
   return __shfl_sync(kFullLaneMask, x, src_lane);
+}
+
+// Byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x (prmt).
+__device__ __forceinline__ uint32_t vendor_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  return __byte_perm(x, y, s);
 }
 
 // 1/x correctly rounded (IEEE round to nearest even), as the CPU reference computes it.

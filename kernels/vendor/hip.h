@@ -12,11 +12,21 @@
 #define KVFUSE_GPU_VENDOR "hip"
 // kvfuse targets CDNA (gfx942 MI300X/MI325X, gfx950 MI350X/MI355X): 64-lane wavefronts.
 // RDNA's wave32 is not a target; refuse to build for it rather than run with the wrong
-// lane count.
+// lane count. Current clang deprecates the compile-time __AMDGCN_WAVEFRONT_SIZE, so the
+// test is on the target family: every gfx9 target (GCN, CDNA) runs 64-lane wavefronts,
+// gfx10-12 (RDNA) default to 32. The backend also checks warpSize at run time.
 #define KVFUSE_WARP_SIZE 64
-#if defined(__HIP_DEVICE_COMPILE__) && defined(__AMDGCN_WAVEFRONT_SIZE) && __AMDGCN_WAVEFRONT_SIZE != 64
-#error "kvfuse's HIP kernels assume 64-lane wavefronts (CDNA); this target has a different size"
+#if defined(__HIP_DEVICE_COMPILE__) && !defined(__GFX9__)
+#error "kvfuse's HIP kernels assume 64-lane wavefronts (CDNA, gfx9 family); this target is not one"
 #endif
+
+// Launch bounds (kernels/gpu.h, KVFUSE_LAUNCH_BOUNDS). HIP's own __launch_bounds__(t, n)
+// reads n as minimum waves per EU (SIMD), not CUDA's minimum blocks per multiprocessor,
+// so the attributes are spelled out: a CDNA CU has 4 SIMDs, and `blocks` resident
+// blocks of `threads` threads put ceil(blocks * ceil(threads / 64) / 4) waves on each.
+#define KVFUSE_VENDOR_LAUNCH_BOUNDS(threads, blocks)        \
+  __attribute__((amdgpu_flat_work_group_size(1, (threads)), \
+                 amdgpu_waves_per_eu(((blocks) * (((threads) + 63) / 64) + 3) / 4)))
 
 // Runtime names, CUDA spelling -> HIP. Only what kvfuse uses; add as needed.
 #define cudaError_t hipError_t
@@ -79,6 +89,16 @@ __device__ __forceinline__ T vendor_shfl_xor(T x, int lane_xor) {
 template <class T>
 __device__ __forceinline__ T vendor_shfl(T x, int src_lane) {
   return __shfl(x, src_lane, KVFUSE_WARP_SIZE);
+}
+
+// CUDA's __byte_perm (byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x) as
+// one v_perm_b32. HIP's own __byte_perm indexes a byte array, which a selector known
+// only at run time puts in scratch memory (the attention kernel's P fragment shuffle).
+// v_perm_b32 takes a whole byte per selector and its sources the other way round:
+// selectors 0-3 pick bytes of its second operand, 4-7 of its first.
+__device__ __forceinline__ uint32_t vendor_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+  const uint32_t sel = (s & 0x7u) | ((s & 0x70u) << 4) | ((s & 0x700u) << 8) | ((s & 0x7000u) << 12);
+  return __builtin_amdgcn_perm(y, x, sel);
 }
 
 // 1/x correctly rounded. Not __frcp_rn: HIP implements it with v_rcp_f32, which is an

@@ -57,13 +57,14 @@ class GpuBackend final : public Backend {
     return std::unique_ptr<Backend>(std::move(b));
   }
   ~GpuBackend() override {
-    if (stream_) cudaStreamSynchronize(stream_);
+    // Teardown is best effort: a destructor has no one to report a failure to.
+    if (stream_) (void)cudaStreamSynchronize(stream_);
     plans_.clear();
     blas_workspace_.reset();
     split_scratch_.reset();
     gemm_f32_.reset();
     if (blas_) blasLtDestroy(blas_);
-    if (stream_) cudaStreamDestroy(stream_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
   }
 
   Device device() const override {
@@ -80,12 +81,12 @@ class GpuBackend final : public Backend {
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
     if (err != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free error state of a failed allocation
+      (void)cudaGetLastError();  // clear the error state of the failed allocation
       return absl::ResourceExhaustedError(
           absl::StrFormat("%s: cannot allocate %.1f MiB of device memory (%s)", KVFUSE_GPU_VENDOR,
                           double(bytes) / double(1 << 20), cudaGetErrorString(err)));
     }
-    return DeviceBuffer(p, bytes, [](void* q) { cudaFree(q); });
+    return DeviceBuffer(p, bytes, [](void* q) { (void)cudaFree(q); });  // a deleter cannot report
   }
   absl::Status memset(void* dst, int value, size_t bytes) override {
     KVFUSE_CUDA(cudaMemsetAsync(dst, value, bytes, stream_));
@@ -240,8 +241,9 @@ class GpuBackend final : public Backend {
     KVFUSE_CUDA(cudaStreamEndCapture(stream_, &graph));
     cudaGraphExec_t exec = nullptr;
     const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
+    const cudaError_t destroyed = cudaGraphDestroy(graph);  // the exec holds what it needs
     KVFUSE_CUDA(err);
+    KVFUSE_CUDA(destroyed);
     return std::unique_ptr<BackendGraph>(new Graph(exec, stream_));
   }
   uint64_t graph_epoch() const override { return graph_epoch_; }
@@ -255,9 +257,16 @@ class GpuBackend final : public Backend {
     cudaDeviceProp prop{};
     KVFUSE_CUDA(cudaGetDeviceProperties(&prop, device));
 #if defined(KVFUSE_HIP)
-    // gfx942 (MI300X/MI325X) stores e4m3 as FNUZ; gfx950 and later use OCP e4m3fn.
+    // gfx940/gfx941/gfx942 (MI300A/X, MI325X) store e4m3 as FNUZ; gfx950 and later use
+    // OCP e4m3fn. gcnArchName carries feature suffixes ("gfx942:sramecc+:xnack-").
     const std::string arch = prop.gcnArchName;
-    fnuz_ = arch.rfind("gfx942", 0) == 0;
+    fnuz_ = arch.rfind("gfx940", 0) == 0 || arch.rfind("gfx941", 0) == 0 || arch.rfind("gfx942", 0) == 0;
+    // The kernels are built for 64-lane wavefronts (kernels/vendor/hip.h).
+    if (prop.warpSize != gpu::kWarpSize) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("hip: %s (%s) runs %d-lane wavefronts; kvfuse's kernels need %d (CDNA)", prop.name,
+                          arch, prop.warpSize, gpu::kWarpSize));
+    }
     description_ =
         absl::StrFormat("hip %s (%s, %.0f GiB)", prop.name, arch, double(prop.totalGlobalMem) / (1 << 30));
 #else
@@ -307,7 +316,9 @@ class GpuBackend final : public Backend {
   // KVFUSE_GEMM_TUNE_LOG=1 prints each decision to stderr.
   static constexpr int64_t kTuneMaxRows = 512;
   static constexpr int kTuneCandidates = 8;
-  static constexpr size_t kL2FlushBytes = size_t(128) << 20;  // above any current GPU's L2
+  // Twice the largest last-level cache kvfuse runs on: MI300X and MI355X have a 256 MB
+  // Infinity Cache behind their L2 (an H200's L2 is 60 MB).
+  static constexpr size_t kL2FlushBytes = size_t(512) << 20;
   static std::mutex& tuned_mutex() {
     static std::mutex m;
     return m;
@@ -388,18 +399,17 @@ class GpuBackend final : public Backend {
         float total = 0.0f;
         bool ok = true;
         for (int r = 0; r < 3 && ok; ++r) {
-          cudaMemsetAsync(l2_flush_.get(), r, l2_flush_.bytes(), stream_);
-          cudaEventRecord(e0, stream_);
-          ok = launch() == BLAS_STATUS_SUCCESS;
-          cudaEventRecord(e1, stream_);
+          ok = cudaMemsetAsync(l2_flush_.get(), r, l2_flush_.bytes(), stream_) == cudaSuccess &&
+               cudaEventRecord(e0, stream_) == cudaSuccess && launch() == BLAS_STATUS_SUCCESS &&
+               cudaEventRecord(e1, stream_) == cudaSuccess;
           float t_ms = 0.0f;
           ok = ok && cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&t_ms, e0, e1) == cudaSuccess;
           total += t_ms;
         }
         if (ok) ms[size_t(c)] = total / 3.0f;
       }
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
+      KVFUSE_CUDA(cudaEventDestroy(e0));
+      KVFUSE_CUDA(cudaEventDestroy(e1));
       KVFUSE_CUDA(cudaStreamSynchronize(stream_));
       for (int c = 0; c < found_n; ++c) {
         if (ms[size_t(c)] >= 0 && (ms[size_t(best)] < 0 || ms[size_t(c)] < ms[size_t(best)])) best = c;
@@ -437,7 +447,7 @@ class GpuBackend final : public Backend {
   class Graph final : public BackendGraph {
    public:
     Graph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
-    ~Graph() override { cudaGraphExecDestroy(exec_); }
+    ~Graph() override { (void)cudaGraphExecDestroy(exec_); }  // best effort, as in ~GpuBackend
     absl::Status replay() override {
       KVFUSE_CUDA(cudaGraphLaunch(exec_, stream_));
       return absl::OkStatus();
@@ -469,7 +479,7 @@ absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    cudaGetLastError();
+    (void)cudaGetLastError();  // no device (or no driver): clear the error, use the CPU
     count = 0;
   }
 #if defined(KVFUSE_HIP)

@@ -3,16 +3,21 @@
 //   random fp32 values, against the H200 instruction's files in tests/data (e4m3fn,
 //   e5m2) and the CPU reference fp8_encode (all three formats, FNUZ included);
 // - on the host, with or without a GPU: the AMD recipe (clamp, FNUZ-to-OCP halving,
-//   NaN and zero fix-ups) run with an emulated gfx942 v_cvt_pk_{fp8,bf8}_f32, against
-//   fp8_encode. There is no AMD GPU here: this checks the recipe's arithmetic, and the
-//   emulator is written independently (double-precision rounding), but it is not the
-//   hardware. The emulator is run twice, writing -0 as 0x00 and as 0x80, since what
-//   the instruction does there is not documented and the fix-up must cover both.
+//   NaN and zero fix-ups) run with an emulated v_cvt_pk_{fp8,bf8}_f32 of each target,
+//   gfx942 (FNUZ formats) and gfx950 (OCP formats), against fp8_encode, over every bf16
+//   and f16 value, random fp32 values, scaled bf16 values and the special values. There
+//   is no AMD GPU here: this checks the recipe's arithmetic, and the emulators are
+//   written independently (double-precision rounding), but they are not the hardware.
+//   Each emulator is run twice, writing -0 as 0x00 and as 0x80, since what the
+//   instruction does there is not documented and the fix-up must cover both; the gfx950
+//   one writes NaN, and overflow (which the recipe's clamp must prevent), with the
+//   input's sign, as the OCP encodings allow.
 #include "kernels/gpu.h"
 
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -60,22 +65,81 @@ uint8_t emulate_gfx942_cvt(float y, bool bf8, bool neg_zero_0x80) {
   return uint8_t((neg ? 0x80u : 0u) | code);
 }
 
-template <Fp8Format F>
-uint8_t amd_recipe_emulated(float x, bool neg_zero_0x80) {
-  using R = gpu::AmdCvtRecipe<F, /*kHwFnuz=*/true>;
-  return uint8_t(R::fixup(emulate_gfx942_cvt(R::prepare(x), R::kBf8, neg_zero_0x80), x));
+// A model of gfx950's v_cvt_pk_fp8_f32 (OCP e4m3: bias 7, no inf, S.1111.111 NaN) and
+// v_cvt_pk_bf8_f32 (OCP e5m2: bias 15, S.11111.00 inf): round to nearest even, no
+// saturation: a finite result beyond the largest finite value is NaN (e4m3) or inf
+// (e5m2), as is an infinite input; NaN stays NaN. Signs are kept.
+uint8_t emulate_gfx950_cvt(float y, bool bf8, bool neg_zero_0x80) {
+  const int mbits = bf8 ? 2 : 3;
+  const int bias = bf8 ? 15 : 7;
+  const uint32_t max_code = bf8 ? 0x7b : 0x7e;
+  const int emax = bf8 ? 15 : 8;  // exponent of the top binade that holds finite values
+  const int emin = 1 - bias;
+  const bool neg = std::signbit(y);
+  const uint32_t sign = neg ? 0x80u : 0u;
+  const uint32_t overflow = sign | (bf8 ? 0x7cu : 0x7fu);
+  if (std::isnan(y)) return uint8_t(sign | 0x7fu);
+  const double a = std::fabs(double(y));
+  if (std::isinf(a)) return uint8_t(overflow);
+  if (a == 0.0) return neg && neg_zero_0x80 ? 0x80 : 0x00;
+  int e = 0;
+  std::frexp(a, &e);
+  e -= 1;  // a = m * 2^e, m in [1, 2)
+  if (e < emin) e = emin;
+  double q = std::nearbyint(std::ldexp(a, mbits - e));  // units of 2^(e - mbits), ties to even
+  if (q >= double(2 << mbits)) {                        // rounded up to the next binade
+    q /= 2;
+    e += 1;
+  }
+  if (e > emax) return uint8_t(overflow);
+  const uint32_t qi = uint32_t(q);
+  const uint32_t code = qi < (1u << mbits) ? qi : ((uint32_t(e + bias) << mbits) | (qi - (1u << mbits)));
+  if (code > max_code) return uint8_t(overflow);
+  if (code == 0) return neg && neg_zero_0x80 ? 0x80 : 0x00;
+  return uint8_t(sign | code);
 }
 
+enum class AmdArch { gfx942, gfx950 };
+
+const char* arch_name(AmdArch a) { return a == AmdArch::gfx942 ? "gfx942" : "gfx950"; }
+
+// The formats the recipe serves on each target: gfx950 has no FNUZ conversion (its
+// e4m3fnuz path is the scalar fp8_encode, nothing to emulate).
+std::vector<Fp8Format> recipe_formats(AmdArch a) {
+  if (a == AmdArch::gfx942) return {Fp8Format::e4m3fn, Fp8Format::e4m3fnuz, Fp8Format::e5m2};
+  return {Fp8Format::e4m3fn, Fp8Format::e5m2};
+}
+
+template <Fp8Format F, AmdArch A>
+uint8_t amd_recipe_emulated(float x, bool neg_zero_0x80) {
+  constexpr bool kHwFnuz = A == AmdArch::gfx942;
+  if constexpr (!kHwFnuz && F == Fp8Format::e4m3fnuz) {
+    return 0;  // not a gfx950 recipe (recipe_formats)
+  } else {
+    using R = gpu::AmdCvtRecipe<F, kHwFnuz>;
+    const float y = R::prepare(x);
+    const uint8_t raw = kHwFnuz ? emulate_gfx942_cvt(y, R::kBf8, neg_zero_0x80)
+                                : emulate_gfx950_cvt(y, R::kBf8, neg_zero_0x80);
+    return uint8_t(R::fixup(raw, x));
+  }
+}
+
+template <AmdArch A>
 uint8_t amd_recipe_emulated(float x, Fp8Format f, bool nz) {
   switch (f) {
     case Fp8Format::e4m3fn:
-      return amd_recipe_emulated<Fp8Format::e4m3fn>(x, nz);
+      return amd_recipe_emulated<Fp8Format::e4m3fn, A>(x, nz);
     case Fp8Format::e4m3fnuz:
-      return amd_recipe_emulated<Fp8Format::e4m3fnuz>(x, nz);
+      return amd_recipe_emulated<Fp8Format::e4m3fnuz, A>(x, nz);
     case Fp8Format::e5m2:
-      return amd_recipe_emulated<Fp8Format::e5m2>(x, nz);
+      return amd_recipe_emulated<Fp8Format::e5m2, A>(x, nz);
   }
   return 0;
+}
+
+uint8_t amd_recipe_emulated(AmdArch a, float x, Fp8Format f, bool nz) {
+  return a == AmdArch::gfx942 ? amd_recipe_emulated<AmdArch::gfx942>(x, f, nz)
+                              : amd_recipe_emulated<AmdArch::gfx950>(x, f, nz);
 }
 
 // Compares two byte arrays; one check, with the first mismatches printed.
@@ -113,6 +177,43 @@ std::vector<float> random_f32_values() {
   return v;
 }
 
+// Values where conversions go wrong: zeros, infinities, NaNs (quiet, signalling, either
+// sign, with payloads), fp32 extremes and denormals, and for each format its largest
+// finite value, the values around it and the rounding boundary above it, and its
+// smallest subnormal with the values around half of it.
+std::vector<float> special_values() {
+  const auto from_bits = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  };
+  std::vector<float> v = {0.0f,
+                          std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::min(),
+                          std::numeric_limits<float>::denorm_min(),
+                          from_bits(0x007fffffu),
+                          1.0f,
+                          0.5f};
+  for (uint32_t nan : {0x7fc00000u, 0x7f800001u, 0x7fffffffu, 0x7fa00000u}) v.push_back(from_bits(nan));
+  for (Fp8Format f : kFormats) {
+    const Fp8Spec sp = fp8_spec(f);
+    const float mx = fp8_max_finite(f);
+    const float ulp_top = std::ldexp(1.0f, int(std::floor(std::log2(mx))) - sp.mant_bits);
+    const float sub = std::ldexp(1.0f, 1 - sp.bias - sp.mant_bits);
+    for (float x : {mx, mx + ulp_top / 2, mx + ulp_top, 2 * mx, mx * 0.5f, sub, sub / 2, sub * 0.75f,
+                    sub * 0.25f, sub * 1.5f, sub * 2.5f}) {
+      v.push_back(x);
+      v.push_back(std::nextafter(x, 0.0f));
+      v.push_back(std::nextafter(x, std::numeric_limits<float>::infinity()));
+    }
+  }
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i) v.push_back(-v[i]);  // the same with the sign bit set
+  while (v.size() % 4) v.push_back(0.0f);             // convert_on_gpu works in fours
+  return v;
+}
+
 std::vector<uint8_t> reference(const std::vector<float>& in, Fp8Format f) {
   std::vector<uint8_t> out(in.size());
   for (size_t i = 0; i < in.size(); ++i) out[i] = fp8_encode(in[i], f);
@@ -124,8 +225,10 @@ void test_amd_recipe_emulated() {
     const char* name;
     std::vector<float> values;
   };
-  std::vector<Set> sets = {
-      {"all bf16", all_bf16_values()}, {"all f16", all_f16_values()}, {"random f32", random_f32_values()}};
+  std::vector<Set> sets = {{"all bf16", all_bf16_values()},
+                           {"all f16", all_f16_values()},
+                           {"random f32", random_f32_values()},
+                           {"special values", special_values()}};
   // Scaled inputs as the kernels produce them: x * (1/scale) for a few scales.
   std::vector<float> scaled;
   for (float s : {0.37f, 2.9f, 1.0f / 64.0f}) {
@@ -146,13 +249,28 @@ void test_amd_recipe_emulated() {
     }
     check(emu_bad == 0, std::string("gfx942 emulator vs fp8_encode(e4m3fnuz) in range, ") + set.name + ": " +
                             std::to_string(emu_bad) + " differ");
-    for (Fp8Format f : kFormats) {
-      for (bool nz : {false, true}) {
-        std::vector<uint8_t> got(set.values.size());
-        for (size_t i = 0; i < got.size(); ++i) got[i] = amd_recipe_emulated(set.values[i], f, nz);
-        expect_bytes(got, reference(set.values, f), set.values,
-                     std::string("AMD recipe (emulated gfx942, -0 as ") + (nz ? "0x80" : "0x00") + ") " +
-                         format_name(f) + ", " + set.name);
+    // Likewise the gfx950 emulator against the OCP formats' reference, where saturation
+    // does not come in (|x| <= max finite; -0 written as 0x80, as OCP keeps it).
+    size_t emu950_bad = 0;
+    for (float x : set.values) {
+      for (Fp8Format f : {Fp8Format::e4m3fn, Fp8Format::e5m2}) {
+        if (std::fabs(x) <= fp8_max_finite(f) &&
+            emulate_gfx950_cvt(x, f == Fp8Format::e5m2, true) != fp8_encode(x, f)) {
+          ++emu950_bad;
+        }
+      }
+    }
+    check(emu950_bad == 0, std::string("gfx950 emulator vs fp8_encode(e4m3fn, e5m2) in range, ") + set.name +
+                               ": " + std::to_string(emu950_bad) + " differ");
+    for (AmdArch arch : {AmdArch::gfx942, AmdArch::gfx950}) {
+      for (Fp8Format f : recipe_formats(arch)) {
+        for (bool nz : {false, true}) {
+          std::vector<uint8_t> got(set.values.size());
+          for (size_t i = 0; i < got.size(); ++i) got[i] = amd_recipe_emulated(arch, set.values[i], f, nz);
+          expect_bytes(got, reference(set.values, f), set.values,
+                       std::string("AMD recipe (emulated ") + arch_name(arch) + ", -0 as " +
+                           (nz ? "0x80" : "0x00") + ") " + format_name(f) + ", " + set.name);
+        }
       }
     }
   }
@@ -185,6 +303,11 @@ std::vector<uint8_t> convert_on_gpu(const std::vector<float>& in, Fp8Format f) {
 }
 
 void test_device_conversion() {
+  const std::vector<float> special = special_values();
+  for (Fp8Format f : kFormats) {
+    expect_bytes(convert_on_gpu(special, f), reference(special, f), special,
+                 std::string("GPU ") + format_name(f) + ", special values vs fp8_encode");
+  }
   const std::vector<float> bf16 = all_bf16_values();
   const std::vector<float> f16 = all_f16_values();
   const std::vector<float> rnd = random_f32_values();

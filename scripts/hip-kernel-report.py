@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Per-kernel resource table of kvfuse's HIP device code, and the gates CI applies.
+
+Reads the machine code the build produced (not bitcode): for every object of the
+kernel library (kernels/*.cu) it takes the offload bundle out of the object's
+.hip_fatbin section, unbundles each gfx target's code object, and reads
+  - the AMDHSA metadata (llvm-readelf --notes): VGPRs (arch + accumulation, as
+    allocated), AGPRs, scratch (private segment bytes per lane), LDS (group segment
+    bytes), the largest block the kernel allows;
+  - the disassembly (llvm-objdump -d): the packed FP8 conversions of each kernel.
+
+Occupancy (waves per SIMD) is computed, not measured, for blocks of the largest size
+the kernel allows (its launch bounds; kernels launched smaller may fit more): gfx942
+and gfx950 have 512 registers per SIMD lane shared by VGPRs and AGPRs, allocated in
+granules of 8, at most 8 waves per SIMD and 4 SIMDs per CU; whole blocks must fit the
+CU's registers and LDS (64 KiB a CU on gfx942, 160 KiB on gfx950). SGPRs do not limit
+occupancy below 8 waves on these targets.
+
+Gates (exit status 1 if any fails):
+  - KV write (fused, scatter, unfused scale/cast), RMSNorm, RoPE, sampling and argmax
+    kernels: no scratch, and at least 4 waves per SIMD (TARGETS below): what the
+    KV write's launch bounds promise (4 blocks of 256 threads a CU), and for the
+    1024-thread sampling blocks what one resident block needs;
+  - every fused FP8 KV-write kernel contains the packed conversion of its format
+    (v_cvt_pk_fp8_f32 for e4m3fn/e4m3fnuz, v_cvt_pk_bf8_f32 for e5m2) in the ISA of
+    each arch whose hardware has that format: gfx942 all three (FNUZ hardware, OCP
+    through the halving recipe), gfx950 e4m3fn and e5m2 (e4m3fnuz is not a gfx950
+    format: there it is the scalar reference encoding, listed, not gated);
+  - attention kernels: recorded, not gated (the MFMA kernel brings their gate).
+
+Usage: hip-kernel-report.py BUILD_DIR TOOL_DIR
+  TOOL_DIR holds clang-offload-bundler, llvm-objcopy, llvm-readelf, llvm-objdump
+  (the HIP compiler's own bin directory).
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ARCH = {  # LDS bytes per CU, max waves per SIMD
+    "gfx942": (64 * 1024, 8),
+    "gfx950": (160 * 1024, 8),
+}
+REGS_PER_LANE = 512
+SIMDS_PER_CU = 4
+
+# (family, name pattern, minimum waves per SIMD). First match wins.
+TARGETS = [
+    ("kv-write", r"^kv_write_fused_kernel<", 4),
+    ("kv-write", r"^kv_scatter_kernel", 4),
+    ("kv-write", r"^kv_(scale|cast_fp8|cast_bf16)_kernel<", 4),
+    ("norm", r"^rmsnorm_kernel", 4),
+    ("rope", r"^rope_kernel", 4),
+    ("sampling", r"^(sample_rows|argmax_rows)_kernel", 4),
+    ("attention", r"^attention_", None),
+    ("other", r"", None),
+]
+FORMATS = {"0": "e4m3fn", "1": "e4m3fnuz", "2": "e5m2"}
+
+
+def tool(tools, name, *fallbacks):
+    """The compiler's own copy of a tool, else one on PATH (binutils' objcopy and c++filt
+    do the same jobs as llvm-objcopy and llvm-cxxfilt, which not every ROCm ships)."""
+    for cand in [os.path.join(tools, name), shutil.which(name)] + [shutil.which(f) for f in fallbacks]:
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    raise SystemExit("hip-kernel-report: %s not found in %s or on PATH" % (name, tools))
+
+
+def run(*cmd):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def short_name(demangled):
+    s = re.sub(r"^void ", "", demangled)
+    s = s.replace("kvfuse::gpu::(anonymous namespace)::", "").replace("attention_detail::", "")
+    s = s.replace("kvfuse::gpu::", "").replace("kvfuse::", "")
+    s = re.sub(r"\(KvSrcDtype\)0", "bf16", s)
+    s = re.sub(r"\(KvSrcDtype\)1", "f16", s)
+    s = re.sub(r"\(Fp8Format\)(\d)", lambda m: FORMATS[m.group(1)], s)
+    s = re.sub(r"\(KvKind\)(\d)", lambda m: ["bf16", "e4m3fn_hw", "e4m3fn_bits", "e4m3fnuz", "e5m2"][int(m.group(1))], s)
+    s = s.replace("Fp8RowOp", "fp8").replace("Bf16RowOp", "bf16copy")
+    return re.sub(r"\(.*\)$", "", s).replace(" ", "")
+
+
+def kernels_of(code_object, tools):
+    """[(symbol, {field: value})] from the AMDHSA metadata note."""
+    notes = run(tool(tools, "llvm-readelf"), "--notes", code_object)
+    out = []
+    for line in notes.splitlines():
+        # Kernel-level keys only: "  - .key: v" starts a kernel, "    .key: v" continues it
+        # (the argument list is indented deeper).
+        m = re.match(r"^(  - |    )\.(\w+):\s+(\S+)\s*$", line)
+        if not m:
+            continue
+        if m.group(1) == "  - ":
+            out.append({})
+        if out:
+            out[-1][m.group(2)] = m.group(3)
+    return out
+
+
+def cvt_counts(code_object, arch, tools):
+    """{symbol: (packed fp8 converts, packed bf8 converts)} from the disassembly."""
+    asm = run(tool(tools, "llvm-objdump"), "-d", "--mcpu=" + arch, code_object)
+    counts, cur = {}, None
+    for line in asm.splitlines():
+        m = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
+        if m:
+            cur = m.group(1)
+            counts[cur] = [0, 0]
+        elif cur is not None:
+            if "v_cvt_pk_fp8_f32" in line:
+                counts[cur][0] += 1
+            elif "v_cvt_pk_bf8_f32" in line:
+                counts[cur][1] += 1
+    return counts
+
+
+def occupancy(k, arch):
+    lds_cu, max_waves = ARCH[arch]
+    regs = int(k["vgpr_count"])
+    granule = 8
+    alloc = max(granule, (regs + granule - 1) // granule * granule)
+    waves = min(max_waves, REGS_PER_LANE // alloc)
+    # Whole blocks of the largest allowed size: how many fit a CU by registers and LDS.
+    block_waves = (int(k["max_flat_workgroup_size"]) + 63) // 64
+    blocks = waves * SIMDS_PER_CU // block_waves
+    lds = int(k["group_segment_fixed_size"])
+    if lds:
+        blocks = min(blocks, lds_cu // lds)
+    # Waves per SIMD averaged over the CU: one block of 2 waves on a CU is 0.5.
+    return min(float(waves), blocks * block_waves / SIMDS_PER_CU)
+
+
+def main():
+    build, tools = sys.argv[1], sys.argv[2]
+    objs = sorted(glob.glob(os.path.join(build, "CMakeFiles", "kvfuse_kernels_gpu.dir", "kernels", "*.cu.o")))
+    if not objs:
+        print("hip-kernel-report: no kernel objects under " + build)
+        return 1
+    rows, failures = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for obj in objs:
+            fatbin = os.path.join(tmp, "fatbin")
+            run(tool(tools, "llvm-objcopy", "objcopy"), "--dump-section=.hip_fatbin=" + fatbin, obj,
+                os.path.join(tmp, "copy.o"))
+            targets = run(tool(tools, "clang-offload-bundler"), "--list", "--type=o", "--input=" + fatbin)
+            for target in targets.split():
+                arch = target.rsplit("--", 1)[-1].split(":")[0]
+                if not target.startswith("hip") or arch not in ARCH:
+                    continue
+                co = os.path.join(tmp, arch + ".co")
+                run(tool(tools, "clang-offload-bundler"), "--unbundle", "--type=o", "--input=" + fatbin,
+                    "--targets=" + target, "--output=" + co)
+                cvts = cvt_counts(co, arch, tools)
+                names = [k["name"] for k in kernels_of(co, tools)]
+                demangled = run(tool(tools, "llvm-cxxfilt", "c++filt"), *names).splitlines() if names else []
+                for k, dm in zip(kernels_of(co, tools), demangled):
+                    name = short_name(dm)
+                    family, target_occ = next((f, t) for f, p, t in TARGETS if re.search(p, name))
+                    fp8, bf8 = cvts.get(k["name"], [0, 0])
+                    rows.append(dict(arch=arch, src=os.path.basename(obj).replace(".o", ""), name=name, family=family,
+                                     target=target_occ, vgpr=int(k["vgpr_count"]), agpr=int(k["agpr_count"]),
+                                     scratch=int(k["private_segment_fixed_size"]),
+                                     lds=int(k["group_segment_fixed_size"]),
+                                     block=int(k["max_flat_workgroup_size"]), occ=occupancy(k, arch),
+                                     dyn=k.get("uses_dynamic_stack") == "true", fp8=fp8, bf8=bf8, sym=k["name"]))
+
+    rows.sort(key=lambda r: (r["src"], r["name"], r["arch"]))
+    w = max(len(r["name"]) for r in rows)
+    print("hip-kernel-report: %d kernels x arch from %d objects (machine code, AMDHSA metadata)" %
+          (len(rows), len(objs)))
+    hdr = "%-6s  %-*s  %5s %5s %7s %6s %5s %4s/%-4s %5s  %s" % ("arch", w, "kernel", "VGPR", "AGPR", "scratch",
+                                                             "LDS", "block", "occ", "tgt", "pkcvt", "gate")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        verdict = ""
+        if r["target"] is not None:
+            bad = []
+            if r["scratch"] or r["dyn"]:
+                bad.append("scratch")
+            if r["occ"] < r["target"]:
+                bad.append("occupancy")
+            verdict = "FAIL " + ",".join(bad) if bad else "ok"
+        fused = re.match(r"^kv_write_fused_kernel<fp8<(\w+),(\w+)>", r["name"])
+        if fused:
+            fmt = fused.group(2)
+            need = not (r["arch"] == "gfx950" and fmt == "e4m3fnuz")
+            have = r["bf8"] if fmt == "e5m2" else r["fp8"]
+            if need and have == 0:
+                verdict = (verdict + " " if verdict != "ok" else "") + "FAIL no packed cvt"
+            elif not need:
+                verdict += " (scalar: not a gfx950 format)"
+        if "FAIL" in verdict:
+            failures.append("%s %s: %s" % (r["arch"], r["name"], verdict))
+        print("%-6s  %-*s  %5d %5d %7d %6d %5d %4g/%-4s %5s  %s" %
+              (r["arch"], w, r["name"], r["vgpr"], r["agpr"], r["scratch"], r["lds"], r["block"], r["occ"],
+               "-" if r["target"] is None else r["target"], r["fp8"] + r["bf8"] or "", verdict or "recorded"))
+    for arch in ARCH:
+        n = sum(r["fp8"] + r["bf8"] for r in rows if r["arch"] == arch and r["name"].startswith("kv_write_fused"))
+        fused = sum(1 for r in rows if r["arch"] == arch and r["name"].startswith("kv_write_fused_kernel<fp8"))
+        print("hip-kernel-report: %s: %d packed FP8 conversions in %d fused FP8 KV-write kernels" % (arch, n, fused))
+    for arch in ARCH:
+        if not any(r["arch"] == arch for r in rows):
+            failures.append("no code object for " + arch)
+    print("hip-kernel-report: columns: VGPR = arch+acc registers allocated per lane, scratch = bytes per lane, "
+          "LDS = bytes per block, block = largest block allowed, occ/tgt = waves per SIMD computed / gated minimum, "
+          "pkcvt = v_cvt_pk_{fp8,bf8}_f32 in the kernel")
+    if failures:
+        for f in failures:
+            print("hip-kernel-report: FAIL " + f)
+        return 1
+    print("hip-kernel-report: all gates pass")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
