@@ -22,7 +22,7 @@ packages=(
   build-essential cmake ninja-build pkg-config python3
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 libcli11-dev
-  libopenblas-dev libcpp-httplib-dev
+  libopenblas-dev libcpp-httplib-dev libboost-math-dev
 )
 mirror=${KVFUSE_SID_MIRROR:-http://deb.debian.org/debian}
 # The archive snapshot this machine's mirror serves has a sid Release file past its
