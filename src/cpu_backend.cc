@@ -164,12 +164,7 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend(cpu::GemmIsa isa) { return std::make_unique<CpuBackend>(isa); }
 
-std::unique_ptr<Backend> make_cpu_backend() {
-  for (cpu::GemmIsa isa : {cpu::GemmIsa::avx512, cpu::GemmIsa::avx2}) {
-    if (cpu::gemm_isa_supported(isa)) return make_cpu_backend(isa);
-  }
-  return make_cpu_backend(cpu::GemmIsa::generic);
-}
+std::unique_ptr<Backend> make_cpu_backend() { return make_cpu_backend(cpu::gemm_widest_isa()); }
 
 absl::StatusOr<std::unique_ptr<Backend>> make_cpu_backend_from_env() {
   cpu::GemmIsa isa = cpu::GemmIsa::generic;

@@ -15,6 +15,7 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -58,12 +59,10 @@ void check_args(const AttnArgs& a) {
 // fp8_decode of every byte of a format, so the reader decodes with a table lookup
 // (the same floats, computed once).
 const float* fp8_table(Fp8Format f) {
-  static const std::vector<std::vector<float>> tables = [] {
-    std::vector<std::vector<float>> t;
-    for (Fp8Format fmt : {Fp8Format::e4m3fn, Fp8Format::e4m3fnuz, Fp8Format::e5m2}) {
-      if (size_t(fmt) >= t.size()) t.resize(size_t(fmt) + 1);
-      for (int c = 0; c < 256; ++c) t[size_t(fmt)].push_back(fp8_decode(uint8_t(c), fmt));
-    }
+  static const auto tables = [] {
+    std::array<std::array<float, 256>, 3> t{};
+    for (Fp8Format fmt : {Fp8Format::e4m3fn, Fp8Format::e4m3fnuz, Fp8Format::e5m2})
+      for (int c = 0; c < 256; ++c) t[size_t(fmt)][size_t(c)] = fp8_decode(uint8_t(c), fmt);
     return t;
   }();
   return tables[size_t(f)].data();

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cpu/gemm_tiles.h"
+#include "kernels/cpu/ops.h"
 
 namespace kvfuse::cpu {
 namespace {
@@ -22,7 +23,7 @@ struct Scalar {
   static reg load(const float* p) { return *p; }
   static void store(float* p, reg r) { *p = r; }
   static reg set1(float x) { return x; }
-  static reg load_w(const uint16_t* p) { return bf16_to_f32(*p); }
+  static reg load_w(const uint16_t* p) { return kvfuse::bf16_to_f32(*p); }
   // Rounded once, as the vector FMA instructions do (a libm call without hardware FMA).
   static reg fma(reg a, reg b, reg c) { return __builtin_fmaf(a, b, c); }
 };
@@ -61,18 +62,20 @@ const char* gemm_isa_name(GemmIsa isa) {
 
 bool gemm_isa_supported(GemmIsa isa) { return cpu_has(isa); }
 
+GemmIsa gemm_widest_isa() {
+  for (GemmIsa i : {GemmIsa::avx512, GemmIsa::avx2}) {
+    if (cpu_has(i)) return i;
+  }
+  return GemmIsa::generic;
+}
+
 bool gemm_isa_from_env(GemmIsa& isa, std::string& error) {
-  static constexpr GemmIsa kWidestFirst[] = {GemmIsa::avx512, GemmIsa::avx2, GemmIsa::generic};
   const char* want = std::getenv("KVFUSE_CPU_GEMM");
   if (want == nullptr || *want == '\0') {
-    for (GemmIsa i : kWidestFirst) {
-      if (cpu_has(i)) {
-        isa = i;
-        return true;
-      }
-    }
+    isa = gemm_widest_isa();
+    return true;
   }
-  for (GemmIsa i : kWidestFirst) {
+  for (GemmIsa i : {GemmIsa::avx512, GemmIsa::avx2, GemmIsa::generic}) {
     if (std::strcmp(want, gemm_isa_name(i)) != 0) continue;
     if (!cpu_has(i)) {
       error = std::string("KVFUSE_CPU_GEMM=") + want + ": this CPU cannot run the " + want + " kernel";
@@ -134,7 +137,7 @@ float* gemm_into_scratch(const bf16_t* x, int64_t m, int64_t k, const bf16_t* pa
   float* xs = scratch;
   float* y = scratch + m * k;
   float* wbuf = y + m * panels_of(n) * kGemmPanel;
-  for (int64_t i = 0; i < m * k; ++i) xs[i] = bf16_to_f32(x[i]);
+  bf16_to_f32(x, m * k, xs);
   gemm_f32(xs, m, k, packed, n, y, panels_of(n) * kGemmPanel, isa, wbuf);
   return y;
 }
@@ -149,7 +152,7 @@ void linear_bf16(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed, in
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       const float v = y[i * ldy + j];
-      out[i * n + j] = f32_to_bf16(bias != nullptr ? v + bias[j] : v);
+      out[i * n + j] = kvfuse::f32_to_bf16(bias != nullptr ? v + bias[j] : v);
     }
 }
 

@@ -27,6 +27,8 @@ enum class GemmIsa { generic, avx2, avx512 };
 
 const char* gemm_isa_name(GemmIsa isa);
 bool gemm_isa_supported(GemmIsa isa);
+// The widest kernel this CPU runs.
+GemmIsa gemm_widest_isa();
 // The widest supported kernel, or the one named by KVFUSE_CPU_GEMM (generic, avx2,
 // avx512); an unknown or unsupported name there is an error naming the variable.
 bool gemm_isa_from_env(GemmIsa& isa, std::string& error);
