@@ -126,6 +126,9 @@ int main(int argc, char** argv) {
   prefill->add_option("--prompt-ids", pf_ids, "comma-separated token ids")->required();
   prefill->add_flag("--extend", extend, "append to a live sequence");
   prefill->add_flag("--no-sample", no_sample, "compute the KV only (a middle chunk)");
+  int64_t pf_expected_len = -1;
+  prefill->add_option("--expected-len", pf_expected_len,
+                      "with --extend: the length before this chunk (a retry does not append twice)");
   pf_sampling.add(prefill);
 
   auto* decode = app.add_subcommand("decode", "run decode steps for router-driven sequences");
@@ -194,6 +197,7 @@ int main(int argc, char** argv) {
     for (int32_t t : *ids) s->add_token_ids(t);
     s->set_extend(extend);
     s->set_no_sample(no_sample);
+    if (pf_expected_len >= 0) s->set_expected_len(uint32_t(pf_expected_len));
     if (!extend) pf_sampling.fill(s->mutable_sampling());
     v1::PrefillResponse resp;
     return report(stub.Prefill(&ctx, req, &resp), &resp);

@@ -52,6 +52,12 @@ TEST_CASE("kvfuse-cli: info, load, health, generate, prefill, decode, release, a
   CHECK(rc == 0);
   CHECK(out.find("\"tokenIds\":[" + std::to_string(expected[0][1]) + "," + std::to_string(expected[0][2]) +
                  "]") != std::string::npos);
+  // An extend with --expected-len, then its retry: appended once (11 tokens + 2).
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::tie(rc, out) = run(cli + "prefill --id 9 --extend --no-sample --prompt-ids 1,2 --expected-len 11");
+    CHECK(rc == 0);
+    CHECK(out.find("\"seqLen\":13") != std::string::npos);
+  }
   std::tie(rc, out) = run(cli + "load");
   CHECK(rc == 0);
   CHECK(out.find("\"numRouterSequences\":1") != std::string::npos);
