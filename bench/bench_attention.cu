@@ -107,7 +107,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-AttnArgs make_args(const Buffers& b, int batch, int ctx, KvDtype dt) {
+AttnArgs make_args(const Buffers& b, int batch, int ctx, KvFormat dt) {
   AttnArgs a;
   a.q = b.q;
   a.q_token_stride = int64_t(kQHeads) * kHeadDim;
@@ -129,7 +129,7 @@ AttnArgs make_args(const Buffers& b, int batch, int ctx, KvDtype dt) {
   a.cache.page_size = kPage;
   a.cache.num_kv_heads = kKvHeads;
   a.cache.head_dim = kHeadDim;
-  a.cache.dtype = dt;
+  a.cache.format = dt;
   a.cache.k_scale = b.scales;
   a.cache.v_scale = b.scales + 1;
   return a;
@@ -312,23 +312,23 @@ int main(int argc, char** argv) {
         std::shuffle(table.begin(), table.end(), rng);
         BENCH_GPU(cudaMemcpy(b.block_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
       }
-      for (KvDtype dt : {KvDtype::fp8_e4m3fn, KvDtype::bf16}) {
-        if (target_only && dt != KvDtype::fp8_e4m3fn) continue;
-        const int eb = kv_dtype_bytes(dt);
+      for (KvFormat dt : {KvFormat::fp8_e4m3fn, KvFormat::bf16}) {
+        if (target_only && dt != KvFormat::fp8_e4m3fn) continue;
+        const int eb = kv_format_bytes(dt);
         const int64_t kv_bytes = tokens * kRowElems * eb;  // of K (and of V)
         if (kv_bytes > b.cache_bytes) {
           std::printf("%5d %6d  %-10s skipped: %.1f GB per K and V exceeds the allocation\n", batch, ctx,
-                      kv_dtype_name(dt), double(kv_bytes) / 1e9);
+                      kv_format_name(dt), double(kv_bytes) / 1e9);
           continue;
         }
-        fill(b.k, kv_bytes, dt == KvDtype::bf16, 11u, s);
-        fill(b.v, kv_bytes, dt == KvDtype::bf16, 13u, s);
+        fill(b.k, kv_bytes, dt == KvFormat::bf16, 11u, s);
+        fill(b.v, kv_bytes, dt == KvFormat::bf16, 13u, s);
         BENCH_GPU(cudaStreamSynchronize(s));
         const AttnArgs a = make_args(b, batch, ctx, dt);
         const double bytes = 2.0 * double(kv_bytes) + 2.0 * batch * kQHeads * kHeadDim * 2;
         const bool l2 = 2.0 * double(kv_bytes) <= 2.0 * double(prop.l2CacheSize);
         const double est_us = bytes / 3.0e6;
-        const bool target_shape = batch == 64 && ctx == 4096 && dt == KvDtype::fp8_e4m3fn;
+        const bool target_shape = batch == 64 && ctx == 4096 && dt == KvFormat::fp8_e4m3fn;
         std::vector<Variant> variants = {{Path::split, true, {}, "split"}, {Path::unified, true, {}, "unified"}};
         if (target_shape) {
           gpu::AttnLaunch bits;
@@ -360,7 +360,7 @@ int main(int argc, char** argv) {
         for (const Variant& v : variants) {
           const double us = time_it(a, b, v, s, e0, e1, rounds, est_us);
           const int32_t part = v.path == Path::split ? gpu::attention_split_partition(a, kPartition, v.launch) : 0;
-          rows.push_back({batch, ctx, kv_dtype_name(dt), v.label, v.graph, part, us, bytes, l2});
+          rows.push_back({batch, ctx, kv_format_name(dt), v.label, v.graph, part, us, bytes, l2});
           print_row(rows.back());
         }
       }

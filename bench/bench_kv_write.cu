@@ -92,7 +92,7 @@ KvWriteArgs make_args(const Buffers& b, int64_t T, bool bf16_cache) {
   a.cache.page_size = kPage;
   a.cache.num_kv_heads = kHeads;
   a.cache.head_dim = kHeadDim;
-  a.cache.dtype = bf16_cache ? KvDtype::bf16 : KvDtype::fp8_e4m3fn;
+  a.cache.format = bf16_cache ? KvFormat::bf16 : KvFormat::fp8_e4m3fn;
   a.cache.k_scale = b.scales;
   a.cache.v_scale = b.scales + 1;
   return a;
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
   const std::string device = std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) +
                              " SMs, L2 " + std::to_string(prop.l2CacheSize >> 20) + " MB)";
   std::printf("bench_kv_write on %s; fp8 conversion: %s\n", device.c_str(),
-              gpu::kv_write_conversion_name(KvDtype::fp8_e4m3fn).c_str());
+              gpu::kv_write_conversion_name(KvFormat::fp8_e4m3fn).c_str());
   std::printf(
       "shape: %d KV heads x %d, page %d, bf16 source, e4m3fn cache, %lld cache slots, random distinct "
       "slots\n",

@@ -8,7 +8,8 @@
 #include <optional>
 #include <vector>
 
-#include "src/engine.h"
+#include "src/common/status_macros.h"
+#include "src/runtime/engine.h"
 
 namespace kvfuse::bench {
 
@@ -20,8 +21,8 @@ inline absl::Status start_synthetic_cell(Engine& e, int batch, int context, SeqI
     std::vector<int32_t> prompt(static_cast<size_t>(context));
     for (int t = 0; t < context; ++t) prompt[size_t(t)] = (t * 31 + i * 7 + 1) % vocab;
     const SeqId id = first_id + SeqId(i);
-    if (auto st = e.add_sequence(id, std::move(prompt), SamplingParams{}); !st.ok()) return st;
-    if (auto st = e.assume_computed(id, context - 1); !st.ok()) return st;
+    KVFUSE_RETURN_IF_ERROR(e.add_sequence(id, std::move(prompt), SamplingParams{}));
+    KVFUSE_RETURN_IF_ERROR(e.assume_computed(id, context - 1));
     items.push_back({id, 1, true});
   }
   auto r = opts ? e.step(items, *opts) : e.step(items);

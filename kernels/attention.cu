@@ -623,14 +623,14 @@ using DimTag = std::integral_constant<int, D>;
 template <class F>
 cudaError_t dispatch(const AttnArgs& a, const AttnLaunch& l, F&& f) {
   const auto by_kind = [&](auto dim) -> cudaError_t {
-    switch (a.cache.dtype) {
-      case KvDtype::bf16:
+    switch (a.cache.format) {
+      case KvFormat::bf16:
         return f(dim, KindTag<KvKind::bf16>{});
-      case KvDtype::fp8_e4m3fn:
+      case KvFormat::fp8_e4m3fn:
         return l.fp8_decode == 1 ? f(dim, KindTag<KvKind::e4m3fn_bits>{}) : f(dim, KindTag<KvKind::e4m3fn_hw>{});
-      case KvDtype::fp8_e4m3fnuz:
+      case KvFormat::fp8_e4m3fnuz:
         return f(dim, KindTag<KvKind::e4m3fnuz>{});
-      case KvDtype::fp8_e5m2:
+      case KvFormat::fp8_e5m2:
         return f(dim, KindTag<KvKind::e5m2>{});
     }
     return cudaErrorInvalidValue;
@@ -692,13 +692,13 @@ std::string attention_unsupported(const AttnArgs& a) {
   const bool dim_ok = a.cache.head_dim == 64 || a.cache.head_dim == 128 || a.cache.head_dim == 256;
   const bool group_ok = kvh > 0 && a.num_q_heads > 0 && a.num_q_heads % kvh == 0 &&
                         a.num_q_heads / kvh <= kAttnMaxGroup;
-  const bool fp8 = a.cache.dtype != KvDtype::bf16;
+  const bool fp8 = a.cache.format != KvFormat::bf16;
   const bool scales_ok = !fp8 || (a.cache.k_scale != nullptr && a.cache.v_scale != nullptr);
   if (dim_ok && group_ok && a.cache.page_size > 0 && a.window >= 0 && scales_ok) return {};
   return std::string("attention: unsupported (head_dim ") + std::to_string(a.cache.head_dim) + ", q heads " +
          std::to_string(a.num_q_heads) + ", kv heads " + std::to_string(kvh) + ", page size " +
          std::to_string(a.cache.page_size) + ", window " + std::to_string(a.window) + ", " +
-         kv_dtype_name(a.cache.dtype) + (scales_ok ? "" : " without k/v scales") +
+         kv_format_name(a.cache.format) + (scales_ok ? "" : " without k/v scales") +
          "): head_dim must be 64, 128 or 256, q heads a multiple of kv heads with at most " +
          std::to_string(kAttnMaxGroup) + " per kv head, page size > 0, window >= 0";
 }

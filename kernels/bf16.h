@@ -3,7 +3,7 @@
 // GPU kernels read and write exactly the same bits.
 #pragma once
 
-#include "kernels/hd.h"
+#include "kernels/host_device.h"
 
 namespace kvfuse {
 

@@ -12,7 +12,7 @@
 //   e5m2        15    57344      0x7d..0x7f  0x7c  0x80
 #pragma once
 
-#include "kernels/hd.h"
+#include "kernels/host_device.h"
 
 namespace kvfuse {
 

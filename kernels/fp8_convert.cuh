@@ -17,7 +17,7 @@
 #pragma once
 
 // gpu.h first: on HIP the vendor runtime header defines __forceinline__, which
-// KVFUSE_HD in kernels/hd.h expands to.
+// KVFUSE_HD in kernels/host_device.h expands to.
 #include "kernels/gpu.h"
 
 #include "kernels/fp8.h"

@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "kernels/hd.h"
+#include "kernels/host_device.h"
 
 #define KVFUSE_DEVICE __device__ __forceinline__
 

@@ -9,30 +9,30 @@ namespace kvfuse {
 
 // Concrete element type of a KV cache buffer. fp8_e4m3 in the config resolves to
 // e4m3fn or e4m3fnuz depending on the device (DESIGN.md, "KV cache layout").
-enum class KvDtype : uint8_t { bf16, fp8_e4m3fn, fp8_e4m3fnuz, fp8_e5m2 };
+enum class KvFormat : uint8_t { bf16, fp8_e4m3fn, fp8_e4m3fnuz, fp8_e5m2 };
 
-KVFUSE_HD int kv_dtype_bytes(KvDtype d) { return d == KvDtype::bf16 ? 2 : 1; }
+KVFUSE_HD int kv_format_bytes(KvFormat d) { return d == KvFormat::bf16 ? 2 : 1; }
 
-KVFUSE_HD Fp8Format kv_fp8_format(KvDtype d) {
+KVFUSE_HD Fp8Format kv_fp8_format(KvFormat d) {
   switch (d) {
-    case KvDtype::fp8_e4m3fnuz:
+    case KvFormat::fp8_e4m3fnuz:
       return Fp8Format::e4m3fnuz;
-    case KvDtype::fp8_e5m2:
+    case KvFormat::fp8_e5m2:
       return Fp8Format::e5m2;
     default:
       return Fp8Format::e4m3fn;
   }
 }
 
-inline const char* kv_dtype_name(KvDtype d) {
+inline const char* kv_format_name(KvFormat d) {
   switch (d) {
-    case KvDtype::bf16:
+    case KvFormat::bf16:
       return "bf16";
-    case KvDtype::fp8_e4m3fn:
+    case KvFormat::fp8_e4m3fn:
       return "fp8_e4m3fn";
-    case KvDtype::fp8_e4m3fnuz:
+    case KvFormat::fp8_e4m3fnuz:
       return "fp8_e4m3fnuz";
-    case KvDtype::fp8_e5m2:
+    case KvFormat::fp8_e5m2:
       return "fp8_e5m2";
   }
   return "?";
@@ -51,7 +51,7 @@ struct PagedKvView {
   int32_t page_size = 0;
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
-  KvDtype dtype = KvDtype::bf16;
+  KvFormat format = KvFormat::bf16;
   const float* k_scale = nullptr;  // one float, device memory: read by kernels, never the host
   const float* v_scale = nullptr;
 

@@ -20,7 +20,7 @@
 // table) round trip with the data round trip. The grid covers num_tokens rows (the
 // slot mapping's length) with a grid-stride loop, so any T and graph padding work.
 // gpu.h first: on HIP the vendor runtime header defines __forceinline__, which
-// kernels/hd.h (reached through the other headers) uses in KVFUSE_HD.
+// kernels/host_device.h (reached through the other headers) uses in KVFUSE_HD.
 #include "kernels/gpu.h"
 
 #include "kernels/cpu/kv_write.h"
@@ -355,14 +355,14 @@ cudaError_t launch_fused_op(const KvWriteArgs& a, cudaStream_t stream, const KvW
 
 template <KvSrcDtype S>
 cudaError_t launch_fused_src(const KvWriteArgs& a, cudaStream_t stream, const KvWriteLaunch& l) {
-  switch (a.cache.dtype) {
-    case KvDtype::bf16:
+  switch (a.cache.format) {
+    case KvFormat::bf16:
       return launch_fused_op<Bf16RowOp<S>>(a, stream, l);
-    case KvDtype::fp8_e4m3fn:
+    case KvFormat::fp8_e4m3fn:
       return launch_fused_op<Fp8RowOp<S, Fp8Format::e4m3fn>>(a, stream, l);
-    case KvDtype::fp8_e4m3fnuz:
+    case KvFormat::fp8_e4m3fnuz:
       return launch_fused_op<Fp8RowOp<S, Fp8Format::e4m3fnuz>>(a, stream, l);
-    case KvDtype::fp8_e5m2:
+    case KvFormat::fp8_e5m2:
       return launch_fused_op<Fp8RowOp<S, Fp8Format::e5m2>>(a, stream, l);
   }
   return cudaErrorInvalidValue;
@@ -383,20 +383,20 @@ cudaError_t launch_scale(const void* src, int64_t stride, const KvWriteArgs& a, 
 }
 
 template <KvSrcDtype S>
-cudaError_t launch_cast(const float* in, int64_t count, KvDtype dtype, uint8_t* out, cudaStream_t stream,
+cudaError_t launch_cast(const float* in, int64_t count, KvFormat dtype, uint8_t* out, cudaStream_t stream,
                         bool pdl) {
   const unsigned grid8 = grid_blocks(count / 8, kElementwiseBlock);
   const unsigned grid16 = grid_blocks(count / 16, kElementwiseBlock);
   switch (dtype) {
-    case KvDtype::bf16:
+    case KvFormat::bf16:
       return launch_kernel(kv_cast_bf16_kernel<S>, grid8, kElementwiseBlock, stream, pdl, in, count, out);
-    case KvDtype::fp8_e4m3fn:
+    case KvFormat::fp8_e4m3fn:
       return launch_kernel(kv_cast_fp8_kernel<Fp8Format::e4m3fn>, grid16, kElementwiseBlock, stream, pdl, in,
                            count, out);
-    case KvDtype::fp8_e4m3fnuz:
+    case KvFormat::fp8_e4m3fnuz:
       return launch_kernel(kv_cast_fp8_kernel<Fp8Format::e4m3fnuz>, grid16, kElementwiseBlock, stream, pdl,
                            in, count, out);
-    case KvDtype::fp8_e5m2:
+    case KvFormat::fp8_e5m2:
       return launch_kernel(kv_cast_fp8_kernel<Fp8Format::e5m2>, grid16, kElementwiseBlock, stream, pdl, in,
                            count, out);
   }
@@ -413,7 +413,7 @@ cudaError_t launch_cast(const float* in, int64_t count, KvDtype dtype, uint8_t* 
 template <KvSrcDtype S>
 cudaError_t launch_unfused_src(const KvWriteArgs& a, const cpu::KvWriteScratch& s, cudaStream_t stream,
                                bool pdl) {
-  const bool fp8 = a.cache.dtype != KvDtype::bf16;
+  const bool fp8 = a.cache.format != KvFormat::bf16;
   const int64_t row_elems = a.cache.row_elems();
   const int64_t count = a.num_tokens * row_elems;
   // Launches 1 and 2: every token is converted, padding included, as elementwise
@@ -430,10 +430,10 @@ cudaError_t launch_unfused_src(const KvWriteArgs& a, const cpu::KvWriteScratch& 
         launch_scale<S, false>(a.v, a.v_token_stride, a, nullptr, s.v_scaled, stream, pdl));
   }
   // Launches 3 and 4.
-  KVFUSE_RETURN_IF_ERROR(launch_cast<S>(s.k_scaled, count, a.cache.dtype, s.k_cast, stream, pdl));
-  KVFUSE_RETURN_IF_ERROR(launch_cast<S>(s.v_scaled, count, a.cache.dtype, s.v_cast, stream, pdl));
+  KVFUSE_RETURN_IF_ERROR(launch_cast<S>(s.k_scaled, count, a.cache.format, s.k_cast, stream, pdl));
+  KVFUSE_RETURN_IF_ERROR(launch_cast<S>(s.v_scaled, count, a.cache.format, s.v_cast, stream, pdl));
   // Launch 5.
-  const int64_t row_bytes = row_elems * kv_dtype_bytes(a.cache.dtype);
+  const int64_t row_bytes = row_elems * kv_format_bytes(a.cache.format);
   const uint8_t* k_rows = s.k_cast;
   const uint8_t* v_rows = s.v_cast;
   return launch_kernel(kv_scatter_kernel, grid_blocks(a.num_tokens, kKvWriteBlockThreads / kWarpSize),
@@ -460,7 +460,7 @@ std::string kv_write_unsupported(const KvWriteArgs& a) {
   } else if (c.num_slots() > 0 &&
              (c.k == nullptr || c.v == nullptr || !is_aligned(c.k, 16) || !is_aligned(c.v, 16))) {
     why = "cache K/V must be set and 16-byte aligned";
-  } else if (c.dtype != KvDtype::bf16 && (c.k_scale == nullptr || c.v_scale == nullptr)) {
+  } else if (c.format != KvFormat::bf16 && (c.k_scale == nullptr || c.v_scale == nullptr)) {
     why = "FP8 caches need k_scale and v_scale (device pointers)";
   } else if (a.swa.full_to_swa != nullptr && a.swa.size < 0) {
     why = "SWA table size is negative";
@@ -468,7 +468,7 @@ std::string kv_write_unsupported(const KvWriteArgs& a) {
   if (why.empty()) return why;
   return "GPU KV write unsupported for (head_dim=" + std::to_string(c.head_dim) +
          ", num_kv_heads=" + std::to_string(c.num_kv_heads) + ", page_size=" + std::to_string(c.page_size) +
-         ", cache dtype=" + kv_dtype_name(c.dtype) + ", source dtype=" + src_name(a.src_dtype) + "): " + why;
+         ", cache dtype=" + kv_format_name(c.format) + ", source dtype=" + src_name(a.src_dtype) + "): " + why;
 }
 
 cudaError_t launch_kv_write_fused(const KvWriteArgs& args, cudaStream_t stream, const KvWriteLaunch& launch) {
@@ -481,7 +481,7 @@ cudaError_t launch_kv_write_fused(const KvWriteArgs& args, cudaStream_t stream, 
 }
 
 cudaError_t launch_kv_store_bf16(const KvWriteArgs& args, cudaStream_t stream, const KvWriteLaunch& launch) {
-  if (args.cache.dtype != KvDtype::bf16) return cudaErrorInvalidValue;
+  if (args.cache.format != KvFormat::bf16) return cudaErrorInvalidValue;
   return launch_kv_write_fused(args, stream, launch);
 }
 
@@ -500,15 +500,15 @@ cudaError_t launch_kv_write_unfused(const KvWriteArgs& args, void* scratch, cuda
              : launch_unfused_src<KvSrcDtype::f16>(args, s, stream, launch.pdl);
 }
 
-std::string kv_write_conversion_name(KvDtype dtype) {
-  if (dtype == KvDtype::bf16) return "bf16 copy";
+std::string kv_write_conversion_name(KvFormat dtype) {
+  if (dtype == KvFormat::bf16) return "bf16 copy";
   int* d = nullptr;
   if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return "unknown (cudaMalloc failed)";
   switch (dtype) {
-    case KvDtype::fp8_e4m3fnuz:
+    case KvFormat::fp8_e4m3fnuz:
       fp8_cvt_path_probe_kernel<Fp8Format::e4m3fnuz><<<1, 1>>>(d);
       break;
-    case KvDtype::fp8_e5m2:
+    case KvFormat::fp8_e5m2:
       fp8_cvt_path_probe_kernel<Fp8Format::e5m2><<<1, 1>>>(d);
       break;
     default:

@@ -69,6 +69,6 @@ size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems);
 
 // Which FP8 conversion the fused kernel runs on the current device for `dtype`
 // (e.g. "cvt.rn.satfinite (packed)"), for logs. Synchronous; not for the hot path.
-std::string kv_write_conversion_name(KvDtype dtype);
+std::string kv_write_conversion_name(KvFormat dtype);
 
 }  // namespace kvfuse::gpu

@@ -16,7 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/hd.h"
+#include "kernels/host_device.h"
 
 namespace kvfuse {
 

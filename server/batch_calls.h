@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "kvfuse/v1/decode.pb.h"
-#include "src/engine.h"
-#include "src/scheduler.h"
+#include "src/runtime/engine.h"
+#include "src/runtime/scheduler.h"
 
 namespace kvfuse::server {
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/kv_types.h"
 #include "server/status_codes.h"
+#include "src/common/status_macros.h"
 
 namespace kvfuse::server {
 
@@ -282,13 +283,13 @@ absl::Status EngineLoop::warm_up() {
   const int32_t n = std::min<int32_t>(8, cfg.max_seq_len - 2);
   std::vector<int32_t> prompt(size_t(std::max(1, n)));
   for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = int32_t(i) % engine_->spec().vocab;
-  if (auto st = engine_->add_sequence(warm_id, prompt, SamplingParams{}); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(engine_->add_sequence(warm_id, prompt, SamplingParams{}));
   for (int32_t tokens : {int32_t(prompt.size()), 1}) {
     auto res = engine_->step({StepItem{warm_id, tokens, true}});
     if (!res.ok()) return res.status();
     if (!(*res)[0].status.ok()) return (*res)[0].status;
   }
-  if (auto st = engine_->release(warm_id); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(engine_->release(warm_id));
   // Decode graphs (GPU, graphs: on): capture every batch bucket now, not on a request.
   auto warmed = engine_->warm_up_decode_graphs();
   if (!warmed.ok()) return warmed.status();
@@ -303,7 +304,7 @@ absl::Status EngineLoop::warm_up() {
   info_.set_vocab_size(uint32_t(spec.vocab));
   info_.set_num_layers(uint32_t(spec.num_layers));
   info_.set_kv_cache_dtype(to_string(cfg.kv_cache_dtype));
-  info_.set_kv_format(kv_dtype_name(engine_->kv_dtype()));
+  info_.set_kv_format(kv_format_name(engine_->kv_format()));
   info_.set_page_size(uint32_t(cfg.page_size));
   info_.set_num_pages(uint64_t(engine_->pool().usage(PoolKind::full).total_pages));
   if (engine_->pool().has_swa()) {

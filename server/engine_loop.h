@@ -22,9 +22,9 @@
 #include "server/metrics.h"
 #include "server/request_validation.h"
 #include "server/watchdog.h"
-#include "src/config.h"
-#include "src/engine.h"
-#include "src/scheduler.h"
+#include "src/common/config.h"
+#include "src/runtime/engine.h"
+#include "src/runtime/scheduler.h"
 
 namespace kvfuse::server {
 

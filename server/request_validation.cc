@@ -3,6 +3,7 @@
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
 
 namespace kvfuse::server {
 
@@ -45,7 +46,7 @@ absl::StatusOr<SamplingParams> to_sampling(const v1::SamplingParams& p, int32_t 
   s.top_k = p.top_k();
   s.top_p = p.has_top_p() ? p.top_p() : 1.0f;
   s.seed = p.seed();
-  if (auto st = validate_sampling(s, vocab); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(validate_sampling(s, vocab));
   return s;
 }
 
@@ -116,14 +117,14 @@ absl::Status validate(const v1::GenerateRequest& req, const ServiceLimits& lim) 
     return invalid("prompt of ", req.prompt_ids_size(), " tokens leaves no room under max_seq_len ",
                    lim.max_seq_len);
   }
-  if (auto st = check_tokens(req.prompt_ids(), lim.vocab, "prompt_ids"); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(check_tokens(req.prompt_ids(), lim.vocab, "prompt_ids"));
   if (req.max_tokens() > uint32_t(lim.max_seq_len)) {
     return invalid("max_tokens ", req.max_tokens(), " exceeds max_seq_len ", lim.max_seq_len);
   }
   if (req.stop_token_ids_size() > lim.max_stop_tokens) {
     return invalid(req.stop_token_ids_size(), " stop tokens exceed the limit of ", lim.max_stop_tokens);
   }
-  if (auto st = check_tokens(req.stop_token_ids(), lim.vocab, "stop_token_ids"); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(check_tokens(req.stop_token_ids(), lim.vocab, "stop_token_ids"));
   if (auto sp = to_sampling(req.sampling(), lim.vocab); !sp.ok()) return sp.status();
   return absl::OkStatus();
 }

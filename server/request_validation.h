@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "kvfuse/v1/decode.pb.h"
-#include "src/sampler.h"
+#include "src/runtime/sampler.h"
 
 namespace kvfuse::server {
 

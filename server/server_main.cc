@@ -14,7 +14,8 @@
 
 #include "server/server.h"
 #include "server/signals.h"
-#include "src/config.h"
+#include "src/common/config.h"
+#include "src/common/status_macros.h"
 
 using namespace kvfuse;
 
@@ -33,9 +34,9 @@ absl::StatusOr<Config> build_config(const std::string& path, const std::vector<s
     j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
     if (j.is_discarded()) return absl::InvalidArgumentError(path + " is not valid JSON");
   }
-  if (auto st = apply_config_env(j); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(apply_config_env(j));
   for (const auto& o : overrides) {
-    if (auto st = apply_config_override(j, o); !st.ok()) return st;
+    KVFUSE_RETURN_IF_ERROR(apply_config_override(j, o));
   }
   return config_from_json(j);
 }

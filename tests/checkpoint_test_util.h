@@ -13,9 +13,9 @@
 #include <vector>
 #include "tests/catch.h"
 
-#include "src/checkpoint.h"
-#include "src/model_spec.h"
-#include "src/safetensors.h"
+#include "src/loading/checkpoint.h"
+#include "src/common/model_spec.h"
+#include "src/loading/safetensors.h"
 
 namespace kvfuse::testing {
 

@@ -8,7 +8,7 @@
 #include <vector>
 #include "tests/catch.h"
 
-#include "src/engine.h"
+#include "src/runtime/engine.h"
 
 namespace kvfuse::testing {
 
@@ -30,7 +30,7 @@ inline std::vector<uint8_t> cache_bytes(Engine& e) {
   const KvPool& pool = e.pool();
   for (int32_t l = 0; l < e.spec().num_layers; ++l) {
     const PagedKvView v = pool.layer_view(l);
-    const size_t bytes = size_t(v.num_slots() * v.row_elems()) * size_t(kv_dtype_bytes(v.dtype));
+    const size_t bytes = size_t(v.num_slots() * v.row_elems()) * size_t(kv_format_bytes(v.format));
     const size_t at = out.size();
     out.resize(at + 2 * bytes);
     REQUIRE(e.backend().copy_to_host(out.data() + at, v.k, bytes).ok());

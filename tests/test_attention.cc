@@ -45,7 +45,7 @@ struct SeqSpec {
 };
 
 struct AttnCase {
-  KvDtype dtype = KvDtype::bf16;
+  KvFormat dtype = KvFormat::bf16;
   int32_t num_kv_heads = 2;
   int32_t gqa = 1;  // query heads per KV head
   int32_t head_dim = 64;
@@ -62,7 +62,7 @@ struct AttnCase {
 
 std::string describe(const AttnCase& c) {
   std::ostringstream s;
-  s << kv_dtype_name(c.dtype) << " kv_heads=" << c.num_kv_heads << " gqa=" << c.gqa
+  s << kv_format_name(c.dtype) << " kv_heads=" << c.num_kv_heads << " gqa=" << c.gqa
     << " head_dim=" << c.head_dim << " page=" << c.page_size << " window=" << c.window
     << " partition=" << c.partition << " seqs=";
   for (const SeqSpec& q : c.seqs) s << "(" << q.ctx << "," << q.q_len << ")";
@@ -138,11 +138,11 @@ Problem make_problem(const AttnCase& c) {
     for (size_t i = 0; i < needed[s].size(); ++i)
       if (needed[s][i]) p.block_table[s * size_t(p.max_pages) + i] = pool[next++];
 
-  const int eb = kv_dtype_bytes(c.dtype);
+  const int eb = kv_format_bytes(c.dtype);
   const size_t cache_elems = size_t(p.num_pages * ps * p.row);
   p.k_cache.assign(cache_elems * size_t(eb), 0);
   p.v_cache.assign(cache_elems * size_t(eb), 0);
-  const bool fp8 = c.dtype != KvDtype::bf16;
+  const bool fp8 = c.dtype != KvFormat::bf16;
   const Fp8Format fmt = kv_fp8_format(c.dtype);
   const auto store = [&](std::vector<uint8_t>& cache, size_t elem, float x, float scale) -> float {
     if (fp8) {
@@ -210,7 +210,7 @@ AttnArgs make_args(Problem& p, std::vector<bf16_t>& out) {
   a.cache.page_size = p.c.page_size;
   a.cache.num_kv_heads = p.c.num_kv_heads;
   a.cache.head_dim = p.c.head_dim;
-  a.cache.dtype = p.c.dtype;
+  a.cache.format = p.c.dtype;
   a.cache.k_scale = &p.k_scale;
   a.cache.v_scale = &p.v_scale;
   return a;
@@ -347,7 +347,7 @@ TEST_CASE("attention: unified and split match a dense reference (bf16 cache, GQA
 TEST_CASE("attention: unified and split match a dense reference (fp8 caches, k_scale != v_scale)",
           "[attention]") {
   uint64_t seed = 100;
-  for (KvDtype d : {KvDtype::fp8_e4m3fn, KvDtype::fp8_e4m3fnuz, KvDtype::fp8_e5m2})
+  for (KvFormat d : {KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2})
     for (int32_t ps : {1, 16}) {
       AttnCase c;
       c.dtype = d;
@@ -365,7 +365,7 @@ TEST_CASE("attention: sliding windows 5 and 17 with -1 pages outside every windo
   uint64_t seed = 200;
   for (int32_t window : {5, 17})
     for (int32_t ps : {1, 16})
-      for (KvDtype d : {KvDtype::bf16, KvDtype::fp8_e4m3fn}) {
+      for (KvFormat d : {KvFormat::bf16, KvFormat::fp8_e4m3fn}) {
         AttnCase c;
         c.dtype = d;
         c.window = window;
@@ -390,7 +390,7 @@ TEST_CASE("attention: split-KV merges many partitions (context > partition_size)
       c.page_size = 16;
       c.partition = partition;
       c.window = window;
-      c.dtype = partition == 64 ? KvDtype::fp8_e5m2 : KvDtype::bf16;
+      c.dtype = partition == 64 ? KvFormat::fp8_e5m2 : KvFormat::bf16;
       c.k_scale = 0.5f;
       c.v_scale = 0.25f;
       c.seqs = {{300, 1}, {513, 1}, {700, 1}, {257, 1}, {256, 1}, {9, 1}};
@@ -406,7 +406,7 @@ TEST_CASE("attention: head_dim 64, 128 and 256", "[attention]") {
     c.head_dim = hd;
     c.num_kv_heads = 1;
     c.gqa = 2;
-    c.dtype = hd == 128 ? KvDtype::fp8_e4m3fn : KvDtype::bf16;
+    c.dtype = hd == 128 ? KvFormat::fp8_e4m3fn : KvFormat::bf16;
     c.k_scale = 0.015f;
     c.v_scale = 0.03f;
     c.seqs = {{50, 20}, {77, 1}, {33, 1}};

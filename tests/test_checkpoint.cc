@@ -3,7 +3,7 @@
 // sharded checkpoints. KV scales and calibration: test_kv_scales.cc.
 #include <nlohmann/json.hpp>
 
-#include "src/hf_config.h"
+#include "src/loading/hf_config.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/engine_test_util.h"
 

@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 #include "tests/catch.h"
 
-#include "src/config.h"
-#include "src/model_spec.h"
+#include "src/common/config.h"
+#include "src/common/model_spec.h"
 
 using namespace kvfuse;
 using nlohmann::json;

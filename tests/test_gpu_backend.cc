@@ -9,8 +9,8 @@
 #include "tests/catch.h"
 
 #include "kernels/fp8.h"
-#include "src/backend.h"
-#include "src/cpu_backend.h"
+#include "src/backends/backend.h"
+#include "src/backends/cpu/cpu_backend.h"
 
 using namespace kvfuse;
 
@@ -288,10 +288,10 @@ TEST_CASE("gpu backend: paged attention (unified and split) matches the CPU refe
   if (!gpu) return;
   auto cpu = make_cpu_backend();
   std::mt19937 rng(7);
-  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3fn, KvDtype::fp8_e5m2}) {
+  for (KvFormat dtype : {KvFormat::bf16, KvFormat::fp8_e4m3fn, KvFormat::fp8_e5m2}) {
     for (int32_t head_dim : {64, 128, 256}) {
       for (int32_t window : {0, 37}) {
-        CAPTURE(kv_dtype_name(dtype), head_dim, window);
+        CAPTURE(kv_format_name(dtype), head_dim, window);
         const int32_t kvh = 2, qh = 8, ps = 16, num_pages = 160;
         // Three sequences: a prefill chunk after some context, and two decodes, one
         // with a context longer than a split partition.
@@ -310,12 +310,12 @@ TEST_CASE("gpu backend: paged attention (unified and split) matches the CPU refe
             bt[size_t(s * maxp + p)] = pages[size_t(next++)];
         }
         const size_t cache_elems = size_t(num_pages) * ps * kvh * head_dim;
-        const int eb = kv_dtype_bytes(dtype);
+        const int eb = kv_format_bytes(dtype);
         std::vector<uint8_t> kc(cache_elems * size_t(eb)), vc(cache_elems * size_t(eb));
         for (size_t i = 0; i < cache_elems; ++i) {
           const float a = std::normal_distribution<float>(0, 1)(rng),
                       b = std::normal_distribution<float>(0, 1)(rng);
-          if (dtype == KvDtype::bf16) {
+          if (dtype == KvFormat::bf16) {
             const bf16_t x = f32_to_bf16(a), y = f32_to_bf16(b);
             std::memcpy(&kc[2 * i], &x, 2);
             std::memcpy(&vc[2 * i], &y, 2);
@@ -365,13 +365,13 @@ TEST_CASE("gpu backend: KV writes through the backend give the CPU's bytes", "[g
   src[H * D + 9] = 0x7fc1;                                   // NaN in K
   std::vector<int64_t> slots(static_cast<size_t>(T));
   for (int32_t t = 0; t < T; ++t) slots[size_t(t)] = t % 7 == 3 ? -1 : int64_t((t * 37) % (pages * ps));
-  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3fn, KvDtype::fp8_e4m3fnuz, KvDtype::fp8_e5m2}) {
+  for (KvFormat dtype : {KvFormat::bf16, KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2}) {
     for (KvWritePath path : {KvWritePath::fused, KvWritePath::unfused}) {
-      CAPTURE(kv_dtype_name(dtype), int(path));
+      CAPTURE(kv_format_name(dtype), int(path));
       std::vector<uint8_t> caches[2];
       int i = 0;
       for (Backend* b : {cpu.get(), gpu.get()}) {
-        const size_t bytes = size_t(pages * ps * H * D * kv_dtype_bytes(dtype));
+        const size_t bytes = size_t(pages * ps * H * D * kv_format_bytes(dtype));
         Mirror<bf16_t> in(*b, src);
         Mirror<int64_t> sl(*b, slots);
         Mirror<uint8_t> kc(*b, bytes), vc(*b, bytes);

@@ -1,4 +1,4 @@
-// KvPool and PageAllocator (src/kv_pool.h): ownership, all-or-nothing reservation,
+// KvPool and PageAllocator (src/runtime/kv_pool.h): ownership, all-or-nothing reservation,
 // sliding-window page freeing, slot mapping and the full_to_swa table, config checks.
 // A randomized test drives the pool like a scheduler does and checks it against a
 // shadow model kept by the test.
@@ -19,7 +19,7 @@
 #include <set>
 #include <tuple>
 
-#include "src/kv_pool.h"
+#include "src/runtime/kv_pool.h"
 
 namespace {
 
@@ -38,10 +38,10 @@ class HostTestBackend final : public Backend {
 
   Device device() const override { return Device::cpu; }
   std::string description() const override { return "host test backend"; }
-  KvDtype resolve_kv_dtype(KvCacheDtype d) const override {
-    return d == KvCacheDtype::bf16       ? KvDtype::bf16
-           : d == KvCacheDtype::fp8_e5m2 ? KvDtype::fp8_e5m2
-                                         : KvDtype::fp8_e4m3fn;
+  KvFormat resolve_kv_format(KvCacheDtype d) const override {
+    return d == KvCacheDtype::bf16       ? KvFormat::bf16
+           : d == KvCacheDtype::fp8_e5m2 ? KvFormat::fp8_e5m2
+                                         : KvFormat::fp8_e4m3fn;
   }
   absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
     if (fail_alloc_after >= 0 && allocs_done >= fail_alloc_after)
@@ -107,7 +107,7 @@ KvPoolConfig make_cfg(std::vector<bool> swa_layers, int32_t page_size, int64_t p
   c.swa_num_pages = swa_pages;
   c.num_kv_heads = 2;
   c.head_dim = 8;
-  c.dtype = KvDtype::fp8_e4m3fn;
+  c.format = KvFormat::fp8_e4m3fn;
   c.layer_is_swa = std::move(swa_layers);
   c.window = window;
   c.k_scale.assign(c.layer_is_swa.size(), 1.0f);
@@ -543,7 +543,7 @@ TEST_CASE("kv pool: slot mapping and full_to_swa table agree", "[kv_pool][swa]")
 TEST_CASE("kv pool: create allocates zeroed per-layer buffers, views and device scales", "[kv_pool]") {
   HostTestBackend be;
   KvPoolConfig c = make_cfg({false, true, false}, 16, 10, 4, 32);
-  c.dtype = KvDtype::bf16;
+  c.format = KvFormat::bf16;
   c.k_scale = {0.5f, 2.0f, 3.0f};
   c.v_scale = {0.25f, 4.0f, 5.0f};
   auto pool = make_pool(be, c);
@@ -556,7 +556,7 @@ TEST_CASE("kv pool: create allocates zeroed per-layer buffers, views and device 
     CHECK(v.page_size == 16);
     CHECK(v.num_kv_heads == 2);
     CHECK(v.head_dim == 8);
-    CHECK(v.dtype == KvDtype::bf16);
+    CHECK(v.format == KvFormat::bf16);
     CHECK(pool->layer_is_swa(l) == (l == 1));
     for (void* buf : {v.k, v.v}) {
       const auto* bytes = static_cast<const unsigned char*>(buf);

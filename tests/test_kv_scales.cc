@@ -3,8 +3,8 @@
 // calibration (amax / 448 of a bf16 prefill) end to end.
 #include <nlohmann/json.hpp>
 
-#include "src/calibration.h"
-#include "src/kv_scales.h"
+#include "src/loading/calibration.h"
+#include "src/loading/kv_scales.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/engine_test_util.h"
 
@@ -192,13 +192,13 @@ TEST_CASE("kv scales file: calibration's format loads, and bad files are refused
 TEST_CASE(
     "kv scales on e4m3fnuz: the doubled scale stores the e4m3fn bytes and dequantizes to the same values",
     "[checkpoint][scales][fp8]") {
-  CHECK(kv_scale_on_device(0.37f, KvDtype::fp8_e4m3fnuz) == 0.74f);
-  CHECK(kv_scale_on_device(0.37f, KvDtype::fp8_e4m3fn) == 0.37f);
-  CHECK(kv_scale_on_device(0.37f, KvDtype::fp8_e5m2) == 0.37f);
+  CHECK(kv_scale_on_device(0.37f, KvFormat::fp8_e4m3fnuz) == 0.74f);
+  CHECK(kv_scale_on_device(0.37f, KvFormat::fp8_e4m3fn) == 0.37f);
+  CHECK(kv_scale_on_device(0.37f, KvFormat::fp8_e5m2) == 0.37f);
   int saturated = 0;
   for (float s : {1.0f, 0.37f, 2.9f, 3.7f / 448.0f}) {
     // The write computes the reciprocal once in fp32 and multiplies (DESIGN.md, Scales).
-    const float inv_fn = 1.0f / s, inv_nuz = 1.0f / kv_scale_on_device(s, KvDtype::fp8_e4m3fnuz);
+    const float inv_fn = 1.0f / s, inv_nuz = 1.0f / kv_scale_on_device(s, KvFormat::fp8_e4m3fnuz);
     for (uint32_t b = 0; b < 0x10000; ++b) {
       const float x = bf16_to_f32(bf16_t(b));
       if (std::isnan(x)) continue;

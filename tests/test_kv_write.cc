@@ -20,7 +20,7 @@ using namespace kvfuse;
 constexpr uint8_t kSentinel = 0xa5;  // prefilled cache byte: untouched slots must keep it
 
 struct WriteCase {
-  KvDtype dtype = KvDtype::fp8_e4m3fn;
+  KvFormat dtype = KvFormat::fp8_e4m3fn;
   KvSrcDtype src = KvSrcDtype::bf16;
   int32_t num_kv_heads = 2;
   int32_t head_dim = 64;
@@ -36,7 +36,7 @@ struct WriteCase {
 
 std::string describe(const WriteCase& c) {
   std::ostringstream s;
-  s << kv_dtype_name(c.dtype) << (c.src == KvSrcDtype::f16 ? " f16-src" : " bf16-src")
+  s << kv_format_name(c.dtype) << (c.src == KvSrcDtype::f16 ? " f16-src" : " bf16-src")
     << " heads=" << c.num_kv_heads << " head_dim=" << c.head_dim << " page=" << c.page_size
     << " pages=" << c.num_pages << " tokens=" << c.num_tokens << " pad=" << c.stride_pad
     << (c.swa ? " swa" : "");
@@ -53,7 +53,7 @@ uint16_t narrow(float x, KvSrcDtype src) { return src == KvSrcDtype::bf16 ? f32_
 // some saturate), plus NaN, +-inf, +-0 and tiny values.
 std::vector<uint16_t> make_source(const WriteCase& c, int64_t stride, float scale, std::mt19937_64& rng) {
   const float range =
-      (c.dtype == KvDtype::bf16 ? 4.0f : 1.3f * fp8_max_finite(kv_fp8_format(c.dtype))) * scale;
+      (c.dtype == KvFormat::bf16 ? 4.0f : 1.3f * fp8_max_finite(kv_fp8_format(c.dtype))) * scale;
   std::uniform_real_distribution<float> uni(-range, range);
   std::uniform_int_distribution<int> pick(0, 99);
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
@@ -92,7 +92,7 @@ Setup make_setup(const WriteCase& c) {
   s.c = c;
   std::mt19937_64 rng(c.seed);
   s.row_elems = int64_t(c.num_kv_heads) * c.head_dim;
-  s.row_bytes = s.row_elems * kv_dtype_bytes(c.dtype);
+  s.row_bytes = s.row_elems * kv_format_bytes(c.dtype);
   s.stride = s.row_elems + c.stride_pad;
   s.num_slots = c.num_pages * c.page_size;
   s.k_src = make_source(c, s.stride, c.k_scale, rng);
@@ -156,7 +156,7 @@ KvWriteArgs make_args(const Setup& s, Caches& cache, const float* k_scale, const
   a.cache.page_size = s.c.page_size;
   a.cache.num_kv_heads = s.c.num_kv_heads;
   a.cache.head_dim = s.c.head_dim;
-  a.cache.dtype = s.c.dtype;
+  a.cache.format = s.c.dtype;
   a.cache.k_scale = k_scale;
   a.cache.v_scale = v_scale;
   return a;
@@ -165,7 +165,7 @@ KvWriteArgs make_args(const Setup& s, Caches& cache, const float* k_scale, const
 // The bytes a token's element must have in the cache, from the contract in DESIGN.md.
 void expected_bytes(const Setup& s, uint16_t src_bits, float scale, uint8_t* out) {
   const float x = widen(src_bits, s.c.src);
-  if (s.c.dtype == KvDtype::bf16) {
+  if (s.c.dtype == KvFormat::bf16) {
     const bf16_t b = s.c.src == KvSrcDtype::bf16 ? src_bits : f32_to_bf16(x);
     memcpy(out, &b, 2);
   } else {
@@ -180,7 +180,7 @@ void check_cache(const Setup& s, const std::vector<uint8_t>& cache, const std::v
   std::vector<int64_t> writer(size_t(s.num_slots), -1);
   for (int64_t t = 0; t < s.c.num_tokens; ++t)
     if (s.expected_slot[size_t(t)] >= 0) writer[size_t(s.expected_slot[size_t(t)])] = t;
-  const int eb = kv_dtype_bytes(s.c.dtype);
+  const int eb = kv_format_bytes(s.c.dtype);
   int64_t bad = 0, written = 0;
   std::string first;
   for (int64_t slot = 0; slot < s.num_slots; ++slot) {
@@ -235,7 +235,7 @@ void run_case(const WriteCase& c) {
 
 // Shapes: head_dim 64/128/256, page sizes 1/16/64, with and without a token stride
 // larger than the row (views into a fused QKV projection).
-std::vector<WriteCase> shapes(KvDtype dtype) {
+std::vector<WriteCase> shapes(KvFormat dtype) {
   std::vector<WriteCase> v;
   const int32_t head_dims[] = {64, 128, 256};
   const int32_t page_sizes[] = {1, 16, 64};
@@ -256,30 +256,30 @@ std::vector<WriteCase> shapes(KvDtype dtype) {
   return v;
 }
 
-void run_shapes(KvDtype dtype) {
+void run_shapes(KvFormat dtype) {
   for (const WriteCase& c : shapes(dtype)) run_case(c);
 }
 
 }  // namespace
 
 TEST_CASE("kv write: fused and unfused give identical bytes (bf16 cache)", "[kv_write]") {
-  run_shapes(KvDtype::bf16);
+  run_shapes(KvFormat::bf16);
 }
 
 TEST_CASE("kv write: fused and unfused give identical bytes (fp8_e4m3fn, scales != 1)", "[kv_write]") {
-  run_shapes(KvDtype::fp8_e4m3fn);
+  run_shapes(KvFormat::fp8_e4m3fn);
 }
 
 TEST_CASE("kv write: fused and unfused give identical bytes (fp8_e4m3fnuz, scales != 1)", "[kv_write]") {
-  run_shapes(KvDtype::fp8_e4m3fnuz);
+  run_shapes(KvFormat::fp8_e4m3fnuz);
 }
 
 TEST_CASE("kv write: fused and unfused give identical bytes (fp8_e5m2, scales != 1)", "[kv_write]") {
-  run_shapes(KvDtype::fp8_e5m2);
+  run_shapes(KvFormat::fp8_e5m2);
 }
 
 TEST_CASE("kv write: f16 sources convert identically on both paths", "[kv_write]") {
-  for (KvDtype d : {KvDtype::bf16, KvDtype::fp8_e4m3fn, KvDtype::fp8_e4m3fnuz, KvDtype::fp8_e5m2}) {
+  for (KvFormat d : {KvFormat::bf16, KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2}) {
     WriteCase c;
     c.dtype = d;
     c.src = KvSrcDtype::f16;
@@ -292,7 +292,7 @@ TEST_CASE("kv write: f16 sources convert identically on both paths", "[kv_write]
 }
 
 TEST_CASE("kv write: SWA remap with unmapped entries and slots beyond the table", "[kv_write]") {
-  for (KvDtype d : {KvDtype::bf16, KvDtype::fp8_e4m3fn, KvDtype::fp8_e4m3fnuz, KvDtype::fp8_e5m2})
+  for (KvFormat d : {KvFormat::bf16, KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2})
     for (int32_t ps : {1, 16}) {
       WriteCase c;
       c.dtype = d;
@@ -306,7 +306,7 @@ TEST_CASE("kv write: SWA remap with unmapped entries and slots beyond the table"
 }
 
 TEST_CASE("kv write: padding and out-of-range slots leave the cache untouched", "[kv_write]") {
-  for (KvDtype d : {KvDtype::bf16, KvDtype::fp8_e4m3fn}) {
+  for (KvFormat d : {KvFormat::bf16, KvFormat::fp8_e4m3fn}) {
     WriteCase c;
     c.dtype = d;
     Setup s = make_setup(c);
@@ -346,17 +346,17 @@ TEST_CASE("kv write: NaN becomes the canonical NaN, overflow and inf the max fin
   const float k_vals[8] = {nan, inf, -inf, 1e5f, -1e5f, 0.0f, -0.0f, 0.37f};
   const float v_vals[8] = {-nan, 1e30f, -1e30f, 5e5f, -5e5f, 0.0f, -0.0f, 2.5f};
   struct Want {
-    KvDtype dtype;
+    KvFormat dtype;
     uint8_t bytes[8];  // NaN, +max, -max, +max, -max, +0, -0, 1.0
   };
   // e4m3fn: max 0x7e, NaN 0x7f, 1.0 = 0x38. e4m3fnuz: max 0x7f, NaN 0x80, no -0,
   // 1.0 = 0x40. e5m2: max 0x7b, NaN 0x7f, 1.0 = 0x3c. 1e5 / 0.37 and 5e5 / 2.5 both exceed
   // 57344, so every format saturates.
-  const Want wants[] = {{KvDtype::fp8_e4m3fn, {0x7f, 0x7e, 0xfe, 0x7e, 0xfe, 0x00, 0x80, 0x38}},
-                        {KvDtype::fp8_e4m3fnuz, {0x80, 0x7f, 0xff, 0x7f, 0xff, 0x00, 0x00, 0x40}},
-                        {KvDtype::fp8_e5m2, {0x7f, 0x7b, 0xfb, 0x7b, 0xfb, 0x00, 0x80, 0x3c}}};
+  const Want wants[] = {{KvFormat::fp8_e4m3fn, {0x7f, 0x7e, 0xfe, 0x7e, 0xfe, 0x00, 0x80, 0x38}},
+                        {KvFormat::fp8_e4m3fnuz, {0x80, 0x7f, 0xff, 0x7f, 0xff, 0x00, 0x00, 0x40}},
+                        {KvFormat::fp8_e5m2, {0x7f, 0x7b, 0xfb, 0x7b, 0xfb, 0x00, 0x80, 0x3c}}};
   for (const Want& w : wants) {
-    INFO(kv_dtype_name(w.dtype));
+    INFO(kv_format_name(w.dtype));
     std::vector<bf16_t> k(8), v(8);
     for (int i = 0; i < 8; ++i) {
       k[size_t(i)] = f32_to_bf16(k_vals[i]);
@@ -413,7 +413,7 @@ TEST_CASE("kv write: a stored byte equals fp8_encode(x * (1/scale)) at its exact
   a.num_tokens = 1;
   a.slot_mapping = &slot;
   a.cache =
-      PagedKvView{kc.data(), vc.data(), num_pages, page_size, heads, head_dim, KvDtype::fp8_e4m3fn, &ks, &vs};
+      PagedKvView{kc.data(), vc.data(), num_pages, page_size, heads, head_dim, KvFormat::fp8_e4m3fn, &ks, &vs};
   cpu::kv_write_fused(a);
   int64_t bad = 0, nonzero = 0;
   for (int32_t h = 0; h < heads; ++h)
@@ -452,7 +452,7 @@ TEST_CASE("kv write: bf16 cache keeps the source bits, NaN payloads included", "
     a.v_token_stride = 8;
     a.num_tokens = 1;
     a.slot_mapping = &slot;
-    a.cache = PagedKvView{kc.data(), vc.data(), 1, 2, 2, 4, KvDtype::bf16, nullptr, nullptr};
+    a.cache = PagedKvView{kc.data(), vc.data(), 1, 2, 2, 4, KvFormat::bf16, nullptr, nullptr};
     std::vector<uint8_t> scratch(cpu::kv_write_scratch_bytes(1, 8));
     if (path == 0)
       cpu::kv_write_fused(a);
@@ -495,7 +495,7 @@ TEST_CASE("kv write: the scale is applied as x * (1/scale), not x / scale", "[kv
   const float scale = 1.7f;  // found by search: several bf16 and f16 inputs round differently
   const float inv = 1.0f / scale;
   for (KvSrcDtype src : {KvSrcDtype::bf16, KvSrcDtype::f16})
-    for (KvDtype d : {KvDtype::fp8_e4m3fn, KvDtype::fp8_e4m3fnuz, KvDtype::fp8_e5m2}) {
+    for (KvFormat d : {KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2}) {
       const Fp8Format fmt = kv_fp8_format(d);
       const int32_t head_dim = 64;
       std::vector<uint16_t> row(head_dim, 0);
@@ -505,7 +505,7 @@ TEST_CASE("kv write: the scale is applied as x * (1/scale), not x / scale", "[kv
         if (std::isnan(x)) continue;
         if (fp8_encode(x * inv, fmt) != fp8_encode(x / scale, fmt)) row[size_t(found++)] = uint16_t(bits);
       }
-      INFO(kv_dtype_name(d) << (src == KvSrcDtype::f16 ? " f16 source" : " bf16 source"));
+      INFO(kv_format_name(d) << (src == KvSrcDtype::f16 ? " f16 source" : " bf16 source"));
       REQUIRE(found > 0);
       const int64_t slot = 0;
       for (int path = 0; path < 2; ++path) {

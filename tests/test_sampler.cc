@@ -6,7 +6,7 @@
 #include "tests/catch.h"
 
 #include "kernels/cpu/sampling.h"
-#include "src/sampler.h"
+#include "src/runtime/sampler.h"
 
 using namespace kvfuse;
 

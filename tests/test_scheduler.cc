@@ -2,7 +2,7 @@
 // aborts and finishes free their pages.
 #include <map>
 
-#include "src/scheduler.h"
+#include "src/runtime/scheduler.h"
 #include "tests/engine_test_util.h"
 
 using namespace kvfuse;

@@ -20,11 +20,11 @@
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvfuse/v1/decode.grpc.pb.h"
-#include "server/client_util.h"
+#include "clients/client_util.h"
 #include "server/server.h"
-#include "src/config.h"
-#include "src/engine.h"
-#include "src/scheduler.h"
+#include "src/common/config.h"
+#include "src/runtime/engine.h"
+#include "src/runtime/scheduler.h"
 
 namespace kvfuse::testing {
 

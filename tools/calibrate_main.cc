@@ -1,5 +1,5 @@
 // kvfuse-calibrate: measures per-layer KV scales (amax / 448, e4m3fn units) over a
-// prefill of prompts and writes them as a kv_scales_file (src/calibration.h).
+// prefill of prompts and writes them as a kv_scales_file (src/loading/calibration.h).
 //
 //   kvfuse-calibrate --set model_path=DIR --prompts prompts.json -o scales.json
 //   kvfuse-run --set model_path=DIR --set kv_scales_file=scales.json
@@ -17,7 +17,7 @@
 #include <random>
 
 #include "absl/strings/str_format.h"
-#include "src/calibration.h"
+#include "src/loading/calibration.h"
 #include "tools/tool_util.h"
 
 using namespace kvfuse;

@@ -20,8 +20,9 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "src/checkpoint.h"
-#include "src/engine.h"
+#include "src/common/status_macros.h"
+#include "src/loading/checkpoint.h"
+#include "src/runtime/engine.h"
 #include "tools/tool_util.h"
 
 using namespace kvfuse;
@@ -55,7 +56,7 @@ absl::StatusOr<json> evaluate(Engine& e, const std::vector<int32_t>& prompt, int
                               const std::vector<int32_t>* forced) {
   json out = {{"prompt_len", prompt.size()}};
   SeqId id = 1;
-  if (absl::Status st = e.add_sequence(id, prompt, SamplingParams{}); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(e.add_sequence(id, prompt, SamplingParams{}));
   std::vector<int32_t> greedy;
   for (int i = 0; i < steps; ++i) {
     auto r = run_pending(e, id, /*sample=*/true);
@@ -63,21 +64,21 @@ absl::StatusOr<json> evaluate(Engine& e, const std::vector<int32_t>& prompt, int
     if (i == 0) out["prompt_logits"] = logits_row(e, *r);
     greedy.push_back(*r->token);
   }
-  if (absl::Status st = e.release(id); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(e.release(id));
   out["greedy"] = greedy;
 
   if (forced) {
     id = 2;
-    if (absl::Status st = e.add_sequence(id, prompt, SamplingParams{}); !st.ok()) return st;
+    KVFUSE_RETURN_IF_ERROR(e.add_sequence(id, prompt, SamplingParams{}));
     json rows = json::array();
     for (size_t j = 0; j < forced->size(); ++j) {
       auto r = run_pending(e, id, /*sample=*/false);
       if (!r.ok()) return r.status();
       rows.push_back(logits_row(e, *r));
       if (j + 1 == forced->size()) break;
-      if (absl::Status st = e.append_tokens(id, {(*forced)[j]}); !st.ok()) return st;
+      KVFUSE_RETURN_IF_ERROR(e.append_tokens(id, {(*forced)[j]}));
     }
-    if (absl::Status st = e.release(id); !st.ok()) return st;
+    KVFUSE_RETURN_IF_ERROR(e.release(id));
     out["forced_logits"] = std::move(rows);
   }
   return out;
@@ -161,7 +162,7 @@ int main(int argc, char** argv) {
                 {"sliding_window", s.sliding_window},
                 {"layer_is_swa", s.layer_is_swa}}},
               {"backend", e.backend().description()},
-              {"kv_dtype", kv_dtype_name(e.kv_dtype())},
+              {"kv_dtype", kv_format_name(e.kv_format())},
               {"k_scale", e.pool().config().k_scale},
               {"v_scale", e.pool().config().v_scale},
               {"results", json::array()}};

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
 
 namespace kvfuse::tools {
 
@@ -26,9 +27,9 @@ absl::StatusOr<json> config_json(const std::string& path, const std::vector<std:
     if (!j.is_object())
       return absl::InvalidArgumentError(absl::StrCat(path, ": the config must be a JSON object"));
   }
-  if (absl::Status st = apply_config_env(j); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(apply_config_env(j));
   for (const auto& o : overrides) {
-    if (absl::Status st = apply_config_override(j, o); !st.ok()) return st;
+    KVFUSE_RETURN_IF_ERROR(apply_config_override(j, o));
   }
   return j;
 }

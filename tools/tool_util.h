@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
-#include "src/config.h"
+#include "src/common/config.h"
 
 namespace kvfuse::tools {
 

@@ -15,12 +15,13 @@
 #include "bench/ab/ab_stats.h"
 #include "bench/ab/progress.h"
 #include "bench/synthetic_cell.h"
-#include "src/int_list.h"
+#include "src/common/int_list.h"
 #ifdef KVFUSE_AB_WITH_SERVER
 #include "bench/ab/ab_server.h"
 #endif
-#include "src/config.h"
-#include "src/engine.h"
+#include "src/common/config.h"
+#include "src/common/status_macros.h"
+#include "src/runtime/engine.h"
 
 using namespace kvfuse;
 using nlohmann::json;
@@ -48,7 +49,7 @@ struct Side {
 absl::StatusOr<ab::Sample> decode(Engine& e, int batch, int steps, SeqId first_id) {
   std::vector<StepItem> items;
   for (int i = 0; i < batch; ++i) items.push_back({first_id + SeqId(i), 1, true});
-  if (auto st = e.backend().synchronize(); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(e.backend().synchronize());
   const auto t0 = std::chrono::steady_clock::now();
   for (int s = 0; s < steps; ++s) {
     auto r = e.step(items);
@@ -57,7 +58,7 @@ absl::StatusOr<ab::Sample> decode(Engine& e, int batch, int steps, SeqId first_i
       if (!x.status.ok()) return x.status;
     }
   }
-  if (auto st = e.backend().synchronize(); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(e.backend().synchronize());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return ab::Sample{ms / steps, 1000.0 * batch * steps / ms};
 }
@@ -189,7 +190,7 @@ int main(int argc, char** argv) {
   std::printf(
       "kvfuse-ab: %s vs %s, model %s on %s, kv %s, %d reps (+%d warm-up) of %d decode steps per cell\n",
       a_name.c_str(), b_name.c_str(), ea.spec().name.c_str(), ea.backend().description().c_str(),
-      kv_dtype_name(ea.kv_dtype()), reps, warmup, steps);
+      kv_format_name(ea.kv_format()), reps, warmup, steps);
 
   std::vector<ab::Cell> cells;
   const size_t total = bs.size() * cs.size();
@@ -226,7 +227,7 @@ int main(int argc, char** argv) {
 
   json meta = {{"model", ea.spec().name},
                {"device", ea.backend().description()},
-               {"kv_dtype", kv_dtype_name(ea.kv_dtype())},
+               {"kv_dtype", kv_format_name(ea.kv_format())},
                {"reps", reps},
                {"warmup", warmup},
                {"steps", steps},

@@ -13,7 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "bench/ab/progress.h"
 #include "kvfuse/v1/decode.grpc.pb.h"
-#include "server/client_util.h"
+#include "clients/client_util.h"
+#include "src/common/status_macros.h"
 
 namespace kvfuse::ab {
 
@@ -366,7 +367,7 @@ absl::Status check_server_args(const std::vector<std::string>& servers, bool con
 }
 
 absl::StatusOr<ServerAbResult> run_server_ab(const ServerAbOptions& o) {
-  if (auto st = check_server_args(o.servers, false); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(check_server_args(o.servers, false));
   if (o.batches.empty() || o.contexts.empty()) {
     return absl::InvalidArgumentError("the grid needs at least one batch size and one context length");
   }
@@ -384,7 +385,7 @@ absl::StatusOr<ServerAbResult> run_server_ab(const ServerAbOptions& o) {
   for (int i = 0; i < 2; ++i) {
     servers[i].side = char('A' + i);
     servers[i].addr = o.servers[size_t(i)];
-    if (auto st = connect(servers[i], o); !st.ok()) return st;
+    KVFUSE_RETURN_IF_ERROR(connect(servers[i], o));
   }
   const v1::GetInfoResponse &ia = servers[0].info, &ib = servers[1].info;
 
@@ -419,7 +420,7 @@ absl::StatusOr<ServerAbResult> run_server_ab(const ServerAbOptions& o) {
   for (int b : o.batches) {
     for (int c : o.contexts) {
       for (const Server& s : servers) {
-        if (auto st = check_cell_limits(s, b, c, grow); !st.ok()) return st;
+        KVFUSE_RETURN_IF_ERROR(check_cell_limits(s, b, c, grow));
         if (o.precheck_pages && int64_t(b) * pages_per_seq(s, c, grow) > int64_t(s.info.num_pages())) {
           return absl::ResourceExhaustedError(absl::StrCat(
               cell_name(b, c), " on ", s.label(), ": needs ", int64_t(b) * pages_per_seq(s, c, grow),
@@ -457,7 +458,7 @@ absl::StatusOr<ServerAbResult> run_server_ab(const ServerAbOptions& o) {
       progress.update(unit, "prefill");
       if (o.precheck_pages) {
         for (const Server& s : servers) {
-          if (auto st = check_cell_pages(s, b, c, grow); !st.ok()) return st;
+          KVFUSE_RETURN_IF_ERROR(check_cell_pages(s, b, c, grow));
         }
       }
       CellSequences seqs(&servers[0], &servers[1], o.progress_out);
@@ -479,7 +480,7 @@ absl::StatusOr<ServerAbResult> run_server_ab(const ServerAbOptions& o) {
           if (r >= o.warmup) (side == 0 ? cell.a : cell.b).push_back(*sample);
         }
       }
-      if (auto st = seqs.release(); !st.ok()) return st;
+      KVFUSE_RETURN_IF_ERROR(seqs.release());
       res.cells.push_back(std::move(cell));
     }
   }

@@ -20,9 +20,10 @@
 #include "bench/engine/engine_cells.h"
 #include "bench/engine/roofline.h"
 #include "bench/synthetic_cell.h"
-#include "src/config.h"
-#include "src/engine.h"
-#include "src/int_list.h"
+#include "src/common/config.h"
+#include "src/common/status_macros.h"
+#include "src/runtime/engine.h"
+#include "src/common/int_list.h"
 
 using namespace kvfuse;
 using namespace kvfuse::bench;
@@ -61,7 +62,7 @@ MeanCi compare(const Cell& c, const Comparison& k) {
 // `steps` decode steps of every sequence, timed between two device synchronizations.
 absl::StatusOr<double> decode_ms(Engine& e, const std::vector<StepItem>& items, int steps,
                                  const ForwardOptions& opts) {
-  if (auto st = e.backend().synchronize(); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(e.backend().synchronize());
   const auto t0 = std::chrono::steady_clock::now();
   for (int s = 0; s < steps; ++s) {
     auto r = e.step(items, opts);
@@ -71,7 +72,7 @@ absl::StatusOr<double> decode_ms(Engine& e, const std::vector<StepItem>& items, 
         return absl::Status(x.status.code(), absl::StrFormat("sequence %d: %s", x.id, x.status.message()));
     }
   }
-  if (auto st = e.backend().synchronize(); !st.ok()) return st;
+  KVFUSE_RETURN_IF_ERROR(e.backend().synchronize());
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -250,7 +251,7 @@ int main(int argc, char** argv) {
   std::printf(
       "kvfuse-bench-engine: model %s on %s, kv %s, %s write; %d reps (+%d warm-up) of %d decode steps "
       "per variant and cell\n",
-      spec.name.c_str(), e.backend().description().c_str(), kv_dtype_name(e.kv_dtype()), to_string(kv_write),
+      spec.name.c_str(), e.backend().description().c_str(), kv_format_name(e.kv_format()), to_string(kv_write),
       reps, warmup, steps);
   std::printf("roofline: (%.3f GB of bf16 weights + KV attended) per step at a peak of %.0f GB/s%s\n",
               double(weight_bytes) / 1e9, peak_gbs,
@@ -366,7 +367,7 @@ int main(int argc, char** argv) {
     out["meta"] = {{"program", "kvfuse-bench-engine"},
                    {"model", spec.name},
                    {"device", device},
-                   {"kv_dtype", kv_dtype_name(e.kv_dtype())},
+                   {"kv_dtype", kv_format_name(e.kv_format())},
                    {"kv_write", to_string(kv_write)},
                    {"steps", steps},
                    {"reps", reps},
@@ -422,7 +423,7 @@ int main(int argc, char** argv) {
         "step time / ((bf16 weights + KV attended) at %.0f GB/s); KV %s, %s write; lower is better, 1 = at "
         "the "
         "roofline; bars: 95%% CI",
-        peak_gbs, kv_dtype_name(e.kv_dtype()), to_string(kv_write));
+        peak_gbs, kv_format_name(e.kv_format()), to_string(kv_write));
     std::ofstream f(svg_path);
     f << render_svg(cells, vars, cs, peak_gbs, title, sub);
     if (!f) return fail("cannot write " + svg_path);

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "bench/engine/roofline.h"
-#include "src/engine.h"
+#include "src/runtime/engine.h"
 
 namespace kvfuse::bench {
 

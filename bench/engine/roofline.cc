@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "src/kv_pool.h"
+#include "src/runtime/kv_pool.h"
 
 namespace kvfuse::bench {
 

@@ -52,8 +52,8 @@ void check_args(const AttnArgs& a) {
   if (a.num_q_heads <= 0 || a.num_q_heads % c.num_kv_heads != 0)
     fail("num_q_heads=%d is not a positive multiple of num_kv_heads=%d", a.num_q_heads, c.num_kv_heads);
   if (a.window < 0) fail("negative window %d", a.window);
-  if (c.dtype != KvDtype::bf16 && (c.k_scale == nullptr || c.v_scale == nullptr))
-    fail("%s cache without k/v scales", kv_dtype_name(c.dtype));
+  if (c.format != KvFormat::bf16 && (c.k_scale == nullptr || c.v_scale == nullptr))
+    fail("%s cache without k/v scales", kv_format_name(c.format));
 }
 
 // fp8_decode of every byte of a format, so the reader decodes with a table lookup
@@ -76,8 +76,8 @@ class KvReader {
         seq_(seq),
         pages_(a.batch.block_table + int64_t(seq) * a.batch.max_pages_per_seq),
         max_pages_(a.batch.max_pages_per_seq),
-        fp8_(c_.dtype != KvDtype::bf16),
-        fmt_(kv_fp8_format(c_.dtype)),
+        fp8_(c_.format != KvFormat::bf16),
+        fmt_(kv_fp8_format(c_.format)),
         lut_(fp8_ ? fp8_table(fmt_) : nullptr),
         k_scale_(fp8_ ? *c_.k_scale : 1.0f),
         v_scale_(fp8_ ? *c_.v_scale : 1.0f) {}

@@ -30,9 +30,9 @@ inline const void* src_row(const void* base, int64_t token, int64_t token_stride
 
 // One row (all heads of one token) of the fused write into `dst_row`, which points at
 // the slot's first element in the cache.
-void write_row_fused(const void* src, KvSrcDtype src_dtype, int64_t row_elems, KvDtype dtype, float inv,
+void write_row_fused(const void* src, KvSrcDtype src_dtype, int64_t row_elems, KvFormat dtype, float inv,
                      void* dst_row) {
-  if (dtype == KvDtype::bf16) {
+  if (dtype == KvFormat::bf16) {
     bf16_t* dst = static_cast<bf16_t*>(dst_row);
     if (src_dtype == KvSrcDtype::bf16) {
       memcpy(dst, src, size_t(row_elems) * sizeof(bf16_t));
@@ -60,14 +60,14 @@ void scale_stage(const void* src, int64_t token_stride, KvSrcDtype src_dtype, in
   }
 }
 
-// Stage 3/4: fp32 scratch to cache-dtype bytes, rows of row_elems * kv_dtype_bytes.
+// Stage 3/4: fp32 scratch to cache-dtype bytes, rows of row_elems * kv_format_bytes.
 // For a bf16 cache with a bf16 source the scratch values are exact widenings, so taking
 // the high half reproduces the source bits (NaN payloads included), as the fused copy
 // does; f16 sources round to nearest even like the fused path.
-void cast_stage(const float* scaled, int64_t num_tokens, int64_t row_elems, KvDtype dtype,
+void cast_stage(const float* scaled, int64_t num_tokens, int64_t row_elems, KvFormat dtype,
                 KvSrcDtype src_dtype, uint8_t* cast) {
   const int64_t count = num_tokens * row_elems;
-  if (dtype == KvDtype::bf16) {
+  if (dtype == KvFormat::bf16) {
     bf16_t* out = reinterpret_cast<bf16_t*>(cast);
     for (int64_t i = 0; i < count; ++i) {
       out[i] = src_dtype == KvSrcDtype::bf16 ? bf16_t(f32_bits(scaled[i]) >> 16) : f32_to_bf16(scaled[i]);
@@ -83,9 +83,9 @@ void cast_stage(const float* scaled, int64_t num_tokens, int64_t row_elems, KvDt
 void kv_write_fused(const KvWriteArgs& args) {
   const PagedKvView& cache = args.cache;
   const int64_t row_elems = cache.row_elems();
-  const int64_t row_bytes = row_elems * kv_dtype_bytes(cache.dtype);
+  const int64_t row_bytes = row_elems * kv_format_bytes(cache.format);
   const int64_t num_slots = cache.num_slots();
-  const bool fp8 = cache.dtype != KvDtype::bf16;
+  const bool fp8 = cache.format != KvFormat::bf16;
   // Scale pointers are only read for FP8 caches: a bf16 cache may come without them.
   const float inv_k = fp8 ? 1.0f / *cache.k_scale : 1.0f;
   const float inv_v = fp8 ? 1.0f / *cache.v_scale : 1.0f;
@@ -95,9 +95,9 @@ void kv_write_fused(const KvWriteArgs& args) {
   for (int64_t t = 0; t < args.num_tokens; ++t) {
     const int64_t slot = resolve_write_slot(args.slot_mapping[t], args.swa, num_slots);
     if (slot < 0) continue;
-    write_row_fused(src_row(args.k, t, args.k_token_stride), args.src_dtype, row_elems, cache.dtype, inv_k,
+    write_row_fused(src_row(args.k, t, args.k_token_stride), args.src_dtype, row_elems, cache.format, inv_k,
                     k_cache + slot * row_bytes);
-    write_row_fused(src_row(args.v, t, args.v_token_stride), args.src_dtype, row_elems, cache.dtype, inv_v,
+    write_row_fused(src_row(args.v, t, args.v_token_stride), args.src_dtype, row_elems, cache.format, inv_v,
                     v_cache + slot * row_bytes);
   }
 }
@@ -128,9 +128,9 @@ KvWriteScratch kv_write_scratch_from(void* buffer, int64_t num_tokens, int64_t r
 void kv_write_unfused(const KvWriteArgs& args, const KvWriteScratch& scratch) {
   const PagedKvView& cache = args.cache;
   const int64_t row_elems = cache.row_elems();
-  const int64_t row_bytes = row_elems * kv_dtype_bytes(cache.dtype);
+  const int64_t row_bytes = row_elems * kv_format_bytes(cache.format);
   const int64_t n = args.num_tokens;
-  const bool fp8 = cache.dtype != KvDtype::bf16;
+  const bool fp8 = cache.format != KvFormat::bf16;
   const float inv_k = fp8 ? 1.0f / *cache.k_scale : 1.0f;
   const float inv_v = fp8 ? 1.0f / *cache.v_scale : 1.0f;
 
@@ -138,8 +138,8 @@ void kv_write_unfused(const KvWriteArgs& args, const KvWriteScratch& scratch) {
   // elementwise kernels do; only the scatter looks at slots.
   scale_stage(args.k, args.k_token_stride, args.src_dtype, n, row_elems, fp8, inv_k, scratch.k_scaled);
   scale_stage(args.v, args.v_token_stride, args.src_dtype, n, row_elems, fp8, inv_v, scratch.v_scaled);
-  cast_stage(scratch.k_scaled, n, row_elems, cache.dtype, args.src_dtype, scratch.k_cast);
-  cast_stage(scratch.v_scaled, n, row_elems, cache.dtype, args.src_dtype, scratch.v_cast);
+  cast_stage(scratch.k_scaled, n, row_elems, cache.format, args.src_dtype, scratch.k_cast);
+  cast_stage(scratch.v_scaled, n, row_elems, cache.format, args.src_dtype, scratch.v_cast);
 
   // Launch 5: scatter both.
   const int64_t num_slots = cache.num_slots();

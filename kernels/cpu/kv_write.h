@@ -18,7 +18,7 @@ void kv_write_fused(const KvWriteArgs& args);
 struct KvWriteScratch {
   float* k_scaled = nullptr;  // [num_tokens, row_elems] fp32
   float* v_scaled = nullptr;
-  uint8_t* k_cast = nullptr;  // [num_tokens, row_elems * kv_dtype_bytes]
+  uint8_t* k_cast = nullptr;  // [num_tokens, row_elems * kv_format_bytes]
   uint8_t* v_cast = nullptr;
 };
 

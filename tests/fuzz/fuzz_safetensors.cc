@@ -14,8 +14,8 @@
 #include <fstream>
 #include <string>
 
-#include "src/checkpoint.h"
-#include "src/safetensors.h"
+#include "src/loading/checkpoint.h"
+#include "src/loading/safetensors.h"
 
 namespace {
 

@@ -46,7 +46,7 @@ struct SeqSpec {
 };
 
 struct Case {
-  KvDtype dtype = KvDtype::fp8_e4m3fn;
+  KvFormat dtype = KvFormat::fp8_e4m3fn;
   int fp8_decode = 0;  // AttnLaunch::fp8_decode
   int32_t num_kv_heads = 2;
   int32_t gqa = 4;
@@ -67,7 +67,7 @@ struct Case {
 std::string describe(const Case& c) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s%s kvh=%d gqa=%d D=%d page=%d window=%d partition=%d/%d seqs=",
-                kv_dtype_name(c.dtype), c.fp8_decode == 1 ? "(bits)" : "", c.num_kv_heads, c.gqa, c.head_dim,
+                kv_format_name(c.dtype), c.fp8_decode == 1 ? "(bits)" : "", c.num_kv_heads, c.gqa, c.head_dim,
                 c.page_size, c.window, c.partition, c.split_partition);
   std::string s = buf;
   for (size_t i = 0; i < c.seqs.size(); ++i) {
@@ -138,11 +138,11 @@ Problem make_problem(const Case& c) {
     for (size_t i = 0; i < needed[s].size(); ++i)
       if (needed[s][i]) p.block_table[s * size_t(p.max_pages) + i] = pool[next++];
 
-  const int eb = kv_dtype_bytes(c.dtype);
+  const int eb = kv_format_bytes(c.dtype);
   const size_t cache_elems = size_t(p.num_pages * ps * p.row);
   p.k_cache.assign(cache_elems * size_t(eb), 0);
   p.v_cache.assign(cache_elems * size_t(eb), 0);
-  const bool fp8 = c.dtype != KvDtype::bf16;
+  const bool fp8 = c.dtype != KvFormat::bf16;
   const Fp8Format fmt = kv_fp8_format(c.dtype);
   for (size_t e = 0; e < cache_elems; ++e) {
     if (fp8) {
@@ -183,7 +183,7 @@ Problem make_problem(const Case& c) {
           uint64_t r = next64();
           if (fp8) {
             r &= 0xbfbfbfbfbfbfbfbfull;
-            if (c.dtype == KvDtype::fp8_e4m3fnuz) r |= 0x0101010101010101ull;  // never 0x80
+            if (c.dtype == KvFormat::fp8_e4m3fnuz) r |= 0x0101010101010101ull;  // never 0x80
           } else {
             r = (r & 0x807f807f807f807full) | 0x3f003f003f003f00ull;
           }
@@ -233,7 +233,7 @@ AttnArgs make_args(const Problem& p, const bf16_t* q, bf16_t* out, const int32_t
   a.cache.page_size = p.c.page_size;
   a.cache.num_kv_heads = p.c.num_kv_heads;
   a.cache.head_dim = p.c.head_dim;
-  a.cache.dtype = p.c.dtype;
+  a.cache.format = p.c.dtype;
   a.cache.k_scale = ks;
   a.cache.v_scale = vs;
   return a;
@@ -371,13 +371,13 @@ std::vector<SeqSpec> mixed_batch() {
 }
 
 void test_matrix(cudaStream_t stream, bool quick) {
-  const KvDtype all[] = {KvDtype::fp8_e4m3fn, KvDtype::fp8_e4m3fnuz, KvDtype::fp8_e5m2, KvDtype::bf16};
+  const KvFormat all[] = {KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2, KvFormat::bf16};
   std::vector<Case> cases;
   uint64_t seed = 100;
   // Every dtype x head_dim x GQA ratio on the mixed batch, small partitions.
-  for (KvDtype dt : all) {
+  for (KvFormat dt : all) {
     for (int fp8_decode : {0, 1}) {
-      if (fp8_decode == 1 && dt != KvDtype::fp8_e4m3fn) continue;
+      if (fp8_decode == 1 && dt != KvFormat::fp8_e4m3fn) continue;
       for (int32_t d : {64, 128, 256}) {
         for (int32_t gqa : {1, 2, 4, 7, 8}) {
           if (quick && !(gqa == 4 || (gqa == 7 && d == 64))) continue;
@@ -396,7 +396,7 @@ void test_matrix(cudaStream_t stream, bool quick) {
     }
   }
   // Page sizes (aligned and not, powers of two and not) x windows, two dtypes.
-  for (KvDtype dt : {KvDtype::fp8_e4m3fn, KvDtype::bf16}) {
+  for (KvFormat dt : {KvFormat::fp8_e4m3fn, KvFormat::bf16}) {
     for (int32_t ps : {1, 3, 16, 48, 64}) {
       for (int32_t window : {0, 7, 64, 1000}) {
         if (quick && !((ps == 3 && window == 7) || (ps == 48 && window == 64) || (ps == 1 && window == 0)))
@@ -420,7 +420,7 @@ void test_matrix(cudaStream_t stream, bool quick) {
   for (int32_t gqa : {3, 5, 6}) {
     if (quick) break;
     Case c;
-    c.dtype = gqa == 5 ? KvDtype::fp8_e5m2 : KvDtype::fp8_e4m3fnuz;
+    c.dtype = gqa == 5 ? KvFormat::fp8_e5m2 : KvFormat::fp8_e4m3fnuz;
     c.gqa = gqa;
     c.num_kv_heads = 1;
     c.window = 20;
@@ -436,7 +436,7 @@ void test_matrix(cudaStream_t stream, bool quick) {
       if (quick && (window != 1500 || part != 64)) continue;
       for (int32_t split : {0, 4096}) {
         Case c;
-        c.dtype = KvDtype::fp8_e4m3fn;
+        c.dtype = KvFormat::fp8_e4m3fn;
         c.gqa = 4;
         c.num_kv_heads = 2;
         c.window = window;
@@ -464,7 +464,7 @@ void test_matrix(cudaStream_t stream, bool quick) {
 // e4m3fn, page 16; split with the backend's partition of 512 and unified.
 void test_bench_shape(cudaStream_t stream) {
   Case c;
-  c.dtype = KvDtype::fp8_e4m3fn;
+  c.dtype = KvFormat::fp8_e4m3fn;
   c.num_kv_heads = 8;
   c.gqa = 4;
   c.head_dim = 128;
@@ -479,7 +479,7 @@ void test_bench_shape(cudaStream_t stream) {
 // A graph of both paths, replayed, equals eager launches bit for bit.
 void test_graph_replay(cudaStream_t stream) {
   Case c;
-  c.dtype = KvDtype::fp8_e4m3fn;
+  c.dtype = KvFormat::fp8_e4m3fn;
   c.gqa = 4;
   c.partition = 64;
   c.window = 50;
@@ -519,7 +519,7 @@ void test_unsupported() {
   a.cache.num_kv_heads = 4;  // 9 per KV head
   a.cache.head_dim = 128;
   a.cache.page_size = 16;
-  a.cache.dtype = KvDtype::bf16;
+  a.cache.format = KvFormat::bf16;
   a.batch.num_tokens = 1;
   a.batch.num_seqs = 1;
   const std::string why = gpu::attention_unsupported(a);
@@ -530,9 +530,9 @@ void test_unsupported() {
   a.cache.head_dim = 96;
   check(!gpu::attention_unsupported(a).empty(), "head_dim 96 unsupported");
   a.cache.head_dim = 128;
-  a.cache.dtype = KvDtype::fp8_e4m3fn;  // no scales
+  a.cache.format = KvFormat::fp8_e4m3fn;  // no scales
   check(!gpu::attention_unsupported(a).empty(), "fp8 without scales unsupported");
-  a.cache.dtype = KvDtype::bf16;
+  a.cache.format = KvFormat::bf16;
   check(gpu::attention_unsupported(a).empty(), "28 q heads over 4 kv heads x 128 supported");
   a.batch.num_tokens = 0;
   check(gpu::launch_attention_split(a, nullptr, 512, nullptr) == cudaSuccess, "zero tokens: success, no launch");

@@ -33,7 +33,7 @@ using gpu_test::DeviceMem;
 enum class Path { fused, unfused };
 
 struct Case {
-  KvDtype dtype = KvDtype::fp8_e4m3fn;
+  KvFormat dtype = KvFormat::fp8_e4m3fn;
   KvSrcDtype src = KvSrcDtype::bf16;
   int32_t num_kv_heads = 2;
   int32_t head_dim = 128;
@@ -49,7 +49,7 @@ struct Case {
 };
 
 std::string describe(const Case& c, Path p) {
-  return std::string(p == Path::fused ? "fused " : "unfused ") + kv_dtype_name(c.dtype) +
+  return std::string(p == Path::fused ? "fused " : "unfused ") + kv_format_name(c.dtype) +
          (c.src == KvSrcDtype::f16 ? " f16-src" : " bf16-src") + " H=" + std::to_string(c.num_kv_heads) +
          " D=" + std::to_string(c.head_dim) + " page=" + std::to_string(c.page_size) +
          " T=" + std::to_string(c.num_tokens) + " pad=" + std::to_string(c.stride_pad) +
@@ -63,7 +63,7 @@ uint16_t narrow(float x, KvSrcDtype s) { return s == KvSrcDtype::bf16 ? f32_to_b
 // payloads, infinities, subnormals, huge and tiny values), the rest spread over
 // +-1.5x the format's range after scaling, with specials sprinkled in.
 std::vector<uint16_t> make_source(const Case& c, size_t count, float scale, std::mt19937_64& rng) {
-  const float fmt_max = c.dtype == KvDtype::bf16 ? 8.0f : fp8_max_finite(kv_fp8_format(c.dtype));
+  const float fmt_max = c.dtype == KvFormat::bf16 ? 8.0f : fp8_max_finite(kv_fp8_format(c.dtype));
   std::uniform_real_distribution<float> uni(-1.5f * fmt_max * scale, 1.5f * fmt_max * scale);
   std::uniform_int_distribution<int> pick(0, 99);
   std::uniform_int_distribution<uint32_t> bits(0, 0xffff);
@@ -160,7 +160,7 @@ KvWriteArgs make_args(const Case& c, const HostInputs& in, const void* k, const 
   a.cache.page_size = c.page_size;
   a.cache.num_kv_heads = c.num_kv_heads;
   a.cache.head_dim = c.head_dim;
-  a.cache.dtype = c.dtype;
+  a.cache.format = c.dtype;
   a.cache.k_scale = ks;
   a.cache.v_scale = vs;
   return a;
@@ -170,7 +170,7 @@ KvWriteArgs make_args(const Case& c, const HostInputs& in, const void* k, const 
 bool expect_cache(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const Case& c,
                   const char* which, const std::string& what) {
   size_t bad = 0;
-  const int64_t row_bytes = int64_t(c.num_kv_heads) * c.head_dim * kv_dtype_bytes(c.dtype);
+  const int64_t row_bytes = int64_t(c.num_kv_heads) * c.head_dim * kv_format_bytes(c.dtype);
   for (size_t i = 0; i < want.size(); ++i) {
     if (got[i] != want[i] && ++bad <= 3) {
       std::printf("  %s %s cache byte %zu (slot %lld, byte-in-row %lld): got 0x%02x want 0x%02x\n",
@@ -185,7 +185,7 @@ bool expect_cache(const std::vector<uint8_t>& got, const std::vector<uint8_t>& w
 void run_case(const Case& c, Path path, cudaStream_t stream) {
   const std::string what = describe(c, path);
   const HostInputs in = make_inputs(c);
-  const int64_t row_bytes = int64_t(c.num_kv_heads) * c.head_dim * kv_dtype_bytes(c.dtype);
+  const int64_t row_bytes = int64_t(c.num_kv_heads) * c.head_dim * kv_format_bytes(c.dtype);
   const size_t cache_bytes = size_t(in.num_pages * c.page_size * row_bytes);
 
   // Same prefilled garbage in both caches: untouched slots must keep it.
@@ -238,14 +238,14 @@ void run_case(const Case& c, Path path, cudaStream_t stream) {
 
 // quick: page sizes 3 and 16 only and no large cases (for runs under compute-sanitizer).
 void test_matrix(cudaStream_t stream, bool quick) {
-  const KvDtype dtypes[] = {KvDtype::fp8_e4m3fn, KvDtype::fp8_e4m3fnuz, KvDtype::fp8_e5m2, KvDtype::bf16};
+  const KvFormat dtypes[] = {KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2, KvFormat::bf16};
   const KvSrcDtype srcs[] = {KvSrcDtype::bf16, KvSrcDtype::f16};
   const int head_dims[] = {64, 128, 256};
   const int pages[] = {1, 3, 16, 64};
   const float scale_pairs[][2] = {{0.37f, 2.9f}, {1.0f / 64.0f, 3.0f}, {1.7f, 0.05f}};
   uint64_t seed = 1;
   int rotation = 0;
-  for (KvDtype dt : dtypes) {
+  for (KvFormat dt : dtypes) {
     for (KvSrcDtype src : srcs) {
       for (int hd : head_dims) {
         for (int page : pages) {
@@ -276,7 +276,7 @@ void test_matrix(cudaStream_t stream, bool quick) {
     }
   }
   // Wide rows (32 heads x 128: each lane loops over several chunk groups) and a larger T.
-  for (KvDtype dt : dtypes) {
+  for (KvFormat dt : dtypes) {
     if (quick) break;
     Case c;
     c.dtype = dt;
@@ -314,9 +314,9 @@ void test_all_bf16_sweep(cudaStream_t stream) {
   const float ones[2] = {1.0f, 1.0f};
   d_scales.upload(ones, 8);
   DeviceMem scratch(gpu::kv_write_scratch_bytes(64, 1024));
-  const std::pair<KvDtype, const char*> formats[] = {{KvDtype::fp8_e4m3fn, "all_bf16.e4m3fn_satfinite.u8"},
-                                                     {KvDtype::fp8_e5m2, "all_bf16.e5m2_satfinite.u8"},
-                                                     {KvDtype::fp8_e4m3fnuz, nullptr}};
+  const std::pair<KvFormat, const char*> formats[] = {{KvFormat::fp8_e4m3fn, "all_bf16.e4m3fn_satfinite.u8"},
+                                                     {KvFormat::fp8_e5m2, "all_bf16.e5m2_satfinite.u8"},
+                                                     {KvFormat::fp8_e4m3fnuz, nullptr}};
   for (const auto& [dtype, file] : formats) {
     std::vector<uint8_t> want(65536);
     if (file) {
@@ -342,7 +342,7 @@ void test_all_bf16_sweep(cudaStream_t stream) {
       KVFUSE_TEST_GPU(err);
       KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
       const std::string what = std::string("all-bf16 sweep ") + (p == Path::fused ? "fused " : "unfused ") +
-                               kv_dtype_name(dtype) + (file ? " vs H200 file" : " vs fp8_encode");
+                               kv_format_name(dtype) + (file ? " vs H200 file" : " vs fp8_encode");
       Case c;
       c.dtype = dtype;
       c.num_kv_heads = 4;
@@ -406,7 +406,7 @@ void test_unsupported() {
   a.cache.head_dim = 96;
   a.cache.num_kv_heads = 8;
   a.cache.page_size = 16;
-  a.cache.dtype = KvDtype::fp8_e5m2;
+  a.cache.format = KvFormat::fp8_e5m2;
   a.src_dtype = KvSrcDtype::f16;
   a.k_token_stride = a.v_token_stride = 768;
   const std::string msg = gpu::kv_write_unsupported(a);
@@ -433,8 +433,8 @@ int main() {
   if (!gpu_test::gpu_available("test_kv_write_gpu")) return 0;
   cudaStream_t stream;
   KVFUSE_TEST_GPU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (KvDtype d : {KvDtype::fp8_e4m3fn, KvDtype::fp8_e4m3fnuz, KvDtype::fp8_e5m2, KvDtype::bf16}) {
-    std::printf("conversion for %s: %s\n", kv_dtype_name(d), gpu::kv_write_conversion_name(d).c_str());
+  for (KvFormat d : {KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2, KvFormat::bf16}) {
+    std::printf("conversion for %s: %s\n", kv_format_name(d), gpu::kv_write_conversion_name(d).c_str());
   }
   test_unsupported();
   const char* quick = std::getenv("KVFUSE_GPU_TEST_QUICK");

@@ -1,0 +1,185 @@
+// kvfuse-bench-serve: a load generator for a running kvfuse-server. N concurrent
+// Generate streams for a duration (each stream sends its next request as soon as the
+// previous one ends), a progress line every second, then output throughput and
+// TTFT / ITL / end-to-end percentiles, measured on the client.
+#include <CLI/CLI.hpp>
+
+#include <unistd.h>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "kvfuse/v1/decode.grpc.pb.h"
+#include "clients/client_util.h"
+
+using namespace kvfuse;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Options {
+  std::string addr = "127.0.0.1:50051";
+  int concurrency = 64;
+  double duration_s = 10;
+  int prompt_len = 32;
+  int max_tokens = 64;
+  float temperature = 0;
+  uint64_t seed = 1;
+  int64_t max_requests = 0;  // 0: no limit
+};
+
+struct Samples {
+  std::vector<double> ttft, itl, e2e;
+  std::map<std::string, int64_t> errors;
+};
+
+struct Progress {
+  std::atomic<int64_t> done{0}, failed{0}, tokens{0}, started{0};
+};
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void worker(int index, const Options& o, int32_t vocab, v1::DecodeService::Stub& stub, Clock::time_point end,
+            Progress& progress, Samples& out) {
+  std::mt19937_64 rng(o.seed * 7919 + uint64_t(index));
+  std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+  while (Clock::now() < end) {
+    if (o.max_requests > 0 && progress.started.fetch_add(1) >= o.max_requests) return;
+    v1::GenerateRequest req;
+    for (int i = 0; i < o.prompt_len; ++i) req.add_prompt_ids(tok(rng));
+    req.set_max_tokens(uint32_t(o.max_tokens));
+    req.mutable_sampling()->set_temperature(o.temperature);
+    req.mutable_sampling()->set_seed(rng());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(int64_t(o.duration_s) + 120));
+    const auto t0 = Clock::now();
+    auto reader = stub.Generate(&ctx, req);
+    v1::GenerateResponse msg;
+    auto last = t0;
+    bool first = true;
+    while (reader->Read(&msg)) {
+      const int n = msg.token_ids_size();
+      if (n == 0) continue;
+      const auto now = Clock::now();
+      const double gap = std::chrono::duration<double>(now - last).count();
+      if (first) {
+        out.ttft.push_back(gap);
+        // The first message's other tokens came with the first: no gap between them.
+        for (int i = 1; i < n; ++i) out.itl.push_back(0.0);
+        first = false;
+      } else {
+        // A coalesced chunk (the reader fell behind): spread the gap over its tokens.
+        for (int i = 0; i < n; ++i) out.itl.push_back(gap / n);
+      }
+      last = now;
+      progress.tokens += n;
+    }
+    const grpc::Status st = reader->Finish();
+    if (st.ok()) {
+      out.e2e.push_back(since(t0));
+      ++progress.done;
+    } else {
+      ++out.errors[client::describe(st).substr(0, client::describe(st).find(':'))];
+      ++progress.failed;
+      if (st.error_code() == grpc::StatusCode::UNAVAILABLE)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+}
+
+void print_pcts(const char* name, std::vector<double> v) {
+  std::printf("%-5s ms   p50 %8.2f   p90 %8.2f   p99 %8.2f   max %8.2f   (n=%zu)\n", name,
+              client::percentile(v, 50) * 1e3, client::percentile(v, 90) * 1e3,
+              client::percentile(v, 99) * 1e3, client::percentile(v, 100) * 1e3, v.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvfuse-bench-serve: concurrent Generate streams against a kvfuse-server"};
+  Options o;
+  app.add_option("-a,--addr", o.addr, "server address")->capture_default_str();
+  app.add_option("-c,--concurrency", o.concurrency, "concurrent streams")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("-d,--duration-s", o.duration_s, "seconds to send requests for")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
+  app.add_option("--prompt-len", o.prompt_len, "prompt tokens (random ids)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-m,--max-tokens", o.max_tokens, "tokens per request")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-t,--temperature", o.temperature, "0: greedy")->capture_default_str();
+  app.add_option("--seed", o.seed, "prompt and sampler seed")->capture_default_str();
+  app.add_option("-n,--max-requests", o.max_requests, "stop after this many requests (0: no limit)");
+  CLI11_PARSE(app, argc, argv);
+
+  auto channel = client::make_channel(o.addr);
+  v1::DecodeService::Stub stub(channel);
+  v1::GetInfoResponse info;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status st = stub.GetInfo(&ctx, {}, &info);
+    if (!st.ok()) {
+      std::fprintf(stderr, "kvfuse-bench-serve: GetInfo: %s\n", client::describe(st).c_str());
+      return 1;
+    }
+  }
+  std::printf(
+      "kvfuse-bench-serve: %s on %s, kv %s (%s write), %s attention; %d streams for %.1f s, prompt %d, "
+      "max_tokens %d\n",
+      info.model().c_str(), info.device().c_str(), info.kv_format().c_str(), info.kv_write().c_str(),
+      info.attention().c_str(), o.concurrency, o.duration_s, o.prompt_len, o.max_tokens);
+
+  Progress progress;
+  std::vector<Samples> samples(size_t(o.concurrency));
+  const auto t0 = Clock::now();
+  const auto end =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.duration_s));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < o.concurrency; ++i) {
+    threads.emplace_back(worker, i, std::cref(o), int32_t(info.vocab_size()), std::ref(stub), end,
+                         std::ref(progress), std::ref(samples[size_t(i)]));
+  }
+  std::atomic<bool> finished{false};
+  std::thread reporter([&] {
+    const bool tty = isatty(fileno(stderr));
+    while (!finished.load()) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      if (finished.load()) break;
+      const double t = since(t0);
+      std::fprintf(stderr, "%s[%6.1fs] done %lld  failed %lld  tokens %lld  %.0f tok/s%s", tty ? "\r" : "", t,
+                   (long long)progress.done.load(), (long long)progress.failed.load(),
+                   (long long)progress.tokens.load(), double(progress.tokens.load()) / t, tty ? "   " : "\n");
+    }
+  });
+  for (auto& t : threads) t.join();
+  finished = true;
+  reporter.join();
+  const double elapsed = since(t0);
+  std::fprintf(stderr, "\n");
+
+  Samples all;
+  for (auto& s : samples) {
+    all.ttft.insert(all.ttft.end(), s.ttft.begin(), s.ttft.end());
+    all.itl.insert(all.itl.end(), s.itl.begin(), s.itl.end());
+    all.e2e.insert(all.e2e.end(), s.e2e.begin(), s.e2e.end());
+    for (const auto& [k, v] : s.errors) all.errors[k] += v;
+  }
+  const double tokens = double(progress.tokens.load());
+  std::printf("requests  %lld ok, %lld failed in %.2f s: %.2f req/s\n", (long long)progress.done.load(),
+              (long long)progress.failed.load(), elapsed, double(progress.done.load()) / elapsed);
+  std::printf("output    %.0f tokens: %.1f tok/s\n", tokens, tokens / elapsed);
+  print_pcts("TTFT", all.ttft);
+  print_pcts("ITL", all.itl);
+  print_pcts("E2E", all.e2e);
+  for (const auto& [code, n] : all.errors) std::printf("error     %s x %lld\n", code.c_str(), (long long)n);
+  return progress.failed.load() > 0 && progress.done.load() == 0 ? 1 : 0;
+}

@@ -1,0 +1,229 @@
+// kvfuse-cli: calls a running kvfuse-server. Prints responses as JSON (one line);
+// `generate` streams tokens as they arrive. Exits with the gRPC status code of a
+// failed call (0 on success).
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "kvfuse/v1/decode.grpc.pb.h"
+#include "clients/client_util.h"
+#include "src/common/int_list.h"
+
+using namespace kvfuse;
+
+namespace {
+
+struct Common {
+  std::string addr = "127.0.0.1:50051";
+  double timeout_s = 60;
+};
+
+void set_deadline(grpc::ClientContext& ctx, const Common& c) {
+  if (c.timeout_s > 0) {
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                         std::chrono::duration<double>(c.timeout_s)));
+  }
+}
+
+int report(const grpc::Status& st, const google::protobuf::Message* resp) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "kvfuse-cli: %s\n", client::describe(st).c_str());
+    return int(st.error_code());
+  }
+  if (resp) std::printf("%s\n", client::to_json(*resp).c_str());
+  return 0;
+}
+
+struct SamplingFlags {
+  float temperature = 0;
+  int top_k = 0;
+  float top_p = 1;
+  uint64_t seed = 0;
+  void add(CLI::App* cmd) {
+    cmd->add_option("--temperature", temperature, "0: greedy");
+    cmd->add_option("--top-k", top_k, "0: no limit");
+    cmd->add_option("--top-p", top_p, "(0, 1]");
+    cmd->add_option("--seed", seed, "sampler seed");
+  }
+  void fill(v1::SamplingParams* p) const {
+    p->set_temperature(temperature);
+    p->set_top_k(top_k);
+    p->set_top_p(top_p);
+    p->set_seed(seed);
+  }
+};
+
+int run_generate(v1::DecodeService::Stub& stub, const Common& c, v1::GenerateRequest req) {
+  grpc::ClientContext ctx;
+  set_deadline(ctx, c);
+  auto reader = stub.Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  bool first = true;
+  while (reader->Read(&msg)) {
+    if (first) {
+      std::printf("id %llu:", (unsigned long long)msg.id());
+      first = false;
+    }
+    for (int32_t t : msg.token_ids()) std::printf(" %d", t);
+    std::fflush(stdout);
+    if (msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
+      const v1::Usage& u = msg.usage();
+      std::printf("\nfinish_reason=%s prompt_tokens=%u completion_tokens=%u ttft_ms=%.2f e2e_ms=%.2f\n",
+                  v1::FinishReason_Name(msg.finish_reason()).c_str(), u.prompt_tokens(),
+                  u.completion_tokens(), u.time_to_first_token_s() * 1e3, u.e2e_latency_s() * 1e3);
+    }
+  }
+  const grpc::Status st = reader->Finish();
+  if (!st.ok() && !first) {
+    // End the token line before the error goes to stderr: with both streams on one
+    // pipe, a buffered newline would land after the message.
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+  return report(st, nullptr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvfuse-cli: call a kvfuse-server"};
+  Common c;
+  app.add_option("-a,--addr", c.addr, "server address host:port")->capture_default_str();
+  app.add_option("--timeout-s", c.timeout_s, "call deadline in seconds (0: none)")->capture_default_str();
+  app.require_subcommand(1);
+
+  auto* info = app.add_subcommand("info", "model, KV cache dtype and format, paths, pool size");
+  auto* load = app.add_subcommand("load", "running and waiting requests, pages per pool");
+  auto* health = app.add_subcommand("health", "grpc.health.v1 Check");
+  std::string health_service;
+  health->add_option("--service", health_service, "service name ('' = the server)");
+
+  auto* gen = app.add_subcommand("generate", "stream the tokens of one request");
+  std::string prompt_ids;
+  uint32_t max_tokens = 16;
+  uint64_t gen_id = 0;
+  std::string stop_ids;
+  SamplingFlags gen_sampling;
+  gen->add_option("--prompt-ids", prompt_ids, "comma-separated prompt token ids")->required();
+  gen->add_option(
+         "-m,--max-tokens", max_tokens,
+         "tokens to generate; 0 asks for the server's default (16), at most the server's max_seq_len")
+      ->capture_default_str();
+  gen->add_option("--id", gen_id, "request id (0: the server picks)");
+  gen->add_option("--stop-ids", stop_ids, "comma-separated stop token ids");
+  gen_sampling.add(gen);
+
+  auto* prefill = app.add_subcommand("prefill", "create (or --extend) a router-driven sequence");
+  uint64_t pf_id = 0;
+  std::string pf_ids;
+  bool extend = false, no_sample = false;
+  SamplingFlags pf_sampling;
+  prefill->add_option("--id", pf_id, "sequence id")->required();
+  prefill->add_option("--prompt-ids", pf_ids, "comma-separated token ids")->required();
+  prefill->add_flag("--extend", extend, "append to a live sequence");
+  prefill->add_flag("--no-sample", no_sample, "compute the KV only (a middle chunk)");
+  int64_t pf_expected_len = -1;
+  prefill->add_option("--expected-len", pf_expected_len,
+                      "with --extend: the length before this chunk (a retry does not append twice)");
+  pf_sampling.add(prefill);
+
+  auto* decode = app.add_subcommand("decode", "run decode steps for router-driven sequences");
+  std::vector<uint64_t> dec_ids;
+  uint32_t steps = 1;
+  int64_t expected_len = -1;
+  decode->add_option("--id", dec_ids, "sequence id (repeatable)")->required();
+  decode->add_option("-n,--steps", steps, "steps")->capture_default_str();
+  decode->add_option("--expected-len", expected_len, "the length the caller knows (safe retries)");
+
+  auto* release = app.add_subcommand("release", "free router-driven sequences (idempotent)");
+  std::vector<uint64_t> rel_ids;
+  release->add_option("--id", rel_ids, "sequence id (repeatable)")->required();
+
+  auto* abort = app.add_subcommand("abort", "end a Generate request or a sequence now");
+  uint64_t abort_id = 0;
+  abort->add_option("--id", abort_id, "id")->required();
+
+  CLI11_PARSE(app, argc, argv);
+
+  auto channel = client::make_channel(c.addr);
+  v1::DecodeService::Stub stub(channel);
+  grpc::ClientContext ctx;
+  set_deadline(ctx, c);
+
+  if (*info) {
+    v1::GetInfoResponse resp;
+    return report(stub.GetInfo(&ctx, {}, &resp), &resp);
+  }
+  if (*load) {
+    v1::GetLoadResponse resp;
+    return report(stub.GetLoad(&ctx, {}, &resp), &resp);
+  }
+  if (*health) {
+    grpc::health::v1::Health::Stub hs(channel);
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(health_service);
+    grpc::health::v1::HealthCheckResponse resp;
+    return report(hs.Check(&ctx, req, &resp), &resp);
+  }
+  if (*gen) {
+    auto ids = parse_int_list(prompt_ids);
+    auto stops = parse_int_list(stop_ids);
+    if (!ids.ok() || !stops.ok()) {
+      std::fprintf(stderr, "kvfuse-cli: %s\n",
+                   std::string((ids.ok() ? stops : ids).status().message()).c_str());
+      return 2;
+    }
+    v1::GenerateRequest req;
+    req.set_id(gen_id);
+    for (int32_t t : *ids) req.add_prompt_ids(t);
+    for (int32_t t : *stops) req.add_stop_token_ids(t);
+    req.set_max_tokens(max_tokens);
+    gen_sampling.fill(req.mutable_sampling());
+    return run_generate(stub, c, std::move(req));
+  }
+  if (*prefill) {
+    auto ids = parse_int_list(pf_ids);
+    if (!ids.ok()) {
+      std::fprintf(stderr, "kvfuse-cli: %s\n", std::string(ids.status().message()).c_str());
+      return 2;
+    }
+    v1::PrefillRequest req;
+    v1::PrefillSequence* s = req.add_sequences();
+    s->set_id(pf_id);
+    for (int32_t t : *ids) s->add_token_ids(t);
+    s->set_extend(extend);
+    s->set_no_sample(no_sample);
+    if (pf_expected_len >= 0) s->set_expected_len(uint32_t(pf_expected_len));
+    if (!extend) pf_sampling.fill(s->mutable_sampling());
+    v1::PrefillResponse resp;
+    return report(stub.Prefill(&ctx, req, &resp), &resp);
+  }
+  if (*decode) {
+    v1::DecodeRequest req;
+    for (uint64_t id : dec_ids) {
+      v1::DecodeSequence* s = req.add_sequences();
+      s->set_id(id);
+      if (expected_len >= 0) s->set_expected_len(uint32_t(expected_len));
+    }
+    req.set_steps(steps);
+    v1::DecodeResponse resp;
+    return report(stub.Decode(&ctx, req, &resp), &resp);
+  }
+  if (*release) {
+    v1::ReleaseRequest req;
+    for (uint64_t id : rel_ids) req.add_ids(id);
+    v1::ReleaseResponse resp;
+    return report(stub.Release(&ctx, req, &resp), &resp);
+  }
+  if (*abort) {
+    v1::AbortRequest req;
+    req.set_id(abort_id);
+    v1::AbortResponse resp;
+    return report(stub.Abort(&ctx, req, &resp), &resp);
+  }
+  return 0;
+}

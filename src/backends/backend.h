@@ -1,0 +1,155 @@
+// The device seam: everything the engine does on a device goes through Backend.
+// One implementation per device (cpu now; cuda and hip behind KVFUSE_GPU). Pointers
+// handed to ops are in the backend's memory, allocated by alloc().
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/kv_types.h"
+#include "kernels/sampling.h"
+#include "src/common/config.h"
+
+namespace kvfuse {
+
+// Owned device memory. Move-only; frees through the backend that made it.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(void* ptr, size_t bytes, std::function<void(void*)> free_fn)
+      : ptr_(ptr), bytes_(bytes), free_(std::move(free_fn)) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      free_ = std::move(o.free_);
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+
+  void reset() {
+    if (ptr_ && free_) free_(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  void* get() const { return ptr_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  std::function<void(void*)> free_;
+};
+
+// A recorded sequence of backend ops (a CUDA/HIP graph) that replays with the
+// arguments and buffers it was captured with; only the contents of those buffers change.
+class BackendGraph {
+ public:
+  virtual ~BackendGraph() = default;
+  virtual absl::Status replay() = 0;
+};
+
+// A Linear layer's weight [n, k] (out_features x in_features) in the backend's own
+// layout (bf16 packed in 16-column panels on the CPU), with an optional bias [n].
+struct LinearWeight {
+  DeviceBuffer w;
+  DeviceBuffer bias;
+  int64_t n = 0;
+  int64_t k = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Device device() const = 0;
+  virtual std::string description() const = 0;  // e.g. "cpu (2 threads, OpenBLAS)"
+  // Concrete storage of `fp8_e4m3` on this device: e4m3fn, or e4m3fnuz on gfx942.
+  virtual KvFormat resolve_kv_format(KvCacheDtype d) const = 0;
+
+  virtual absl::StatusOr<DeviceBuffer> alloc(size_t bytes) = 0;
+  virtual absl::Status memset(void* dst, int value, size_t bytes) = 0;
+  virtual absl::Status copy_to_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status copy_to_host(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status synchronize() = 0;
+
+  // Weights arrive as host bf16 and are converted to the backend's layout once.
+  virtual absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
+                                                     const bf16_t* bias) = 0;
+
+  // Ops. Activations are bf16 rows; see kernels/cpu/ops.h for the contracts.
+  virtual absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
+                                 bf16_t* out) = 0;
+  virtual absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                               bf16_t* out) = 0;
+  virtual absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) = 0;
+  virtual absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) = 0;
+  virtual absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
+                            int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
+                            float theta) = 0;
+  virtual absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) = 0;
+  virtual absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) = 0;
+  virtual absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
+                                   bf16_t* out) = 0;
+
+  // KV write of one layer. The unfused path uses `scratch` (kv_write_scratch_bytes).
+  virtual absl::Status kv_write(const KvWriteArgs& args, KvWritePath path, void* scratch) = 0;
+  virtual size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) const = 0;
+  virtual absl::Status attention(const AttnArgs& args, AttentionPath path) = 0;
+  // Per row of logits [rows, vocab]: the greedy token (the first index of the maximum,
+  // as kvfuse::argmax) into tokens[row], and 1 into finite[row] if every logit of the
+  // row is finite, else 0.
+  virtual absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                                   int32_t* finite) = 0;
+
+  // Per row with params[row].temperature > 0: the sampled token into tokens[row]
+  // (kernels/sampling.h has the rule; greedy rows are not written).
+  virtual absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
+                                   int32_t* tokens) = 0;
+
+  // Graphs. Between begin_capture and end_capture the ops are recorded, not run; the
+  // graph replays them. supports_graphs() is false on backends without graphs (the CPU).
+  virtual bool supports_graphs() const { return false; }
+  virtual absl::Status begin_capture() { return absl::UnimplementedError("this backend has no graphs"); }
+  virtual absl::StatusOr<std::unique_ptr<BackendGraph>> end_capture() {
+    return absl::UnimplementedError("this backend has no graphs");
+  }
+  // Changes whenever the backend replaces internal memory a captured graph may use
+  // (scratch buffers that grew): graphs captured under an older value must be dropped.
+  virtual uint64_t graph_epoch() const { return 0; }
+};
+
+// The concrete storage of a configured KV dtype: fp8_e4m3 is e4m3fnuz on devices whose
+// FP8 unit is FNUZ (gfx942), e4m3fn (OCP) everywhere else.
+inline KvFormat kv_format_for(KvCacheDtype d, bool e4m3_is_fnuz) {
+  switch (d) {
+    case KvCacheDtype::bf16:
+      return KvFormat::bf16;
+    case KvCacheDtype::fp8_e5m2:
+      return KvFormat::fp8_e5m2;
+    case KvCacheDtype::fp8_e4m3:
+    default:
+      return e4m3_is_fnuz ? KvFormat::fp8_e4m3fnuz : KvFormat::fp8_e4m3fn;
+  }
+}
+
+// Creates the backend named by config.device (auto: a GPU if one is built in and
+// present, else the CPU).
+absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device);
+
+}  // namespace kvfuse

@@ -1,0 +1,193 @@
+#include "src/backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/kv_write.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/sampling.h"
+#include "src/runtime/sampler.h"
+
+namespace kvfuse {
+namespace {
+
+constexpr size_t kAlign = 64;
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(cpu::GemmIsa isa) : isa_(isa) {}
+  Device device() const override { return Device::cpu; }
+  std::string description() const override {
+    return absl::StrCat("cpu (", std::thread::hardware_concurrency(), " hardware threads, batch-invariant ",
+                        cpu::gemm_isa_name(isa_), " GEMM)");
+  }
+  // The CPU stores OCP e4m3fn, as NVIDIA sm_89+ and gfx950 do.
+  KvFormat resolve_kv_format(KvCacheDtype d) const override { return kv_format_for(d, false); }
+
+  absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
+    const size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cpu backend: cannot allocate ", bytes, " bytes"));
+    }
+    return DeviceBuffer(p, bytes, [](void* q) { std::free(q); });
+  }
+  absl::Status memset(void* dst, int value, size_t bytes) override {
+    std::memset(dst, value, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status copy_to_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status synchronize() override { return absl::OkStatus(); }
+
+  absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
+                                             const bf16_t* bias) override {
+    LinearWeight lw;
+    lw.n = n;
+    lw.k = k;
+    auto wb = alloc(cpu::gemm_packed_elems(n, k) * sizeof(bf16_t));
+    if (!wb.ok()) return wb.status();
+    lw.w = std::move(*wb);
+    cpu::gemm_pack_weight(w, n, k, lw.w.as<bf16_t>());
+    if (bias) {
+      auto bb = alloc(size_t(n) * sizeof(float));
+      if (!bb.ok()) return bb.status();
+      lw.bias = std::move(*bb);
+      cpu::bf16_to_f32(bias, n, lw.bias.as<float>());
+    }
+    return lw;
+  }
+
+  absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
+                         bf16_t* out) override {
+    cpu::embedding(ids, n, table, hidden, out);
+    return absl::OkStatus();
+  }
+  absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                       bf16_t* out) override {
+    cpu::rmsnorm(x, w, rows, cols, eps, out);
+    return absl::OkStatus();
+  }
+  absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
+    cpu::linear_bf16(x, m, w.k, w.w.as<bf16_t>(), w.n, w.bias.as<float>(), out,
+                     scratch(cpu::gemm_scratch_floats(m, w.k, w.n)), isa_);
+    return absl::OkStatus();
+  }
+  absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
+    cpu::linear_f32_out(x, m, w.k, w.w.as<bf16_t>(), w.n, out, scratch(cpu::gemm_scratch_floats(m, w.k, w.n)),
+                        isa_);
+    return absl::OkStatus();
+  }
+  absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
+                    int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
+                    float theta) override {
+    cpu::rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions, n, theta);
+    return absl::OkStatus();
+  }
+  absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
+    cpu::silu_mul(gate_up, n, inter, out);
+    return absl::OkStatus();
+  }
+  absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) override {
+    cpu::residual_add(x, y, count);
+    return absl::OkStatus();
+  }
+  absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
+                           bf16_t* out) override {
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(out + i * cols, x + int64_t(rows[i]) * cols, size_t(cols) * sizeof(bf16_t));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status kv_write(const KvWriteArgs& args, KvWritePath path, void* scratch_buf) override {
+    if (path == KvWritePath::fused) {
+      cpu::kv_write_fused(args);
+    } else {
+      if (scratch_buf == nullptr) return absl::InternalError("unfused KV write without scratch");
+      cpu::kv_write_unfused(args,
+                            cpu::kv_write_scratch_from(scratch_buf, args.num_tokens, args.cache.row_elems()));
+    }
+    return absl::OkStatus();
+  }
+  size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) const override {
+    return cpu::kv_write_scratch_bytes(num_tokens, row_elems);
+  }
+  absl::Status attention(const AttnArgs& args, AttentionPath path) override {
+    if (path == AttentionPath::unified) {
+      cpu::attention_unified(args);
+    } else {
+      cpu::attention_split(args);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                           int32_t* finite) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = logits + r * vocab;
+      tokens[r] = argmax(row, int32_t(vocab));
+      finite[r] = std::all_of(row, row + vocab, [](float x) { return std::isfinite(x); }) ? 1 : 0;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
+                           int32_t* tokens) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (params[r].temperature != 0.0f) tokens[r] = cpu::sample_row(logits + r * vocab, vocab, params[r]);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  float* scratch(size_t floats) {
+    if (scratch_.size() < floats) scratch_.resize(floats);
+    return scratch_.data();
+  }
+  cpu::GemmIsa isa_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(cpu::GemmIsa isa) { return std::make_unique<CpuBackend>(isa); }
+
+std::unique_ptr<Backend> make_cpu_backend() { return make_cpu_backend(cpu::gemm_widest_isa()); }
+
+absl::StatusOr<std::unique_ptr<Backend>> make_cpu_backend_from_env() {
+  cpu::GemmIsa isa = cpu::GemmIsa::generic;
+  std::string error;
+  if (!cpu::gemm_isa_from_env(isa, error)) return absl::InvalidArgumentError(error);
+  return make_cpu_backend(isa);
+}
+
+#if !defined(KVFUSE_HAVE_GPU)
+absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
+  switch (device) {
+    case Device::auto_:
+    case Device::cpu:
+      return make_cpu_backend_from_env();
+    case Device::cuda:
+    case Device::hip:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "config key 'device': '", to_string(device),
+          "' is not built into this binary (built with KVFUSE_GPU=OFF); use cpu or auto, or rebuild with "
+          "-DKVFUSE_GPU=CUDA or -DKVFUSE_GPU=HIP"));
+  }
+  return absl::InvalidArgumentError("unknown device");
+}
+#endif
+
+}  // namespace kvfuse

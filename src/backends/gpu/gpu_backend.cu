@@ -1,0 +1,505 @@
+// The GPU backend (CUDA or HIP, one source): device memory through the vendor runtime,
+// GEMMs through cuBLASLt / hipBLASLt, every other op through the kernels in kernels/.
+// All work is queued on one stream; the host waits only when it reads results back
+// (copy_to_host, synchronize), so a step has no host synchronisation inside it.
+#include "kernels/gpu.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/attention.cuh"
+#include "kernels/kv_write.cuh"
+#include "kernels/model_ops.cuh"
+#include "kernels/sampling.cuh"
+#include "src/backends/backend.h"
+#include "src/backends/cpu/cpu_backend.h"
+#include "src/backends/gpu/blaslt.h"
+#include "src/common/status_macros.h"
+
+namespace kvfuse {
+namespace {
+
+absl::Status cuda_status(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(KVFUSE_GPU_VENDOR, " error in ", what, ": ", cudaGetErrorName(err),
+                                          " (", cudaGetErrorString(err), ")"));
+}
+
+absl::Status blas_status(blasStatus_t st, const char* what) {
+  if (st == BLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(KVFUSE_BLASLT_NAME, " error ", int(st), " in ", what));
+}
+
+#define KVFUSE_CUDA(expr)                                             \
+  do {                                                                \
+    if (auto _st = cuda_status((expr), #expr); !_st.ok()) return _st; \
+  } while (0)
+#define KVFUSE_BLAS(expr)                                             \
+  do {                                                                \
+    if (auto _st = blas_status((expr), #expr); !_st.ok()) return _st; \
+  } while (0)
+
+constexpr int32_t kSplitPartition = 512;  // keys per split-KV partition
+constexpr size_t kBlasWorkspace = size_t(32) << 20;
+
+class GpuBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<Backend>> create(int device) {
+    std::unique_ptr<GpuBackend> b(new GpuBackend());
+    KVFUSE_RETURN_IF_ERROR(b->init(device));
+    return std::unique_ptr<Backend>(std::move(b));
+  }
+  ~GpuBackend() override {
+    // Teardown is best effort: a destructor has no one to report a failure to.
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    plans_.clear();
+    blas_workspace_.reset();
+    split_scratch_.reset();
+    gemm_f32_.reset();
+    if (blas_) blasLtDestroy(blas_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+  }
+
+  Device device() const override {
+#if defined(KVFUSE_HIP)
+    return Device::hip;
+#else
+    return Device::cuda;
+#endif
+  }
+  std::string description() const override { return description_; }
+  KvFormat resolve_kv_format(KvCacheDtype d) const override { return kv_format_for(d, fnuz_); }
+
+  absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the error state of the failed allocation
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("%s: cannot allocate %.1f MiB of device memory (%s)", KVFUSE_GPU_VENDOR,
+                          double(bytes) / double(1 << 20), cudaGetErrorString(err)));
+    }
+    return DeviceBuffer(p, bytes, [](void* q) { (void)cudaFree(q); });  // a deleter cannot report
+  }
+  absl::Status memset(void* dst, int value, size_t bytes) override {
+    KVFUSE_CUDA(cudaMemsetAsync(dst, value, bytes, stream_));
+    return absl::OkStatus();
+  }
+  absl::Status copy_to_device(void* dst, const void* src, size_t bytes) override {
+    // From pageable host memory the copy has taken the source by the time it returns,
+    // so the caller may reuse its buffer at once.
+    if (bytes) KVFUSE_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    return absl::OkStatus();
+  }
+  absl::Status copy_to_host(void* dst, const void* src, size_t bytes) override {
+    if (bytes) KVFUSE_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    KVFUSE_CUDA(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+  absl::Status synchronize() override {
+    KVFUSE_CUDA(cudaStreamSynchronize(stream_));
+    KVFUSE_CUDA(cudaGetLastError());
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
+                                             const bf16_t* bias) override {
+    LinearWeight lw;
+    lw.n = n;
+    lw.k = k;
+    auto wb = alloc(size_t(n * k) * sizeof(bf16_t));
+    if (!wb.ok()) return wb.status();
+    lw.w = std::move(*wb);
+    KVFUSE_RETURN_IF_ERROR(copy_to_device(lw.w.get(), w, size_t(n * k) * sizeof(bf16_t)));
+    if (bias) {
+      // Bias in fp32, added to the fp32 GEMM result before the one rounding (see linear).
+      std::vector<float> b(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) b[size_t(i)] = bf16_to_f32(bias[i]);
+      auto bb = alloc(size_t(n) * sizeof(float));
+      if (!bb.ok()) return bb.status();
+      lw.bias = std::move(*bb);
+      KVFUSE_RETURN_IF_ERROR(copy_to_device(lw.bias.get(), b.data(), b.size() * sizeof(float)));
+      KVFUSE_RETURN_IF_ERROR(synchronize());  // b is a local
+    }
+    return lw;
+  }
+
+  absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
+                         bf16_t* out) override {
+    return cuda_status(gpu::launch_embedding(ids, n, table, hidden, out, stream_), "embedding");
+  }
+  absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                       bf16_t* out) override {
+    return cuda_status(gpu::launch_rmsnorm(x, w, rows, cols, eps, out, stream_), "rmsnorm");
+  }
+  absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
+    if (!w.bias.get()) return gemm(x, m, w, out, BLAS_R_16BF);
+    // With a bias the GEMM result stays fp32 until the bias is in: one bf16 rounding.
+    const size_t need = size_t(m * w.n) * sizeof(float);
+    if (need > gemm_f32_.bytes()) {
+      if (capturing_) return absl::FailedPreconditionError("linear: fp32 scratch must grow during a capture");
+      KVFUSE_RETURN_IF_ERROR(synchronize());  // the old buffer may still be in use
+      auto b = alloc(need * 2);
+      if (!b.ok()) return b.status();
+      gemm_f32_ = std::move(*b);
+      ++graph_epoch_;
+    }
+    KVFUSE_RETURN_IF_ERROR(gemm(x, m, w, gemm_f32_.get(), BLAS_R_32F));
+    return cuda_status(
+        gpu::launch_bias_round(gemm_f32_.as<float>(), w.bias.as<float>(), m, w.n, out, stream_),
+        "bias_round");
+  }
+  absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
+    return gemm(x, m, w, out, BLAS_R_32F);
+  }
+  absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
+                    int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
+                    float theta) override {
+    return cuda_status(gpu::launch_rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions,
+                                             n, theta, stream_),
+                       "rope");
+  }
+  absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
+    return cuda_status(gpu::launch_silu_mul(gate_up, n, inter, out, stream_), "silu_mul");
+  }
+  absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) override {
+    return cuda_status(gpu::launch_residual_add(x, y, count, stream_), "residual_add");
+  }
+  absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
+                           bf16_t* out) override {
+    return cuda_status(gpu::launch_gather_rows(x, cols, rows, n, out, stream_), "gather_rows");
+  }
+
+  absl::Status kv_write(const KvWriteArgs& args, KvWritePath path, void* scratch) override {
+    if (path == KvWritePath::fused) {
+      return cuda_status(gpu::launch_kv_write_fused(args, stream_, kv_launch_), "kv_write_fused");
+    }
+    return cuda_status(gpu::launch_kv_write_unfused(args, scratch, stream_, kv_launch_), "kv_write_unfused");
+  }
+  size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) const override {
+    return gpu::kv_write_scratch_bytes(num_tokens, row_elems);
+  }
+  absl::Status attention(const AttnArgs& args, AttentionPath path) override {
+    if (const std::string why = gpu::attention_unsupported(args); !why.empty()) {
+      return absl::InvalidArgumentError(why);
+    }
+    // The unified kernel gives a decode row one block: a decode-only batch too small to
+    // fill the device with (sequence, KV head) blocks would leave most multiprocessors
+    // idle on long contexts (batch 1 x 32768 keys: 22 ms against 6.3 ms a step for
+    // llama3-8b on an H200). Such a batch takes the split-KV kernel; any batch with
+    // prefill rows, or a decode batch the split heuristic would not split, stays on the
+    // one unified launch.
+    const bool small_decode =
+        args.batch.max_query_len == 1 &&
+        int64_t(gpu::attention_split_partition(args, kSplitPartition)) < int64_t(args.batch.max_context_len);
+    if (path == AttentionPath::unified && !small_decode) {
+      return cuda_status(gpu::launch_attention_unified(args, stream_), "attention_unified");
+    }
+    const size_t need =
+        gpu::attention_split_scratch_bytes(args.batch.num_tokens, args.num_q_heads, args.cache.head_dim,
+                                           args.batch.max_context_len, kSplitPartition);
+    if (need > split_scratch_.bytes()) {
+      if (capturing_) return absl::FailedPreconditionError("attention: split scratch must grow during a capture");
+      KVFUSE_RETURN_IF_ERROR(synchronize());  // the old buffer may still be in use
+      auto b = alloc(need * 2);
+      if (!b.ok()) return b.status();
+      split_scratch_ = std::move(*b);
+      ++graph_epoch_;
+    }
+    return cuda_status(gpu::launch_attention_split(args, split_scratch_.get(), kSplitPartition, stream_),
+                       "attention_split");
+  }
+  absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
+                           int32_t* finite) override {
+    return cuda_status(gpu::launch_argmax_rows(logits, rows, vocab, tokens, finite, stream_), "argmax_rows");
+  }
+
+  absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
+                           int32_t* tokens) override {
+    return cuda_status(gpu::launch_sample_rows(logits, rows, vocab, params, tokens, stream_), "sample_rows");
+  }
+
+  bool supports_graphs() const override { return true; }
+  absl::Status begin_capture() override {
+    if (capturing_) return absl::FailedPreconditionError("begin_capture: a capture is already open");
+    // Thread-local mode: other threads' runtime calls neither join nor break the capture.
+    KVFUSE_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<BackendGraph>> end_capture() override {
+    if (!capturing_) return absl::FailedPreconditionError("end_capture without begin_capture");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    KVFUSE_CUDA(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    const cudaError_t destroyed = cudaGraphDestroy(graph);  // the exec holds what it needs
+    KVFUSE_CUDA(err);
+    KVFUSE_CUDA(destroyed);
+    return std::unique_ptr<BackendGraph>(new Graph(exec, stream_));
+  }
+  uint64_t graph_epoch() const override { return graph_epoch_; }
+
+ private:
+  GpuBackend() = default;
+
+  absl::Status init(int device) {
+    device_ = device;
+    KVFUSE_CUDA(cudaSetDevice(device));
+    cudaDeviceProp prop{};
+    KVFUSE_CUDA(cudaGetDeviceProperties(&prop, device));
+#if defined(KVFUSE_HIP)
+    // gfx940/gfx941/gfx942 (MI300A/X, MI325X) store e4m3 as FNUZ; gfx950 and later use
+    // OCP e4m3fn. gcnArchName carries feature suffixes ("gfx942:sramecc+:xnack-").
+    const std::string arch = prop.gcnArchName;
+    fnuz_ = arch.rfind("gfx940", 0) == 0 || arch.rfind("gfx941", 0) == 0 || arch.rfind("gfx942", 0) == 0;
+    // The kernels are built for 64-lane wavefronts (kernels/vendor/hip.h).
+    if (prop.warpSize != gpu::kWarpSize) {
+      return absl::FailedPreconditionError(
+          absl::StrFormat("hip: %s (%s) runs %d-lane wavefronts; kvfuse's kernels need %d (CDNA)", prop.name,
+                          arch, prop.warpSize, gpu::kWarpSize));
+    }
+    description_ =
+        absl::StrFormat("hip %s (%s, %.0f GiB)", prop.name, arch, double(prop.totalGlobalMem) / (1 << 30));
+#else
+    fnuz_ = false;
+    // Programmatic dependent launch lets the write's launch overlap the kernel before it
+    // (about 0.3 us a call on an H200, bench/results/kv_write_h200.txt); the kernels wait
+    // in-kernel before touching memory, so it is safe after any kernel.
+    kv_launch_.pdl = prop.major >= 9;
+    description_ = absl::StrFormat("cuda %s (sm_%d%d, %.0f GiB)", prop.name, prop.major, prop.minor,
+                                   double(prop.totalGlobalMem) / (1 << 30));
+#endif
+    KVFUSE_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    KVFUSE_BLAS(blasLtCreate(&blas_));
+    auto ws = alloc(kBlasWorkspace);
+    if (!ws.ok()) return ws.status();
+    blas_workspace_ = std::move(*ws);
+    return absl::OkStatus();
+  }
+
+  // GEMM plans: descriptors per shape (host objects, made once), and the algorithm.
+  struct GemmKey {
+    int64_t m, n, k;
+    int out_type;
+    bool operator<(const GemmKey& o) const {
+      return std::tie(m, n, k, out_type) < std::tie(o.m, o.n, o.k, o.out_type);
+    }
+  };
+  struct GemmPlan {
+    blasLtMatmulDesc_t desc = nullptr;
+    blasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    blasLtMatmulAlgo_t algo{};
+    GemmPlan() = default;
+    GemmPlan(const GemmPlan&) = delete;
+    GemmPlan& operator=(const GemmPlan&) = delete;
+    ~GemmPlan() {
+      if (d) blasLtMatrixLayoutDestroy(d);
+      if (b) blasLtMatrixLayoutDestroy(b);
+      if (a) blasLtMatrixLayoutDestroy(a);
+      if (desc) blasLtMatmulDescDestroy(desc);
+    }
+  };
+  // Decode-sized GEMMs (m <= kTuneMaxRows) are memory bound, and the library's first
+  // heuristic choice is often not its fastest there: each such shape is timed once over
+  // the heuristic's candidates and the fastest kept. The choice is shared by every
+  // backend in the process (two engines A/B-ed side by side must run the same kernels
+  // to produce the same bytes). KVFUSE_GEMM_TUNE=0 keeps the first heuristic choice;
+  // KVFUSE_GEMM_TUNE_LOG=1 prints each decision to stderr.
+  static constexpr int64_t kTuneMaxRows = 512;
+  static constexpr int kTuneCandidates = 8;
+  // Twice the largest last-level cache kvfuse runs on: MI300X and MI355X have a 256 MB
+  // Infinity Cache behind their L2 (an H200's L2 is 60 MB).
+  static constexpr size_t kL2FlushBytes = size_t(512) << 20;
+  static std::mutex& tuned_mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<std::pair<int, GemmKey>, blasLtMatmulAlgo_t>& tuned_algos() {
+    static auto* m = new std::map<std::pair<int, GemmKey>, blasLtMatmulAlgo_t>();
+    return *m;
+  }
+  static bool env_flag(const char* name, bool dflt) {
+    const char* v = std::getenv(name);
+    return v == nullptr || *v == '\0' ? dflt : std::string(v) != "0";
+  }
+
+  absl::StatusOr<GemmPlan*> gemm_plan(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
+                                      decltype(BLAS_R_32F) out_type) {
+    const GemmKey key{m, w.n, w.k, int(out_type)};
+    auto found = plans_.find(key);
+    if (found != plans_.end()) return found->second.get();
+    auto plan = std::make_unique<GemmPlan>();
+    const auto t = BLAS_OP_T, n = BLAS_OP_N;
+    KVFUSE_BLAS(blasLtMatmulDescCreate(&plan->desc, BLAS_COMPUTE_32F, BLAS_R_32F));
+    KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->a, BLAS_R_16BF, uint64_t(w.k), uint64_t(w.n), int64_t(w.k)));
+    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->b, BLAS_R_16BF, uint64_t(w.k), uint64_t(m), int64_t(w.k)));
+    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->d, out_type, uint64_t(w.n), uint64_t(m), int64_t(w.n)));
+
+    const std::pair<int, GemmKey> tuned_key{device_, key};
+    {
+      std::lock_guard<std::mutex> lock(tuned_mutex());
+      auto it = tuned_algos().find(tuned_key);
+      if (it != tuned_algos().end()) {
+        plan->algo = it->second;
+        return plans_.emplace(key, std::move(plan)).first->second.get();
+      }
+    }
+    struct Pref {
+      blasLtMatmulPreference_t p = nullptr;
+      ~Pref() {
+        if (p) blasLtMatmulPreferenceDestroy(p);
+      }
+    } pref;
+    KVFUSE_BLAS(blasLtMatmulPreferenceCreate(&pref.p));
+    const size_t ws = blas_workspace_.bytes();
+    KVFUSE_BLAS(
+        blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    blasLtMatmulHeuristicResult_t heur[kTuneCandidates] = {};
+    int found_n = 0;
+    const bool tune = !capturing_ && m <= kTuneMaxRows && env_flag("KVFUSE_GEMM_TUNE", true);
+    KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p,
+                                             tune ? kTuneCandidates : 1, heur, &found_n));
+    if (found_n == 0) {
+      return absl::InternalError(
+          absl::StrCat(KVFUSE_BLASLT_NAME, ": no algorithm for a ", m, "x", w.n, "x", w.k, " bf16 GEMM"));
+    }
+    int best = 0;
+    if (tune && found_n > 1) {
+      // Time each candidate on the real operands (the output is rewritten by the call
+      // that follows): one untimed run, then the mean of three, each after a write of
+      // more bytes than the L2 holds, so that the weights come from device memory as
+      // they do in a model step (a warm L2 favours other kernels for the small shapes).
+      if (l2_flush_.bytes() == 0) {
+        auto f = alloc(kL2FlushBytes);
+        if (!f.ok()) return f.status();
+        l2_flush_ = std::move(*f);
+      }
+      std::vector<float> ms(size_t(found_n), -1.0f);
+      cudaEvent_t e0 = nullptr, e1 = nullptr;
+      KVFUSE_CUDA(cudaEventCreate(&e0));
+      KVFUSE_CUDA(cudaEventCreate(&e1));
+      const float alpha = 1.0f, beta = 0.0f;
+      for (int c = 0; c < found_n; ++c) {
+        auto launch = [&] {
+          return blasLtMatmul(blas_, plan->desc, &alpha, w.w.get(), plan->a, x, plan->b, &beta, out, plan->d, out,
+                              plan->d, &heur[c].algo, blas_workspace_.get(), ws, stream_);
+        };
+        if (launch() != BLAS_STATUS_SUCCESS) continue;
+        float total = 0.0f;
+        bool ok = true;
+        for (int r = 0; r < 3 && ok; ++r) {
+          ok = cudaMemsetAsync(l2_flush_.get(), r, l2_flush_.bytes(), stream_) == cudaSuccess &&
+               cudaEventRecord(e0, stream_) == cudaSuccess && launch() == BLAS_STATUS_SUCCESS &&
+               cudaEventRecord(e1, stream_) == cudaSuccess;
+          float t_ms = 0.0f;
+          ok = ok && cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&t_ms, e0, e1) == cudaSuccess;
+          total += t_ms;
+        }
+        if (ok) ms[size_t(c)] = total / 3.0f;
+      }
+      KVFUSE_CUDA(cudaEventDestroy(e0));
+      KVFUSE_CUDA(cudaEventDestroy(e1));
+      KVFUSE_CUDA(cudaStreamSynchronize(stream_));
+      for (int c = 0; c < found_n; ++c) {
+        if (ms[size_t(c)] >= 0 && (ms[size_t(best)] < 0 || ms[size_t(c)] < ms[size_t(best)])) best = c;
+      }
+      if (env_flag("KVFUSE_GEMM_TUNE_LOG", false)) {
+        std::fprintf(stderr,
+                     "kvfuse gemm tune %lldx%lldx%lld %s: %d candidates, heuristic first %.4f ms, chosen #%d "
+                     "%.4f ms\n",
+                     (long long)m, (long long)w.n, (long long)w.k, out_type == BLAS_R_32F ? "f32" : "bf16", found_n,
+                     double(ms[0]), best, double(ms[size_t(best)]));
+      }
+    }
+    plan->algo = heur[best].algo;
+    if (tune) {
+      std::lock_guard<std::mutex> lock(tuned_mutex());
+      tuned_algos().emplace(tuned_key, plan->algo);
+    }
+    return plans_.emplace(key, std::move(plan)).first->second.get();
+  }
+
+  // out[m, n] = x[m, k] * w[n, k]^T, fp32 accumulation. Column-major view: out^T (n x m)
+  // = op(W) (n x k, W stored k x n, transposed) * x^T (k x m).
+  absl::Status gemm(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
+                    decltype(BLAS_R_32F) out_type) {
+    if (m <= 0) return absl::OkStatus();
+    auto plan = gemm_plan(x, m, w, out, out_type);
+    if (!plan.ok()) return plan.status();
+    GemmPlan& p = **plan;
+    const float alpha = 1.0f, beta = 0.0f;
+    KVFUSE_BLAS(blasLtMatmul(blas_, p.desc, &alpha, w.w.get(), p.a, x, p.b, &beta, out, p.d, out, p.d, &p.algo,
+                             blas_workspace_.get(), blas_workspace_.bytes(), stream_));
+    return absl::OkStatus();
+  }
+
+  class Graph final : public BackendGraph {
+   public:
+    Graph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+    ~Graph() override { (void)cudaGraphExecDestroy(exec_); }  // best effort, as in ~GpuBackend
+    absl::Status replay() override {
+      KVFUSE_CUDA(cudaGraphLaunch(exec_, stream_));
+      return absl::OkStatus();
+    }
+
+   private:
+    cudaGraphExec_t exec_;
+    cudaStream_t stream_;
+  };
+
+  std::string description_;
+  int device_ = 0;
+  std::map<GemmKey, std::unique_ptr<GemmPlan>> plans_;
+  bool fnuz_ = false;
+  bool capturing_ = false;
+  uint64_t graph_epoch_ = 0;
+  gpu::KvWriteLaunch kv_launch_;
+  cudaStream_t stream_ = nullptr;
+  blasLtHandle_t blas_ = nullptr;
+  DeviceBuffer blas_workspace_;
+  DeviceBuffer split_scratch_;
+  DeviceBuffer gemm_f32_;  // fp32 GEMM results of biased linear layers
+  DeviceBuffer l2_flush_;  // written between timed GEMM candidates (tuning only)
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // no device (or no driver): clear the error, use the CPU
+    count = 0;
+  }
+#if defined(KVFUSE_HIP)
+  const Device built = Device::hip;
+#else
+  const Device built = Device::cuda;
+#endif
+  if (device == Device::cpu || (device == Device::auto_ && count == 0)) return make_cpu_backend_from_env();
+  if (device != Device::auto_ && device != built) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "config key 'device': '", to_string(device), "' is not built into this binary (built for ",
+        to_string(built), "); use cpu, auto or ", to_string(built)));
+  }
+  if (count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("config key 'device': '", to_string(device),
+                                                      "' but no ", KVFUSE_GPU_VENDOR, " device is visible (",
+                                                      cudaGetErrorString(err), "); use cpu or auto"));
+  }
+  return GpuBackend::create(0);
+}
+
+}  // namespace kvfuse

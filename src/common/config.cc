@@ -1,0 +1,344 @@
+#include "src/common/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "src/common/status_macros.h"
+
+namespace kvfuse {
+
+using nlohmann::json;
+
+const char* to_string(Device d) {
+  switch (d) {
+    case Device::auto_:
+      return "auto";
+    case Device::cpu:
+      return "cpu";
+    case Device::cuda:
+      return "cuda";
+    case Device::hip:
+      return "hip";
+  }
+  return "?";
+}
+const char* to_string(KvCacheDtype d) {
+  switch (d) {
+    case KvCacheDtype::bf16:
+      return "bf16";
+    case KvCacheDtype::fp8_e4m3:
+      return "fp8_e4m3";
+    case KvCacheDtype::fp8_e5m2:
+      return "fp8_e5m2";
+  }
+  return "?";
+}
+const char* to_string(KvWritePath p) { return p == KvWritePath::fused ? "fused" : "unfused"; }
+const char* to_string(AttentionPath p) { return p == AttentionPath::unified ? "unified" : "split"; }
+const char* to_string(GraphsMode g) { return g == GraphsMode::on ? "on" : "off"; }
+
+const std::vector<ConfigKeyDoc>& config_key_docs() {
+  static const std::vector<ConfigKeyDoc> docs = {
+      {"model", "tiny | llama3-8b | qwen2.5-7b | mistral-7b | hybrid-swa", "model preset (default tiny)"},
+      {"model_path", "directory path, or \"\"",
+       "Hugging Face model directory (config.json + safetensors); when set, model and seed are unused"},
+      {"seed", "integer >= 0", "seed of the synthetic weights (default 0)"},
+      {"device", "auto | cpu | cuda | hip", "backend; auto takes a built-in GPU if present, else the CPU"},
+      {"kv_cache_dtype", "bf16 | fp8_e4m3 | fp8_e5m2",
+       "KV cache element type; fp8_e4m3 is stored as e4m3fn, or e4m3fnuz on gfx942 (default fp8_e4m3)"},
+      {"kv_write", "fused | unfused", "KV write path: one fused kernel, or scale/cast/scatter stages"},
+      {"attention", "unified | split",
+       "attention path (default unified; on a GPU a decode-only batch too small to fill it takes the "
+       "split-KV "
+       "kernel)"},
+      {"graphs", "on | off",
+       "decode steps replay a CUDA/HIP graph captured per batch bucket (default on; no effect on the CPU)"},
+      {"page_size", "1 .. 1024", "tokens per KV page (default 16)"},
+      {"num_pages", ">= 1", "pages in the full pool (default 4096)"},
+      {"swa_num_pages", ">= 0", "pages in the SWA pool; 0 sizes it from the window and batch limits"},
+      {"sliding_window", "-1 | 0 | W > 0", "-1 keeps the preset's window, 0 disables SWA, W sets it"},
+      {"swa_layers", "preset | none | all | alternate | [layer, ...]",
+       "which layers use the window; alternate marks even layers"},
+      {"k_scale", "null, number > 0, or one per layer",
+       "per-tensor K scale in e4m3fn units: stored = fp8(k / k_scale); null: kv_scales_file, checkpoint or "
+       "1.0"},
+      {"v_scale", "null, number > 0, or one per layer", "per-tensor V scale, as k_scale"},
+      {"kv_scales_file", "file path, or \"\"",
+       "JSON file with k_scale/v_scale per layer (kvfuse-calibrate writes it); overrides checkpoint scales"},
+      {"max_batch_tokens", "1 .. 65536", "per-step token budget; longer prompts are prefilled in chunks"},
+      {"max_running_seqs", "1 .. 4096", "sequences decoded together in one step"},
+      {"max_seq_len", "2 .. 1048576", "longest sequence (prompt plus generated tokens)"},
+  };
+  return docs;
+}
+
+namespace {
+
+absl::Status key_error(const std::string& key, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("config key '", key, "': ", what));
+}
+
+// A value for an error message. Structured values are summarised, not printed: the
+// printer recurses, and an invalid UTF-8 string (an override that is not JSON) would
+// make it throw.
+std::string dump(const json& v) {
+  if (v.is_array()) return absl::StrCat("a list of ", v.size());
+  if (v.is_object()) return "an object";
+  return v.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+template <class E>
+absl::Status parse_enum(const json& j, const std::string& key, const std::map<std::string, E>& values,
+                        E& out) {
+  std::vector<std::string> names;
+  for (const auto& [name, _] : values) names.push_back(name);
+  if (!j.is_string()) {
+    return key_error(key, absl::StrCat(dump(j), " is not a string; allowed: ", absl::StrJoin(names, ", ")));
+  }
+  auto it = values.find(j.get<std::string>());
+  if (it == values.end()) {
+    return key_error(key, absl::StrCat(dump(j), " is not one of ", absl::StrJoin(names, ", ")));
+  }
+  out = it->second;
+  return absl::OkStatus();
+}
+
+template <class T>
+absl::Status parse_int(const json& j, const std::string& key, int64_t lo, int64_t hi, T& out) {
+  if (!j.is_number_integer()) return key_error(key, absl::StrCat(dump(j), " is not an integer"));
+  const int64_t v = j.get<int64_t>();
+  if (v < lo || v > hi) {
+    return key_error(key, absl::StrCat(v, " is out of range [", lo, ", ", hi, "]"));
+  }
+  out = T(v);
+  return absl::OkStatus();
+}
+
+absl::Status parse_scales(const json& j, const std::string& key, std::vector<float>& out) {
+  out.clear();
+  if (j.is_null()) return absl::OkStatus();  // not set
+  std::vector<const json*> items;
+  if (j.is_array()) {
+    if (j.empty()) return key_error(key, "empty list");
+    for (const json& v : j) items.push_back(&v);
+  } else {
+    items.push_back(&j);
+  }
+  for (const json* pv : items) {
+    const json& v = *pv;
+    if (!v.is_number()) return key_error(key, absl::StrCat(dump(v), " is not a number"));
+    const double d = v.get<double>();
+    if (!std::isfinite(d) || d <= 0.0 || d > 3.0e38) {
+      return key_error(key, absl::StrCat(dump(v), " must be a finite number > 0"));
+    }
+    out.push_back(float(d));
+  }
+  return absl::OkStatus();
+}
+
+// A path: a string without NUL bytes ("" means unset). Whether it exists is checked
+// where it is used, so that configs stay portable between machines.
+absl::Status parse_path(const json& j, const std::string& key, std::string& out) {
+  if (!j.is_string()) return key_error(key, absl::StrCat(dump(j), " is not a string"));
+  const std::string& s = j.get_ref<const std::string&>();
+  if (s.find('\0') != std::string::npos) return key_error(key, "contains a NUL byte");
+  out = s;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string config_key_name(std::string key) {
+  std::replace(key.begin(), key.end(), '-', '_');
+  return key;
+}
+
+absl::StatusOr<Config> config_from_json(const json& spelled) {
+  if (!spelled.is_object()) return absl::InvalidArgumentError("config: the top level must be a JSON object");
+  // kv-write and kv_write are one key, as on the command line.
+  json j = json::object();
+  for (const auto& [key, value] : spelled.items()) {
+    const std::string name = config_key_name(key);
+    if (j.contains(name))
+      return absl::InvalidArgumentError(absl::StrCat("config: key '", name, "' is set twice"));
+    j[name] = value;
+  }
+  std::set<std::string> known;
+  for (const auto& d : config_key_docs()) known.insert(d.key);
+  for (const auto& [key, _] : j.items()) {
+    if (!known.count(key)) {
+      std::vector<std::string> names(known.begin(), known.end());
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: unknown key '", key, "'; known keys: ", absl::StrJoin(names, ", ")));
+    }
+  }
+
+  Config c;
+  auto has = [&](const char* k) { return j.contains(k); };
+  if (has("model")) {
+    static const std::map<std::string, std::string> presets = {{"tiny", "tiny"},
+                                                               {"llama3-8b", "llama3-8b"},
+                                                               {"qwen2.5-7b", "qwen2.5-7b"},
+                                                               {"mistral-7b", "mistral-7b"},
+                                                               {"hybrid-swa", "hybrid-swa"}};
+    KVFUSE_RETURN_IF_ERROR(parse_enum(j["model"], "model", presets, c.model));
+  }
+  if (has("model_path")) KVFUSE_RETURN_IF_ERROR(parse_path(j["model_path"], "model_path", c.model_path));
+  if (has("kv_scales_file")) KVFUSE_RETURN_IF_ERROR(parse_path(j["kv_scales_file"], "kv_scales_file", c.kv_scales_file));
+  if (has("seed")) KVFUSE_RETURN_IF_ERROR(parse_int(j["seed"], "seed", 0, INT64_MAX, c.seed));
+  if (has("device")) {
+    KVFUSE_RETURN_IF_ERROR(parse_enum(
+        j["device"], "device",
+        std::map<std::string, Device>{
+            {"auto", Device::auto_}, {"cpu", Device::cpu}, {"cuda", Device::cuda}, {"hip", Device::hip}},
+        c.device));
+  }
+  if (has("kv_cache_dtype")) {
+    KVFUSE_RETURN_IF_ERROR(parse_enum(j["kv_cache_dtype"], "kv_cache_dtype",
+                          std::map<std::string, KvCacheDtype>{{"bf16", KvCacheDtype::bf16},
+                                                              {"fp8_e4m3", KvCacheDtype::fp8_e4m3},
+                                                              {"fp8_e5m2", KvCacheDtype::fp8_e5m2}},
+                          c.kv_cache_dtype));
+  }
+  if (has("kv_write")) {
+    KVFUSE_RETURN_IF_ERROR(parse_enum(
+        j["kv_write"], "kv_write",
+        std::map<std::string, KvWritePath>{{"fused", KvWritePath::fused}, {"unfused", KvWritePath::unfused}},
+        c.kv_write));
+  }
+  if (has("attention")) {
+    KVFUSE_RETURN_IF_ERROR(parse_enum(j["attention"], "attention",
+                          std::map<std::string, AttentionPath>{{"unified", AttentionPath::unified},
+                                                               {"split", AttentionPath::split}},
+                          c.attention));
+  }
+  if (has("graphs")) {
+    KVFUSE_RETURN_IF_ERROR(parse_enum(j["graphs"], "graphs",
+                          std::map<std::string, GraphsMode>{{"on", GraphsMode::on}, {"off", GraphsMode::off}},
+                          c.graphs));
+  }
+  if (has("page_size")) KVFUSE_RETURN_IF_ERROR(parse_int(j["page_size"], "page_size", 1, 1024, c.page_size));
+  if (has("num_pages")) KVFUSE_RETURN_IF_ERROR(parse_int(j["num_pages"], "num_pages", 1, int64_t(1) << 31, c.num_pages));
+  if (has("swa_num_pages")) {
+    KVFUSE_RETURN_IF_ERROR(parse_int(j["swa_num_pages"], "swa_num_pages", 0, int64_t(1) << 31, c.swa_num_pages));
+  }
+  if (has("sliding_window")) {
+    KVFUSE_RETURN_IF_ERROR(parse_int(j["sliding_window"], "sliding_window", -1, 1 << 24, c.sliding_window));
+  }
+  if (has("swa_layers")) {
+    const json& v = j["swa_layers"];
+    if (v.is_array()) {
+      c.swa_layers = "list";
+      for (const auto& e : v) {
+        int32_t layer = 0;
+        KVFUSE_RETURN_IF_ERROR(parse_int(e, "swa_layers", 0, 4096, layer));
+        c.swa_layer_list.push_back(layer);
+      }
+    } else {
+      KVFUSE_RETURN_IF_ERROR(
+          parse_enum(v, "swa_layers",
+                     std::map<std::string, std::string>{
+                         {"preset", "preset"}, {"none", "none"}, {"all", "all"}, {"alternate", "alternate"}},
+                     c.swa_layers));
+    }
+  }
+  if (has("k_scale")) KVFUSE_RETURN_IF_ERROR(parse_scales(j["k_scale"], "k_scale", c.k_scale));
+  if (has("v_scale")) KVFUSE_RETURN_IF_ERROR(parse_scales(j["v_scale"], "v_scale", c.v_scale));
+  if (has("max_batch_tokens")) {
+    KVFUSE_RETURN_IF_ERROR(parse_int(j["max_batch_tokens"], "max_batch_tokens", 1, 65536, c.max_batch_tokens));
+  }
+  if (has("max_running_seqs")) {
+    KVFUSE_RETURN_IF_ERROR(parse_int(j["max_running_seqs"], "max_running_seqs", 1, 4096, c.max_running_seqs));
+  }
+  if (has("max_seq_len")) KVFUSE_RETURN_IF_ERROR(parse_int(j["max_seq_len"], "max_seq_len", 2, 1 << 20, c.max_seq_len));
+  return c;
+}
+
+absl::StatusOr<Config> load_config_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("config file '", path, "' cannot be opened"));
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  if (j.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat("config file '", path, "' is not valid JSON"));
+  auto c = config_from_json(j);
+  if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
+  return c;
+}
+
+absl::Status apply_config_override(json& j, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("override '", assignment, "' is not key=value"));
+  }
+  const std::string key = config_key_name(assignment.substr(0, eq));
+  const std::string text = assignment.substr(eq + 1);
+  json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // The later assignment wins, whichever spelling the earlier one used.
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end();) {
+      it = it.key() != key && config_key_name(it.key()) == key ? j.erase(it) : std::next(it);
+    }
+  }
+  j[key] = v.is_discarded() ? json(text) : v;
+  return absl::OkStatus();
+}
+
+std::string config_env_name(const std::string& key) {
+  std::string name = "KVFUSE_" + config_key_name(key);
+  for (char& ch : name) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  return name;
+}
+
+absl::Status apply_config_env(json& j) {
+  for (const auto& d : config_key_docs()) {
+    const std::string var = config_env_name(d.key);
+    const char* value = std::getenv(var.c_str());
+    if (value == nullptr || *value == '\0') continue;
+    if (auto st = apply_config_override(j, absl::StrCat(d.key, "=", value)); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(var, ": ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+json config_to_json(const Config& c) {
+  json j;
+  j["model"] = c.model;
+  j["model_path"] = c.model_path;
+  j["seed"] = c.seed;
+  j["device"] = to_string(c.device);
+  j["kv_cache_dtype"] = to_string(c.kv_cache_dtype);
+  j["kv_write"] = to_string(c.kv_write);
+  j["attention"] = to_string(c.attention);
+  j["graphs"] = to_string(c.graphs);
+  j["page_size"] = c.page_size;
+  j["num_pages"] = c.num_pages;
+  j["swa_num_pages"] = c.swa_num_pages;
+  j["sliding_window"] = c.sliding_window;
+  if (c.swa_layers == "list") {
+    j["swa_layers"] = c.swa_layer_list;
+  } else {
+    j["swa_layers"] = c.swa_layers;
+  }
+  auto scales = [](const std::vector<float>& v) {
+    return v.empty() ? json(nullptr) : v.size() == 1 ? json(v[0]) : json(v);
+  };
+  j["k_scale"] = scales(c.k_scale);
+  j["v_scale"] = scales(c.v_scale);
+  j["kv_scales_file"] = c.kv_scales_file;
+  j["max_batch_tokens"] = c.max_batch_tokens;
+  j["max_running_seqs"] = c.max_running_seqs;
+  j["max_seq_len"] = c.max_seq_len;
+  return j;
+}
+
+}  // namespace kvfuse

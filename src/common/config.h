@@ -1,0 +1,77 @@
+// Engine configuration: one flat JSON object, every key validated at load.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "absl/status/statusor.h"
+
+namespace kvfuse {
+
+enum class Device { auto_, cpu, cuda, hip };
+enum class KvCacheDtype { bf16, fp8_e4m3, fp8_e5m2 };
+enum class KvWritePath { fused, unfused };
+enum class AttentionPath { unified, split };
+enum class GraphsMode { off, on };
+
+const char* to_string(Device d);
+const char* to_string(KvCacheDtype d);
+const char* to_string(KvWritePath p);
+const char* to_string(AttentionPath p);
+const char* to_string(GraphsMode g);
+
+struct Config {
+  std::string model = "tiny";  // preset name
+  std::string model_path;      // Hugging Face model directory; when set, `model` and `seed` are unused
+  uint64_t seed = 0;           // synthetic weights
+  Device device = Device::auto_;
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::fp8_e4m3;
+  KvWritePath kv_write = KvWritePath::fused;
+  AttentionPath attention = AttentionPath::unified;
+  // Decode-only steps replay a CUDA/HIP graph captured per batch bucket (no effect on the CPU).
+  GraphsMode graphs = GraphsMode::on;
+  int32_t page_size = 16;
+  int64_t num_pages = 4096;
+  int64_t swa_num_pages = 0;            // 0: sized from the window and the batch limits
+  int32_t sliding_window = -1;          // -1: the preset's; 0: none; W > 0: window of W keys
+  std::string swa_layers = "preset";    // preset | none | all | alternate | list
+  std::vector<int32_t> swa_layer_list;  // when swa_layers == "list"
+  // One value for every layer, or one per layer; empty when the config does not set the
+  // key (JSON null), so that a kv_scales_file or checkpoint scales apply (src/loading/kv_scales.h).
+  std::vector<float> k_scale;
+  std::vector<float> v_scale;
+  std::string kv_scales_file;      // JSON file of per-layer scales (calibration output)
+  int32_t max_batch_tokens = 512;  // per-step token budget (chunked prefill)
+  int32_t max_running_seqs = 64;
+  int32_t max_seq_len = 4096;
+};
+
+// Parses and validates. Errors name the key and, for enumerations, the allowed values;
+// an unknown key is an error.
+absl::StatusOr<Config> config_from_json(const nlohmann::json& j);
+absl::StatusOr<Config> load_config_file(const std::string& path);
+// Applies "key=value" (the value parsed as JSON, or taken as a string if that fails).
+// Keys may be spelled with dashes or underscores (kv-write, kv_write), here and in a file.
+absl::Status apply_config_override(nlohmann::json& j, const std::string& assignment);
+// The canonical spelling of a key: dashes become underscores.
+std::string config_key_name(std::string key);
+// KVFUSE_<KEY> (KVFUSE_KV_WRITE=unfused) for a config key.
+std::string config_env_name(const std::string& key);
+// Applies the KVFUSE_<KEY> environment variables that are set and not empty, as
+// overrides. Precedence: command line > environment > config file > default, so call
+// this after loading the file and before applying the command line.
+absl::Status apply_config_env(nlohmann::json& j);
+nlohmann::json config_to_json(const Config& c);
+
+// Reference of every key, for --help and the README: key, allowed values, default, meaning.
+struct ConfigKeyDoc {
+  const char* key;
+  const char* values;
+  const char* meaning;
+};
+const std::vector<ConfigKeyDoc>& config_key_docs();
+
+}  // namespace kvfuse

@@ -1,0 +1,132 @@
+#include "src/common/model_spec.h"
+
+#include "absl/strings/str_cat.h"
+#include "src/loading/hf_config.h"
+
+namespace kvfuse {
+
+bool ModelSpec::any_swa() const {
+  for (bool b : layer_is_swa) {
+    if (b) return true;
+  }
+  return false;
+}
+
+int64_t ModelSpec::num_params() const {
+  const int64_t h = hidden;
+  const int64_t per_layer = h * qkv_dim() + q_dim() * h + 2 * h * intermediate + int64_t(intermediate) * h +
+                            2 * h + (qkv_bias ? qkv_dim() : 0);
+  return int64_t(vocab) * h * (tie_embeddings ? 1 : 2) + num_layers * per_layer + h;
+}
+
+namespace {
+
+ModelSpec make(std::string name, std::string arch, int32_t vocab, int32_t hidden, int32_t inter,
+               int32_t layers, int32_t q_heads, int32_t kv_heads, int32_t head_dim, float theta, float eps) {
+  ModelSpec s;
+  s.name = std::move(name);
+  s.arch = std::move(arch);
+  s.vocab = vocab;
+  s.hidden = hidden;
+  s.intermediate = inter;
+  s.num_layers = layers;
+  s.num_q_heads = q_heads;
+  s.num_kv_heads = kv_heads;
+  s.head_dim = head_dim;
+  s.rope_theta = theta;
+  s.rms_eps = eps;
+  s.layer_is_swa.assign(size_t(layers), false);
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
+  if (name == "tiny") {
+    // Small enough to answer in milliseconds on 2 CPU cores; GQA 2:1, head_dim 64.
+    ModelSpec s = make("tiny", "llama", 1024, 256, 768, 4, 4, 2, 64, 10000.0f, 1e-5f);
+    s.max_position = 8192;
+    return s;
+  }
+  if (name == "llama3-8b") {
+    ModelSpec s = make("llama3-8b", "llama", 128256, 4096, 14336, 32, 32, 8, 128, 500000.0f, 1e-5f);
+    s.max_position = 131072;
+    return s;
+  }
+  if (name == "qwen2.5-7b") {
+    ModelSpec s = make("qwen2.5-7b", "qwen2", 152064, 3584, 18944, 28, 28, 4, 128, 1000000.0f, 1e-6f);
+    s.qkv_bias = true;
+    s.max_position = 32768;
+    return s;
+  }
+  if (name == "mistral-7b") {
+    // Mistral 7B v0.1: a 4096-token window on every layer.
+    ModelSpec s = make("mistral-7b", "mistral", 32000, 4096, 14336, 32, 32, 8, 128, 10000.0f, 1e-5f);
+    s.sliding_window = 4096;
+    s.layer_is_swa.assign(32, true);
+    s.max_position = 32768;
+    return s;
+  }
+  if (name == "hybrid-swa") {
+    // llama3-8b shapes with sliding-window and full-attention layers alternating.
+    ModelSpec s = make("hybrid-swa", "hybrid", 128256, 4096, 14336, 32, 32, 8, 128, 500000.0f, 1e-5f);
+    s.sliding_window = 4096;
+    for (int i = 0; i < 32; i += 2) s.layer_is_swa[size_t(i)] = true;
+    s.max_position = 131072;
+    return s;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("config key 'model': unknown preset '", name,
+                   "'; allowed: tiny, llama3-8b, qwen2.5-7b, mistral-7b, hybrid-swa"));
+}
+
+absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg) {
+  // A checkpoint's config.json replaces the preset; the overrides below apply to both.
+  auto s = cfg.model_path.empty() ? model_preset(cfg.model) : load_hf_config(cfg.model_path);
+  if (!s.ok()) return s.status();
+  ModelSpec spec = *s;
+  const size_t n = size_t(spec.num_layers);
+
+  if (cfg.sliding_window >= 0) spec.sliding_window = cfg.sliding_window;
+  if (cfg.swa_layers == "none") {
+    spec.layer_is_swa.assign(n, false);
+  } else if (cfg.swa_layers == "all") {
+    spec.layer_is_swa.assign(n, true);
+  } else if (cfg.swa_layers == "alternate") {
+    spec.layer_is_swa.assign(n, false);
+    for (size_t i = 0; i < n; i += 2) spec.layer_is_swa[i] = true;
+  } else if (cfg.swa_layers == "list") {
+    spec.layer_is_swa.assign(n, false);
+    for (int32_t l : cfg.swa_layer_list) {
+      if (l < 0 || l >= spec.num_layers) {
+        return absl::InvalidArgumentError(absl::StrCat("config key 'swa_layers': layer ", l,
+                                                       " is out of range [0, ", spec.num_layers - 1,
+                                                       "] for model '", spec.name, "'"));
+      }
+      spec.layer_is_swa[size_t(l)] = true;
+    }
+  }
+  if (cfg.sliding_window == 0) spec.layer_is_swa.assign(n, false);  // explicit 0 turns SWA off
+  if (spec.any_swa() && spec.sliding_window <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config key 'sliding_window': layers are marked sliding-window but model '", spec.name,
+                     "' has no window; set sliding_window to W > 0"));
+  }
+  if (!spec.any_swa()) spec.sliding_window = 0;
+
+  for (const auto* scales : {&cfg.k_scale, &cfg.v_scale}) {
+    if (scales->size() > 1 && scales->size() != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config key '", scales == &cfg.k_scale ? "k_scale" : "v_scale", "': has ", scales->size(),
+          " values; give one, or one per layer (", n, " for model '", spec.name, "')"));
+    }
+  }
+  if (cfg.max_seq_len > spec.max_position) {
+    return absl::InvalidArgumentError(absl::StrCat("config key 'max_seq_len': ", cfg.max_seq_len,
+                                                   " exceeds model '", spec.name, "' max position ",
+                                                   spec.max_position));
+  }
+  return spec;
+}
+
+}  // namespace kvfuse

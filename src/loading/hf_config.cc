@@ -1,0 +1,255 @@
+#include "src/loading/hf_config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
+
+namespace kvfuse {
+
+using nlohmann::json;
+
+namespace {
+
+struct Reader {
+  const json& j;
+  absl::string_view source;
+
+  absl::Status error(absl::string_view key, absl::string_view what) const {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": '", key, "' ", what));
+  }
+  bool present(const char* key) const { return j.contains(key) && !j.at(key).is_null(); }
+
+  // Integer key in [lo, hi]; `def` when absent (required when def is nullopt).
+  absl::Status integer(const char* key, int64_t lo, int64_t hi, std::optional<int64_t> def,
+                       int32_t& out) const {
+    if (!present(key)) {
+      if (!def) return error(key, "is missing");
+      out = int32_t(*def);
+      return absl::OkStatus();
+    }
+    const json& v = j.at(key);
+    if (!v.is_number_integer()) return error(key, "is not an integer");
+    const int64_t x =
+        v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v.get<int64_t>();
+    if (x < lo || x > hi) return error(key, absl::StrCat("is ", x, ", outside [", lo, ", ", hi, "]"));
+    out = int32_t(x);
+    return absl::OkStatus();
+  }
+  absl::Status number(const json& obj, const char* key, double lo, double hi, double def, float& out) const {
+    if (!obj.contains(key) || obj.at(key).is_null()) {
+      out = float(def);
+      return absl::OkStatus();
+    }
+    const json& v = obj.at(key);
+    if (!v.is_number()) return error(key, "is not a number");
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x < lo || x > hi)
+      return error(key, absl::StrCat("is ", x, ", outside [", lo, ", ", hi, "]"));
+    out = float(x);
+    return absl::OkStatus();
+  }
+  absl::Status boolean(const char* key, bool def, bool& out) const {
+    if (!present(key)) {
+      out = def;
+      return absl::OkStatus();
+    }
+    if (!j.at(key).is_boolean()) return error(key, "is not true or false");
+    out = j.at(key).get<bool>();
+    return absl::OkStatus();
+  }
+  std::string string_or(const json& obj, const char* key, const std::string& def) const {
+    return obj.contains(key) && obj.at(key).is_string() ? obj.at(key).get<std::string>() : def;
+  }
+};
+
+
+// The RoPE variant: only "default" (plain RoPE) is implemented.
+absl::Status check_rope(const Reader& r, const char* key) {
+  if (!r.present(key)) return absl::OkStatus();
+  const json& v = r.j.at(key);
+  if (!v.is_object()) return r.error(key, "is not an object");
+  const std::string type = r.string_or(v, "rope_type", r.string_or(v, "type", "default"));
+  if (type != "default") {
+    return absl::UnimplementedError(absl::StrCat(r.source, ": '", key, "' has rope type '", type,
+                                                 "'; kvfuse implements plain RoPE only (rope_type "
+                                                 "'default'), and serving a scaled-RoPE model with plain "
+                                                 "RoPE would give wrong logits"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSpec> spec_from_hf_config(const json& j, absl::string_view source,
+                                              const std::string& name) {
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  const Reader r{j, source};
+  ModelSpec s;
+  s.name = name;
+
+  // Architecture: architectures[0], else model_type; both must agree when both are given.
+  std::string from_arch, from_type;
+  if (r.present("architectures")) {
+    const json& a = j.at("architectures");
+    if (!a.is_array() || a.size() != 1 || !a[0].is_string())
+      return r.error("architectures", "is not a list of one name");
+    const std::string n = a[0].get<std::string>();
+    if (n == "LlamaForCausalLM")
+      from_arch = "llama";
+    else if (n == "Qwen2ForCausalLM")
+      from_arch = "qwen2";
+    else if (n == "MistralForCausalLM")
+      from_arch = "mistral";
+    else {
+      return absl::UnimplementedError(absl::StrCat(source, ": architecture '", n,
+                                                   "' is not supported; kvfuse serves LlamaForCausalLM, "
+                                                   "Qwen2ForCausalLM and MistralForCausalLM"));
+    }
+  }
+  if (r.present("model_type")) {
+    if (!j.at("model_type").is_string()) return r.error("model_type", "is not a string");
+    from_type = j.at("model_type").get<std::string>();
+  }
+  if (from_arch.empty()) {
+    if (from_type != "llama" && from_type != "qwen2" && from_type != "mistral") {
+      return absl::UnimplementedError(
+          absl::StrCat(source, ": model_type '", from_type, "' is not supported (llama, qwen2, mistral)"));
+    }
+    from_arch = from_type;
+  } else if (!from_type.empty() && from_type != from_arch) {
+    return r.error("model_type",
+                   absl::StrCat("is '", from_type, "' but architectures names a ", from_arch, " model"));
+  }
+  s.arch = from_arch;
+  const bool llama = s.arch == "llama", qwen2 = s.arch == "qwen2", mistral = s.arch == "mistral";
+
+  if (r.present("text_config"))
+    return r.error("text_config", "is present: multimodal models are not supported");
+  if (r.string_or(j, "hidden_act", "silu") != "silu") {
+    return absl::UnimplementedError(absl::StrCat(source, ": hidden_act '", r.string_or(j, "hidden_act", ""),
+                                                 "' is not supported (silu)"));
+  }
+
+  constexpr int64_t kBig = int64_t(1) << 30;
+  KVFUSE_RETURN_IF_ERROR(r.integer("vocab_size", 1, kBig, std::nullopt, s.vocab));
+  KVFUSE_RETURN_IF_ERROR(r.integer("hidden_size", 1, 1 << 20, std::nullopt, s.hidden));
+  KVFUSE_RETURN_IF_ERROR(r.integer("intermediate_size", 1, 1 << 22, std::nullopt, s.intermediate));
+  KVFUSE_RETURN_IF_ERROR(r.integer("num_hidden_layers", 1, 4096, std::nullopt, s.num_layers));
+  KVFUSE_RETURN_IF_ERROR(r.integer("num_attention_heads", 1, 4096, std::nullopt, s.num_q_heads));
+  KVFUSE_RETURN_IF_ERROR(r.integer("num_key_value_heads", 1, 4096, s.num_q_heads, s.num_kv_heads));
+  if (s.num_q_heads % s.num_kv_heads != 0) {
+    return r.error(
+        "num_key_value_heads",
+        absl::StrCat("is ", s.num_kv_heads, ", which does not divide num_attention_heads ", s.num_q_heads));
+  }
+  if (r.present("head_dim")) {
+    KVFUSE_RETURN_IF_ERROR(r.integer("head_dim", 2, 1024, std::nullopt, s.head_dim));
+  } else {
+    if (s.hidden % s.num_q_heads != 0) {
+      return r.error("hidden_size", "is not a multiple of num_attention_heads, and head_dim is not given");
+    }
+    s.head_dim = s.hidden / s.num_q_heads;
+  }
+  if (s.head_dim % 2 != 0)
+    return r.error("head_dim", absl::StrCat("is ", s.head_dim, "; RoPE needs an even head_dim"));
+  KVFUSE_RETURN_IF_ERROR(r.number(j, "rms_norm_eps", 0.0, 1.0, 1e-6, s.rms_eps));
+  const int64_t default_max_pos = llama ? 2048 : qwen2 ? 32768 : 131072;
+  KVFUSE_RETURN_IF_ERROR(r.integer("max_position_embeddings", 1, int64_t(1) << 24, default_max_pos, s.max_position));
+  KVFUSE_RETURN_IF_ERROR(r.boolean("tie_word_embeddings", false, s.tie_embeddings));
+
+  // RoPE: rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x).
+  KVFUSE_RETURN_IF_ERROR(check_rope(r, "rope_scaling"));
+  KVFUSE_RETURN_IF_ERROR(check_rope(r, "rope_parameters"));
+  KVFUSE_RETURN_IF_ERROR(r.number(j, "rope_theta", 1.0, 1e12, 10000.0, s.rope_theta));
+  if (r.present("rope_parameters"))
+    KVFUSE_RETURN_IF_ERROR(r.number(j.at("rope_parameters"), "rope_theta", 1.0, 1e12, s.rope_theta, s.rope_theta));
+  float partial = 1.0f;
+  KVFUSE_RETURN_IF_ERROR(r.number(j, "partial_rotary_factor", 0.0, 1.0, 1.0, partial));
+  if (partial != 1.0f)
+    return absl::UnimplementedError(absl::StrCat(source, ": partial_rotary_factor != 1 is not supported"));
+
+  // Biases: Qwen2 has q/k/v biases and no others; Llama-style configs must have none.
+  s.qkv_bias = qwen2;
+  bool attention_bias = false, mlp_bias = false;
+  KVFUSE_RETURN_IF_ERROR(r.boolean("attention_bias", false, attention_bias));
+  KVFUSE_RETURN_IF_ERROR(r.boolean("mlp_bias", false, mlp_bias));
+  if (!qwen2 && attention_bias) {
+    return absl::UnimplementedError(
+        absl::StrCat(source, ": attention_bias true (biases on q/k/v/o) is not supported"));
+  }
+  if (mlp_bias) return absl::UnimplementedError(absl::StrCat(source, ": mlp_bias true is not supported"));
+
+  // Sliding window (see the header for the rules).
+  s.layer_is_swa.assign(size_t(s.num_layers), false);
+  int32_t window = 0;
+  const bool has_window = r.present("sliding_window");
+  if (has_window) KVFUSE_RETURN_IF_ERROR(r.integer("sliding_window", 1, int64_t(1) << 24, std::nullopt, window));
+  if (r.present("layer_types")) {
+    const json& lt = j.at("layer_types");
+    if (!lt.is_array() || lt.size() != size_t(s.num_layers)) {
+      return r.error("layer_types", absl::StrCat("is not a list of ", s.num_layers, " layer types"));
+    }
+    for (size_t i = 0; i < lt.size(); ++i) {
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
+      if (t == "sliding_attention") {
+        s.layer_is_swa[i] = true;
+      } else if (t != "full_attention") {
+        return r.error("layer_types",
+                       absl::StrCat("entry ", i, " is not 'full_attention' or 'sliding_attention'"));
+      }
+    }
+    if (s.any_swa() && !has_window)
+      return r.error("sliding_window", "is missing but layer_types has sliding layers");
+  } else if (mistral) {
+    // MistralConfig's default window is 4096; an explicit null turns it off.
+    if (!j.contains("sliding_window")) window = 4096;
+    if (window > 0) s.layer_is_swa.assign(size_t(s.num_layers), true);
+  } else if (qwen2) {
+    bool use = false;
+    KVFUSE_RETURN_IF_ERROR(r.boolean("use_sliding_window", false, use));
+    int32_t max_window_layers = 28;
+    KVFUSE_RETURN_IF_ERROR(r.integer("max_window_layers", 0, 1 << 20, 28, max_window_layers));
+    if (!j.contains("sliding_window")) window = 4096;
+    if (use && window > 0) {
+      for (int32_t l = max_window_layers; l < s.num_layers; ++l) s.layer_is_swa[size_t(l)] = true;
+    }
+  }
+  s.sliding_window = s.any_swa() ? window : 0;
+
+  if (r.present("quantization_config")) {
+    // FP8 checkpoints ("fp8" without blocks, or "compressed-tensors") are checked tensor
+    // by tensor: F8_E4M3 weights with per-tensor or per-output-channel scales load,
+    // anything else fails on its dtype. Other methods are refused here, early.
+    const json& q = j.at("quantization_config");
+    const std::string method = q.is_object() ? r.string_or(q, "quant_method", "") : "";
+    const bool blocks =
+        q.is_object() && q.contains("weight_block_size") && !q.at("weight_block_size").is_null();
+    if (!((method == "fp8" && !blocks) || method == "compressed-tensors")) {
+      return absl::UnimplementedError(absl::StrCat(
+          source, ": quantization_config method '", method, blocks ? "' with weight_block_size" : "",
+          "' is not supported (kvfuse loads bf16/fp16/fp32 weights, and FP8 e4m3 weights with per-tensor or "
+          "per-channel scales)"));
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<ModelSpec> load_hf_config(const std::string& model_dir) {
+  const std::string path = (std::filesystem::path(model_dir) / "config.json").string();
+  std::ifstream in(path);
+  if (!in)
+    return absl::NotFoundError(
+        absl::StrCat(path, ": cannot be opened (config key 'model_path' is '", model_dir, "')"));
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  std::string name = std::filesystem::path(model_dir).lexically_normal().filename().string();
+  if (name.empty())
+    name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
+  return spec_from_hf_config(j, path, name.empty() ? "checkpoint" : name);
+}
+
+}  // namespace kvfuse

@@ -1,0 +1,34 @@
+// A Hugging Face config.json (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM)
+// read into a ModelSpec, with the defaults transformers itself applies to missing keys.
+//
+// Sliding window, as transformers decides it:
+//   - `layer_types` (newer transformers writes it): "sliding_attention" layers use the
+//     window `sliding_window`, "full_attention" layers do not;
+//   - Mistral without `layer_types`: every layer uses `sliding_window` (4096 when the
+//     key is absent, none when it is null);
+//   - Qwen2 without `layer_types`: layers i >= `max_window_layers` use the window when
+//     `use_sliding_window` is true and `sliding_window` is not null; otherwise none;
+//   - Llama: none.
+// RoPE: plain rotary embedding with `rope_theta` (or `rope_parameters.rope_theta`).
+// `rope_scaling` / `rope_parameters` types other than "default" (llama3, linear, yarn,
+// dynamic, longrope) are refused with UNIMPLEMENTED: they change every frequency, so
+// serving them as plain RoPE would silently give wrong logits.
+#pragma once
+
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "absl/status/statusor.h"
+#include "src/common/model_spec.h"
+
+namespace kvfuse {
+
+// `source` names the file in errors. `name` becomes ModelSpec::name.
+absl::StatusOr<ModelSpec> spec_from_hf_config(const nlohmann::json& j, absl::string_view source,
+                                              const std::string& name);
+// Reads `model_dir`/config.json.
+absl::StatusOr<ModelSpec> load_hf_config(const std::string& model_dir);
+
+}  // namespace kvfuse

@@ -1,0 +1,92 @@
+#include "src/loading/host_weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+namespace kvfuse {
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Tensor ids for the synthetic generator.
+enum : uint64_t { kEmbed = 1, kFinalNorm, kLmHead, kLayerBase = 16 };
+enum : uint64_t { kAttnNorm, kFfnNorm, kQkv, kQkvBias, kO, kGateUp, kDown, kTensorsPerLayer = 16 };
+
+std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float stddev, float mean = 0.0f) {
+  std::vector<bf16_t> out(static_cast<size_t>(count));
+  // Counter-based values: any split of the index range gives the same tensor, so large
+  // presets (8B parameters) fill on every core.
+  auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      out[size_t(i)] = f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
+    }
+  };
+  const int64_t threads = count < (int64_t(1) << 20) ? 1 : std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t)
+    pool.emplace_back(fill, count * t / threads, count * (t + 1) / threads);
+  fill(0, count / threads);
+  for (auto& th : pool) th.join();
+  return out;
+}
+
+}  // namespace
+
+float synthetic_weight(uint64_t seed, uint64_t tensor, uint64_t i) {
+  // Uniform on [-sqrt(3), sqrt(3)): zero mean, unit variance.
+  const uint64_t r = splitmix64(splitmix64(seed ^ (tensor << 40)) ^ i);
+  const double u = double(r >> 11) * 0x1.0p-53;
+  return float((2.0 * u - 1.0) * 1.7320508075688772);
+}
+
+namespace {
+
+// The synthetic weights. Their scales keep activations near unit RMS through the
+// residual stream, and make the logits peaked enough (std ~3) that greedy decoding is
+// well defined.
+class SyntheticWeights final : public HostWeightSource {
+ public:
+  SyntheticWeights(const ModelSpec& spec, uint64_t seed) : s_(spec), seed_(seed) {}
+
+  absl::Status globals(HostGlobalWeights& g) override {
+    const float in_std = 1.0f / std::sqrt(float(s_.hidden));
+    g.embed = synth(seed_, kEmbed, int64_t(s_.vocab) * s_.hidden, 1.0f);
+    g.final_norm = synth(seed_, kFinalNorm, s_.hidden, 0.05f, 1.0f);
+    g.lm_head = HostLinear{};
+    if (!s_.tie_embeddings) g.lm_head.w = synth(seed_, kLmHead, int64_t(s_.vocab) * s_.hidden, 3.0f * in_std);
+    return absl::OkStatus();
+  }
+
+  absl::Status layer(int32_t l, HostLayerWeights& L) override {
+    const float in_std = 1.0f / std::sqrt(float(s_.hidden));
+    const uint64_t base = kLayerBase + uint64_t(l) * kTensorsPerLayer;
+    L.attn_norm = synth(seed_, base + kAttnNorm, s_.hidden, 0.05f, 1.0f);
+    L.ffn_norm = synth(seed_, base + kFfnNorm, s_.hidden, 0.05f, 1.0f);
+    L.qkv.w = synth(seed_, base + kQkv, s_.qkv_dim() * s_.hidden, in_std);
+    L.qkv.bias = s_.qkv_bias ? synth(seed_, base + kQkvBias, s_.qkv_dim(), 0.1f) : std::vector<bf16_t>{};
+    L.o.w = synth(seed_, base + kO, int64_t(s_.hidden) * s_.q_dim(), 0.5f / std::sqrt(float(s_.q_dim())));
+    L.gate_up.w = synth(seed_, base + kGateUp, 2 * int64_t(s_.intermediate) * s_.hidden, in_std);
+    L.down.w = synth(seed_, base + kDown, int64_t(s_.hidden) * s_.intermediate,
+                     0.5f / std::sqrt(float(s_.intermediate)));
+    return absl::OkStatus();
+  }
+
+ private:
+  ModelSpec s_;
+  uint64_t seed_;
+};
+
+}  // namespace
+
+std::unique_ptr<HostWeightSource> make_synthetic_weights(const ModelSpec& spec, uint64_t seed) {
+  return std::make_unique<SyntheticWeights>(spec, seed);
+}
+
+}  // namespace kvfuse

@@ -1,0 +1,47 @@
+// Host bf16 weights in the model's fused layouts, and the deterministic synthetic
+// weights of the presets. A source hands them over one piece at a time, so that a
+// checkpoint loader holds at most one layer (or the embeddings) in host memory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/bf16.h"
+#include "src/common/model_spec.h"
+
+namespace kvfuse {
+
+struct HostLinear {
+  std::vector<bf16_t> w;     // [n, k] row-major (out_features x in_features)
+  std::vector<bf16_t> bias;  // [n], or empty
+};
+struct HostLayerWeights {
+  std::vector<bf16_t> attn_norm, ffn_norm;  // [hidden]
+  HostLinear qkv;                           // [q_dim + 2 kv_dim, hidden]: rows q, then k, then v
+  HostLinear o;                             // [hidden, q_dim]
+  HostLinear gate_up;                       // [2 intermediate, hidden]: rows gate, then up
+  HostLinear down;                          // [hidden, intermediate]
+};
+struct HostGlobalWeights {
+  std::vector<bf16_t> embed;       // [vocab, hidden]
+  std::vector<bf16_t> final_norm;  // [hidden]
+  HostLinear lm_head;              // [vocab, hidden]; empty with tie_embeddings (the embedding is used)
+};
+class HostWeightSource {
+ public:
+  virtual ~HostWeightSource() = default;
+  virtual absl::Status globals(HostGlobalWeights& out) = 0;
+  virtual absl::Status layer(int32_t layer, HostLayerWeights& out) = 0;
+};
+
+// Deterministic synthetic weights from `seed`: the weights of a preset run without a
+// checkpoint.
+std::unique_ptr<HostWeightSource> make_synthetic_weights(const ModelSpec& spec, uint64_t seed);
+
+// Deterministic synthetic weight value i of tensor `tensor` (counter-based, so any
+// device can generate the same weights independently).
+float synthetic_weight(uint64_t seed, uint64_t tensor, uint64_t i);
+
+}  // namespace kvfuse

@@ -1,0 +1,385 @@
+#include "src/runtime/engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "src/common/status_macros.h"
+#include "src/loading/checkpoint.h"
+#include "src/loading/kv_scales.h"
+
+namespace kvfuse {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+int32_t ceil_div(int64_t a, int64_t b) { return int32_t((a + b - 1) / b); }
+double available_memory_gib() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return double(kb) / double(1 << 20);
+  }
+  return -1.0;
+}
+}  // namespace
+
+absl::Status check_cpu_weight_memory(const ModelSpec& s, double available_gib) {
+  // The CPU backend holds weights in bf16: refuse shapes that cannot fit in memory with a
+  // message instead of failing an allocation half way.
+  const double need_gib = double(s.num_params()) * 2.0 / double(1 << 30);
+  if (available_gib > 0 && need_gib > 0.8 * available_gib) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("model '%s' needs %.1f GiB of bf16 weights on the CPU backend, %.1f GiB available; "
+                        "use a GPU device or the tiny preset",
+                        s.name, need_gib, available_gib));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg) {
+  auto backend = make_backend(cfg.device);
+  if (!backend.ok()) return backend.status();
+  return create(cfg, std::move(*backend));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg, std::unique_ptr<Backend> backend) {
+  std::unique_ptr<Engine> e(new Engine(cfg, std::move(backend)));
+  const absl::Status st = e->init();
+  if (!st.ok()) return st;
+  return e;
+}
+
+absl::Status Engine::init() {
+  auto spec = resolve_model_spec(cfg_);
+  if (!spec.ok()) return spec.status();
+  const ModelSpec& s = *spec;
+  const size_t L = size_t(s.num_layers);
+  if (backend_->device() == Device::cpu) {
+    KVFUSE_RETURN_IF_ERROR(check_cpu_weight_memory(s, available_memory_gib()));
+  }
+
+  KvPoolConfig pc;
+  pc.num_layers = s.num_layers;
+  pc.page_size = cfg_.page_size;
+  pc.num_pages = cfg_.num_pages;
+  pc.num_kv_heads = s.num_kv_heads;
+  pc.head_dim = s.head_dim;
+  pc.format = backend_->resolve_kv_format(cfg_.kv_cache_dtype);
+  pc.layer_is_swa = s.layer_is_swa;
+  pc.window = s.sliding_window;
+  // A checkpoint (model_path) brings the weights and possibly KV scales; the scales in
+  // use follow the precedence and FNUZ rule of src/loading/kv_scales.h.
+  std::unique_ptr<Checkpoint> ckpt;
+  if (!cfg_.model_path.empty()) {
+    auto c = Checkpoint::open(cfg_.model_path);
+    if (!c.ok()) return c.status();
+    ckpt = std::move(*c);
+  }
+  auto scales = resolve_kv_scales(cfg_, ckpt ? ckpt->kv_scales() : std::nullopt, s.num_layers);
+  if (!scales.ok()) return scales.status();
+  for (size_t l = 0; l < L; ++l) {
+    pc.k_scale.push_back(kv_scale_on_device(scales->k[l], pc.format));
+    pc.v_scale.push_back(kv_scale_on_device(scales->v[l], pc.format));
+  }
+  pc.max_step_tokens = cfg_.max_batch_tokens;
+  if (s.any_swa()) {
+    // Enough SWA pages for every running sequence, unless the config sizes the pool itself.
+    pc.swa_num_pages =
+        cfg_.swa_num_pages > 0
+            ? cfg_.swa_num_pages
+            : std::min<int64_t>(cfg_.num_pages, KvPool::max_swa_pages_held(pc) * cfg_.max_running_seqs);
+  }
+  auto pool = KvPool::create(*backend_, pc);
+  if (!pool.ok()) return pool.status();
+  pool_ = std::move(*pool);
+
+  ModelLimits limits;
+  limits.max_tokens = cfg_.max_batch_tokens;
+  limits.max_seqs = cfg_.max_running_seqs;
+  limits.max_pages_per_seq = ceil_div(cfg_.max_seq_len, cfg_.page_size);
+  if (ckpt) {
+    KVFUSE_RETURN_IF_ERROR(ckpt->check_shapes(s));
+  }
+  const std::unique_ptr<HostWeightSource> weights =
+      ckpt ? ckpt->weights() : make_synthetic_weights(s, cfg_.seed);
+  auto model = Model::create(*backend_, s, *weights);
+  if (!model.ok()) return model.status();
+  model_ = std::move(*model);
+  auto runner = ModelRunner::create(*backend_, *model_, limits);
+  if (!runner.ok()) return runner.status();
+  runner_ = std::move(*runner);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::check_tokens(const std::vector<int32_t>& tokens) const {
+  const int32_t vocab = model_->spec().vocab;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", tokens[i], " at index ", i,
+                                                     " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
+                                  const Rng* rng) {
+  if (seqs_.count(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
+  if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
+  if (int64_t(prompt.size()) >= cfg_.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt of ", prompt.size(), " tokens leaves no room under max_seq_len ", cfg_.max_seq_len));
+  }
+  KVFUSE_RETURN_IF_ERROR(check_tokens(prompt));
+  KVFUSE_RETURN_IF_ERROR(validate_sampling(sampling, model_->spec().vocab));
+  KVFUSE_RETURN_IF_ERROR(pool_->add_sequence(id));
+  SequenceState& s = seqs_[id];
+  s.id = id;
+  s.num_prompt = int32_t(prompt.size());
+  s.tokens = std::move(prompt);
+  s.sampling = sampling;
+  s.rng = rng ? *rng : Rng(sampling.seed);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::append_tokens(SeqId id, const std::vector<int32_t>& tokens) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
+  if (tokens.empty()) return absl::InvalidArgumentError("no tokens to append");
+  if (int64_t(it->second.tokens.size() + tokens.size()) > cfg_.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence ", id, " would exceed max_seq_len ", cfg_.max_seq_len));
+  }
+  KVFUSE_RETURN_IF_ERROR(check_tokens(tokens));
+  auto& t = it->second.tokens;
+  t.insert(t.end(), tokens.begin(), tokens.end());
+  return absl::OkStatus();
+}
+
+absl::Status Engine::release(SeqId id) {
+  if (!seqs_.erase(id)) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
+  return pool_->release(id);
+}
+
+const SequenceState* Engine::sequence(SeqId id) const {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items) {
+  return step(items, ForwardOptions{cfg_.kv_write, cfg_.attention, cfg_.graphs == GraphsMode::on});
+}
+
+absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items,
+                                                     const ForwardOptions& opts) {
+  const auto t0 = Clock::now();
+  timings_ = StepTimings{};
+  KVFUSE_RETURN_IF_ERROR(check_items(items));
+  std::vector<StepResult> results(items.size());
+  const std::vector<size_t> run = reserve_pages(items, results);
+  if (run.empty()) return results;
+  build_batch(items, run);
+  timings_.prepare_ms = ms_since(t0);
+
+  const auto t1 = Clock::now();
+  if (auto st = runner_->run(batch_, *pool_, opts, fwd_); !st.ok()) {
+    return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
+  }
+  timings_.forward_ms = ms_since(t1);
+
+  const auto t2 = Clock::now();
+  apply_results(items, run, results);
+  timings_.sample_ms = ms_since(t2);
+  timings_.total_ms = ms_since(t0);
+  timings_.num_tokens = batch_.num_tokens();
+  timings_.num_seqs = int32_t(run.size());
+  timings_.graph = fwd_.graph;
+  return results;
+}
+
+absl::Status Engine::check_items(const std::vector<StepItem>& items) const {
+  if (items.empty()) return absl::InvalidArgumentError("step: no items");
+  if (int64_t(items.size()) > cfg_.max_running_seqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", items.size(), " sequences exceed max_running_seqs ", cfg_.max_running_seqs));
+  }
+  std::unordered_set<SeqId> seen;
+  int64_t total = 0;
+  for (const StepItem& it : items) {
+    auto s = seqs_.find(it.id);
+    if (s == seqs_.end()) return absl::NotFoundError(absl::StrCat("step: sequence ", it.id, " not found"));
+    if (!seen.insert(it.id).second)
+      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " twice"));
+    const int32_t pending = s->second.num_pending();
+    if (it.num_tokens < 1 || it.num_tokens > pending) {
+      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " asks for ", it.num_tokens,
+                                                     " tokens with ", pending, " pending"));
+    }
+    if (it.sample && it.num_tokens != pending) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: sequence ", it.id, " samples before its last token"));
+    }
+    if (it.sample && int64_t(s->second.tokens.size()) >= cfg_.max_seq_len) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: sequence ", it.id, " is at max_seq_len ", cfg_.max_seq_len));
+    }
+    total += it.num_tokens;
+  }
+  if (total > cfg_.max_batch_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", total, " tokens exceed max_batch_tokens ", cfg_.max_batch_tokens));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<size_t> Engine::reserve_pages(const std::vector<StepItem>& items,
+                                          std::vector<StepResult>& results) {
+  // Pages a scheduler reserved already cost nothing here; a sequence that cannot get
+  // them fails alone.
+  std::vector<size_t> run;
+  for (size_t i = 0; i < items.size(); ++i) {
+    results[i].id = items[i].id;
+    const SequenceState& s = seqs_.at(items[i].id);
+    results[i].status = pool_->reserve(s.id, s.num_computed + items[i].num_tokens);
+    if (results[i].status.ok()) run.push_back(i);
+  }
+  return run;
+}
+
+void Engine::build_batch(const std::vector<StepItem>& items, const std::vector<size_t>& run) {
+  ForwardBatch& b = batch_;
+  const int32_t ps = cfg_.page_size;
+  b.token_ids.clear();
+  b.positions.clear();
+  b.slot_mapping.clear();
+  b.query_start.assign(1, 0);
+  b.context_len.clear();
+  b.logits_rows.clear();
+  b.logits_host.clear();
+  b.sampling.clear();
+  b.max_query_len = 0;
+  b.max_context_len = 0;
+  for (size_t i : run) {
+    const SequenceState& s = seqs_.at(items[i].id);
+    const int32_t ctx = s.num_computed + items[i].num_tokens;
+    b.max_context_len = std::max(b.max_context_len, ctx);
+    b.max_query_len = std::max(b.max_query_len, items[i].num_tokens);
+  }
+  b.max_pages_per_seq = ceil_div(b.max_context_len, ps);
+  b.block_table_full.assign(run.size() * size_t(b.max_pages_per_seq), -1);
+  b.block_table_swa.assign(pool_->has_swa() ? b.block_table_full.size() : 0, -1);
+  for (size_t r = 0; r < run.size(); ++r) {
+    const StepItem& it = items[run[r]];
+    SequenceState& s = seqs_.at(it.id);
+    for (int32_t p = s.num_computed; p < s.num_computed + it.num_tokens; ++p) {
+      b.token_ids.push_back(s.tokens[size_t(p)]);
+      b.positions.push_back(p);
+      b.slot_mapping.push_back(pool_->slot(it.id, p));
+    }
+    b.query_start.push_back(int32_t(b.token_ids.size()));
+    b.context_len.push_back(s.num_computed + it.num_tokens);
+    if (it.sample || it.logits) {
+      b.logits_rows.push_back(int32_t(b.token_ids.size()) - 1);
+      // Tokens are chosen on the device; logits cross to the host only when asked for.
+      b.logits_host.push_back(it.logits ? 1 : 0);
+      RowSampling rs;
+      if (it.sample && s.sampling.temperature != 0.0f) {
+        rs.temperature = s.sampling.temperature;
+        rs.top_k = s.sampling.top_k;
+        rs.top_p = s.sampling.top_p;
+        rs.u = s.rng.uniform();  // one draw per sampled token, as sample_token
+      }
+      b.sampling.push_back(rs);
+    }
+    const auto& full = pool_->page_table(it.id, PoolKind::full);
+    std::copy(full.begin(), full.end(), b.block_table_full.begin() + int64_t(r) * b.max_pages_per_seq);
+    if (pool_->has_swa()) {
+      const auto& swa = pool_->page_table(it.id, PoolKind::swa);
+      std::copy(swa.begin(), swa.end(), b.block_table_swa.begin() + int64_t(r) * b.max_pages_per_seq);
+    }
+  }
+}
+
+void Engine::apply_results(const std::vector<StepItem>& items, const std::vector<size_t>& run,
+                           std::vector<StepResult>& results) {
+  size_t row = 0, host_row = 0;
+  for (size_t i : run) {
+    const StepItem& it = items[i];
+    SequenceState& s = seqs_.at(it.id);
+    s.num_computed += it.num_tokens;
+    pool_->trim_window(it.id);
+    if (!it.sample && !it.logits) continue;
+    const size_t k = row++;
+    if (batch_.logits_host[k]) results[i].logits_row = int32_t(host_row++);
+    if (!it.sample) continue;
+    if (!fwd_.finite[k]) {
+      results[i].status = absl::InternalError(absl::StrCat("sequence ", it.id, ": non-finite logits"));
+      continue;
+    }
+    const int32_t tok = s.sampling.temperature == 0.0f ? fwd_.tokens[k] : fwd_.sampled[k];
+    s.tokens.push_back(tok);
+    results[i].token = tok;
+  }
+}
+
+absl::StatusOr<int> Engine::warm_up_decode_graphs() {
+  if (cfg_.graphs != GraphsMode::on || !backend_->supports_graphs()) return 0;
+  const int32_t limit = std::min<int32_t>(cfg_.max_running_seqs, cfg_.max_batch_tokens);
+  std::vector<int32_t> buckets;
+  for (int32_t n = 1; n <= limit; ++n) {
+    const int32_t b = runner_->graph_batch_bucket(n);
+    if (b <= limit && (buckets.empty() || buckets.back() != b)) buckets.push_back(b);
+  }
+  // Ids from the top of the range, clear of callers' ids.
+  const SeqId base = std::numeric_limits<SeqId>::max() - SeqId(limit) - 1;
+  int warmed = 0;
+  for (int32_t b : buckets) {
+    std::vector<StepItem> items;
+    absl::Status st;
+    for (int32_t i = 0; i < b && st.ok(); ++i) {
+      st = add_sequence(base + SeqId(i), {int32_t(i % model_->spec().vocab)}, SamplingParams{});
+      if (st.ok()) items.push_back(StepItem{base + SeqId(i), 1, true});
+    }
+    absl::StatusOr<std::vector<StepResult>> r =
+        st.ok() ? step(items) : absl::StatusOr<std::vector<StepResult>>(st);
+    bool all_ok = r.ok();
+    for (size_t i = 0; all_ok && i < r->size(); ++i) all_ok = (*r)[i].status.ok();
+    for (const StepItem& it : items) (void)release(it.id);
+    if (!r.ok()) return r.status();
+    if (!all_ok) break;  // the pool cannot hold this bucket: larger ones neither
+    ++warmed;
+  }
+  return warmed;
+}
+
+absl::Status Engine::assume_computed(SeqId id, int32_t n) {
+  auto it = seqs_.find(id);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
+  SequenceState& s = it->second;
+  if (n < 0 || n >= s.num_pending()) {
+    return absl::InvalidArgumentError(absl::StrCat("assume_computed: ", n, " of ", s.num_pending(),
+                                                   " pending tokens (the last one must still run)"));
+  }
+  // In chunks of a step's budget, trimming the window between them, as a real chunked
+  // prefill would: the SWA pool then holds a window plus one chunk, not the whole context.
+  for (int32_t left = n; left > 0;) {
+    const int32_t chunk = std::min(left, cfg_.max_batch_tokens);
+    KVFUSE_RETURN_IF_ERROR(pool_->reserve(id, s.num_computed + chunk));
+    s.num_computed += chunk;
+    left -= chunk;
+    pool_->trim_window(id);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvfuse

@@ -1,0 +1,148 @@
+// The engine runs one step at a time: check the items -> reserve their pages -> build
+// the batch -> run it (ModelRunner) -> apply the tokens. It owns the backend, the KV
+// pool, the model, its runner and the per-sequence token state; what to run in a step
+// (which sequences, how many tokens each, whose pages to free first) is the
+// scheduler's choice.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/backends/backend.h"
+#include "src/common/config.h"
+#include "src/runtime/kv_pool.h"
+#include "src/runtime/model.h"
+#include "src/runtime/model_runner.h"
+#include "src/runtime/sampler.h"
+
+namespace kvfuse {
+
+struct SequenceState {
+  SeqId id = 0;
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int32_t num_prompt = 0;
+  int32_t num_computed = 0;  // tokens whose K/V are in the cache
+  SamplingParams sampling;
+  Rng rng;
+
+  int32_t num_pending() const { return int32_t(tokens.size()) - num_computed; }
+  int32_t num_generated() const { return int32_t(tokens.size()) - num_prompt; }
+};
+
+// One sequence's share of a step: its next `num_tokens` pending tokens. `sample` asks
+// for a new token, which requires the step to cover all of the pending tokens.
+// `logits` returns the logits of the item's last token (teacher-forced evaluation in
+// tests and tools), with or without sampling.
+struct StepItem {
+  SeqId id = 0;
+  int32_t num_tokens = 0;
+  bool sample = true;
+  bool logits = false;
+};
+
+struct StepResult {
+  SeqId id = 0;
+  absl::Status status;           // per sequence: one failing does not fail the others
+  std::optional<int32_t> token;  // the sampled token, if asked for and the step ran
+  int32_t logits_row = -1;       // row of last_logits() for this item, if it has one
+};
+
+struct StepTimings {
+  double prepare_ms = 0;  // KV reservation and batch metadata
+  double forward_ms = 0;  // model forward, logits on the host
+  double sample_ms = 0;
+  double total_ms = 0;
+  int64_t num_tokens = 0;
+  int32_t num_seqs = 0;
+  bool graph = false;  // the forward pass ran as a graph
+};
+
+// RESOURCE_EXHAUSTED naming the sizes when the model's bf16 weights would take more than
+// 80% of `available_gib` (the CPU backend's check at engine creation; <= 0: unknown, ok).
+absl::Status check_cpu_weight_memory(const ModelSpec& spec, double available_gib);
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg);
+  // For tests: an engine on a given backend.
+  static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg, std::unique_ptr<Backend> backend);
+
+  const Config& config() const { return cfg_; }
+  const ModelSpec& spec() const { return model_->spec(); }
+  Backend& backend() { return *backend_; }
+  KvPool& pool() { return *pool_; }
+  const KvPool& pool() const { return *pool_; }
+  KvFormat kv_format() const { return pool_->config().format; }
+
+  // Starts a sequence from its prompt. ALREADY_EXISTS if the id is live;
+  // INVALID_ARGUMENT for an empty or over-long prompt, bad token ids or parameters.
+  // `rng` resumes a sampler stream (a sequence recomputed after preemption).
+  absl::Status add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
+                            const Rng* rng = nullptr);
+  // Appends tokens to a live sequence (a further prompt chunk, or a forced token).
+  absl::Status append_tokens(SeqId id, const std::vector<int32_t>& tokens);
+  // Frees the sequence's pages. NOT_FOUND if unknown.
+  absl::Status release(SeqId id);
+  const SequenceState* sequence(SeqId id) const;
+  size_t num_sequences() const { return seqs_.size(); }
+
+  // Checks the items (known, distinct ids, 1 <= num_tokens <= pending, the step's
+  // token and sequence limits), reserves their KV pages, runs the forward pass and
+  // samples. A sequence whose pages cannot be reserved fails alone with
+  // RESOURCE_EXHAUSTED; the others run. An error status means the step as a whole
+  // was rejected (bad items) or failed on the device.
+  absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items);
+  // Same, with the write and attention paths given instead of taken from the config
+  // (A/B tests and benchmarks on one engine).
+  absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items,
+                                               const ForwardOptions& opts);
+
+  // On a backend with graphs and with `graphs: on`: runs one decode-shaped step for every
+  // batch bucket up to max_running_seqs (throw-away one-token sequences), so that each
+  // bucket's graph (context bucket 512, the configured paths) is captured and its GEMM
+  // shapes are tuned before the first request. Returns the number of buckets warmed;
+  // 0 and nothing done elsewhere. Needs no live sequences' pages beyond one per bucket
+  // slot; RESOURCE_EXHAUSTED stops at the largest bucket that fits.
+  absl::StatusOr<int> warm_up_decode_graphs();
+
+  // For decode benchmarks: treats the first `n` pending tokens of a sequence as computed
+  // without running them. Their pages are reserved; the cache keeps whatever bytes the
+  // pages hold, so the decode steps that follow read a synthetic context of the right
+  // size (their timing is what is measured, not their tokens).
+  absl::Status assume_computed(SeqId id, int32_t n);
+
+  // Logits of the last step, [rows, vocab]: one row per item that asked for logits
+  // (StepItem::logits) or sampled with temperature > 0; StepResult::logits_row indexes it.
+  // Greedy tokens are chosen on the device and bring no logits to the host.
+  const std::vector<float>& last_logits() const { return fwd_.logits; }
+  const GraphStats& graph_stats() const { return runner_->graph_stats(); }
+  const StepTimings& last_timings() const { return timings_; }
+
+ private:
+  Engine(Config cfg, std::unique_ptr<Backend> backend) : cfg_(std::move(cfg)), backend_(std::move(backend)) {}
+  absl::Status init();
+  absl::Status check_tokens(const std::vector<int32_t>& tokens) const;
+  // The phases of a step: bad items reject it; a sequence whose pages cannot be
+  // reserved drops out alone (the indices of the items that run are returned); the
+  // batch of those is built into batch_, run, and its tokens applied.
+  absl::Status check_items(const std::vector<StepItem>& items) const;
+  std::vector<size_t> reserve_pages(const std::vector<StepItem>& items, std::vector<StepResult>& results);
+  void build_batch(const std::vector<StepItem>& items, const std::vector<size_t>& run);
+  void apply_results(const std::vector<StepItem>& items, const std::vector<size_t>& run,
+                     std::vector<StepResult>& results);
+
+  Config cfg_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<KvPool> pool_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<ModelRunner> runner_;
+  std::unordered_map<SeqId, SequenceState> seqs_;
+  ForwardResult fwd_;
+  StepTimings timings_;
+  ForwardBatch batch_;  // reused between steps
+};
+
+}  // namespace kvfuse

@@ -1,0 +1,157 @@
+// The paged KV cache: page allocators, per-sequence page tables, slot mapping, and
+// the per-layer K/V buffers and scales in device memory (DESIGN.md, "Contracts").
+//
+// Layers are either full-attention layers, whose pages come from the full pool, or
+// sliding-window layers, whose pages come from a separate, smaller SWA pool. Every
+// token has a slot in the full pool (the slot namespace of the step's slot_mapping,
+// even when no layer stores data there); SWA layers find their slot through the
+// full_to_swa table. SWA pages that fall wholly out of the window are freed as a
+// sequence grows.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/kv_types.h"
+#include "src/backends/backend.h"
+
+namespace kvfuse {
+
+using SeqId = uint64_t;
+
+// A free list of page ids with ownership checks. Allocation is all-or-nothing.
+class PageAllocator {
+ public:
+  explicit PageAllocator(int64_t num_pages);
+
+  int64_t num_pages() const { return num_pages_; }
+  int64_t num_free() const { return int64_t(free_.size()); }
+  int64_t num_used() const { return num_pages_ - num_free(); }
+  bool is_used(int32_t page) const { return used_[size_t(page)]; }
+
+  // Appends n pages to out, or leaves out untouched and returns false.
+  bool allocate(int64_t n, std::vector<int32_t>& out);
+  // Freeing a page that is not in use is a bug: aborts with a message.
+  void free(int32_t page);
+
+ private:
+  int64_t num_pages_;
+  std::vector<int32_t> free_;
+  std::vector<bool> used_;
+};
+
+enum class PoolKind { full, swa };
+
+struct KvPoolConfig {
+  int32_t num_layers = 0;
+  int32_t page_size = 16;
+  int64_t num_pages = 0;      // full pool
+  int64_t swa_num_pages = 0;  // SWA pool; used only if some layer is SWA
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  KvFormat format = KvFormat::bf16;
+  std::vector<bool> layer_is_swa;  // [num_layers]
+  int32_t window = 0;              // keys per query in SWA layers
+  int64_t max_step_tokens = 0;     // tokens a sequence grows by in one step at most (SWA page bound)
+  std::vector<float> k_scale;      // [num_layers]
+  std::vector<float> v_scale;      // [num_layers]
+};
+
+struct PoolUsage {
+  int64_t total_pages = 0;
+  int64_t used_pages = 0;
+  int64_t free_pages = 0;
+};
+
+struct PagesNeeded {
+  int64_t full = 0;
+  int64_t swa = 0;
+};
+
+class KvPool {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvPool>> create(Backend& backend, const KvPoolConfig& cfg);
+
+  const KvPoolConfig& config() const { return cfg_; }
+  bool has_swa() const { return swa_alloc_ != nullptr; }
+  int64_t page_bytes_per_layer() const;  // K plus V bytes of one page of one layer
+
+  // Sequences. add: ALREADY_EXISTS if live. release: NOT_FOUND if unknown.
+  absl::Status add_sequence(SeqId id);
+  bool contains(SeqId id) const { return seqs_.count(id) != 0; }
+  absl::Status release(SeqId id);
+  size_t num_sequences() const { return seqs_.size(); }
+
+  // ---- Page policy: how many pages a sequence takes, for admission and reservation.
+  // Pages leaving the window are freed after every step, so the SWA pages a sequence
+  // holds at once span at most min(len, window + max_step_tokens) tokens, plus one for
+  // a window that starts inside a page. The engine sizes the SWA pool from this bound.
+  static int64_t max_swa_pages_held(const KvPoolConfig& cfg,
+                                    int64_t len = std::numeric_limits<int64_t>::max());
+  // Pages that reserve(id, new_len) would take now. An unknown id is an empty sequence.
+  PagesNeeded pages_needed(SeqId id, int32_t new_len) const;
+  // Pages the sequence holds now (SWA: those still mapped); none for an unknown id.
+  PagesNeeded pages_held(SeqId id) const;
+  // Pages still to reserve, over the steps to come, for the sequence to reach `len`
+  // tokens: the SWA part bounded by max_swa_pages_held.
+  PagesNeeded pages_to_reach(SeqId id, int32_t len) const;
+  // Pages beyond those held that the sequence may hold at once on its way to `len`
+  // tokens: what admission promises a sequence (SWA counted at its bound for `len`).
+  PagesNeeded pages_to_hold(SeqId id, int64_t len) const;
+  // Makes room for positions [len, new_len): full-pool pages for them, and SWA pages
+  // for the SWA layers. All or nothing: RESOURCE_EXHAUSTED leaves the sequence as it was.
+  absl::Status reserve(SeqId id, int32_t new_len);
+  // Frees SWA pages no future query can see: every position < new_len - window + 1.
+  void trim_window(SeqId id);
+
+  int32_t reserved_len(SeqId id) const;
+  // Full-pool slot of a position (the step's slot_mapping entry).
+  int64_t slot(SeqId id, int32_t pos) const;
+  // Page table of a sequence in a pool; -1 entries are SWA pages already freed.
+  const std::vector<int32_t>& page_table(SeqId id, PoolKind kind) const;
+
+  // Device views of one layer's cache, and of the SWA slot table for SWA layers.
+  PagedKvView layer_view(int32_t layer) const;
+  bool layer_is_swa(int32_t layer) const { return cfg_.layer_is_swa[size_t(layer)]; }
+  SwaSlotTable swa_table() const;
+  // Uploads the SWA slot-table entries changed since the last sync. Call before a step.
+  absl::Status sync_swa_table();
+  // Sets the scales of a layer (written to device memory).
+  absl::Status set_scales(int32_t layer, float k_scale, float v_scale);
+
+  PoolUsage usage(PoolKind kind) const;
+  // Host copy of the SWA slot table, for tests.
+  const std::vector<int64_t>& host_swa_table() const { return swa_table_host_; }
+  // Checks every internal invariant (ownership, table consistency); for tests.
+  absl::Status check_invariants() const;
+
+ private:
+  struct SeqPages {
+    int32_t len = 0;  // positions reserved
+    std::vector<int32_t> full;
+    std::vector<int32_t> swa;
+  };
+  KvPool(Backend& backend, KvPoolConfig cfg);
+  void map_swa_page(int32_t full_page, int32_t swa_page);
+  void unmap_swa_page(int32_t full_page);
+
+  Backend& backend_;
+  KvPoolConfig cfg_;
+  std::unique_ptr<PageAllocator> full_alloc_;
+  std::unique_ptr<PageAllocator> swa_alloc_;
+  std::unordered_map<SeqId, SeqPages> seqs_;
+  std::vector<DeviceBuffer> k_bufs_, v_bufs_;  // per layer
+  DeviceBuffer scales_;                        // [2, num_layers] fp32: k then v
+  std::vector<int64_t> swa_table_host_;        // [full slots]
+  std::vector<int32_t> swa_dirty_pages_;       // full pages whose table entries changed
+  DeviceBuffer swa_table_dev_;
+};
+
+}  // namespace kvfuse

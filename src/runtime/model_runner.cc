@@ -1,0 +1,294 @@
+#include "src/runtime/model_runner.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
+
+namespace kvfuse {
+
+namespace {
+int32_t ceil_div(int64_t a, int64_t b) { return int32_t((a + b - 1) / b); }
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::create(Backend& backend, Model& model,
+                                                                 const ModelLimits& limits) {
+  if (limits.max_tokens <= 0 || limits.max_seqs <= 0 || limits.max_pages_per_seq <= 0) {
+    return absl::InvalidArgumentError("model limits must be positive");
+  }
+  std::unique_ptr<ModelRunner> r(new ModelRunner(backend, model, limits));
+  KVFUSE_RETURN_IF_ERROR(r->init_workspace());
+  return r;
+}
+
+absl::Status ModelRunner::init_workspace() {
+  const ModelSpec& s = model_.spec();
+  const int64_t T = limits_.max_tokens;
+  const int64_t S = limits_.max_seqs;
+  const int64_t P = limits_.max_pages_per_seq;
+  struct Want {
+    DeviceBuffer* buf;
+    size_t bytes;
+  };
+  const Want wants[] = {
+      {&x_, size_t(T * s.hidden) * 2},
+      {&h_, size_t(T * s.hidden) * 2},
+      {&qkv_, size_t(T * s.qkv_dim()) * 2},
+      {&attn_, size_t(T * s.q_dim()) * 2},
+      {&gate_up_, size_t(T * 2 * s.intermediate) * 2},
+      {&act_, size_t(T * s.intermediate) * 2},
+      {&last_, size_t(S * s.hidden) * 2},
+      {&logits_, size_t(S * s.vocab) * 4},
+      {&kv_scratch_, backend_.kv_write_scratch_bytes(T, s.kv_dim())},
+      {&ids_, size_t(T) * 4},
+      {&pos_, size_t(T) * 4},
+      {&slots_, size_t(T) * 8},
+      {&qstart_, size_t(S + 1) * 4},
+      {&ctx_, size_t(S) * 4},
+      {&bt_full_, size_t(S * P) * 4},
+      {&bt_swa_, size_t(S * P) * 4},
+      {&rows_, size_t(S) * 4},
+      {&argmax_, size_t(3 * S) * 4},
+      {&sampling_, size_t(S) * sizeof(RowSampling)},
+  };
+  for (const Want& w : wants) {
+    auto b = backend_.alloc(w.bytes);
+    if (!b.ok()) return b.status();
+    *w.buf = std::move(*b);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
+  const int64_t T = b.num_tokens();
+  const int32_t S = b.num_seqs();
+  if (T <= 0 || T > limits_.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", T, " tokens, limit ", limits_.max_tokens));
+  }
+  if (S <= 0 || S > limits_.max_seqs || int64_t(b.logits_rows.size()) > limits_.max_seqs) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", S, " sequences, limit ", limits_.max_seqs));
+  }
+  if (b.max_pages_per_seq <= 0 || b.max_pages_per_seq > limits_.max_pages_per_seq) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: ", b.max_pages_per_seq,
+                                                   " pages per sequence, limit ", limits_.max_pages_per_seq));
+  }
+  if (b.positions.size() != size_t(T) || b.slot_mapping.size() != size_t(T) ||
+      b.query_start.size() != size_t(S) + 1 ||
+      b.block_table_full.size() != size_t(S) * size_t(b.max_pages_per_seq)) {
+    return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+  }
+  for (int32_t id : b.token_ids) {
+    if (id < 0 || id >= model_.spec().vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: token id ", id, " outside the vocabulary [0, ", model_.spec().vocab, ")"));
+    }
+  }
+  auto up = [&](DeviceBuffer& dst, const auto& v) {
+    return backend_.copy_to_device(dst.get(), v.data(), v.size() * sizeof(v[0]));
+  };
+  KVFUSE_RETURN_IF_ERROR(up(ids_, b.token_ids));
+  KVFUSE_RETURN_IF_ERROR(up(pos_, b.positions));
+  KVFUSE_RETURN_IF_ERROR(up(slots_, b.slot_mapping));
+  KVFUSE_RETURN_IF_ERROR(up(qstart_, b.query_start));
+  KVFUSE_RETURN_IF_ERROR(up(ctx_, b.context_len));
+  KVFUSE_RETURN_IF_ERROR(up(bt_full_, b.block_table_full));
+  if (!b.block_table_swa.empty()) KVFUSE_RETURN_IF_ERROR(up(bt_swa_, b.block_table_swa));
+  KVFUSE_RETURN_IF_ERROR(up(rows_, b.logits_rows));
+  if (!b.sampling.empty() && b.sampling.size() != b.logits_rows.size()) {
+    return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+  }
+  if (b.sampling.empty()) {
+    // Every row greedy.
+    sampling_host_.assign(b.logits_rows.size(), RowSampling{});
+    KVFUSE_RETURN_IF_ERROR(up(sampling_, sampling_host_));
+  } else {
+    KVFUSE_RETURN_IF_ERROR(up(sampling_, b.sampling));
+  }
+  return absl::OkStatus();
+}
+
+int32_t ModelRunner::graph_batch_bucket(int32_t n) const {
+  int32_t b = n;
+  if (n <= 4) {
+    b = 1;
+    while (b < n) b *= 2;
+  } else {
+    const int32_t step = n <= 64 ? 8 : n <= 256 ? 32 : 64;
+    b = (n + step - 1) / step * step;
+  }
+  const int64_t cap = std::min<int64_t>(limits_.max_seqs, limits_.max_tokens);
+  return int32_t(std::max<int64_t>(n, std::min<int64_t>(b, cap)));
+}
+
+int32_t ModelRunner::graph_context_bucket(int32_t max_context_len, int32_t page_size) const {
+  // Powers of two up to 4096 keys, then multiples of 4096: a padded context costs at
+  // most an eighth more keys' worth of block table and split partitions beyond that.
+  int64_t c = 512;
+  while (c < max_context_len && c < 4096) c *= 2;
+  if (c < max_context_len) c = (int64_t(max_context_len) + 4095) / 4096 * 4096;
+  const int64_t cap = int64_t(limits_.max_pages_per_seq) * page_size;
+  return int32_t(std::max<int64_t>(max_context_len, std::min(c, cap)));
+}
+
+void ModelRunner::pad_for_graph(const ForwardBatch& in, int32_t ps, ForwardBatch& out) const {
+  const int32_t S = in.num_seqs();
+  const int32_t Sb = graph_batch_bucket(S);
+  const int32_t pages = ceil_div(graph_context_bucket(in.max_context_len, ps), ps);
+  out.token_ids = in.token_ids;
+  out.positions = in.positions;
+  out.slot_mapping = in.slot_mapping;
+  out.token_ids.resize(size_t(Sb), 0);
+  out.positions.resize(size_t(Sb), 0);
+  out.slot_mapping.resize(size_t(Sb), -1);  // padding rows write no KV
+  // Padding sequences own no query rows and no keys: attention skips them, and the rows
+  // past query_start[S] belong to no sequence.
+  out.query_start = in.query_start;
+  out.query_start.resize(size_t(Sb) + 1, in.query_start.back());
+  out.context_len = in.context_len;
+  out.context_len.resize(size_t(Sb), 0);
+  out.max_pages_per_seq = pages;
+  out.max_query_len = 1;
+  out.max_context_len = pages * ps;
+  const auto restride = [&](const std::vector<int32_t>& src, std::vector<int32_t>& dst) {
+    dst.assign(src.empty() ? 0 : size_t(Sb) * size_t(pages), -1);
+    if (src.empty()) return;
+    for (int32_t s = 0; s < S; ++s) {
+      std::copy_n(src.begin() + int64_t(s) * in.max_pages_per_seq, in.max_pages_per_seq,
+                  dst.begin() + int64_t(s) * pages);
+    }
+  };
+  restride(in.block_table_full, out.block_table_full);
+  restride(in.block_table_swa, out.block_table_swa);
+  // Every row's token is computed (the graph does not depend on which rows sample);
+  // the caller's rows are picked out afterwards.
+  out.logits_rows.resize(size_t(Sb));
+  for (int32_t r = 0; r < Sb; ++r) out.logits_rows[size_t(r)] = r;
+  out.logits_host.assign(size_t(Sb), 0);
+  out.sampling.assign(size_t(Sb), RowSampling{});
+  for (size_t k = 0; k < in.logits_rows.size() && k < in.sampling.size(); ++k) {
+    out.sampling[size_t(in.logits_rows[k])] = in.sampling[k];
+  }
+}
+
+absl::Status ModelRunner::run_model(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts) {
+  DecoderPass p;
+  p.token_ids = ids_.as<int32_t>();
+  p.positions = pos_.as<int32_t>();
+  p.slot_mapping = slots_.as<int64_t>();
+  p.batch.num_seqs = b.num_seqs();
+  p.batch.num_tokens = b.num_tokens();
+  p.batch.query_start = qstart_.as<int32_t>();
+  p.batch.context_len = ctx_.as<int32_t>();
+  p.batch.max_pages_per_seq = b.max_pages_per_seq;
+  p.batch.max_query_len = b.max_query_len;
+  p.batch.max_context_len = b.max_context_len;
+  p.block_table_full = bt_full_.as<int32_t>();
+  p.block_table_swa = bt_swa_.as<int32_t>();
+  p.logits_rows = rows_.as<int32_t>();
+  p.num_logits_rows = int64_t(b.logits_rows.size());
+  p.sampling = sampling_.as<RowSampling>();
+  p.x = x_.as<bf16_t>();
+  p.h = h_.as<bf16_t>();
+  p.qkv = qkv_.as<bf16_t>();
+  p.attn = attn_.as<bf16_t>();
+  p.gate_up = gate_up_.as<bf16_t>();
+  p.act = act_.as<bf16_t>();
+  p.last = last_.as<bf16_t>();
+  p.kv_scratch = kv_scratch_.get();
+  p.logits = logits_.as<float>();
+  p.tokens = argmax_.as<int32_t>();
+  return model_.forward(p, pool, opts.kv_write, opts.attention);
+}
+
+void ModelRunner::drop_stale_graphs() {
+  if (backend_.graph_epoch() == graph_epoch_) return;
+  // Scratch a graph points at was replaced by a larger eager step: recapture.
+  graph_stats_.invalidated += int64_t(graphs_.size());
+  graphs_.clear();
+  graph_epoch_ = backend_.graph_epoch();
+}
+
+absl::Status ModelRunner::run_graph(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts) {
+  drop_stale_graphs();
+  const GraphKey key{b.num_seqs(), b.max_pages_per_seq, opts.kv_write, opts.attention};
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) {
+    ++graph_stats_.replays;
+    return it->second->replay();
+  }
+  // The bucket's first step runs eagerly: that is its result, and it grows every lazily
+  // sized scratch buffer to this shape, so the capture below needs no allocation.
+  KVFUSE_RETURN_IF_ERROR(run_model(b, pool, opts));
+  drop_stale_graphs();
+  KVFUSE_RETURN_IF_ERROR(backend_.begin_capture());
+  const absl::Status recorded = run_model(b, pool, opts);
+  auto graph = backend_.end_capture();  // always ends the capture, even after a failure
+  if (!recorded.ok()) return recorded;
+  if (!graph.ok()) return graph.status();
+  graphs_.emplace(key, std::move(*graph));
+  ++graph_stats_.captures;
+  graph_stats_.num_graphs = int64_t(graphs_.size());
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::run(const ForwardBatch& in, KvPool& pool, const ForwardOptions& opts,
+                              ForwardResult& out) {
+  out.graph = false;
+  const bool decode_only = in.max_query_len == 1 && in.num_tokens() == in.num_seqs();
+  const bool replay = opts.graph_replay && backend_.supports_graphs();
+  const bool pad = opts.graphs && decode_only && (replay || !opts.graph_replay);
+  const ForwardBatch* b = &in;
+  if (pad) {
+    if (in.logits_rows.size() != in.logits_host.size() ||
+        in.query_start.size() != size_t(in.num_seqs()) + 1) {
+      return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+    }
+    pad_for_graph(in, pool.config().page_size, padded_);
+    b = &padded_;
+  }
+  KVFUSE_RETURN_IF_ERROR(upload_batch(*b));
+  KVFUSE_RETURN_IF_ERROR(pool.sync_swa_table());
+  if (pad && replay) {
+    KVFUSE_RETURN_IF_ERROR(run_graph(*b, pool, opts));
+    out.graph = true;
+  } else {
+    KVFUSE_RETURN_IF_ERROR(run_model(*b, pool, opts));
+    if (pad) ++graph_stats_.padded_eager;
+  }
+  return read_back(in, *b, pad, out);
+}
+
+absl::Status ModelRunner::read_back(const ForwardBatch& in, const ForwardBatch& ran, bool padded,
+                                    ForwardResult& out) {
+  // Every computed row's token and flag in one copy, then the logits rows the caller
+  // wants. Padded passes computed row r for token row r; others, row k for k.
+  const int64_t computed = int64_t(ran.logits_rows.size());
+  const size_t n = in.logits_rows.size();
+  out.tokens.resize(n);
+  out.finite.resize(n);
+  out.sampled.resize(n);
+  out.logits.clear();
+  if (n == 0) return backend_.synchronize();
+  host_rows_.resize(size_t(3 * computed));
+  const int32_t* dev = argmax_.as<int32_t>();
+  KVFUSE_RETURN_IF_ERROR(backend_.copy_to_host(host_rows_.data(), dev, host_rows_.size() * sizeof(int32_t)));
+  const size_t vocab = size_t(model_.spec().vocab);
+  size_t wanted = 0;
+  for (size_t k = 0; k < n; ++k) wanted += (k < in.logits_host.size() && in.logits_host[k]) ? 1 : 0;
+  out.logits.resize(wanted * vocab);
+  size_t w = 0;
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t row = padded ? in.logits_rows[k] : int64_t(k);
+    out.tokens[k] = host_rows_[size_t(row)];
+    out.finite[k] = host_rows_[size_t(computed + row)];
+    out.sampled[k] = host_rows_[size_t(2 * computed + row)];
+    if (k < in.logits_host.size() && in.logits_host[k]) {
+      KVFUSE_RETURN_IF_ERROR(backend_.copy_to_host(
+          out.logits.data() + w * vocab, logits_.as<float>() + size_t(row) * vocab, vocab * sizeof(float)));
+      ++w;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvfuse

@@ -1,0 +1,140 @@
+// Runs the model on a batch: uploads the step's metadata, owns the working memory of a
+// pass (activations, logits, the unfused KV write's scratch), pads decode-only batches
+// to a graph bucket and replays their graphs, and reads the results back.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/backends/backend.h"
+#include "src/runtime/kv_pool.h"
+#include "src/runtime/model.h"
+
+namespace kvfuse {
+
+// Host-side metadata of one forward pass, built by the engine (nano-vllm style).
+struct ForwardBatch {
+  std::vector<int32_t> token_ids;         // [T]
+  std::vector<int32_t> positions;         // [T]
+  std::vector<int64_t> slot_mapping;      // [T] full-pool slots, -1 = skip
+  std::vector<int32_t> query_start;       // [S + 1]
+  std::vector<int32_t> context_len;       // [S]
+  std::vector<int32_t> block_table_full;  // [S, max_pages_per_seq]
+  std::vector<int32_t> block_table_swa;   // [S, max_pages_per_seq], empty without SWA layers
+  int32_t max_pages_per_seq = 0;
+  int32_t max_query_len = 0;
+  int32_t max_context_len = 0;
+  std::vector<int32_t> logits_rows;   // rows of T whose greedy token (and maybe logits) are returned
+  std::vector<uint8_t> logits_host;   // per logits row: 1 copies the row's logits to the host
+  std::vector<RowSampling> sampling;  // per logits row: temperature > 0 samples on the device
+
+  int64_t num_tokens() const { return int64_t(token_ids.size()); }
+  int32_t num_seqs() const { return int32_t(context_len.size()); }
+};
+
+struct ForwardOptions {
+  KvWritePath kv_write = KvWritePath::fused;
+  AttentionPath attention = AttentionPath::unified;
+  // Decode-only batches run as a graph captured per (batch bucket, context bucket, paths)
+  // on backends that have graphs; elsewhere, and for batches with prefill rows, eagerly.
+  bool graphs = true;
+  // With graphs: false pads the batch to its bucket exactly as a replay would but runs it
+  // eagerly (tests compare the two; a replay must equal it bit for bit).
+  bool graph_replay = true;
+};
+
+// What a forward pass returns per logits row: the greedy and the sampled token are
+// computed on the device, so only rows whose logits are asked for cross the bus.
+struct ForwardResult {
+  std::vector<int32_t> tokens;   // [logits rows] greedy token (first index of the maximum)
+  std::vector<int32_t> finite;   // [logits rows] 1 if every logit of the row is finite
+  std::vector<int32_t> sampled;  // [logits rows] token drawn under the row's RowSampling (temperature > 0)
+  std::vector<float> logits;     // [rows with logits_host set, vocab], in logits-row order
+  bool graph = false;            // the pass replayed (or captured) a graph
+};
+
+// Counters of the graph path, for tests and logs.
+struct GraphStats {
+  int64_t captures = 0;      // graphs recorded (each after one eager run of its bucket)
+  int64_t replays = 0;       // steps that replayed a graph
+  int64_t padded_eager = 0;  // steps padded to a bucket and run eagerly (graph_replay off)
+  int64_t invalidated = 0;   // graphs dropped because backend scratch memory was replaced
+  int64_t num_graphs = 0;    // graphs held now
+};
+
+struct ModelLimits {
+  int64_t max_tokens = 0;  // rows of one forward pass
+  int32_t max_seqs = 0;
+  int32_t max_pages_per_seq = 0;
+};
+
+class ModelRunner {
+ public:
+  // Allocates the working memory of a pass for `limits` (all positive).
+  static absl::StatusOr<std::unique_ptr<ModelRunner>> create(Backend& backend, Model& model,
+                                                             const ModelLimits& limits);
+
+  const ModelLimits& limits() const { return limits_; }
+
+  // Runs the batch, writes the new K/V of every layer into `pool`, and returns for each
+  // of `batch.logits_rows` the greedy token, a finiteness flag and, where
+  // `batch.logits_host` asks, the fp32 logits.
+  //
+  // With opts.graphs, a decode-only batch (one token per sequence) on a backend with
+  // graphs is padded to its bucket — sequences to graph_batch_bucket(), keys to
+  // graph_context_bucket() — and replays the graph of (bucket, write path, attention
+  // path), captured after the bucket's first, eager, run. Padding rows have slot -1 (no
+  // KV write) and belong to no sequence (attention skips them).
+  absl::Status run(const ForwardBatch& batch, KvPool& pool, const ForwardOptions& opts, ForwardResult& out);
+
+  const GraphStats& graph_stats() const { return graph_stats_; }
+  // Buckets: up to 4 sequences a power of two, then multiples of 8 up to 64, of 32 up to
+  // 256, of 64 beyond; never above the limits. Context: a power of two from 512 to
+  // 4096 keys, then a multiple of 4096; at most max_pages_per_seq pages.
+  int32_t graph_batch_bucket(int32_t num_seqs) const;
+  int32_t graph_context_bucket(int32_t max_context_len, int32_t page_size) const;
+
+ private:
+  ModelRunner(Backend& backend, Model& model, ModelLimits limits)
+      : backend_(backend), model_(model), limits_(limits) {}
+  absl::Status init_workspace();
+  absl::Status upload_batch(const ForwardBatch& b);
+  // The pass over the uploaded batch `b`: every op after the upload, what a graph holds.
+  absl::Status run_model(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts);
+  void pad_for_graph(const ForwardBatch& in, int32_t page_size, ForwardBatch& out) const;
+  absl::Status run_graph(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts);
+  void drop_stale_graphs();
+  // Copies the caller's rows of a pass over `ran` (the batch, or its padded copy) to `out`.
+  absl::Status read_back(const ForwardBatch& in, const ForwardBatch& ran, bool padded, ForwardResult& out);
+
+  struct GraphKey {
+    int32_t seqs, pages;
+    KvWritePath write;
+    AttentionPath attention;
+    bool operator<(const GraphKey& o) const {
+      return std::tie(seqs, pages, write, attention) < std::tie(o.seqs, o.pages, o.write, o.attention);
+    }
+  };
+
+  Backend& backend_;
+  Model& model_;
+  ModelLimits limits_;
+
+  std::map<GraphKey, std::unique_ptr<BackendGraph>> graphs_;
+  uint64_t graph_epoch_ = 0;
+  GraphStats graph_stats_;
+  ForwardBatch padded_;                     // reused between steps
+  std::vector<int32_t> host_rows_;          // tokens, finite flags, sampled tokens of every computed row
+  std::vector<RowSampling> sampling_host_;  // all-greedy parameters when a batch brings none
+
+  // Working memory, sized for limits_.
+  DeviceBuffer x_, h_, qkv_, attn_, gate_up_, act_, last_, logits_, kv_scratch_;
+  DeviceBuffer ids_, pos_, slots_, qstart_, ctx_, bt_full_, bt_swa_, rows_;
+  DeviceBuffer argmax_;    // [3, rows] int32: greedy tokens, finiteness flags, sampled tokens
+  DeviceBuffer sampling_;  // [max_seqs] RowSampling
+};
+
+}  // namespace kvfuse

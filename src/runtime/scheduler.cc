@@ -1,0 +1,324 @@
+#include "src/runtime/scheduler.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
+
+namespace kvfuse {
+
+const char* to_string(FinishReason r) {
+  switch (r) {
+    case FinishReason::none:
+      return "none";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::stop:
+      return "stop";
+    case FinishReason::abort:
+      return "abort";
+    case FinishReason::error:
+      return "error";
+  }
+  return "?";
+}
+
+Scheduler::Scheduler(Engine& engine, SchedulerLimits limits) : engine_(engine), limits_(limits) {}
+
+bool Scheduler::contains(SeqId id) const {
+  auto match = [id](const Entry& e) { return e.req.id == id; };
+  return router_.count(id) != 0 || std::any_of(running_.begin(), running_.end(), match) ||
+         std::any_of(waiting_.begin(), waiting_.end(), match);
+}
+
+PagesNeeded Scheduler::pages_to_finish_prefill(const Entry& e) const {
+  // The whole prompt plus the first sampled token.
+  return engine_.pool().pages_to_hold(e.req.id, int64_t(e.tokens.size()) + 1);
+}
+
+bool Scheduler::can_admit(const Entry& e) const {
+  // Admit only if every running sequence can still finish its prefill afterwards, and
+  // every router task its work, so that prefill chunks never starve each other and a
+  // new request does not take the pages a router task is about to use (decode growth
+  // of generate requests is handled by preemption).
+  PagesNeeded promised = router_pages_promised();
+  for (const Entry& r : running_) {
+    const PagesNeeded n = pages_to_finish_prefill(r);
+    promised.full += n.full;
+    promised.swa += n.swa;
+  }
+  const PagesNeeded need = pages_to_finish_prefill(e);
+  const KvPool& pool = engine_.pool();
+  if (pool.usage(PoolKind::full).free_pages - promised.full < need.full) return false;
+  if (pool.has_swa() && pool.usage(PoolKind::swa).free_pages - promised.swa < need.swa) return false;
+  return true;
+}
+
+absl::Status Scheduler::submit(GenerateRequest req) {
+  const auto& cfg = engine_.config();
+  if (contains(req.id) || engine_.sequence(req.id)) {
+    return absl::AlreadyExistsError(absl::StrCat("sequence ", req.id, " already exists"));
+  }
+  if (req.prompt.empty()) return absl::InvalidArgumentError("empty prompt");
+  if (req.max_new_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens ", req.max_new_tokens, " must be >= 1"));
+  }
+  // The server's rule for max_tokens (server/request_validation.cc); a request within
+  // it still ends at max_seq_len (finish reason length).
+  if (req.max_new_tokens > cfg.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens ", req.max_new_tokens, " exceeds max_seq_len ", cfg.max_seq_len));
+  }
+  if (int64_t(req.prompt.size()) + 1 > cfg.max_seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", req.prompt.size(),
+                                                   " tokens exceeds max_seq_len ", cfg.max_seq_len, " - 1"));
+  }
+  const int32_t vocab = engine_.spec().vocab;
+  for (size_t i = 0; i < req.prompt.size(); ++i) {
+    if (req.prompt[i] < 0 || req.prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", req.prompt[i], " at index ", i,
+                                                     " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  KVFUSE_RETURN_IF_ERROR(validate_sampling(req.sampling, vocab));
+  if (waiting_.size() >= limits_.max_waiting) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("waiting queue is full (", limits_.max_waiting, " requests)"));
+  }
+  Entry e;
+  e.tokens = req.prompt;
+  e.req = std::move(req);
+  const PagesNeeded need = pages_to_finish_prefill(e);
+  const KvPool& pool = engine_.pool();
+  if (need.full > pool.usage(PoolKind::full).total_pages ||
+      (pool.has_swa() && need.swa > pool.usage(PoolKind::swa).total_pages)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("prompt of ", e.tokens.size(), " tokens needs more KV pages than the pool holds"));
+  }
+  waiting_.push_back(std::move(e));
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::admit(Entry& e) {
+  return engine_.add_sequence(e.req.id, e.tokens, e.req.sampling, e.rng ? &*e.rng : nullptr);
+}
+
+TokenEvent Scheduler::finish(Entry& e, FinishReason reason, absl::Status status) {
+  if (engine_.sequence(e.req.id)) (void)engine_.release(e.req.id);
+  TokenEvent ev;
+  ev.id = e.req.id;
+  ev.finish = reason;
+  ev.status = std::move(status);
+  ev.prompt_tokens = int32_t(e.req.prompt.size());
+  ev.completion_tokens = e.generated;
+  return ev;
+}
+
+absl::Status Scheduler::abort(SeqId id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (it->req.id == id) {
+      waiting_.erase(it);
+      return absl::OkStatus();
+    }
+  }
+  for (auto it = running_.begin(); it != running_.end(); ++it) {
+    if (it->req.id == id) {
+      finish(*it, FinishReason::abort);
+      running_.erase(it);
+      return absl::OkStatus();
+    }
+  }
+  if (router_.count(id)) return router_release(id);
+  return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
+}
+
+void Scheduler::preempt(size_t i) {
+  // Recompute later: keep the tokens and the sampler state, free the pages now.
+  Entry e = std::move(running_[i]);
+  running_.erase(running_.begin() + int64_t(i));
+  if (const auto* s = engine_.sequence(e.req.id)) e.rng = s->rng;
+  (void)engine_.release(e.req.id);
+  waiting_.push_front(std::move(e));
+  ++preemptions_;
+}
+
+std::vector<TokenEvent> Scheduler::fail_all(const absl::Status& why) {
+  std::vector<TokenEvent> events;
+  for (Entry& e : running_) events.push_back(finish(e, FinishReason::error, why));
+  for (Entry& e : waiting_) events.push_back(finish(e, FinishReason::error, why));
+  running_.clear();
+  waiting_.clear();
+  for (SeqId id : std::vector<SeqId>(router_active_)) finish_router_task(id, why);
+  return events;
+}
+
+void Scheduler::admit_waiting(std::vector<TokenEvent>& events) {
+  // Router tasks take step slots too: admit only what the next steps can run.
+  const auto& cfg = engine_.config();
+  while (!waiting_.empty() && int64_t(running_.size() + router_active_.size()) < cfg.max_running_seqs &&
+         can_admit(waiting_.front())) {
+    Entry e = std::move(waiting_.front());
+    waiting_.pop_front();
+    if (auto st = admit(e); !st.ok()) {
+      events.push_back(finish(e, FinishReason::error, st));
+      continue;
+    }
+    running_.push_back(std::move(e));
+  }
+}
+
+void Scheduler::plan_generate_items(bool decode_pass, int64_t& budget, std::vector<StepItem>& items,
+                                    std::vector<Owner>& owners) {
+  const size_t max_items = size_t(engine_.config().max_running_seqs);
+  for (size_t i = 0; i < running_.size() && budget > 0 && items.size() < max_items; ++i) {
+    const SequenceState* s = engine_.sequence(running_[i].req.id);
+    const int32_t pending = s->num_pending();
+    if (decode_pass != (pending == 1)) continue;
+    const int32_t n = int32_t(std::min<int64_t>(pending, budget));
+    items.push_back({s->id, n, n == pending});
+    owners.push_back({false, s->id});
+    budget -= n;
+  }
+}
+
+void Scheduler::plan_step(std::vector<StepItem>& items, std::vector<Owner>& owners) {
+  // Decodes first (one token each), then prefill chunks in arrival order. Generate
+  // requests and router tasks take turns going first, so that neither can keep the
+  // other out of a full step.
+  int64_t budget = engine_.config().max_batch_tokens;
+  const bool router_first = step_count_ % 2 == 0;
+  for (bool decode_pass : {true, false}) {
+    if (router_first) plan_router_items(decode_pass, budget, items, owners);
+    plan_generate_items(decode_pass, budget, items, owners);
+    if (!router_first) plan_router_items(decode_pass, budget, items, owners);
+  }
+}
+
+absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
+  std::vector<TokenEvent> events;
+  const Plan plan = schedule(events);
+  if (plan.items.empty()) return events;
+  ++step_count_;
+  auto results = engine_.step(plan.items);
+  if (!results.ok()) return results.status();
+  if (result_hook_) result_hook_(*results);
+  apply_results(*results, plan.owners, events);
+  return events;
+}
+
+Scheduler::Plan Scheduler::schedule(std::vector<TokenEvent>& events) {
+  admit_waiting(events);
+  Plan plan;
+  plan_step(plan.items, plan.owners);
+  reserve_pages(plan.items, plan.owners, events);
+  return plan;
+}
+
+bool Scheduler::reserve(const StepItem& item) {
+  const SequenceState* s = engine_.sequence(item.id);
+  return engine_.pool().reserve(item.id, s->num_computed + item.num_tokens).ok();
+}
+
+void Scheduler::reserve_pages(std::vector<StepItem>& items, std::vector<Owner>& owners,
+                              std::vector<TokenEvent>& events) {
+  // Every item's pages before the step, in plan order (decodes first). A sequence that
+  // cannot get them makes room by preempting the latest-admitted generate request —
+  // possibly itself — and a generate request alone that still cannot fit fails. Router
+  // sequences are never preempted: they take pages from generate requests, and their
+  // task fails only when none are left to take.
+  std::vector<bool> dropped(items.size(), false);
+  auto drop = [&](SeqId id) {
+    for (size_t k = 0; k < items.size(); ++k) dropped[k] = dropped[k] || items[k].id == id;
+  };
+  auto preempt_newest = [&] {
+    drop(running_.back().req.id);
+    preempt(running_.size() - 1);
+  };
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (dropped[k]) continue;
+    const SeqId id = items[k].id;
+    while (!reserve(items[k])) {
+      if (owners[k].router) {
+        if (!running_.empty()) {
+          preempt_newest();
+          continue;
+        }
+        finish_router_task(id,
+                           absl::ResourceExhaustedError(absl::StrCat(
+                               "sequence ", id, ": no free KV pages (the pool is held by other sequences)")));
+        drop(id);
+        break;
+      }
+      if (running_.size() == 1) {
+        events.push_back(finish(
+            running_[0], FinishReason::error,
+            absl::ResourceExhaustedError(router_.empty()
+                                             ? "sequence does not fit in the KV pool on its own"
+                                             : "sequence does not fit in the KV pool beside the router's "
+                                               "sequences")));
+        running_.clear();
+        drop(id);
+        break;
+      }
+      const bool self = running_.back().req.id == id;
+      preempt_newest();
+      if (self) break;
+    }
+  }
+  size_t kept = 0;
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (dropped[k]) continue;
+    items[kept] = items[k];
+    owners[kept] = owners[k];
+    ++kept;
+  }
+  items.resize(kept);
+  owners.resize(kept);
+}
+
+void Scheduler::apply_results(const std::vector<StepResult>& results, const std::vector<Owner>& owners,
+                              std::vector<TokenEvent>& events) {
+  const auto& cfg = engine_.config();
+  std::unordered_map<SeqId, size_t> index;
+  for (size_t i = 0; i < running_.size(); ++i) index[running_[i].req.id] = i;
+  std::vector<bool> done(running_.size(), false);
+  for (size_t r = 0; r < results.size(); ++r) {
+    const StepResult& res = results[r];
+    if (owners[r].router) {
+      apply_router_result(owners[r].id, res);
+      continue;
+    }
+    const size_t i = index.at(owners[r].id);
+    Entry& e = running_[i];
+    if (!res.status.ok()) {
+      events.push_back(finish(e, FinishReason::error, res.status));
+      done[i] = true;
+      continue;
+    }
+    if (!res.token) continue;
+    e.tokens.push_back(*res.token);
+    ++e.generated;
+    TokenEvent ev;
+    ev.id = e.req.id;
+    ev.token = res.token;
+    const bool stop = std::find(e.req.stop_token_ids.begin(), e.req.stop_token_ids.end(), *res.token) !=
+                      e.req.stop_token_ids.end();
+    const bool length = e.generated >= e.req.max_new_tokens || int64_t(e.tokens.size()) >= cfg.max_seq_len;
+    if (stop || length) {
+      TokenEvent fin = finish(e, stop ? FinishReason::stop : FinishReason::length);
+      ev.finish = fin.finish;
+      ev.prompt_tokens = fin.prompt_tokens;
+      ev.completion_tokens = fin.completion_tokens;
+      done[i] = true;
+    }
+    events.push_back(ev);
+  }
+  std::vector<Entry> kept;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    if (!done[i]) kept.push_back(std::move(running_[i]));
+  }
+  running_ = std::move(kept);
+}
+
+}  // namespace kvfuse

@@ -1,0 +1,203 @@
+// Continuous batching over the engine: admission by KV capacity, chunked prefill
+// under the per-step token budget, decode of every running sequence each step, and the
+// pages of each step reserved before it runs, preempting by recomputation when the
+// pool runs dry. The engine then only runs what was decided. Single-threaded: the caller (the
+// server's engine loop, a benchmark, a test) drives step().
+//
+// Two kinds of work share every step:
+//   - generate requests (submit/abort): the scheduler owns them from admission to
+//     their last token, and may preempt and recompute them;
+//   - router-driven sequences (router_*): created and extended by a router, stepped
+//     only when a task asks (compute pending tokens, sample n tokens), kept until
+//     released. They are never preempted (the router holds their state), so when the
+//     pool runs dry they take pages from generate requests, or fail alone with
+//     RESOURCE_EXHAUSTED.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/runtime/engine.h"
+
+namespace kvfuse {
+
+enum class FinishReason { none, length, stop, abort, error };
+const char* to_string(FinishReason r);
+
+struct GenerateRequest {
+  SeqId id = 0;
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int32_t max_new_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+};
+
+// What one step did for one request: at most one new token, and whether it finished.
+struct TokenEvent {
+  SeqId id = 0;
+  std::optional<int32_t> token;
+  FinishReason finish = FinishReason::none;
+  absl::Status status;  // set when finish == error
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+};
+
+// A finished router task: the tokens it sampled (all of them, or those before a
+// failure) and the sequence's length afterwards.
+struct RouterResult {
+  SeqId id = 0;
+  absl::Status status;
+  std::vector<int32_t> tokens;
+  int32_t seq_len = 0;
+};
+
+struct SchedulerLimits {
+  size_t max_waiting = 4096;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(Engine& engine, SchedulerLimits limits = {});
+
+  // ---- Generate requests ----
+  // INVALID_ARGUMENT (bad prompt or parameters), ALREADY_EXISTS (live id),
+  // RESOURCE_EXHAUSTED (queue full, or a request larger than the whole pool).
+  absl::Status submit(GenerateRequest req);
+  // Ends a request, waiting or running, or a router-driven sequence (its running task
+  // ends CANCELLED), and frees its pages now. NOT_FOUND if unknown.
+  absl::Status abort(SeqId id);
+  // Runs one engine step if any request or router task can make progress and returns
+  // the generate requests' events (router results: take_router_results()).
+  absl::StatusOr<std::vector<TokenEvent>> step();
+
+  bool has_work() const { return !running_.empty() || !waiting_.empty() || !router_active_.empty(); }
+  size_t num_running() const { return running_.size(); }
+  size_t num_waiting() const { return waiting_.size(); }
+  // Any live id: waiting, running, or router-driven.
+  bool contains(SeqId id) const;
+  int64_t num_preemptions() const { return preemptions_; }
+  // Engine steps run so far.
+  uint64_t num_steps() const { return step_count_; }
+
+  // ---- Router-driven sequences ----
+  // Creates a sequence from `tokens` (extend = false; ALREADY_EXISTS if live) or
+  // appends them to a live one (extend = true; NOT_FOUND if unknown), and starts a
+  // task that computes every pending token and, if `sample`, samples one. The task's
+  // RouterResult comes from take_router_results() after the step that ends it.
+  // All or nothing: on an error the sequence is as it was. Also INVALID_ARGUMENT (as
+  // Engine::add_sequence / append_tokens), ABORTED while another task runs on the
+  // sequence, RESOURCE_EXHAUSTED when the pages it needs cannot be freed for it.
+  absl::Status router_prefill(SeqId id, std::vector<int32_t> tokens, const SamplingParams& sampling,
+                              bool extend, bool sample);
+  // Starts a task that samples `steps` tokens, one per step. NOT_FOUND, ABORTED,
+  // RESOURCE_EXHAUSTED as above; FAILED_PRECONDITION when the last prefill sampled
+  // nothing (there is no token to decode from).
+  absl::Status router_decode(SeqId id, int32_t steps);
+  // Ends the running task of a sequence with `why` (its result is queued); the
+  // sequence stays. No-op without a task.
+  void router_stop(SeqId id, const absl::Status& why);
+  // Starts a task that computes a live sequence's pending tokens and, if `sample`,
+  // samples one: the rest of a prefill whose task was stopped. NOT_FOUND, ABORTED,
+  // RESOURCE_EXHAUSTED as above; FAILED_PRECONDITION with nothing pending.
+  absl::Status router_resume(SeqId id, bool sample);
+  // Frees a router-driven sequence; a running task ends CANCELLED. NOT_FOUND if unknown.
+  absl::Status router_release(SeqId id);
+  bool is_router_sequence(SeqId id) const { return router_.count(id) != 0; }
+  // Which incarnation of an id is live: a number that differs for every sequence
+  // router_prefill creates, so that a call can tell its own sequence from a later
+  // one under the same id. 0 if the id is not a live router-driven sequence.
+  uint64_t router_generation(SeqId id) const;
+  bool router_busy(SeqId id) const;
+  size_t num_router_sequences() const { return router_.size(); }
+  size_t num_router_tasks() const { return router_active_.size(); }
+  std::vector<SeqId> router_sequence_ids() const;
+  std::vector<RouterResult> take_router_results();
+
+  // After a failed step (the device state is unknown): ends every generate request
+  // with `why` (their events are returned) and every router task (results queued).
+  // Router-driven sequences stay until released.
+  std::vector<TokenEvent> fail_all(const absl::Status& why);
+
+  // For fault-injection tests: sees (and may change) every step's results before the
+  // scheduler does, e.g. to turn a token into an INTERNAL status.
+  void set_result_hook(std::function<void(std::vector<StepResult>&)> hook) { result_hook_ = std::move(hook); }
+
+ private:
+  struct Entry {
+    GenerateRequest req;
+    std::vector<int32_t> tokens;  // prompt plus tokens generated so far (recompute after preemption)
+    int32_t generated = 0;
+    std::optional<Rng> rng;  // carried across preemption so seeded sampling is unchanged
+  };
+  struct RouterTask {
+    int32_t samples_left = 0;
+    int64_t target_len = 0;  // tokens in the cache when the task is done
+    RouterResult result;
+  };
+  struct RouterSeq {
+    std::optional<RouterTask> task;
+    uint64_t generation = 0;
+  };
+  // Who a step item belongs to.
+  struct Owner {
+    bool router = false;
+    SeqId id = 0;
+  };
+  // What the engine is to run in a step: items whose pages are reserved, and whose they are.
+  struct Plan {
+    std::vector<StepItem> items;
+    std::vector<Owner> owners;
+  };
+
+  // Admits waiting requests, plans the step and reserves its pages, preempting or
+  // failing what cannot fit (their events go to `events`).
+  Plan schedule(std::vector<TokenEvent>& events);
+
+  PagesNeeded pages_to_finish_prefill(const Entry& e) const;
+  bool can_admit(const Entry& e) const;
+  absl::Status admit(Entry& e);
+  void preempt(size_t running_index);
+  TokenEvent finish(Entry& e, FinishReason reason, absl::Status status = absl::OkStatus());
+  void admit_waiting(std::vector<TokenEvent>& events);
+  void plan_step(std::vector<StepItem>& items, std::vector<Owner>& owners);
+  void plan_generate_items(bool decode_pass, int64_t& budget, std::vector<StepItem>& items,
+                           std::vector<Owner>& owners);
+  void plan_router_items(bool decode_pass, int64_t& budget, std::vector<StepItem>& items,
+                         std::vector<Owner>& owners);
+  // Reserves the planned items' pages, preempting (or failing) what cannot fit; items
+  // that will not run leave the plan.
+  void reserve_pages(std::vector<StepItem>& items, std::vector<Owner>& owners,
+                     std::vector<TokenEvent>& events);
+  bool reserve(const StepItem& item);
+  void apply_results(const std::vector<StepResult>& results, const std::vector<Owner>& owners,
+                     std::vector<TokenEvent>& events);
+  void apply_router_result(SeqId id, const StepResult& res);
+  // Refuses a task whose pages could never be found: more than are free plus those the
+  // generate requests hold (which a router task may take by preempting them).
+  absl::Status check_router_capacity(SeqId id, int64_t new_len) const;
+  void start_router_task(SeqId id, int32_t samples);
+  void finish_router_task(SeqId id, absl::Status status);
+  // Pages the running router tasks still need.
+  PagesNeeded router_pages_promised() const;
+  // Pages still to reserve for a sequence to reach new_len tokens in the cache.
+  PagesNeeded pages_to_reach(SeqId id, int64_t new_len) const;
+
+  Engine& engine_;
+  SchedulerLimits limits_;
+  std::deque<Entry> waiting_;
+  std::vector<Entry> running_;
+  int64_t preemptions_ = 0;
+
+  std::unordered_map<SeqId, RouterSeq> router_;
+  std::vector<SeqId> router_active_;  // sequences with a task, oldest task first
+  std::vector<RouterResult> router_results_;
+  uint64_t next_router_generation_ = 1;
+  uint64_t step_count_ = 0;
+  std::function<void(std::vector<StepResult>&)> result_hook_;
+};
+
+}  // namespace kvfuse

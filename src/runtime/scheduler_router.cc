@@ -1,0 +1,200 @@
+// Router-driven sequences of the Scheduler (see scheduler.h): a router creates and
+// extends them and asks for work in tasks; their items join the same engine steps as
+// the generate requests'.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "src/common/status_macros.h"
+#include "src/runtime/scheduler.h"
+
+namespace kvfuse {
+
+namespace {
+absl::Status not_found(SeqId id) { return absl::NotFoundError(absl::StrCat("sequence ", id, " not found")); }
+absl::Status busy(SeqId id) {
+  // ABORTED: a concurrency conflict that the caller resolves by retrying once the
+  // other call on this sequence is done.
+  return absl::AbortedError(absl::StrCat("sequence ", id, " is busy with another call"));
+}
+}  // namespace
+
+bool Scheduler::router_busy(SeqId id) const {
+  auto it = router_.find(id);
+  return it != router_.end() && it->second.task.has_value();
+}
+
+std::vector<SeqId> Scheduler::router_sequence_ids() const {
+  std::vector<SeqId> ids;
+  ids.reserve(router_.size());
+  for (const auto& [id, _] : router_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+PagesNeeded Scheduler::pages_to_reach(SeqId id, int64_t new_len) const {
+  return engine_.pool().pages_to_reach(id, int32_t(std::min<int64_t>(new_len, engine_.config().max_seq_len)));
+}
+
+absl::Status Scheduler::check_router_capacity(SeqId id, int64_t new_len) const {
+  // (The sequence itself has no task now, so nothing of its own is in `promised`.)
+  const PagesNeeded need = pages_to_reach(id, new_len);
+  PagesNeeded takeable;
+  for (const Entry& e : running_) {
+    const PagesNeeded h = engine_.pool().pages_held(e.req.id);
+    takeable.full += h.full;
+    takeable.swa += h.swa;
+  }
+  // Pages promised to other router tasks are not free for this one.
+  const PagesNeeded promised = router_pages_promised();
+  const KvPool& pool = engine_.pool();
+  const int64_t free_full = pool.usage(PoolKind::full).free_pages - promised.full;
+  if (need.full > free_full + takeable.full ||
+      (pool.has_swa() && need.swa > pool.usage(PoolKind::swa).free_pages - promised.swa + takeable.swa)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sequence ", id, " needs ", need.full, " more KV pages; ", std::max<int64_t>(0, free_full),
+        " are free and ", takeable.full, " can be freed for it"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, const SamplingParams& sampling,
+                                       bool extend, bool sample) {
+  if (tokens.empty()) return absl::InvalidArgumentError(extend ? "no tokens to append" : "empty prompt");
+  if (!extend) {
+    if (contains(id) || engine_.sequence(id)) {
+      return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
+    }
+    KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, int64_t(tokens.size())));
+    KVFUSE_RETURN_IF_ERROR(engine_.add_sequence(id, std::move(tokens), sampling));
+    router_[id] = RouterSeq{std::nullopt, next_router_generation_++};
+  } else {
+    if (!router_.count(id)) return not_found(id);
+    if (router_busy(id)) return busy(id);
+    const int64_t len = int64_t(engine_.sequence(id)->tokens.size()) + int64_t(tokens.size());
+    KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, len));
+    KVFUSE_RETURN_IF_ERROR(engine_.append_tokens(id, tokens));
+  }
+  start_router_task(id, sample ? 1 : 0);
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::router_resume(SeqId id, bool sample) {
+  if (!router_.count(id)) return not_found(id);
+  if (router_busy(id)) return busy(id);
+  const SequenceState* s = engine_.sequence(id);
+  if (s->num_pending() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " has no pending token to compute"));
+  }
+  KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, int64_t(s->tokens.size())));
+  start_router_task(id, sample ? 1 : 0);
+  return absl::OkStatus();
+}
+
+uint64_t Scheduler::router_generation(SeqId id) const {
+  auto it = router_.find(id);
+  return it == router_.end() ? 0 : it->second.generation;
+}
+
+absl::Status Scheduler::router_decode(SeqId id, int32_t steps) {
+  if (!router_.count(id)) return not_found(id);
+  if (router_busy(id)) return busy(id);
+  if (steps < 1) return absl::InvalidArgumentError(absl::StrCat("steps ", steps, " must be >= 1"));
+  const SequenceState* s = engine_.sequence(id);
+  if (s->num_pending() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence ", id,
+                     " has no token to decode from: its last prefill sampled nothing; prefill more tokens"));
+  }
+  // Every step but the last computes the token sampled by the step before.
+  KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, int64_t(s->tokens.size()) + steps - 1));
+  start_router_task(id, steps);
+  return absl::OkStatus();
+}
+
+void Scheduler::start_router_task(SeqId id, int32_t samples) {
+  const SequenceState* s = engine_.sequence(id);
+  RouterTask task;
+  task.samples_left = samples;
+  task.target_len = int64_t(s->tokens.size()) + std::max(0, samples - 1);
+  task.result.id = id;
+  router_[id].task = std::move(task);
+  router_active_.push_back(id);
+}
+
+void Scheduler::finish_router_task(SeqId id, absl::Status status) {
+  auto it = router_.find(id);
+  if (it == router_.end() || !it->second.task) return;
+  RouterResult r = std::move(it->second.task->result);
+  r.status = std::move(status);
+  if (const SequenceState* s = engine_.sequence(id)) r.seq_len = int32_t(s->tokens.size());
+  router_results_.push_back(std::move(r));
+  it->second.task.reset();
+  router_active_.erase(std::find(router_active_.begin(), router_active_.end(), id));
+}
+
+void Scheduler::router_stop(SeqId id, const absl::Status& why) { finish_router_task(id, why); }
+
+absl::Status Scheduler::router_release(SeqId id) {
+  if (!router_.count(id)) return not_found(id);
+  finish_router_task(id, absl::CancelledError(absl::StrCat("sequence ", id, " was released")));
+  router_.erase(id);
+  return engine_.release(id);
+}
+
+std::vector<RouterResult> Scheduler::take_router_results() {
+  std::vector<RouterResult> out;
+  out.swap(router_results_);
+  return out;
+}
+
+PagesNeeded Scheduler::router_pages_promised() const {
+  PagesNeeded promised;
+  for (SeqId id : router_active_) {
+    const PagesNeeded n = pages_to_reach(id, router_.at(id).task->target_len);
+    promised.full += n.full;
+    promised.swa += n.swa;
+  }
+  return promised;
+}
+
+void Scheduler::plan_router_items(bool decode_pass, int64_t& budget, std::vector<StepItem>& items,
+                                  std::vector<Owner>& owners) {
+  const auto& cfg = engine_.config();
+  const size_t max_items = size_t(cfg.max_running_seqs);
+  // A copy: a task that cannot run is finished here, which edits router_active_.
+  for (SeqId id : std::vector<SeqId>(router_active_)) {
+    if (budget <= 0 || items.size() >= max_items) return;
+    const SequenceState* s = engine_.sequence(id);
+    const RouterTask& t = *router_.at(id).task;
+    const int32_t pending = s->num_pending();
+    if (decode_pass != (pending == 1 && t.samples_left > 0)) continue;
+    const int32_t n = int32_t(std::min<int64_t>(pending, budget));
+    const bool sample = n == pending && t.samples_left > 0;
+    if (sample && int64_t(s->tokens.size()) >= cfg.max_seq_len) {
+      finish_router_task(
+          id, absl::OutOfRangeError(absl::StrCat("sequence ", id, " reached max_seq_len ", cfg.max_seq_len)));
+      continue;
+    }
+    items.push_back({id, n, sample});
+    owners.push_back({true, id});
+    budget -= n;
+  }
+}
+
+void Scheduler::apply_router_result(SeqId id, const StepResult& res) {
+  if (!res.status.ok()) {
+    finish_router_task(id, res.status);
+    return;
+  }
+  RouterTask& t = *router_.at(id).task;
+  if (res.token) {
+    t.result.tokens.push_back(*res.token);
+    --t.samples_left;
+  }
+  // Done when every sample is taken; a compute-only task when nothing is pending.
+  if (t.samples_left == 0 && (res.token || engine_.sequence(id)->num_pending() == 0)) {
+    finish_router_task(id, absl::OkStatus());
+  }
+}
+
+}  // namespace kvfuse
