@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/bf16.h"
+#include "kernels/enum_name.h"
 #include "kernels/fp8.h"
 
 namespace kvfuse {
@@ -25,17 +26,7 @@ KVFUSE_HD Fp8Format kv_fp8_format(KvFormat d) {
 }
 
 inline const char* kv_format_name(KvFormat d) {
-  switch (d) {
-    case KvFormat::bf16:
-      return "bf16";
-    case KvFormat::fp8_e4m3fn:
-      return "fp8_e4m3fn";
-    case KvFormat::fp8_e4m3fnuz:
-      return "fp8_e4m3fnuz";
-    case KvFormat::fp8_e5m2:
-      return "fp8_e5m2";
-  }
-  return "?";
+  return enum_name(d, {"bf16", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2"});
 }
 
 // Element type of the new K/V rows handed to a write.

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/enum_name.h"
 #include "kernels/kv_types.h"
 #include "server/status_codes.h"
 #include "src/common/status_macros.h"
@@ -32,19 +33,7 @@ v1::FinishReason to_proto(FinishReason r) {
 }  // namespace
 
 const char* to_string(LoopState s) {
-  switch (s) {
-    case LoopState::warming:
-      return "warming";
-    case LoopState::serving:
-      return "serving";
-    case LoopState::draining:
-      return "draining";
-    case LoopState::stopped:
-      return "stopped";
-    case LoopState::failed:
-      return "failed";
-  }
-  return "?";
+  return enum_name(s, {"warming", "serving", "draining", "stopped", "failed"});
 }
 
 EngineLoop::EngineLoop(LoopOptions opts, ServerMetrics& metrics, std::function<void(bool)> on_serving)

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/cpu/gemm_tiles.h"
+#include "kernels/enum_name.h"
 #include "kernels/cpu/ops.h"
 
 namespace kvfuse::cpu {
@@ -48,17 +49,7 @@ bool cpu_has(GemmIsa isa) { return isa == GemmIsa::generic; }
 
 }  // namespace
 
-const char* gemm_isa_name(GemmIsa isa) {
-  switch (isa) {
-    case GemmIsa::avx512:
-      return "avx512";
-    case GemmIsa::avx2:
-      return "avx2";
-    case GemmIsa::generic:
-      return "generic";
-  }
-  return "?";
-}
+const char* gemm_isa_name(GemmIsa isa) { return enum_name(isa, {"generic", "avx2", "avx512"}); }
 
 bool gemm_isa_supported(GemmIsa isa) { return cpu_has(isa); }
 

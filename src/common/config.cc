@@ -12,36 +12,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/enum_name.h"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {
 
 using nlohmann::json;
 
-const char* to_string(Device d) {
-  switch (d) {
-    case Device::auto_:
-      return "auto";
-    case Device::cpu:
-      return "cpu";
-    case Device::cuda:
-      return "cuda";
-    case Device::hip:
-      return "hip";
-  }
-  return "?";
-}
-const char* to_string(KvCacheDtype d) {
-  switch (d) {
-    case KvCacheDtype::bf16:
-      return "bf16";
-    case KvCacheDtype::fp8_e4m3:
-      return "fp8_e4m3";
-    case KvCacheDtype::fp8_e5m2:
-      return "fp8_e5m2";
-  }
-  return "?";
-}
+const char* to_string(Device d) { return enum_name(d, {"auto", "cpu", "cuda", "hip"}); }
+const char* to_string(KvCacheDtype d) { return enum_name(d, {"bf16", "fp8_e4m3", "fp8_e5m2"}); }
 const char* to_string(KvWritePath p) { return p == KvWritePath::fused ? "fused" : "unfused"; }
 const char* to_string(AttentionPath p) { return p == AttentionPath::unified ? "unified" : "split"; }
 const char* to_string(GraphsMode g) { return g == GraphsMode::on ? "on" : "off"; }

@@ -4,25 +4,12 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/enum_name.h"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {
 
-const char* to_string(FinishReason r) {
-  switch (r) {
-    case FinishReason::none:
-      return "none";
-    case FinishReason::length:
-      return "length";
-    case FinishReason::stop:
-      return "stop";
-    case FinishReason::abort:
-      return "abort";
-    case FinishReason::error:
-      return "error";
-  }
-  return "?";
-}
+const char* to_string(FinishReason r) { return enum_name(r, {"none", "length", "stop", "abort", "error"}); }
 
 Scheduler::Scheduler(Engine& engine, SchedulerLimits limits) : engine_(engine), limits_(limits) {}
 
