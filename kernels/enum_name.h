@@ -9,8 +9,9 @@ namespace kvfuse {
 
 template <class E, size_t N>
 constexpr const char* enum_name(E value, const char* const (&names)[N]) {
-  const auto i = static_cast<std::underlying_type_t<E>>(value);
-  return i >= 0 && size_t(i) < N ? names[size_t(i)] : "?";
+  // Through an unsigned type: a negative value wraps past the table and reads "?".
+  const auto i = static_cast<std::make_unsigned_t<std::underlying_type_t<E>>>(value);
+  return size_t(i) < N ? names[size_t(i)] : "?";
 }
 
 }  // namespace kvfuse

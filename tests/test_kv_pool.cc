@@ -86,8 +86,8 @@ class HostTestBackend final : public Backend {
   absl::Status silu_mul(const bf16_t*, int64_t, int64_t, bf16_t*) override { return no(); }
   absl::Status residual_add(bf16_t*, const bf16_t*, int64_t) override { return no(); }
   absl::Status gather_rows(const bf16_t*, int64_t, const int32_t*, int64_t, bf16_t*) override { return no(); }
-  absl::Status kv_write(const KvWriteArgs&, KvWritePath, void*) override { return no(); }
-  size_t kv_write_scratch_bytes(int64_t, int64_t) const override { return 0; }
+  absl::Status kv_write(const KvWriteArgs&, KvWritePath) override { return no(); }
+  absl::Status reserve_kv_write(int64_t, int64_t) override { return no(); }
   absl::Status attention(const AttnArgs&, AttentionPath) override { return no(); }
   absl::Status argmax_rows(const float*, int64_t, int64_t, int32_t*, int32_t*) override { return no(); }
   absl::Status sample_rows(const float*, int64_t, int64_t, const RowSampling*, int32_t*) override {

@@ -107,9 +107,12 @@ class Backend {
   virtual absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
                                    bf16_t* out) = 0;
 
-  // KV write of one layer. The unfused path uses `scratch` (kv_write_scratch_bytes).
-  virtual absl::Status kv_write(const KvWriteArgs& args, KvWritePath path, void* scratch) = 0;
-  virtual size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) const = 0;
+  // KV write of one layer. The unfused path's intermediate buffers are the backend's
+  // own scratch (grown as the attention scratch is; see graph_epoch).
+  virtual absl::Status kv_write(const KvWriteArgs& args, KvWritePath path) = 0;
+  // Sizes that scratch for the largest step (max_tokens rows of row_elems) up front, so
+  // graphs captured at any batch size never see it move. Later steps may still grow it.
+  virtual absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) = 0;
   virtual absl::Status attention(const AttnArgs& args, AttentionPath path) = 0;
   // Per row of logits [rows, vocab]: the greedy token (the first index of the maximum,
   // as kvfuse::argmax) into tokens[row], and 1 into finite[row] if every logit of the

@@ -101,7 +101,7 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     w.slot_mapping = p.slot_mapping;
     w.swa = swa ? pool.swa_table() : SwaSlotTable{};
     w.cache = pool.layer_view(l);
-    KVFUSE_RETURN_IF_ERROR(backend_.kv_write(w, write, p.kv_scratch));
+    KVFUSE_RETURN_IF_ERROR(backend_.kv_write(w, write));
 
     AttnArgs a;
     a.q = q;

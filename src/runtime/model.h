@@ -32,7 +32,6 @@ struct DecoderPass {
   bf16_t *x = nullptr, *h = nullptr, *qkv = nullptr, *attn = nullptr;  // [T, hidden / qkv_dim / q_dim]
   bf16_t *gate_up = nullptr, *act = nullptr;                           // [T, 2 intermediate / intermediate]
   bf16_t* last = nullptr;                                              // [R, hidden]
-  void* kv_scratch = nullptr;  // the unfused KV write's scratch (Backend::kv_write_scratch_bytes)
 
   float* logits = nullptr;    // out: [R, vocab]
   int32_t* tokens = nullptr;  // out: [3, R] greedy tokens, finiteness flags, sampled tokens

@@ -39,7 +39,6 @@ absl::Status ModelRunner::init_workspace() {
       {&act_, size_t(T * s.intermediate) * 2},
       {&last_, size_t(S * s.hidden) * 2},
       {&logits_, size_t(S * s.vocab) * 4},
-      {&kv_scratch_, backend_.kv_write_scratch_bytes(T, s.kv_dim())},
       {&ids_, size_t(T) * 4},
       {&pos_, size_t(T) * 4},
       {&slots_, size_t(T) * 8},
@@ -56,7 +55,8 @@ absl::Status ModelRunner::init_workspace() {
     if (!b.ok()) return b.status();
     *w.buf = std::move(*b);
   }
-  return absl::OkStatus();
+  // The unfused KV write's intermediates are the backend's scratch, sized here for T.
+  return backend_.reserve_kv_write(T, s.kv_dim());
 }
 
 absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
@@ -194,7 +194,6 @@ absl::Status ModelRunner::run_model(const ForwardBatch& b, KvPool& pool, const F
   p.gate_up = gate_up_.as<bf16_t>();
   p.act = act_.as<bf16_t>();
   p.last = last_.as<bf16_t>();
-  p.kv_scratch = kv_scratch_.get();
   p.logits = logits_.as<float>();
   p.tokens = argmax_.as<int32_t>();
   return model_.forward(p, pool, opts.kv_write, opts.attention);

@@ -1,6 +1,6 @@
 // Runs the model on a batch: uploads the step's metadata, owns the working memory of a
-// pass (activations, logits, the unfused KV write's scratch), pads decode-only batches
-// to a graph bucket and replays their graphs, and reads the results back.
+// pass (activations, logits), pads decode-only batches to a graph bucket and replays
+// their graphs, and reads the results back.
 #pragma once
 
 #include <map>
@@ -131,7 +131,7 @@ class ModelRunner {
   std::vector<RowSampling> sampling_host_;  // all-greedy parameters when a batch brings none
 
   // Working memory, sized for limits_.
-  DeviceBuffer x_, h_, qkv_, attn_, gate_up_, act_, last_, logits_, kv_scratch_;
+  DeviceBuffer x_, h_, qkv_, attn_, gate_up_, act_, last_, logits_;
   DeviceBuffer ids_, pos_, slots_, qstart_, ctx_, bt_full_, bt_swa_, rows_;
   DeviceBuffer argmax_;    // [3, rows] int32: greedy tokens, finiteness flags, sampled tokens
   DeviceBuffer sampling_;  // [max_seqs] RowSampling

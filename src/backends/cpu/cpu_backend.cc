@@ -113,18 +113,19 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status kv_write(const KvWriteArgs& args, KvWritePath path, void* scratch_buf) override {
+  absl::Status kv_write(const KvWriteArgs& args, KvWritePath path) override {
     if (path == KvWritePath::fused) {
       cpu::kv_write_fused(args);
     } else {
-      if (scratch_buf == nullptr) return absl::InternalError("unfused KV write without scratch");
-      cpu::kv_write_unfused(args,
-                            cpu::kv_write_scratch_from(scratch_buf, args.num_tokens, args.cache.row_elems()));
+      const int64_t row_elems = args.cache.row_elems();
+      const size_t bytes = cpu::kv_write_scratch_bytes(args.num_tokens, row_elems);
+      cpu::kv_write_unfused(args, cpu::kv_write_scratch_from(scratch((bytes + 3) / 4), args.num_tokens, row_elems));
     }
     return absl::OkStatus();
   }
-  size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) const override {
-    return cpu::kv_write_scratch_bytes(num_tokens, row_elems);
+  absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) override {
+    scratch((cpu::kv_write_scratch_bytes(max_tokens, row_elems) + 3) / 4);
+    return absl::OkStatus();
   }
   absl::Status attention(const AttnArgs& args, AttentionPath path) override {
     if (path == AttentionPath::unified) {

@@ -63,6 +63,7 @@ class GpuBackend final : public Backend {
     plans_.clear();
     blas_workspace_.reset();
     split_scratch_.reset();
+    kv_scratch_.reset();
     gemm_f32_.reset();
     if (blas_) blasLtDestroy(blas_);
     if (stream_) (void)cudaStreamDestroy(stream_);
@@ -143,15 +144,7 @@ class GpuBackend final : public Backend {
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
     if (!w.bias.get()) return gemm(x, m, w, out, BLAS_R_16BF);
     // With a bias the GEMM result stays fp32 until the bias is in: one bf16 rounding.
-    const size_t need = size_t(m * w.n) * sizeof(float);
-    if (need > gemm_f32_.bytes()) {
-      if (capturing_) return absl::FailedPreconditionError("linear: fp32 scratch must grow during a capture");
-      KVFUSE_RETURN_IF_ERROR(synchronize());  // the old buffer may still be in use
-      auto b = alloc(need * 2);
-      if (!b.ok()) return b.status();
-      gemm_f32_ = std::move(*b);
-      ++graph_epoch_;
-    }
+    KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(m * w.n) * sizeof(float), "linear: fp32"));
     KVFUSE_RETURN_IF_ERROR(gemm(x, m, w, gemm_f32_.get(), BLAS_R_32F));
     return cuda_status(
         gpu::launch_bias_round(gemm_f32_.as<float>(), w.bias.as<float>(), m, w.n, out, stream_),
@@ -178,14 +171,18 @@ class GpuBackend final : public Backend {
     return cuda_status(gpu::launch_gather_rows(x, cols, rows, n, out, stream_), "gather_rows");
   }
 
-  absl::Status kv_write(const KvWriteArgs& args, KvWritePath path, void* scratch) override {
+  absl::Status kv_write(const KvWriteArgs& args, KvWritePath path) override {
     if (path == KvWritePath::fused) {
       return cuda_status(gpu::launch_kv_write_fused(args, stream_, kv_launch_), "kv_write_fused");
     }
-    return cuda_status(gpu::launch_kv_write_unfused(args, scratch, stream_, kv_launch_), "kv_write_unfused");
+    KVFUSE_RETURN_IF_ERROR(reserve_scratch(
+        kv_scratch_, gpu::kv_write_scratch_bytes(args.num_tokens, args.cache.row_elems()), "kv_write: unfused"));
+    return cuda_status(gpu::launch_kv_write_unfused(args, kv_scratch_.get(), stream_, kv_launch_),
+                       "kv_write_unfused");
   }
-  size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) const override {
-    return gpu::kv_write_scratch_bytes(num_tokens, row_elems);
+  absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) override {
+    return reserve_scratch(kv_scratch_, gpu::kv_write_scratch_bytes(max_tokens, row_elems), "kv_write: unfused",
+                           /*slack=*/1);
   }
   absl::Status attention(const AttnArgs& args, AttentionPath path) override {
     if (const std::string why = gpu::attention_unsupported(args); !why.empty()) {
@@ -203,17 +200,11 @@ class GpuBackend final : public Backend {
     if (path == AttentionPath::unified && !small_decode) {
       return cuda_status(gpu::launch_attention_unified(args, stream_), "attention_unified");
     }
-    const size_t need =
+    KVFUSE_RETURN_IF_ERROR(reserve_scratch(
+        split_scratch_,
         gpu::attention_split_scratch_bytes(args.batch.num_tokens, args.num_q_heads, args.cache.head_dim,
-                                           args.batch.max_context_len, kSplitPartition);
-    if (need > split_scratch_.bytes()) {
-      if (capturing_) return absl::FailedPreconditionError("attention: split scratch must grow during a capture");
-      KVFUSE_RETURN_IF_ERROR(synchronize());  // the old buffer may still be in use
-      auto b = alloc(need * 2);
-      if (!b.ok()) return b.status();
-      split_scratch_ = std::move(*b);
-      ++graph_epoch_;
-    }
+                                           args.batch.max_context_len, kSplitPartition),
+        "attention: split"));
     return cuda_status(gpu::launch_attention_split(args, split_scratch_.get(), kSplitPartition, stream_),
                        "attention_split");
   }
@@ -251,6 +242,21 @@ class GpuBackend final : public Backend {
 
  private:
   GpuBackend() = default;
+
+  // Grows one of the backend's scratch buffers to at least `need` bytes (`slack` times
+  // that, so growth is rare). Growth replaces memory a captured graph may use: it synchronizes
+  // first, bumps graph_epoch, and is refused during a capture (the runner's eager first
+  // step of each graph bucket grows every buffer before it captures).
+  absl::Status reserve_scratch(DeviceBuffer& buf, size_t need, const char* what, size_t slack = 2) {
+    if (need <= buf.bytes()) return absl::OkStatus();
+    if (capturing_) return absl::FailedPreconditionError(absl::StrCat(what, " scratch must grow during a capture"));
+    KVFUSE_RETURN_IF_ERROR(synchronize());  // the old buffer may still be in use
+    auto b = alloc(need * slack);
+    if (!b.ok()) return b.status();
+    buf = std::move(*b);
+    ++graph_epoch_;
+    return absl::OkStatus();
+  }
 
   absl::Status init(int device) {
     device_ = device;
@@ -469,7 +475,8 @@ class GpuBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   blasLtHandle_t blas_ = nullptr;
   DeviceBuffer blas_workspace_;
-  DeviceBuffer split_scratch_;
+  DeviceBuffer split_scratch_;  // split-KV attention partials
+  DeviceBuffer kv_scratch_;     // the unfused KV write's fp32 and cast intermediates
   DeviceBuffer gemm_f32_;  // fp32 GEMM results of biased linear layers
   DeviceBuffer l2_flush_;  // written between timed GEMM candidates (tuning only)
 };
