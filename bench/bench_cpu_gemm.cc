@@ -15,7 +15,7 @@
 
 #include "CLI/CLI.hpp"
 #include "kernels/cpu/gemm.h"
-#include "src/common/int_list.h"
+#include "src/loading/int_list.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
 extern "C" char* openblas_get_corename(void);

@@ -10,7 +10,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvfuse/v1/decode.grpc.pb.h"
 #include "clients/client_util.h"
-#include "src/common/int_list.h"
+#include "src/loading/int_list.h"
 
 using namespace kvfuse;
 

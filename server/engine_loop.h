@@ -22,7 +22,7 @@
 #include "server/metrics.h"
 #include "server/request_validation.h"
 #include "server/watchdog.h"
-#include "src/common/config.h"
+#include "src/loading/config.h"
 #include "src/runtime/engine.h"
 #include "src/runtime/scheduler.h"
 

@@ -14,7 +14,7 @@
 
 #include "server/server.h"
 #include "server/signals.h"
-#include "src/common/config.h"
+#include "src/loading/config.h"
 #include "src/common/status_macros.h"
 
 using namespace kvfuse;

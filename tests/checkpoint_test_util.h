@@ -14,7 +14,7 @@
 #include "tests/catch.h"
 
 #include "src/loading/checkpoint.h"
-#include "src/common/model_spec.h"
+#include "src/loading/model_spec.h"
 #include "src/loading/safetensors.h"
 
 namespace kvfuse::testing {

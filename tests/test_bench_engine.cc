@@ -14,7 +14,7 @@
 #include "tests/run_command.h"
 
 #include "bench/engine/roofline.h"
-#include "src/common/model_spec.h"
+#include "src/loading/model_spec.h"
 
 using namespace kvfuse;
 using namespace kvfuse::bench;

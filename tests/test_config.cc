@@ -5,8 +5,8 @@
 #include <nlohmann/json.hpp>
 #include "tests/catch.h"
 
-#include "src/common/config.h"
-#include "src/common/model_spec.h"
+#include "src/loading/config.h"
+#include "src/loading/model_spec.h"
 
 using namespace kvfuse;
 using nlohmann::json;

@@ -22,7 +22,7 @@
 #include "kvfuse/v1/decode.grpc.pb.h"
 #include "clients/client_util.h"
 #include "server/server.h"
-#include "src/common/config.h"
+#include "src/loading/config.h"
 #include "src/runtime/engine.h"
 #include "src/runtime/scheduler.h"
 

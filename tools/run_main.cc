@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "src/common/config.h"
+#include "src/loading/config.h"
 #include "src/runtime/engine.h"
-#include "src/common/int_list.h"
+#include "src/loading/int_list.h"
 #include "src/runtime/scheduler.h"
 
 using namespace kvfuse;

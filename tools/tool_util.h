@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
-#include "src/common/config.h"
+#include "src/loading/config.h"
 
 namespace kvfuse::tools {
 

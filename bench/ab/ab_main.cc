@@ -15,11 +15,11 @@
 #include "bench/ab/ab_stats.h"
 #include "bench/ab/progress.h"
 #include "bench/synthetic_cell.h"
-#include "src/common/int_list.h"
+#include "src/loading/int_list.h"
 #ifdef KVFUSE_AB_WITH_SERVER
 #include "bench/ab/ab_server.h"
 #endif
-#include "src/common/config.h"
+#include "src/loading/config.h"
 #include "src/common/status_macros.h"
 #include "src/runtime/engine.h"
 

@@ -20,10 +20,10 @@
 #include "bench/engine/engine_cells.h"
 #include "bench/engine/roofline.h"
 #include "bench/synthetic_cell.h"
-#include "src/common/config.h"
+#include "src/loading/config.h"
 #include "src/common/status_macros.h"
 #include "src/runtime/engine.h"
-#include "src/common/int_list.h"
+#include "src/loading/int_list.h"
 
 using namespace kvfuse;
 using namespace kvfuse::bench;

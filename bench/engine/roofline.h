@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "src/common/model_spec.h"
+#include "src/loading/model_spec.h"
 
 namespace kvfuse::bench {
 

@@ -36,7 +36,7 @@
 #include "absl/status/statusor.h"
 #include "src/loading/host_weights.h"
 #include "src/loading/kv_scales.h"
-#include "src/common/model_spec.h"
+#include "src/loading/model_spec.h"
 #include "src/loading/safetensors.h"
 
 namespace kvfuse {

@@ -21,7 +21,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "absl/status/statusor.h"
-#include "src/common/model_spec.h"
+#include "src/loading/model_spec.h"
 
 namespace kvfuse {
 

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/bf16.h"
-#include "src/common/model_spec.h"
+#include "src/loading/model_spec.h"
 
 namespace kvfuse {
 

@@ -27,7 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/kv_types.h"
-#include "src/common/config.h"
+#include "src/loading/config.h"
 
 namespace kvfuse {
 

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "src/backends/backend.h"
-#include "src/common/config.h"
+#include "src/loading/config.h"
 #include "src/runtime/kv_pool.h"
 #include "src/runtime/model.h"
 #include "src/runtime/model_runner.h"

@@ -12,7 +12,7 @@
 #include "src/backends/backend.h"
 #include "src/loading/host_weights.h"
 #include "src/runtime/kv_pool.h"
-#include "src/common/model_spec.h"
+#include "src/loading/model_spec.h"
 
 namespace kvfuse {
 

@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "src/common/config.h"
+#include "src/loading/config.h"
 #include "src/loading/hf_config.h"
 #include "src/loading/kv_scales.h"
-#include "src/common/model_spec.h"
+#include "src/loading/model_spec.h"
 
 using nlohmann::json;
 

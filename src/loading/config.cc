@@ -1,4 +1,4 @@
-#include "src/common/config.h"
+#include "src/loading/config.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,4 +1,4 @@
-#include "src/common/model_spec.h"
+#include "src/loading/model_spec.h"
 
 #include "absl/strings/str_cat.h"
 #include "src/loading/hf_config.h"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "src/common/config.h"
+#include "src/loading/config.h"
 
 namespace kvfuse {
 
