@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# This tree's GPU benchmarks against a baseline revision's, in one run on one GPU, as
+# ratios (new / baseline): the KV-write and attention kernel benchmarks, and the engine
+# benchmark's decode step. Runs alternate (baseline, new, baseline, new, ...) so drift
+# of a shared machine falls on both sides.
+#
+#   scripts/gpu-baseline.sh REV     (here: packs .device-baseline/)
+#   scripts/gpu-bundle.sh           (here: packs .device-bundle/)
+#   scripts/gpu-compare.sh          (on the GPU machine, both folders carried along)
+#
+# Environment: COMPARE_ROUNDS (alternations, default 2), COMPARE_BATCH / COMPARE_CONTEXT
+# (engine cells, default 1,8,64 x 512,2048), KVFUSE_CUDA_ARCH (default 90a).
+# Writes $OUT (or build-gpu-compare/): summary.txt and compare.tgz with every run's
+# table and JSON. Exit 0 when every run succeeded (the ratios are for reading).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build-gpu-compare}
+arch=${KVFUSE_CUDA_ARCH:-90a}
+rounds=${COMPARE_ROUNDS:-2}
+work=$(mktemp -d)
+mkdir -p "$out" "$work/runs"
+summary="$out/summary.txt"
+: >"$summary"
+t0=$(date +%s)
+note() { echo "gpu-compare: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
+status=0
+for need in .device-baseline/src.tar.xz .device-baseline/kvfuse-bench-engine .device-bundle/kvfuse-bench-engine; do
+  [[ -e $need ]] || { note "FAIL: $need missing (scripts/gpu-baseline.sh REV, scripts/gpu-bundle.sh)"; exit 1; }
+done
+note "baseline $(cat .device-baseline/REV 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%FT%TZ)"
+
+# The kernel benchmarks of both trees, from the standalone GPU build (tests/gpu).
+mkdir -p "$work/base"
+tar -xJf .device-baseline/src.tar.xz -C "$work/base"
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+for side in base new; do
+  src=$PWD
+  [[ $side == base ]] && src=$work/base
+  if ! { cmake -S "$src/tests/gpu" -B "$work/build-$side" "${gen[@]}" -DKVFUSE_GPU=CUDA -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
+    cmake --build "$work/build-$side" -j"$(nproc)" --target bench_kv_write bench_attention; } >"$work/runs/build-$side.log" 2>&1; then
+    tail -20 "$work/runs/build-$side.log"
+    note "FAIL: build of the $side kernel benchmarks"
+    exit 1
+  fi
+done
+note "kernel benchmarks built"
+
+cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$PWD/.device-bundle/lib:$PWD/.device-baseline/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+batch=${COMPARE_BATCH:-1,8,64}
+context=${COMPARE_CONTEXT:-512,2048}
+run() {  # side, name, command...
+  local side=$1 name=$2
+  shift 2
+  if ! "$@" >"$work/runs/$name.txt" 2>&1; then
+    tail -5 "$work/runs/$name.txt"
+    note "FAIL: $name"
+    status=1
+  fi
+}
+for r in $(seq 1 "$rounds"); do
+  for side in base new; do
+    for b in bench_kv_write bench_attention; do
+      run "$side" "$b.$side.$r" "$work/build-$side/bench/$b" --json "$work/runs/$b.$side.$r.json" --rounds 5
+    done
+    eng=.device-bundle/kvfuse-bench-engine
+    [[ $side == base ]] && eng=.device-baseline/kvfuse-bench-engine
+    run "$side" "engine.$side.$r" "$eng" --set model=llama3-8b --set device=cuda --set kv_cache_dtype=fp8_e4m3 \
+      --batch "$batch" --context "$context" --attention split --graphs on --reps 3 \
+      --json "$work/runs/engine.$side.$r.json"
+    note "round $r $side done"
+  done
+done
+
+# Ratios new / baseline per cell, the median over rounds of each side's figure.
+python3 - "$work/runs" "$rounds" <<'EOF' | tee -a "$summary"
+import json, statistics, sys, os
+d, rounds = sys.argv[1], int(sys.argv[2])
+def load(name, side):
+    out = []
+    for r in range(1, rounds + 1):
+        p = os.path.join(d, f"{name}.{side}.{r}.json")
+        if os.path.exists(p):
+            out.append(json.load(open(p)))
+    return out
+def kernel_rows(name, key, value):
+    per = {}
+    for side in ("base", "new"):
+        for doc in load(name, side):
+            for row in doc["results"]:
+                per.setdefault(key(row), {}).setdefault(side, []).append(row[value])
+    return per
+def show(title, per, unit):
+    print(f"\n{title}: new / baseline (median of {rounds} runs each side)")
+    ratios = []
+    for k, v in per.items():
+        if "base" in v and "new" in v and statistics.median(v["base"]) > 0:
+            b, n = statistics.median(v["base"]), statistics.median(v["new"])
+            ratios.append(n / b)
+            print(f"  {k:<60} {b:10.3f} {n:10.3f} {unit}  x{n / b:.3f}")
+    if ratios:
+        print(f"  geometric mean x{statistics.geometric_mean(ratios):.3f} over {len(ratios)} cells"
+              f" (min x{min(ratios):.3f}, max x{max(ratios):.3f})")
+show("KV write", kernel_rows("bench_kv_write",
+     lambda r: f"T={r['T']} {r['kernel']} pdl={r['pdl']} {r['mode']} block={r['block']}", "us_per_call"), "us")
+show("attention", kernel_rows("bench_attention",
+     lambda r: f"b{r['batch']} x {r['context']} {r['dtype']} {r['variant']} {r['mode']} p{r['partition']}", "us_per_call"), "us")
+per = {}
+for side in ("base", "new"):
+    for doc in load("engine", side):
+        for cell in doc["cells"]:
+            for v in cell["variants"]:
+                per.setdefault(f"b{cell['batch']} x {cell['context']} {v['variant']}", {}).setdefault(side, []).append(v["step_ms"])
+show("engine step (llama3-8b, fp8 KV)", per, "ms")
+EOF
+tar -czf "$out/compare.tgz" -C "$work" runs
+note "$( ((status == 0)) && echo DONE || echo FAILED)"
+exit $status
