@@ -9,8 +9,12 @@ namespace kvfuse {
 
 template <class E, size_t N>
 constexpr const char* enum_name(E value, const char* const (&names)[N]) {
-  const auto i = static_cast<std::underlying_type_t<E>>(value);
-  return i >= 0 && size_t(i) < N ? names[size_t(i)] : "?";
+  using U = std::underlying_type_t<E>;
+  const U i = static_cast<U>(value);
+  if constexpr (std::is_signed_v<U>) {
+    if (i < 0) return "?";
+  }
+  return size_t(i) < N ? names[size_t(i)] : "?";
 }
 
 }  // namespace kvfuse
