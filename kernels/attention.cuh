@@ -2,8 +2,9 @@
 // prefill chunks and decode tokens, with the CPU reference's contract
 // (kernels/cpu/attention.h, kernels/kv_types.h AttnArgs): GQA, causal, optional sliding
 // window (keys p-W+1 .. p), FP8 dequantised as float(stored) * scale, fp32 softmax and
-// accumulation, the output rounded to bf16 once. kernels/attention.cu has the tiling and
-// the numerics.
+// accumulation, the output rounded to bf16 once. kernels/attention_tile.cuh has the
+// tiling and the numerics, attention_unified.cu, attention_split.cu and
+// attention_merge.cuh the paths.
 //
 // - unified: one launch for the whole batch. A block per (query block, KV head): a
 //   decode row alone, or up to 8 / G consecutive rows of a prefill chunk, with all G query
@@ -27,12 +28,13 @@
 #include <cstddef>
 #include <string>
 
+#include "kernels/dispatch.h"
 #include "kernels/gpu.h"
 #include "kernels/kv_types.h"
 
 namespace kvfuse::gpu {
 
-constexpr int kAttnMaxGroup = 8;   // query heads per KV head
+// kAttnMaxGroup (query heads per KV head) and the head dims are kernels/dispatch.h's.
 constexpr int kAttnTileKeys = 16;  // keys per MMA tile; split partitions are multiples of it
 
 // Launch options; the defaults are what the engine uses, the benchmark varies them.
@@ -54,17 +56,18 @@ struct AttnLaunch {
   int fp8_decode = 0;
 };
 
-// Empty if the kernels support `args`, else a message naming the whole tuple.
+// Empty if the kernels support `args`, else a message naming the whole tuple. The
+// launchers refuse such arguments with cudaErrorInvalidValue and this message.
 std::string attention_unsupported(const AttnArgs& args);
 
-cudaError_t launch_attention_unified(const AttnArgs& args, cudaStream_t stream, const AttnLaunch& launch = {});
+LaunchStatus launch_attention_unified(const AttnArgs& args, cudaStream_t stream, const AttnLaunch& launch = {});
 
 // Scratch bytes of the split path for `num_tokens` rows up to `max_context_len` keys,
 // with partitions of at least `partition_size` keys. 16-byte aligned memory.
 size_t attention_split_scratch_bytes(int64_t num_tokens, int32_t num_q_heads, int32_t head_dim,
                                      int32_t max_context_len, int32_t partition_size);
-cudaError_t launch_attention_split(const AttnArgs& args, void* scratch, int32_t partition_size,
-                                   cudaStream_t stream, const AttnLaunch& launch = {});
+LaunchStatus launch_attention_split(const AttnArgs& args, void* scratch, int32_t partition_size,
+                                    cudaStream_t stream, const AttnLaunch& launch = {});
 
 // Keys per partition that launch_attention_split uses for `args` (for logs and benchmarks).
 int32_t attention_split_partition(const AttnArgs& args, int32_t partition_size, const AttnLaunch& launch = {});

@@ -1,9 +1,10 @@
-// Device helpers of the paged attention kernels (kernels/attention.cu) that differ
-// between vendors, so that the kernels have no #if of their own: the warp-level MMA
-// m16n8k16 (PTX mma.sync on NVIDIA sm_80+, emulated with shuffles over the same fragment
-// layouts elsewhere: HIP, host passes), FP8 -> f16 (cvt.rn.f16x2.e4m3x2 on sm_89+, bit
-// manipulation elsewhere) and fp32 -> f16x2 / bf16x2 packing. Include after
-// kernels/gpu.h; for kernels/attention.cu only.
+// Device helpers of the paged attention kernels (attention_unified.cu, and
+// attention_merge.cuh's lane groups) that differ between vendors, so that the kernels
+// have no #if of their own: the warp-level MMA m16n8k16 (PTX mma.sync on NVIDIA sm_80+,
+// emulated with shuffles over the same fragment layouts elsewhere: HIP, host passes),
+// FP8 -> f16 (cvt.rn.f16x2.e4m3x2 on sm_89+, bit manipulation elsewhere) and fp32 ->
+// f16x2 / bf16x2 packing. Include after kernels/gpu.h; for the attention kernels only
+// (through kernels/attention_tile.cuh).
 #pragma once
 
 #include "kernels/gpu.h"

@@ -13,6 +13,8 @@
 #endif
 
 #include <cstdint>
+#include <string>
+#include <utility>
 
 #include "kernels/host_device.h"
 
@@ -78,6 +80,30 @@ KVFUSE_DEVICE void load_f32_pair(const float* a, const float* b, float& x, float
 KVFUSE_DEVICE uint4 load_ro_16B(const void* p) { return vendor_load_ro_16B(p); }
 KVFUSE_DEVICE void store_16B(void* p, uint4 v) { *static_cast<uint4*>(p) = v; }
 
+// x[0 .. N) = p[0 .. N) as N/4 16-byte loads. The caller guarantees 16-byte alignment.
+template <int N>
+KVFUSE_DEVICE void load_f32x4s(const float* p, float (&x)[N]) {
+  static_assert(N % 4 == 0, "whole float4s");
+#pragma unroll
+  for (int j = 0; j < N / 4; ++j) {
+    const float4 q = reinterpret_cast<const float4*>(p)[j];
+    x[4 * j] = q.x;
+    x[4 * j + 1] = q.y;
+    x[4 * j + 2] = q.z;
+    x[4 * j + 3] = q.w;
+  }
+}
+
+// f(i) for each work item i in [0, items) of this thread: a grid-stride loop, so any
+// grid covers any count.
+template <class F>
+KVFUSE_DEVICE void grid_stride_loop(int64_t items, F&& f) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    f(i);
+  }
+}
+
 KVFUSE_HD bool is_aligned(const void* p, uintptr_t bytes) {
   return (reinterpret_cast<uintptr_t>(p) % bytes) == 0;
 }
@@ -97,6 +123,44 @@ cudaError_t launch_kernel(void (*kernel)(Params...), unsigned grid, unsigned blo
                           bool pdl, Args&&... args) {
   return vendor_launch(kernel, dim3(grid), dim3(block), stream, pdl, static_cast<Args&&>(args)...);
 }
+
+// --- Host side: launch results --------------------------------------------------------
+
+// "cuda error in <what>: cudaErrorX (text)" (hip on AMD): the one way a GPU error is
+// put into words.
+inline std::string error_message(cudaError_t err, const char* what) {
+  return std::string(KVFUSE_GPU_VENDOR) + " error in " + what + ": " + cudaGetErrorName(err) + " (" +
+         cudaGetErrorString(err) + ")";
+}
+
+// What a launcher returns: the vendor status and, when the launcher refused its
+// arguments (cudaErrorInvalidValue), a message naming the whole argument tuple. Converts
+// to its cudaError_t, so a caller that wants only the code writes `== cudaSuccess` or
+// `cudaError_t err = launch_...(...)`; one that reports it keeps the message.
+class [[nodiscard]] LaunchStatus {
+ public:
+  LaunchStatus(cudaError_t code = cudaSuccess) : code_(code) {}  // NOLINT: implicit by design
+  LaunchStatus(cudaError_t code, std::string message) : code_(code), message_(std::move(message)) {}
+  // An argument tuple the kernels do not support.
+  static LaunchStatus refused(std::string message) { return {cudaErrorInvalidValue, std::move(message)}; }
+
+  bool ok() const { return code_ == cudaSuccess; }
+  cudaError_t code() const { return code_; }
+  // Empty on success and for errors of the vendor runtime (their text is error_message's).
+  const std::string& message() const { return message_; }
+  operator cudaError_t() const { return code_; }  // NOLINT: implicit by design
+
+ private:
+  cudaError_t code_;
+  std::string message_;
+};
+
+// Returns from the enclosing function (which returns LaunchStatus or cudaError_t) when
+// `expr` (a LaunchStatus or cudaError_t) is not a success.
+#define KVFUSE_GPU_RETURN_IF_ERROR(...)                                         \
+  do {                                                                          \
+    if (::kvfuse::gpu::LaunchStatus st_ = (__VA_ARGS__); !st_.ok()) return st_; \
+  } while (0)
 
 // Grid size for `items` work items of `per_block` each, capped at the largest 1D grid
 // every vendor accepts (kernels that use it loop with a grid stride).

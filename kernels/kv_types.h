@@ -14,7 +14,7 @@ enum class KvFormat : uint8_t { bf16, fp8_e4m3fn, fp8_e4m3fnuz, fp8_e5m2 };
 
 KVFUSE_HD int kv_format_bytes(KvFormat d) { return d == KvFormat::bf16 ? 2 : 1; }
 
-KVFUSE_HD Fp8Format kv_fp8_format(KvFormat d) {
+constexpr KVFUSE_HD Fp8Format kv_fp8_format(KvFormat d) {
   switch (d) {
     case KvFormat::fp8_e4m3fnuz:
       return Fp8Format::e4m3fnuz;

@@ -24,6 +24,7 @@
 #include "kernels/gpu.h"
 
 #include "kernels/cpu/kv_write.h"
+#include "kernels/dispatch.cuh"
 #include "kernels/fp8_convert.cuh"
 #include "kernels/kv_write.cuh"
 
@@ -258,21 +259,11 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
     kv_cast_fp8_kernel(const float* in, int64_t count, uint8_t* out) {
   grid_dependency_wait();
   launch_dependents();
-  const int64_t items = count / 16;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const float4* p = reinterpret_cast<const float4*>(in + i * 16);
+  grid_stride_loop(count / 16, [&](int64_t i) {
     float x[16];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 q = p[j];
-      x[4 * j] = q.x;
-      x[4 * j + 1] = q.y;
-      x[4 * j + 2] = q.z;
-      x[4 * j + 3] = q.w;
-    }
+    load_f32x4s(in + i * 16, x);
     store_16B(out + i * 16, cvt_fp8x16<F>(x));
-  }
+  });
 }
 
 // Launches 3 and 4, bf16 cache: 8 fp32 -> 8 bf16 per item. The scratch of a bf16 source
@@ -283,12 +274,9 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
     kv_cast_bf16_kernel(const float* in, int64_t count, uint8_t* out) {
   grid_dependency_wait();
   launch_dependents();
-  const int64_t items = count / 8;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const float4* p = reinterpret_cast<const float4*>(in + i * 8);
-    const float4 a = p[0], b = p[1];
-    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  grid_stride_loop(count / 8, [&](int64_t i) {
+    float x[8];
+    load_f32x4s(in + i * 8, x);
     uint32_t w[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -298,7 +286,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
       w[j] = lo | (hi << 16);
     }
     store_16B(out + i * 16, make_uint4(w[0], w[1], w[2], w[3]));
-  }
+  });
 }
 
 // Launch 5: scatter the cast rows of K and V into their slots, one warp per row, with
@@ -355,17 +343,14 @@ cudaError_t launch_fused_op(const KvWriteArgs& a, cudaStream_t stream, const KvW
 
 template <KvSrcDtype S>
 cudaError_t launch_fused_src(const KvWriteArgs& a, cudaStream_t stream, const KvWriteLaunch& l) {
-  switch (a.cache.format) {
-    case KvFormat::bf16:
+  return dispatch_kv_format(a.cache.format, [&](auto fmt) {
+    constexpr KvFormat F = decltype(fmt)::value;
+    if constexpr (F == KvFormat::bf16) {
       return launch_fused_op<Bf16RowOp<S>>(a, stream, l);
-    case KvFormat::fp8_e4m3fn:
-      return launch_fused_op<Fp8RowOp<S, Fp8Format::e4m3fn>>(a, stream, l);
-    case KvFormat::fp8_e4m3fnuz:
-      return launch_fused_op<Fp8RowOp<S, Fp8Format::e4m3fnuz>>(a, stream, l);
-    case KvFormat::fp8_e5m2:
-      return launch_fused_op<Fp8RowOp<S, Fp8Format::e5m2>>(a, stream, l);
-  }
-  return cudaErrorInvalidValue;
+    } else {
+      return launch_fused_op<Fp8RowOp<S, kv_fp8_format(F)>>(a, stream, l);
+    }
+  });
 }
 
 template <KvSrcDtype S, bool kScaled>
@@ -385,30 +370,17 @@ cudaError_t launch_scale(const void* src, int64_t stride, const KvWriteArgs& a, 
 template <KvSrcDtype S>
 cudaError_t launch_cast(const float* in, int64_t count, KvFormat dtype, uint8_t* out, cudaStream_t stream,
                         bool pdl) {
-  const unsigned grid8 = grid_blocks(count / 8, kElementwiseBlock);
-  const unsigned grid16 = grid_blocks(count / 16, kElementwiseBlock);
-  switch (dtype) {
-    case KvFormat::bf16:
-      return launch_kernel(kv_cast_bf16_kernel<S>, grid8, kElementwiseBlock, stream, pdl, in, count, out);
-    case KvFormat::fp8_e4m3fn:
-      return launch_kernel(kv_cast_fp8_kernel<Fp8Format::e4m3fn>, grid16, kElementwiseBlock, stream, pdl, in,
-                           count, out);
-    case KvFormat::fp8_e4m3fnuz:
-      return launch_kernel(kv_cast_fp8_kernel<Fp8Format::e4m3fnuz>, grid16, kElementwiseBlock, stream, pdl,
-                           in, count, out);
-    case KvFormat::fp8_e5m2:
-      return launch_kernel(kv_cast_fp8_kernel<Fp8Format::e5m2>, grid16, kElementwiseBlock, stream, pdl, in,
-                           count, out);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_kv_format(dtype, [&](auto fmt) {
+    constexpr KvFormat F = decltype(fmt)::value;
+    if constexpr (F == KvFormat::bf16) {
+      return launch_kernel(kv_cast_bf16_kernel<S>, grid_blocks(count / 8, kElementwiseBlock),
+                           kElementwiseBlock, stream, pdl, in, count, out);
+    } else {
+      return launch_kernel(kv_cast_fp8_kernel<kv_fp8_format(F)>, grid_blocks(count / 16, kElementwiseBlock),
+                           kElementwiseBlock, stream, pdl, in, count, out);
+    }
+  });
 }
-
-// Stops at the first failed launch.
-#define KVFUSE_RETURN_IF_ERROR(...)         \
-  do {                                      \
-    const cudaError_t err_ = (__VA_ARGS__); \
-    if (err_ != cudaSuccess) return err_;   \
-  } while (0)
 
 template <KvSrcDtype S>
 cudaError_t launch_unfused_src(const KvWriteArgs& a, const cpu::KvWriteScratch& s, cudaStream_t stream,
@@ -419,19 +391,19 @@ cudaError_t launch_unfused_src(const KvWriteArgs& a, const cpu::KvWriteScratch& 
   // Launches 1 and 2: every token is converted, padding included, as elementwise
   // kernels do; only the scatter looks at slots.
   if (fp8) {
-    KVFUSE_RETURN_IF_ERROR(
+    KVFUSE_GPU_RETURN_IF_ERROR(
         launch_scale<S, true>(a.k, a.k_token_stride, a, a.cache.k_scale, s.k_scaled, stream, pdl));
-    KVFUSE_RETURN_IF_ERROR(
+    KVFUSE_GPU_RETURN_IF_ERROR(
         launch_scale<S, true>(a.v, a.v_token_stride, a, a.cache.v_scale, s.v_scaled, stream, pdl));
   } else {
-    KVFUSE_RETURN_IF_ERROR(
+    KVFUSE_GPU_RETURN_IF_ERROR(
         launch_scale<S, false>(a.k, a.k_token_stride, a, nullptr, s.k_scaled, stream, pdl));
-    KVFUSE_RETURN_IF_ERROR(
+    KVFUSE_GPU_RETURN_IF_ERROR(
         launch_scale<S, false>(a.v, a.v_token_stride, a, nullptr, s.v_scaled, stream, pdl));
   }
   // Launches 3 and 4.
-  KVFUSE_RETURN_IF_ERROR(launch_cast<S>(s.k_scaled, count, a.cache.format, s.k_cast, stream, pdl));
-  KVFUSE_RETURN_IF_ERROR(launch_cast<S>(s.v_scaled, count, a.cache.format, s.v_cast, stream, pdl));
+  KVFUSE_GPU_RETURN_IF_ERROR(launch_cast<S>(s.k_scaled, count, a.cache.format, s.k_cast, stream, pdl));
+  KVFUSE_GPU_RETURN_IF_ERROR(launch_cast<S>(s.v_scaled, count, a.cache.format, s.v_cast, stream, pdl));
   // Launch 5.
   const int64_t row_bytes = row_elems * kv_format_bytes(a.cache.format);
   const uint8_t* k_rows = s.k_cast;
@@ -447,8 +419,10 @@ const char* src_name(KvSrcDtype s) { return s == KvSrcDtype::bf16 ? "bf16" : "f1
 std::string kv_write_unsupported(const KvWriteArgs& a) {
   const PagedKvView& c = a.cache;
   std::string why;
-  if (!kv_write_head_dim_supported(c.head_dim)) {
-    why = "head_dim must be 64, 128 or 256";
+  if (!head_dim_supported(c.head_dim)) {
+    why = "head_dim must be one of " + supported_head_dims();
+  } else if (!kv_format_supported(c.format)) {
+    why = "unknown cache dtype";
   } else if (c.num_kv_heads <= 0 || c.page_size <= 0 || c.num_pages < 0) {
     why = "num_kv_heads and page_size must be positive, num_pages non-negative";
   } else if (a.num_tokens < 0) {
@@ -468,20 +442,31 @@ std::string kv_write_unsupported(const KvWriteArgs& a) {
   if (why.empty()) return why;
   return "GPU KV write unsupported for (head_dim=" + std::to_string(c.head_dim) +
          ", num_kv_heads=" + std::to_string(c.num_kv_heads) + ", page_size=" + std::to_string(c.page_size) +
-         ", cache dtype=" + kv_format_name(c.format) + ", source dtype=" + src_name(a.src_dtype) + "): " + why;
+         ", cache dtype=" + kv_format_name(c.format) + ", source dtype=" + src_name(a.src_dtype) +
+         "): " + why;
 }
 
-cudaError_t launch_kv_write_fused(const KvWriteArgs& args, cudaStream_t stream, const KvWriteLaunch& launch) {
+LaunchStatus launch_kv_write_fused(const KvWriteArgs& args, cudaStream_t stream,
+                                   const KvWriteLaunch& launch) {
   const int bt = launch.block_threads;
-  if (bt <= 0 || bt > kKvWriteMaxBlockThreads || bt % kWarpSize != 0) return cudaErrorInvalidValue;
-  if (!kv_write_unsupported(args).empty()) return cudaErrorInvalidValue;
+  if (bt <= 0 || bt > kKvWriteMaxBlockThreads || bt % kWarpSize != 0) {
+    return LaunchStatus::refused("GPU KV write: block_threads " + std::to_string(bt) +
+                                 " must be a multiple of " + std::to_string(kWarpSize) + " in (0, " +
+                                 std::to_string(kKvWriteMaxBlockThreads) + "]");
+  }
+  if (std::string why = kv_write_unsupported(args); !why.empty()) {
+    return LaunchStatus::refused(std::move(why));
+  }
   if (args.num_tokens == 0) return cudaSuccess;  // an empty step: no launch
   return args.src_dtype == KvSrcDtype::bf16 ? launch_fused_src<KvSrcDtype::bf16>(args, stream, launch)
                                             : launch_fused_src<KvSrcDtype::f16>(args, stream, launch);
 }
 
-cudaError_t launch_kv_store_bf16(const KvWriteArgs& args, cudaStream_t stream, const KvWriteLaunch& launch) {
-  if (args.cache.format != KvFormat::bf16) return cudaErrorInvalidValue;
+LaunchStatus launch_kv_store_bf16(const KvWriteArgs& args, cudaStream_t stream, const KvWriteLaunch& launch) {
+  if (args.cache.format != KvFormat::bf16) {
+    return LaunchStatus::refused(std::string("GPU bf16 KV store: the cache dtype is ") +
+                                 kv_format_name(args.cache.format) + ", not bf16");
+  }
   return launch_kv_write_fused(args, stream, launch);
 }
 
@@ -489,11 +474,16 @@ size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) {
   return cpu::kv_write_scratch_bytes(num_tokens, row_elems);
 }
 
-cudaError_t launch_kv_write_unfused(const KvWriteArgs& args, void* scratch, cudaStream_t stream,
-                                    const KvWriteLaunch& launch) {
-  if (!kv_write_unsupported(args).empty()) return cudaErrorInvalidValue;
+LaunchStatus launch_kv_write_unfused(const KvWriteArgs& args, void* scratch, cudaStream_t stream,
+                                     const KvWriteLaunch& launch) {
+  if (std::string why = kv_write_unsupported(args); !why.empty()) {
+    return LaunchStatus::refused(std::move(why));
+  }
   if (args.num_tokens == 0) return cudaSuccess;
-  if (scratch == nullptr) return cudaErrorInvalidValue;
+  if (scratch == nullptr) {
+    return LaunchStatus::refused("GPU unfused KV write: no scratch for " + std::to_string(args.num_tokens) +
+                                 " tokens (kv_write_scratch_bytes)");
+  }
   const cpu::KvWriteScratch s = cpu::kv_write_scratch_from(scratch, args.num_tokens, args.cache.row_elems());
   return args.src_dtype == KvSrcDtype::bf16
              ? launch_unfused_src<KvSrcDtype::bf16>(args, s, stream, launch.pdl)
@@ -504,21 +494,15 @@ std::string kv_write_conversion_name(KvFormat dtype) {
   if (dtype == KvFormat::bf16) return "bf16 copy";
   int* d = nullptr;
   if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return "unknown (cudaMalloc failed)";
-  switch (dtype) {
-    case KvFormat::fp8_e4m3fnuz:
-      fp8_cvt_path_probe_kernel<Fp8Format::e4m3fnuz><<<1, 1>>>(d);
-      break;
-    case KvFormat::fp8_e5m2:
-      fp8_cvt_path_probe_kernel<Fp8Format::e5m2><<<1, 1>>>(d);
-      break;
-    default:
-      fp8_cvt_path_probe_kernel<Fp8Format::e4m3fn><<<1, 1>>>(d);
-      break;
-  }
+  const cudaError_t launched = dispatch_kv_format(dtype, [&](auto fmt) {
+    return launch_kernel(fp8_cvt_path_probe_kernel<kv_fp8_format(decltype(fmt)::value)>, 1, 1, nullptr, false,
+                         d);
+  });
   int id = -1;
-  const cudaError_t err = cudaMemcpy(&id, d, sizeof(int), cudaMemcpyDeviceToHost);
+  const cudaError_t err =
+      launched != cudaSuccess ? launched : cudaMemcpy(&id, d, sizeof(int), cudaMemcpyDeviceToHost);
   (void)cudaFree(d);  // best effort: the answer is already read
-  if (err != cudaSuccess) return std::string("unknown (") + cudaGetErrorString(err) + ")";
+  if (err != cudaSuccess) return "unknown (" + error_message(err, "the conversion probe") + ")";
   return fp8_cvt_path_name(id);
 }
 

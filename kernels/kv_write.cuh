@@ -6,26 +6,23 @@
 // scales are read by the kernels through device pointers, nothing waits on the host,
 // and the grid is sized from args.num_tokens (the slot mapping's length), so graph
 // batch padding with negative slots is skipped by the kernel, not by the host.
-// They return cudaErrorInvalidValue (hipErrorInvalidValue) for arguments the kernels
-// do not support (kv_write_unsupported says why), else the launch status.
+// They refuse arguments the kernels do not support with cudaErrorInvalidValue
+// (hipErrorInvalidValue) and kv_write_unsupported's message, else return the launch
+// status.
 #pragma once
 
 #include <cstddef>
 #include <string>
 
+#include "kernels/dispatch.h"
 #include "kernels/gpu.h"
 #include "kernels/kv_types.h"
 
 namespace kvfuse::gpu {
 
-// Head dims the kernels are built and tested for.
-constexpr bool kv_write_head_dim_supported(int head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
-}
-
 // Empty if the GPU KV write supports `args`, else a message naming the whole tuple
-// (head_dim, heads, page size, cache dtype, source dtype) and what is wrong. For config
-// load and for the launchers' argument check.
+// (head_dim, heads, page size, cache dtype, source dtype) and what is wrong; head dims
+// and formats are kernels/dispatch.h's. The launchers' argument check.
 std::string kv_write_unsupported(const KvWriteArgs& args);
 
 // Launch options. The defaults are what the engine uses; the benchmark varies them.
@@ -50,21 +47,21 @@ struct KvWriteLaunch {
 
 // One kernel writes K and V: FP8 caches get x * (1/scale) converted with saturation;
 // bf16 caches get launch_kv_store_bf16's copy. The fused path of DESIGN.md.
-cudaError_t launch_kv_write_fused(const KvWriteArgs& args, cudaStream_t stream,
-                                  const KvWriteLaunch& launch = {});
+LaunchStatus launch_kv_write_fused(const KvWriteArgs& args, cudaStream_t stream,
+                                   const KvWriteLaunch& launch = {});
 
 // The bf16-cache store (no scaling): a bf16 source is copied bit for bit, an f16 source
 // rounded to bf16. One kernel for K and V.
-cudaError_t launch_kv_store_bf16(const KvWriteArgs& args, cudaStream_t stream,
-                                 const KvWriteLaunch& launch = {});
+LaunchStatus launch_kv_store_bf16(const KvWriteArgs& args, cudaStream_t stream,
+                                  const KvWriteLaunch& launch = {});
 
 // The unfused path, five launches as today's serving systems run it: scale K into fp32
 // scratch, scale V, cast K to the cache dtype, cast V, scatter both. `scratch` is device
 // memory of kv_write_scratch_bytes(args.num_tokens, args.cache.row_elems()) bytes, laid
 // out as the CPU reference's (kvfuse::cpu::kv_write_scratch_from). launch.block_threads
 // does not apply (the elementwise kernels use 256).
-cudaError_t launch_kv_write_unfused(const KvWriteArgs& args, void* scratch, cudaStream_t stream,
-                                    const KvWriteLaunch& launch = {});
+LaunchStatus launch_kv_write_unfused(const KvWriteArgs& args, void* scratch, cudaStream_t stream,
+                                     const KvWriteLaunch& launch = {});
 size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems);
 
 // Which FP8 conversion the fused kernel runs on the current device for `dtype`

@@ -12,14 +12,6 @@ constexpr int kThreads = 256;
 
 KVFUSE_DEVICE float ld(const bf16_t* p, int64_t i) { return bf16_bits_to_f32(p[i]); }
 
-__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
-    embedding_kernel(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out) {
-  for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
-    const bf16_t* src = table + int64_t(ids[row]) * hidden;
-    for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x) out[row * hidden + c] = src[c];
-  }
-}
-
 // One block per row: fp32 sum of squares, then x * rsqrt(mean + eps) * w.
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     rmsnorm_kernel(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps, bf16_t* out) {
@@ -92,6 +84,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   }
 }
 
+// out[r, :] = x[rows[r], :], one block per row. Also the embedding lookup (x the table,
+// rows the token ids).
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     gather_rows_kernel(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out) {
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
@@ -178,7 +172,7 @@ unsigned row_blocks(int64_t rows) { return rows < 65535 ? unsigned(rows < 1 ? 1 
 cudaError_t launch_embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out,
                              cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  return launch_kernel(embedding_kernel, row_blocks(n), kThreads, stream, false, ids, n, table, hidden, out);
+  return launch_kernel(gather_rows_kernel, row_blocks(n), kThreads, stream, false, table, hidden, ids, n, out);
 }
 
 cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,

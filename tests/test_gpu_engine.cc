@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "tests/checkpoint_test_util.h"
 #include "tests/engine_test_util.h"
 
 using namespace kvfuse;
@@ -205,4 +206,27 @@ TEST_CASE("gpu engine: warming captures every decode bucket, and requests then r
   CHECK(e->graph_stats().captures == captures);
   CHECK(e->graph_stats().replays == replays + 4);
   for (SeqId id = 1; id <= 3; ++id) REQUIRE(e->release(id).ok());
+}
+
+TEST_CASE("gpu engine: a head_dim the kernels are not built for is refused at startup, named",
+          "[gpu][engine][dispatch]") {
+  auto backend = make_backend(Device::auto_);
+  REQUIRE(backend.ok());
+  if ((*backend)->device() == Device::cpu) {
+    WARN("GPU engine tests skipped: this build has no GPU backend or no GPU is visible");
+    return;
+  }
+  TempDir dir;
+  ModelSpec spec = mini_spec();
+  spec.head_dim = 96;  // the GPU kernels have 64, 128 and 256
+  export_synthetic(dir.path(), spec, 5);
+  auto cfg = config_from_json({{"model_path", dir.path()}, {"device", "auto"}, {"num_pages", 64},
+                               {"max_seq_len", 256}, {"kv_cache_dtype", "fp8_e4m3"}});
+  REQUIRE(cfg.ok());
+  auto e = Engine::create(*cfg, std::move(*backend));
+  REQUIRE_FALSE(e.ok());
+  INFO(e.status().ToString());
+  CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(e.status().message()), Catch::Matchers::ContainsSubstring("head_dim 96"));
+  CHECK_THAT(std::string(e.status().message()), Catch::Matchers::ContainsSubstring("64, 128, 256"));
 }

@@ -43,6 +43,7 @@ class HostTestBackend final : public Backend {
            : d == KvCacheDtype::fp8_e5m2 ? KvFormat::fp8_e5m2
                                          : KvFormat::fp8_e4m3fn;
   }
+  absl::Status check_supported(const ModelSpec&, KvFormat) const override { return absl::OkStatus(); }
   absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
     if (fail_alloc_after >= 0 && allocs_done >= fail_alloc_after)
       return absl::ResourceExhaustedError("test: out of memory");

@@ -13,6 +13,7 @@
 #include "kernels/kv_types.h"
 #include "kernels/sampling.h"
 #include "src/loading/config.h"
+#include "src/loading/model_spec.h"
 
 namespace kvfuse {
 
@@ -81,6 +82,10 @@ class Backend {
   virtual std::string description() const = 0;  // e.g. "cpu (2 threads, OpenBLAS)"
   // Concrete storage of `fp8_e4m3` on this device: e4m3fn, or e4m3fnuz on gfx942.
   virtual KvFormat resolve_kv_format(KvCacheDtype d) const = 0;
+  // OK if this backend's kernels serve a model of `spec`'s shape with a KV cache stored
+  // as `format`; else an InvalidArgument naming the shape and what is supported. The
+  // engine asks before it allocates anything, so an unsupported model fails at startup.
+  virtual absl::Status check_supported(const ModelSpec& spec, KvFormat format) const = 0;
 
   virtual absl::StatusOr<DeviceBuffer> alloc(size_t bytes) = 0;
   virtual absl::Status memset(void* dst, int value, size_t bytes) = 0;

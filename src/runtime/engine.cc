@@ -75,6 +75,9 @@ absl::Status Engine::init() {
   pc.num_kv_heads = s.num_kv_heads;
   pc.head_dim = s.head_dim;
   pc.format = backend_->resolve_kv_format(cfg_.kv_cache_dtype);
+  // Before anything is allocated: a shape the device's kernels do not serve fails here,
+  // with the shape in the message, not at the first step.
+  KVFUSE_RETURN_IF_ERROR(backend_->check_supported(s, pc.format));
   pc.layer_is_swa = s.layer_is_swa;
   pc.window = s.sliding_window;
   // A checkpoint (model_path) brings the weights and possibly KV scales; the scales in

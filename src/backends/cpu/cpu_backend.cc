@@ -30,6 +30,17 @@ class CpuBackend final : public Backend {
   }
   // The CPU stores OCP e4m3fn, as NVIDIA sm_89+ and gfx950 do.
   KvFormat resolve_kv_format(KvCacheDtype d) const override { return kv_format_for(d, false); }
+  // The reference kernels (kernels/cpu/) take any head_dim, page size and format; they
+  // need positive heads with the query heads a multiple of the KV heads (which
+  // resolve_model_spec already validates; kernels/cpu/attention.cc aborts otherwise).
+  absl::Status check_supported(const ModelSpec& s, KvFormat) const override {
+    if (s.head_dim > 0 && s.num_kv_heads > 0 && s.num_q_heads > 0 && s.num_q_heads % s.num_kv_heads == 0) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat("cpu backend does not support head_dim ", s.head_dim,
+                                                   " with ", s.num_q_heads, " query heads over ",
+                                                   s.num_kv_heads, " KV heads for model ", s.name));
+  }
 
   absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
     const size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;

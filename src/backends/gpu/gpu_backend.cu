@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/attention.cuh"
+#include "kernels/dispatch.h"
 #include "kernels/kv_write.cuh"
 #include "kernels/model_ops.cuh"
 #include "kernels/sampling.cuh"
@@ -27,10 +28,13 @@
 namespace kvfuse {
 namespace {
 
-absl::Status cuda_status(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(KVFUSE_GPU_VENDOR, " error in ", what, ": ", cudaGetErrorName(err),
-                                          " (", cudaGetErrorString(err), ")"));
+// A vendor call's or a launcher's result as a status. A launcher that refused its
+// arguments says why (the whole tuple): that is an invalid argument, with its message;
+// anything else is an internal error in gpu::error_message's words.
+absl::Status cuda_status(const gpu::LaunchStatus& st, const char* what) {
+  if (st.ok()) return absl::OkStatus();
+  if (!st.message().empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", st.message()));
+  return absl::InternalError(gpu::error_message(st.code(), what));
 }
 
 absl::Status blas_status(blasStatus_t st, const char* what) {
@@ -78,6 +82,14 @@ class GpuBackend final : public Backend {
   }
   std::string description() const override { return description_; }
   KvFormat resolve_kv_format(KvCacheDtype d) const override { return kv_format_for(d, fnuz_); }
+  absl::Status check_supported(const ModelSpec& spec, KvFormat format) const override {
+    const std::string why =
+        gpu::model_shape_unsupported(spec.head_dim, spec.num_q_heads, spec.num_kv_heads, format);
+    if (why.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(KVFUSE_GPU_VENDOR, " backend does not support ", why,
+                                                   " for model ", spec.name, " with a ",
+                                                   kv_format_name(format), " KV cache"));
+  }
 
   absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
     void* p = nullptr;

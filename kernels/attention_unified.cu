@@ -1,140 +1,23 @@
-// Paged attention kernels; attention.cuh has the contract and the two paths.
-//
-// Tiling. Every block has four 32-lane groups (a warp on NVIDIA, half a wavefront on
-// CDNA). A group works on tiles of 16 keys with warp-level MMAs m16n8k16 (fp32
-// accumulators), transposed so that the 8 query rows of the block (tokens x the G heads
-// of one KV head) are the N dimension:
-//   S^T [16 keys x 8 rows]  = K [16 keys x D]    . Q^T [D x 8 rows]
-//   O^T [D x 8 rows]       += V^T [D x 16 keys] . P^T [16 keys x 8 rows]
-// Lane (g = lane / 4, c = lane % 4) loads, per tile, D/4 elements of keys g and g+8 (the
-// K fragment: four lanes read a 64-byte run of a row per 16-byte load) and D/8 elements
-// of keys 2c, 2c+1, 2c+8, 2c+9 (the V fragment: eight lanes read a whole row). A dot
-// product does not care in which order its dimensions are summed, so the fragments take
-// dimensions in load order and Q (and the output) use the same permutation; only Q's
-// fragment and the final merge of the groups go through shared memory. One register
-// buffer per operand: the next tile's K is loaded once QK has consumed this tile's K, its
-// V once PV has consumed this V, so a tile is always in flight per group.
-//
-// Numerics. FP8 keys/values become f16 exactly (e4m3fn via cvt.rn.f16x2.e4m3x2 on sm_89+
-// or bit manipulation, e4m3fnuz by bit manipulation, e5m2 is the top byte of an f16), up
-// to a power of two that is folded, with the layer's scale, into the scores and the
-// output: float(stored) * scale is applied as a factor after the fp32 sums instead of to
-// every element. Q is bf16; against f16 keys it is scaled per row by a power of two into
-// the f16 range (exact: bf16 has 8 significant bits, f16 11). Probabilities enter the PV
-// MMA as a hi + lo pair of f16 (bf16 for bf16 caches), 22 (16) significant bits. Scores
-// are in the exp2 domain (softmax scale * log2 e folded into the score factor). Result:
-// the CPU reference's fp32 math in another summation order, within one bf16 ulp of it.
-// Pages outside a block's key range are never read (they may be -1). With page sizes a
-// multiple of 16 a tile is 16 slots of one page, so its first/last tile may load slots
-// just outside the range (in bounds; maybe NaN): their scores are masked and their V
-// zeroed. Keys inside the range but outside one row's window get probability 0.
-//
-// Vendor differences (the MMA, the FP8 and f16 conversions) live in
-// kernels/attention_mma.cuh; without the NVIDIA instructions (HIP) the MMA is emulated
-// with shuffles over the same fragment layouts: correct, not fast.
+// The attention block kernel and the unified path; attention.cuh has the contract,
+// attention_tile.cuh the tiling and the numerics. One kernel serves every path: a block
+// takes its rows by p.mode (kModeUnified: a token grid over every row; kModePrefill: the
+// same grid, prefill rows only, for the split path; kModeDecode: the split path's
+// (sequence, KV head, partition) grid, attention_split.cu), so it is instantiated here
+// only, behind launch_attention_blocks.
 #include "kernels/gpu.h"
 
-#include <algorithm>
-#include <atomic>
-#include <climits>
 #include <cmath>
-#include <type_traits>
+#include <string>
 
-#include "kernels/attention.cuh"
-#include "kernels/attention_mma.cuh"
+#include "kernels/attention_tile.cuh"
+#include "kernels/dispatch.cuh"
 
 namespace kvfuse::gpu {
 namespace {
 
 using namespace attention_detail;
 
-constexpr int kTileKeys = kAttnTileKeys;        // M of S^T
-constexpr int kRows = 8;                        // N: query rows (token x head) per block
-constexpr int kGroups = 4;                      // 32-lane groups per block
-constexpr int kThreads = kGroups * kMmaLanes;   // 128
-constexpr int kEpiThreadsPerRow = kThreads / kRows;
-// Resident blocks per multiprocessor the kernels are built for (KVFUSE_LAUNCH_BOUNDS).
-// NVIDIA: at most 128 registers a thread for 4; D = 256 needs more. CDNA: the MMA is
-// emulated with shuffles (attention_mma.cuh), which needs more than the 256 registers a
-// lane that 2 waves per SIMD would leave at any head size; 2 blocks of 2 waves a CU are
-// one wave per SIMD with all 512 (VGPRs and AGPRs), the least scratch the compiler can
-// reach until the MFMA kernel replaces the emulation.
-template <int D>
-constexpr int kBlocksPerSm = kWarpSize == 64 ? 2 : (D == 256 ? 2 : 4);
-// Fixed cost of a decode block (Q, first loads, merge of its groups, partial output and
-// its share of the merge kernel), in keys: fitted on the H200 (batch 64 x 4096, e4m3fn,
-// partitions of 512..4096 keys took waves x (keys + 180) to within 1.2%;
-// bench/results/attention_h200.txt).
-constexpr int64_t kBlockOverheadKeys = 180;
 constexpr float kLog2e = 1.4426950408889634f;
-
-enum Mode : int32_t {
-  kModeUnified = 0,  // token grid, every row; decode rows take their whole context
-  kModePrefill = 1,  // token grid, prefill rows only (split path)
-  kModeDecode = 2,   // sequence grid x partitions, decode rows only (split path)
-};
-
-// ---- tile geometry -----------------------------------------------------------------------
-
-template <int D, KvKind K>
-struct Geo {
-  static constexpr bool kBf16 = K == KvKind::bf16;
-  static constexpr int kElemBytes = kBf16 ? 2 : 1;
-  static constexpr int kPiece = 16 / kElemBytes;        // elements per 16-byte load
-  static constexpr int kKWords = D * kElemBytes / 16;   // per lane and K key: D/4 elements
-  static constexpr int kVWords = D * kElemBytes / 32;   // per lane and V key: D/8 elements
-  static constexpr int kChunks = D / 16;                // k16 steps of QK = m16 tiles of PV
-  static constexpr int kQElems = D / 4;                 // Q elements per lane (its row)
-  // Next tile's K loads issued right after QK (small tiles) or with the V loads after PV
-  // (tiles above 128 bytes a lane, which keep enough bytes in flight on their own and
-  // would not fit the registers twice).
-  static constexpr bool kEarlyK = 2 * kKWords + 4 * kVWords <= 32;
-  static_assert(kKWords % 4 == 0 && kVWords >= 2, "head_dim");
-};
-
-// Raw cache words of one tile in one lane: K keys g, g+8; V keys 2c, 2c+1, 2c+8, 2c+9.
-template <int D, KvKind K>
-struct Raw {
-  uint32_t k[2][Geo<D, K>::kKWords];
-  uint32_t v[4][Geo<D, K>::kVWords];
-};
-
-// Block-table state of a tile, fetched ahead of its loads: the page (or -1) and the
-// position in the page, of the tile's first key (page-aligned tiles, all lanes) or of key
-// `lane % 16` (any page size).
-struct Ent {
-  int32_t page;
-  int32_t inpage;
-};
-
-struct Params {
-  AttnArgs a;
-  float* part_o;       // split: [row][q head][partition][D] partial outputs (v scale applied)
-  float* part_ml;      // split: [row][q head][partition][2] max (log2 domain), sum
-  int32_t part_len;    // split: fewest keys per partition, a multiple of kTileKeys
-  int32_t num_parts;   // split: partitions in the grid
-  int32_t mode;
-  int32_t ps_shift;    // log2(page_size) for powers of two, else -1
-  int32_t page_tiles;  // page_size % kTileKeys == 0: a tile lies in one page
-};
-
-// Split path: a decode row's visible keys [lo, pos] are cut into partitions of `len`
-// keys from base = lo rounded down to a tile, len = the span over the grid's partitions
-// (at least min_len, a multiple of the tile): every sequence spreads over the grid by its
-// own length, so a graph captured for a longer context stays balanced. Partitions
-// 0 .. last are used; the decode kernel and the merge compute the same.
-struct SplitRange {
-  int32_t base, len, last;
-};
-KVFUSE_DEVICE SplitRange split_range(int32_t lo, int32_t pos, int32_t num_parts, int32_t min_len) {
-  SplitRange r;
-  r.base = lo & ~(kTileKeys - 1);
-  const int32_t span = pos + 1 - r.base;
-  const int32_t even = ((span + num_parts - 1) / num_parts + kTileKeys - 1) & ~(kTileKeys - 1);
-  r.len = max(min_len, even);
-  r.last = (pos - r.base) / r.len;
-  return r;
-}
 
 // The last s with query_start[s] <= tok, found by the whole block in one round per
 // kThreads sequences (query_start is non-decreasing).
@@ -321,10 +204,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
       for (int pc = 0; pc < Gm::kKWords / 4; ++pc) {
         uint4 x = make_uint4(0u, 0u, 0u, 0u);
         if (kPageTiles || off >= 0) x = load_ro_16B(src + 64 * pc);
-        r.k[kk][4 * pc] = x.x;
-        r.k[kk][4 * pc + 1] = x.y;
-        r.k[kk][4 * pc + 2] = x.z;
-        r.k[kk][4 * pc + 3] = x.w;
+        put_words(r.k[kk], 4 * pc, x);
       }
     }
   };
@@ -344,10 +224,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
         for (int pc = 0; pc < Gm::kVWords / 4; ++pc) {
           uint4 x = make_uint4(0u, 0u, 0u, 0u);
           if (kPageTiles || off >= 0) x = load_ro_16B(src + 16 * pc);
-          r.v[vv][4 * pc] = x.x;
-          r.v[vv][4 * pc + 1] = x.y;
-          r.v[vv][4 * pc + 2] = x.z;
-          r.v[vv][4 * pc + 3] = x.w;
+          put_words(r.v[vv], 4 * pc, x);
         }
       }
     }
@@ -564,48 +441,6 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
   }
 }
 
-// Split path: merges a decode row's partitions, out = sum_p o_p 2^(m_p - M) / sum_p l_p
-// 2^(m_p - M). A 32-lane group per (sequence, query head), D/32 dimensions per lane.
-template <int D>
-__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
-    attention_merge_kernel(AttnArgs a, const float* part_o, const float* part_ml, int32_t part_len,
-                           int32_t num_parts) {
-  grid_dependency_wait();
-  launch_dependents();
-  const int32_t head_blocks = (a.num_q_heads + kGroups - 1) / kGroups;
-  const int32_t seq = int32_t(blockIdx.x) / head_blocks;
-  const int32_t qh = (int32_t(blockIdx.x) % head_blocks) * kGroups + group_id();
-  if (qh >= a.num_q_heads) return;
-  const int32_t q0 = a.batch.query_start[seq];
-  if (a.batch.query_start[seq + 1] - q0 != 1) return;
-  const int32_t pos = a.batch.context_len[seq] - 1;
-  const int32_t lo = a.window > 0 ? max(0, pos - a.window + 1) : 0;
-  const SplitRange r = split_range(lo, pos, num_parts, part_len);
-  const int32_t first = 0, last = r.last;
-  if (last == 0) return;  // written by the decode kernel directly
-  const int64_t base = (int64_t(q0) * a.num_q_heads + qh) * num_parts;
-  float mx = -INFINITY;
-  for (int32_t pp = first; pp <= last; ++pp) mx = fmaxf(mx, part_ml[2 * (base + pp)]);
-  constexpr int kPer = D / kMmaLanes;
-  float o[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) o[i] = 0.0f;
-  float total = 0.0f;
-  const int l = glane();
-  for (int32_t pp = first; pp <= last; ++pp) {
-    const float f = exp2f(part_ml[2 * (base + pp)] - mx);
-    total += part_ml[2 * (base + pp) + 1] * f;
-    const float* po = part_o + (base + pp) * D + l * kPer;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) o[i] += po[i] * f;
-  }
-  bf16_t* out = a.out + int64_t(q0) * a.out_token_stride + int64_t(qh) * D + l * kPer;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) out[i] = f32_to_bf16(o[i] / total);
-}
-
-// ---- host side ------------------------------------------------------------------------
-
 template <int D, KvKind K>
 cudaError_t launch_main(const Params& p, int64_t blocks, cudaStream_t stream, bool pdl) {
   if (blocks <= 0) return cudaSuccess;
@@ -614,175 +449,55 @@ cudaError_t launch_main(const Params& p, int64_t blocks, cudaStream_t stream, bo
                       : launch_kernel(attention_kernel<D, K, false>, unsigned(blocks), kThreads, stream, pdl, p);
 }
 
-template <KvKind K>
-using KindTag = std::integral_constant<KvKind, K>;
-template <int D>
-using DimTag = std::integral_constant<int, D>;
-
-// The one place where runtime choices become template parameters.
-template <class F>
-cudaError_t dispatch(const AttnArgs& a, const AttnLaunch& l, F&& f) {
-  const auto by_kind = [&](auto dim) -> cudaError_t {
-    switch (a.cache.format) {
-      case KvFormat::bf16:
-        return f(dim, KindTag<KvKind::bf16>{});
-      case KvFormat::fp8_e4m3fn:
-        return l.fp8_decode == 1 ? f(dim, KindTag<KvKind::e4m3fn_bits>{}) : f(dim, KindTag<KvKind::e4m3fn_hw>{});
-      case KvFormat::fp8_e4m3fnuz:
-        return f(dim, KindTag<KvKind::e4m3fnuz>{});
-      case KvFormat::fp8_e5m2:
-        return f(dim, KindTag<KvKind::e5m2>{});
-    }
-    return cudaErrorInvalidValue;
-  };
-  switch (a.cache.head_dim) {
-    case 64:
-      return by_kind(DimTag<64>{});
-    case 128:
-      return by_kind(DimTag<128>{});
-    case 256:
-      return by_kind(DimTag<256>{});
-    default:
-      return cudaErrorInvalidValue;
-  }
-}
-
-Params base_params(const AttnArgs& a) {
-  Params p{};
-  p.a = a;
-  const int32_t ps = a.cache.page_size;
-  p.ps_shift = -1;
-  if ((ps & (ps - 1)) == 0) {
-    p.ps_shift = 0;
-    while ((1 << p.ps_shift) < ps) ++p.ps_shift;
-  }
-  p.page_tiles = ps % kTileKeys == 0 ? 1 : 0;
-  p.part_len = INT32_MAX;
-  p.num_parts = 1;
-  return p;
-}
-
-int32_t device_sms(int32_t forced) {
-  if (forced > 0) return forced;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int32_t> cache[kMaxDevices];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
-  int32_t n = cache[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    cudaDeviceProp prop{};
-    n = cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.multiProcessorCount > 0
-            ? prop.multiProcessorCount
-            : 132;
-    cache[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-int32_t split_parts(int32_t max_context_len, int32_t len) {
-  return max_context_len <= len ? 1 : int32_t((int64_t(max_context_len) + len - 1) / len);
-}
-
 }  // namespace
 
-std::string attention_unsupported(const AttnArgs& a) {
-  const int32_t kvh = a.cache.num_kv_heads;
-  const bool dim_ok = a.cache.head_dim == 64 || a.cache.head_dim == 128 || a.cache.head_dim == 256;
-  const bool group_ok = kvh > 0 && a.num_q_heads > 0 && a.num_q_heads % kvh == 0 &&
-                        a.num_q_heads / kvh <= kAttnMaxGroup;
-  const bool fp8 = a.cache.format != KvFormat::bf16;
-  const bool scales_ok = !fp8 || (a.cache.k_scale != nullptr && a.cache.v_scale != nullptr);
-  if (dim_ok && group_ok && a.cache.page_size > 0 && a.window >= 0 && scales_ok) return {};
-  return std::string("attention: unsupported (head_dim ") + std::to_string(a.cache.head_dim) + ", q heads " +
-         std::to_string(a.num_q_heads) + ", kv heads " + std::to_string(kvh) + ", page size " +
-         std::to_string(a.cache.page_size) + ", window " + std::to_string(a.window) + ", " +
-         kv_format_name(a.cache.format) + (scales_ok ? "" : " without k/v scales") +
-         "): head_dim must be 64, 128 or 256, q heads a multiple of kv heads with at most " +
-         std::to_string(kAttnMaxGroup) + " per kv head, page size > 0, window >= 0";
+namespace attention_detail {
+
+cudaError_t launch_attention_blocks(const Params& p, int64_t blocks, const AttnLaunch& l,
+                                    cudaStream_t stream) {
+  return dispatch_head_dim_format(p.a.cache.head_dim, p.a.cache.format, [&](auto hd, auto fmt) {
+    constexpr int D = decltype(hd)::value;
+    constexpr KvFormat F = decltype(fmt)::value;
+    if constexpr (F == KvFormat::bf16) {
+      return launch_main<D, KvKind::bf16>(p, blocks, stream, l.pdl);
+    } else if constexpr (F == KvFormat::fp8_e4m3fn) {
+      return l.fp8_decode == 1 ? launch_main<D, KvKind::e4m3fn_bits>(p, blocks, stream, l.pdl)
+                               : launch_main<D, KvKind::e4m3fn_hw>(p, blocks, stream, l.pdl);
+    } else if constexpr (F == KvFormat::fp8_e4m3fnuz) {
+      return launch_main<D, KvKind::e4m3fnuz>(p, blocks, stream, l.pdl);
+    } else {
+      static_assert(F == KvFormat::fp8_e5m2, "a KV format without an attention kernel");
+      return launch_main<D, KvKind::e5m2>(p, blocks, stream, l.pdl);
+    }
+  });
 }
 
-cudaError_t launch_attention_unified(const AttnArgs& a, cudaStream_t stream, const AttnLaunch& l) {
-  if (!attention_unsupported(a).empty()) return cudaErrorInvalidValue;
+}  // namespace attention_detail
+
+std::string attention_unsupported(const AttnArgs& a) {
+  const PagedKvView& c = a.cache;
+  std::string why = model_shape_unsupported(c.head_dim, a.num_q_heads, c.num_kv_heads, c.format);
+  const auto add = [&why](const char* s) { why += (why.empty() ? "" : "; ") + std::string(s); };
+  if (c.page_size <= 0) add("page size must be positive");
+  if (a.window < 0) add("window must be >= 0");
+  if (c.format != KvFormat::bf16 && (c.k_scale == nullptr || c.v_scale == nullptr)) {
+    add("an FP8 cache needs k/v scales");
+  }
+  if (why.empty()) return why;
+  return "attention: unsupported (head_dim " + std::to_string(c.head_dim) + ", q heads " +
+         std::to_string(a.num_q_heads) + ", kv heads " + std::to_string(c.num_kv_heads) + ", page size " +
+         std::to_string(c.page_size) + ", window " + std::to_string(a.window) + ", " +
+         kv_format_name(c.format) + "): " + why;
+}
+
+LaunchStatus launch_attention_unified(const AttnArgs& a, cudaStream_t stream, const AttnLaunch& l) {
+  if (std::string why = attention_unsupported(a); !why.empty()) {
+    return LaunchStatus::refused(std::move(why));
+  }
   if (a.batch.num_tokens <= 0 || a.batch.num_seqs <= 0) return cudaSuccess;
   Params p = base_params(a);
   p.mode = kModeUnified;
-  const int64_t blocks = a.batch.num_tokens * a.cache.num_kv_heads;
-  return dispatch(a, l, [&](auto dim, auto kind) {
-    return launch_main<decltype(dim)::value, decltype(kind)::value>(p, blocks, stream, l.pdl);
-  });
-}
-
-int32_t attention_split_partition(const AttnArgs& a, int32_t partition_size, const AttnLaunch& l) {
-  const int64_t min_len = round_up(std::max(partition_size, 1), kTileKeys);
-  if (l.split_partition > 0) return int32_t(std::max(min_len, round_up(l.split_partition, kTileKeys)));
-  // Blocks of one partition run as waves over the multiprocessors; a block costs its keys
-  // plus a fixed overhead. Pick the partition count that minimises waves x (keys per
-  // block + overhead): more partitions only pay while they fill idle multiprocessors.
-  const int64_t max_ctx = std::max(a.batch.max_context_len, 1);
-  const int64_t blocks_per_part = int64_t(std::max(a.batch.num_seqs, 1)) * std::max(a.cache.num_kv_heads, 1);
-  const int64_t per_sm = a.cache.head_dim == 256 ? kBlocksPerSm<256> : kBlocksPerSm<128>;
-  const int64_t slots = int64_t(device_sms(l.num_sms)) * per_sm;
-  const int64_t max_parts = std::min<int64_t>((max_ctx + min_len - 1) / min_len, 4 * slots / blocks_per_part + 1);
-  int64_t best_len = round_up(max_ctx, kTileKeys), best_cost = INT64_MAX;
-  for (int64_t parts = 1; parts <= std::max<int64_t>(max_parts, 1); ++parts) {
-    const int64_t len = std::max(min_len, round_up((max_ctx + parts - 1) / parts, kTileKeys));
-    const int64_t real_parts = (max_ctx + len - 1) / len;
-    const int64_t waves = (real_parts * blocks_per_part + slots - 1) / slots;
-    const int64_t cost = waves * (std::min(len, max_ctx) + kBlockOverheadKeys);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best_len = len;
-    }
-  }
-  return int32_t(std::min<int64_t>(best_len, INT32_MAX / 2));
-}
-
-size_t attention_split_scratch_bytes(int64_t num_tokens, int32_t num_q_heads, int32_t head_dim,
-                                     int32_t max_context_len, int32_t partition_size) {
-  // The launcher never uses fewer keys per partition than partition_size, so at most
-  // this many partitions.
-  const int32_t parts = split_parts(max_context_len, std::max(partition_size, 1));
-  return size_t(num_tokens) * size_t(num_q_heads) * size_t(parts) * size_t(head_dim + 2) * sizeof(float);
-}
-
-cudaError_t launch_attention_split(const AttnArgs& a, void* scratch, int32_t partition_size, cudaStream_t stream,
-                                   const AttnLaunch& l) {
-  if (!attention_unsupported(a).empty() || partition_size <= 0) return cudaErrorInvalidValue;
-  if (a.batch.num_tokens <= 0 || a.batch.num_seqs <= 0) return cudaSuccess;
-  const int32_t len = attention_split_partition(a, partition_size, l);
-  const int32_t parts = split_parts(a.batch.max_context_len, len);
-  if (parts > 1 && scratch == nullptr) return cudaErrorInvalidValue;
-  Params p = base_params(a);
-  p.mode = kModeDecode;
-  // The partition count comes from the longest context; each sequence then spreads its
-  // own keys over it (split_range), never fewer than partition_size per partition.
-  p.part_len = int32_t(round_up(std::max(partition_size, 1), kTileKeys));
-  p.num_parts = parts;
-  p.part_o = static_cast<float*>(scratch);
-  p.part_ml = p.part_o == nullptr ? nullptr
-                                  : p.part_o + a.batch.num_tokens * a.num_q_heads * int64_t(parts) * a.cache.head_dim;
-  const int64_t decode_blocks = int64_t(parts) * a.batch.num_seqs * a.cache.num_kv_heads;
-  const bool any_prefill = a.batch.max_query_len != 1;
-  return dispatch(a, l, [&](auto dim, auto kind) {
-    constexpr int D = decltype(dim)::value;
-    constexpr KvKind K = decltype(kind)::value;
-    cudaError_t err = launch_main<D, K>(p, decode_blocks, stream, l.pdl);
-    if (err == cudaSuccess && any_prefill) {
-      Params q = p;
-      q.mode = kModePrefill;
-      err = launch_main<D, K>(q, a.batch.num_tokens * a.cache.num_kv_heads, stream, l.pdl);
-    }
-    if (err == cudaSuccess && parts > 1) {
-      const int64_t blocks = int64_t(a.batch.num_seqs) * ((a.num_q_heads + kGroups - 1) / kGroups);
-      if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-      err = launch_kernel(attention_merge_kernel<D>, unsigned(blocks), kThreads, stream, l.pdl, a,
-                          static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_ml), p.part_len,
-                          parts);
-    }
-    return err;
-  });
+  return launch_attention_blocks(p, a.batch.num_tokens * a.cache.num_kv_heads, l, stream);
 }
 
 }  // namespace kvfuse::gpu
