@@ -9,10 +9,11 @@
 // twice into L2 are marked: replays keep them in L2, so their GB/s is not HBM.
 // Combinations that do not fit the device memory are skipped.
 //
-//   bench_attention [--json PATH] [--rounds N] [--target-only]
+//   bench_attention [--json PATH] [--rounds N] [--peak-gbs GBS] [--target-only]
 //
 // --target-only launches split then unified once each at the target shape (batch 64 x
-// context 4096, fp8), eagerly and untimed: for profilers.
+// context 4096, fp8), eagerly and untimed: for profilers. "% of peak" is of the device's
+// peak bandwidth (bench/common/peak_bandwidth.h).
 #include "kernels/gpu.h"
 
 #include <algorithm>
@@ -23,29 +24,20 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/gpu_bench.cuh"
 #include "kernels/attention.cuh"
 
 namespace {
 
 using namespace kvfuse;
+using namespace kvfuse::bench;
 
-constexpr double kHbmPeakGBs = 4800.0;  // H200 HBM3e
 constexpr int kKvHeads = 8;
 constexpr int kQHeads = 32;
 constexpr int kHeadDim = 128;
 constexpr int kPage = 16;
 constexpr int kPartition = 512;  // the GPU backend's partition_size
 constexpr int64_t kRowElems = int64_t(kKvHeads) * kHeadDim;
-
-#define BENCH_GPU(call)                                                                                   \
-  do {                                                                                                    \
-    const cudaError_t err_ = (call);                                                                      \
-    if (err_ != cudaSuccess) {                                                                            \
-      std::fprintf(stderr, "bench_attention: %s failed: %s (line %d)\n", #call, cudaGetErrorString(err_), \
-                   __LINE__);                                                                             \
-      std::exit(2);                                                                                       \
-    }                                                                                                     \
-  } while (0)
 
 // Fills bytes with finite values: FP8 codes with |x| <= 1.875 * 2^(7-7), bf16 values in
 // about [-2, 2] (a hash of the index, so nothing is uploaded).
@@ -102,11 +94,6 @@ struct Row {
   bool l2_resident;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 AttnArgs make_args(const Buffers& b, int batch, int ctx, KvFormat dt) {
   AttnArgs a;
   a.q = b.q;
@@ -144,110 +131,52 @@ void call(const AttnArgs& a, const Buffers& b, const Variant& v, cudaStream_t s)
 }
 
 // Median microseconds per call.
-double time_it(const AttnArgs& a, const Buffers& b, const Variant& v, cudaStream_t s, cudaEvent_t e0,
-               cudaEvent_t e1, int rounds, double est_us) {
+double time_it(const AttnArgs& a, const Buffers& b, const Variant& v, GpuTimer& t, int rounds,
+               double est_us) {
   const int calls = std::max(1, std::min(50, int(2000.0 / std::max(est_us, 1.0))));
-  std::vector<double> us;
-  if (v.graph) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    BENCH_GPU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < calls; ++i) call(a, b, v, s);
-    BENCH_GPU(cudaStreamEndCapture(s, &graph));
-    BENCH_GPU(cudaGraphInstantiate(&exec, graph, 0));
-    for (int i = 0; i < 2; ++i) BENCH_GPU(cudaGraphLaunch(exec, s));
-    for (int r = 0; r < rounds; ++r) {
-      BENCH_GPU(cudaEventRecord(e0, s));
-      BENCH_GPU(cudaGraphLaunch(exec, s));
-      BENCH_GPU(cudaEventRecord(e1, s));
-      BENCH_GPU(cudaEventSynchronize(e1));
-      float ms = 0;
-      BENCH_GPU(cudaEventElapsedTime(&ms, e0, e1));
-      us.push_back(1000.0 * ms / calls);
-    }
-    BENCH_GPU(cudaGraphExecDestroy(exec));
-    BENCH_GPU(cudaGraphDestroy(graph));
-  } else {
-    for (int i = 0; i < 3; ++i) call(a, b, v, s);
-    for (int r = 0; r < rounds; ++r) {
-      BENCH_GPU(cudaEventRecord(e0, s));
-      for (int i = 0; i < calls; ++i) call(a, b, v, s);
-      BENCH_GPU(cudaEventRecord(e1, s));
-      BENCH_GPU(cudaEventSynchronize(e1));
-      float ms = 0;
-      BENCH_GPU(cudaEventElapsedTime(&ms, e0, e1));
-      us.push_back(1000.0 * ms / calls);
-    }
-  }
-  return median(us);
+  const auto one = [&](cudaStream_t s) { call(a, b, v, s); };
+  return v.graph ? t.graph_us(one, calls, rounds) : t.eager_us(one, calls, 3, rounds);
 }
 
-void print_row(const Row& r) {
+void print_row(const Row& r, const PeakBandwidth& peak) {
   const double gbs = r.bytes / (r.us * 1e3);
   char part[32] = "-";
   if (r.partition > 0) std::snprintf(part, sizeof part, "%d", r.partition);
   std::printf("%5d %6d  %-10s %-26s %-5s %6s %10.2f %10.1f %9.1f %6.1f%%%s\n", r.batch, r.ctx, r.dtype,
               r.variant.c_str(), r.graph ? "graph" : "eager", part, r.us, r.bytes / 1e6, gbs,
-              100.0 * gbs / kHbmPeakGBs, r.l2_resident ? "  (L2)" : "");
+              100.0 * fraction_of_peak(gbs, peak), r.l2_resident ? "  (L2)" : "");
 }
 
-void write_json(const char* path, const std::string& device, const std::vector<Row>& rows,
-                const std::string& targets) {
-  FILE* f = std::fopen(path, "w");
-  if (!f) {
-    std::fprintf(stderr, "bench_attention: cannot write %s\n", path);
-    return;
-  }
-  std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"hbm_peak_gbs\": %.0f,\n", device.c_str(), kHbmPeakGBs);
-  std::fprintf(f,
-               "  \"shape\": {\"num_q_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, "
-               "\"partition_size\": %d, \"decode\": true},\n",
-               kQHeads, kKvHeads, kHeadDim, kPage, kPartition);
-  std::fprintf(f, "  \"results\": [\n");
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
+std::vector<std::string> json_rows(const std::vector<Row>& rows, const PeakBandwidth& peak) {
+  std::vector<std::string> out;
+  for (const Row& r : rows) {
     const double gbs = r.bytes / (r.us * 1e3);
-    std::fprintf(f,
-                 "    {\"batch\": %d, \"context\": %d, \"dtype\": \"%s\", \"variant\": \"%s\", \"mode\": \"%s\", "
-                 "\"partition\": %d, \"us_per_call\": %.3f, \"bytes\": %.0f, \"gbs\": %.1f, "
-                 "\"fraction_of_peak\": %.4f, \"l2_resident\": %s}%s\n",
-                 r.batch, r.ctx, r.dtype, r.variant.c_str(), r.graph ? "graph" : "eager", r.partition, r.us,
-                 r.bytes, gbs, gbs / kHbmPeakGBs, r.l2_resident ? "true" : "false", i + 1 < rows.size() ? "," : "");
+    out.push_back(json_object({{"batch", r.batch},
+                               {"context", r.ctx},
+                               {"dtype", r.dtype},
+                               {"variant", r.variant},
+                               {"mode", r.graph ? "graph" : "eager"},
+                               {"partition", r.partition},
+                               {"us_per_call", Fixed{r.us, 3}},
+                               {"bytes", Fixed{r.bytes, 0}},
+                               {"gbs", Fixed{gbs, 1}},
+                               {"fraction_of_peak", Fixed{fraction_of_peak(gbs, peak), 4}},
+                               {"l2_resident", r.l2_resident}}));
   }
-  std::fprintf(f, "  ],\n  \"targets\": %s\n}\n", targets.c_str());
-  std::fclose(f);
+  return out;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* json_path = nullptr;
-  int rounds = 7;
-  bool target_only = false;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
-      json_path = argv[++i];
-    } else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) {
-      rounds = std::max(3, std::atoi(argv[++i]));
-    } else if (!std::strcmp(argv[i], "--target-only")) {
-      target_only = true;
-    } else {
-      std::fprintf(stderr, "usage: bench_attention [--json PATH] [--rounds N] [--target-only]\n");
-      return 2;
-    }
-  }
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("SKIP bench_attention: no GPU\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  BENCH_GPU(cudaGetDeviceProperties(&prop, 0));
-  const std::string device = std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) +
-                             " SMs, L2 " + std::to_string(prop.l2CacheSize >> 20) + " MB)";
-  std::printf("bench_attention on %s\n", device.c_str());
-  std::printf("decode: %d q heads over %d KV heads x %d, page %d (scattered), partition_size %d, graph replay\n",
-              kQHeads, kKvHeads, kHeadDim, kPage, kPartition);
+  KernelBench kb;
+  if (auto rc = start_kernel_bench(argc, argv, {"bench_attention", 7, true}, "", kb)) return *rc;
+  const PeakBandwidth& peak = kb.peak;
+  const int rounds = kb.args.rounds;
+  const bool target_only = kb.args.target_only;
+  std::printf(
+      "decode: %d q heads over %d KV heads x %d, page %d (scattered), partition_size %d, graph replay\n",
+      kQHeads, kKvHeads, kHeadDim, kPage, kPartition);
 
   const int batches[] = {1, 8, 64, 256};
   const int contexts[] = {512, 4096, 32768};
@@ -280,11 +209,8 @@ int main(int argc, char** argv) {
   BENCH_GPU(cudaMalloc(&b.scales, 8));
   b.scratch_bytes = gpu::attention_split_scratch_bytes(256, kQHeads, kHeadDim, 32768, kPartition);
   BENCH_GPU(cudaMalloc(&b.scratch, b.scratch_bytes));
-  cudaStream_t s;
-  cudaEvent_t e0, e1;
-  BENCH_GPU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  BENCH_GPU(cudaEventCreate(&e0));
-  BENCH_GPU(cudaEventCreate(&e1));
+  GpuTimer timer;
+  const cudaStream_t s = timer.stream();
   {
     const float scales[2] = {0.37f, 2.9f};
     BENCH_GPU(cudaMemcpy(b.scales, scales, 8, cudaMemcpyHostToDevice));
@@ -295,8 +221,8 @@ int main(int argc, char** argv) {
   }
 
   std::vector<Row> rows;
-  std::printf("\n%5s %6s  %-10s %-26s %-5s %6s %10s %10s %9s %7s\n", "batch", "ctx", "kv dtype", "path", "mode",
-              "part", "us/call", "MB", "GB/s", "of peak");
+  std::printf("\n%5s %6s  %-10s %-26s %-5s %6s %10s %10s %9s %7s\n", "batch", "ctx", "kv dtype", "path",
+              "mode", "part", "us/call", "MB", "GB/s", "of peak");
   for (int batch : batches) {
     for (int ctx : contexts) {
       if (target_only && (batch != 64 || ctx != 4096)) continue;
@@ -326,10 +252,11 @@ int main(int argc, char** argv) {
         BENCH_GPU(cudaStreamSynchronize(s));
         const AttnArgs a = make_args(b, batch, ctx, dt);
         const double bytes = 2.0 * double(kv_bytes) + 2.0 * batch * kQHeads * kHeadDim * 2;
-        const bool l2 = 2.0 * double(kv_bytes) <= 2.0 * double(prop.l2CacheSize);
+        const bool l2 = 2.0 * double(kv_bytes) <= 2.0 * double(kb.device.l2_bytes);
         const double est_us = bytes / 3.0e6;
         const bool target_shape = batch == 64 && ctx == 4096 && dt == KvFormat::fp8_e4m3fn;
-        std::vector<Variant> variants = {{Path::split, true, {}, "split"}, {Path::unified, true, {}, "unified"}};
+        std::vector<Variant> variants = {{Path::split, true, {}, "split"},
+                                         {Path::unified, true, {}, "unified"}};
         if (target_shape) {
           gpu::AttnLaunch bits;
           bits.fp8_decode = 1;
@@ -343,10 +270,11 @@ int main(int argc, char** argv) {
           for (int32_t part : {512, 1024, 2048, 4096}) {
             gpu::AttnLaunch fixed;
             fixed.split_partition = part;
-            variants.push_back({Path::split, true, fixed, part == 512    ? "split, partition 512"
-                                                          : part == 1024 ? "split, partition 1024"
-                                                          : part == 2048 ? "split, partition 2048"
-                                                                         : "split, partition 4096"});
+            variants.push_back({Path::split, true, fixed,
+                                part == 512    ? "split, partition 512"
+                                : part == 1024 ? "split, partition 1024"
+                                : part == 2048 ? "split, partition 2048"
+                                               : "split, partition 4096"});
           }
         }
         if (target_only) {
@@ -358,10 +286,11 @@ int main(int argc, char** argv) {
           continue;
         }
         for (const Variant& v : variants) {
-          const double us = time_it(a, b, v, s, e0, e1, rounds, est_us);
-          const int32_t part = v.path == Path::split ? gpu::attention_split_partition(a, kPartition, v.launch) : 0;
+          const double us = time_it(a, b, v, timer, rounds, est_us);
+          const int32_t part =
+              v.path == Path::split ? gpu::attention_split_partition(a, kPartition, v.launch) : 0;
           rows.push_back({batch, ctx, kv_format_name(dt), v.label, v.graph, part, us, bytes, l2});
-          print_row(rows.back());
+          print_row(rows.back(), peak);
         }
       }
     }
@@ -382,32 +311,34 @@ int main(int argc, char** argv) {
   if (split.us > 0 && unified.us > 0) {
     const double split_gbs = split.bytes / (split.us * 1e3);
     const double ratio = unified.us / split.us;
-    const bool split_met = split_gbs >= 0.8 * kHbmPeakGBs;
+    const bool split_met = split_gbs >= 0.8 * peak.gbs;
     const bool ratio_met = ratio <= 1.25;
     std::printf("\ntargets (H200, batch 64 x context 4096, 32/8 heads x 128, fp8 e4m3fn, graph replay):\n");
     std::printf("  split decode: %.2f us, %.0f GB/s = %.1f%% of %.0f GB/s (target >= 80%%): %s\n", split.us,
-                split_gbs, 100.0 * split_gbs / kHbmPeakGBs, kHbmPeakGBs, split_met ? "MET" : "MISSED");
-    std::printf("  unified / split: %.2f us / %.2f us = %.3fx (target <= 1.25x): %s\n", unified.us, split.us, ratio,
-                ratio_met ? "MET" : "MISSED");
-    char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "{\"split_us\": %.3f, \"split_gbs\": %.1f, \"split_fraction_of_peak\": %.4f, \"split_met\": %s, "
-                  "\"unified_us\": %.3f, \"unified_over_split\": %.4f, \"unified_met\": %s}",
-                  split.us, split_gbs, split_gbs / kHbmPeakGBs, split_met ? "true" : "false", unified.us, ratio,
-                  ratio_met ? "true" : "false");
-    targets = buf;
+                split_gbs, 100.0 * fraction_of_peak(split_gbs, peak), peak.gbs, split_met ? "MET" : "MISSED");
+    std::printf("  unified / split: %.2f us / %.2f us = %.3fx (target <= 1.25x): %s\n", unified.us, split.us,
+                ratio, ratio_met ? "MET" : "MISSED");
+    targets = json_object({{"split_us", Fixed{split.us, 3}},
+                           {"split_gbs", Fixed{split_gbs, 1}},
+                           {"split_fraction_of_peak", Fixed{fraction_of_peak(split_gbs, peak), 4}},
+                           {"split_met", split_met},
+                           {"unified_us", Fixed{unified.us, 3}},
+                           {"unified_over_split", Fixed{ratio, 4}},
+                           {"unified_met", ratio_met}});
   }
-  if (json_path) {
-    write_json(json_path, device, rows, targets);
-    std::printf("wrote %s\n", json_path);
+  if (!kb.args.json_path.empty()) {
+    const std::string shape = json_object({{"num_q_heads", kQHeads},
+                                           {"num_kv_heads", kKvHeads},
+                                           {"head_dim", kHeadDim},
+                                           {"page_size", kPage},
+                                           {"partition_size", kPartition},
+                                           {"decode", true}});
+    write_results(kb.args.json_path, kb.device, peak, shape, {{"results", json_rows(rows, peak)}}, targets);
   }
-  for (void* p : {b.k, b.v, static_cast<void*>(b.q), static_cast<void*>(b.out), static_cast<void*>(b.query_start),
-                  static_cast<void*>(b.context_len), static_cast<void*>(b.block_table), static_cast<void*>(b.scales),
-                  b.scratch}) {
+  for (void* p : {b.k, b.v, static_cast<void*>(b.q), static_cast<void*>(b.out),
+                  static_cast<void*>(b.query_start), static_cast<void*>(b.context_len),
+                  static_cast<void*>(b.block_table), static_cast<void*>(b.scales), b.scratch}) {
     BENCH_GPU(cudaFree(p));
   }
-  BENCH_GPU(cudaEventDestroy(e0));
-  BENCH_GPU(cudaEventDestroy(e1));
-  BENCH_GPU(cudaStreamDestroy(s));
   return 0;
 }

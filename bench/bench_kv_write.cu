@@ -10,7 +10,9 @@
 // H200 and stays there across replays, so small-T bandwidth can exceed HBM peak; those
 // rows measure launch cost and latency, the large-T rows measure HBM.
 //
-//   bench_kv_write [--json PATH] [--rounds N]
+//   bench_kv_write [--json PATH] [--rounds N] [--peak-gbs GBS]
+//
+// "% of peak" is of the device's peak bandwidth (bench/common/peak_bandwidth.h).
 #include "kernels/gpu.h"
 
 #include <algorithm>
@@ -21,13 +23,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/gpu_bench.cuh"
+#include "kernels/enum_name.h"
 #include "kernels/kv_write.cuh"
 
 namespace {
 
 using namespace kvfuse;
+using namespace kvfuse::bench;
 
-constexpr double kHbmPeakGBs = 4800.0;  // H200 HBM3e
 constexpr int kHeads = 8;
 constexpr int kHeadDim = 128;
 constexpr int kRow = kHeads * kHeadDim;
@@ -35,16 +39,6 @@ constexpr int kPage = 16;
 constexpr int64_t kMaxTokens = 65536;
 constexpr int64_t kCacheSlots = 2 * kMaxTokens;
 constexpr int kGraphCalls = 100;
-
-#define BENCH_GPU(call)                                                                                  \
-  do {                                                                                                   \
-    const cudaError_t err_ = (call);                                                                     \
-    if (err_ != cudaSuccess) {                                                                           \
-      std::fprintf(stderr, "bench_kv_write: %s failed: %s (line %d)\n", #call, cudaGetErrorString(err_), \
-                   __LINE__);                                                                            \
-      std::exit(2);                                                                                      \
-    }                                                                                                    \
-  } while (0)
 
 // The launch floor: a kernel that only does the PDL handshake of the real ones.
 __global__ void empty_kernel() {
@@ -54,17 +48,9 @@ __global__ void empty_kernel() {
 
 enum class Kernel { fused, unfused, bf16_store, empty };
 const char* kernel_name(Kernel k) {
-  switch (k) {
-    case Kernel::fused:
-      return "fused fp8";
-    case Kernel::unfused:
-      return "unfused fp8 (5 launches)";
-    case Kernel::bf16_store:
-      return "bf16 store";
-    case Kernel::empty:
-      return "empty kernel";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"fused fp8", "unfused fp8 (5 launches)", "bf16 store",
+                                           "empty kernel"};
+  return enum_name(k, kNames);
 }
 
 struct Buffers {
@@ -116,52 +102,17 @@ void call(Kernel k, const Buffers& b, int64_t T, cudaStream_t s, const gpu::KvWr
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Median microseconds per call over `rounds` timed rounds.
-double time_eager(Kernel k, const Buffers& b, int64_t T, cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1,
-                  int rounds, const gpu::KvWriteLaunch& l) {
+// Median microseconds per call over `rounds` timed rounds, eager launches.
+double time_eager(Kernel k, const Buffers& b, int64_t T, GpuTimer& t, int rounds,
+                  const gpu::KvWriteLaunch& l) {
   // Calls per round: enough that a round lasts well over the event resolution.
   const int calls = T >= 16384 ? 10 : 50;
-  for (int i = 0; i < 5; ++i) call(k, b, T, s, l);
-  std::vector<double> us;
-  for (int r = 0; r < rounds; ++r) {
-    BENCH_GPU(cudaEventRecord(e0, s));
-    for (int i = 0; i < calls; ++i) call(k, b, T, s, l);
-    BENCH_GPU(cudaEventRecord(e1, s));
-    BENCH_GPU(cudaEventSynchronize(e1));
-    float ms = 0;
-    BENCH_GPU(cudaEventElapsedTime(&ms, e0, e1));
-    us.push_back(1000.0 * ms / calls);
-  }
-  return median(us);
+  return t.eager_us([&](cudaStream_t s) { call(k, b, T, s, l); }, calls, 5, rounds);
 }
 
-double time_graph(Kernel k, const Buffers& b, int64_t T, cudaStream_t s, cudaEvent_t e0, cudaEvent_t e1,
-                  int rounds, const gpu::KvWriteLaunch& l) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  BENCH_GPU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < kGraphCalls; ++i) call(k, b, T, s, l);
-  BENCH_GPU(cudaStreamEndCapture(s, &graph));
-  BENCH_GPU(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 2; ++i) BENCH_GPU(cudaGraphLaunch(exec, s));
-  std::vector<double> us;
-  for (int r = 0; r < rounds; ++r) {
-    BENCH_GPU(cudaEventRecord(e0, s));
-    BENCH_GPU(cudaGraphLaunch(exec, s));
-    BENCH_GPU(cudaEventRecord(e1, s));
-    BENCH_GPU(cudaEventSynchronize(e1));
-    float ms = 0;
-    BENCH_GPU(cudaEventElapsedTime(&ms, e0, e1));
-    us.push_back(1000.0 * ms / kGraphCalls);
-  }
-  BENCH_GPU(cudaGraphExecDestroy(exec));
-  BENCH_GPU(cudaGraphDestroy(graph));
-  return median(us);
+double time_graph(Kernel k, const Buffers& b, int64_t T, GpuTimer& t, int rounds,
+                  const gpu::KvWriteLaunch& l) {
+  return t.graph_us([&](cudaStream_t s) { call(k, b, T, s, l); }, kGraphCalls, rounds);
 }
 
 // Bytes a KV write must move: read K and V rows and the slot mapping, write the rows.
@@ -190,74 +141,43 @@ struct Row {
   int block;
 };
 
-void print_row(const Row& r) {
+void print_row(const Row& r, const PeakBandwidth& peak) {
   const double gbs = r.useful > 0 ? r.useful / (r.us * 1e3) : 0.0;
   std::printf("%6lld  %-25s %-4s %-6s %10.3f %10.3f %10.1f %7.1f%%", (long long)r.T, kernel_name(r.kernel),
-              r.pdl ? "pdl" : "-", r.mode, r.us, r.useful / 1e6, gbs, 100.0 * gbs / kHbmPeakGBs);
+              r.pdl ? "pdl" : "-", r.mode, r.us, r.useful / 1e6, gbs, 100.0 * fraction_of_peak(gbs, peak));
   if (r.moved > r.useful) std::printf("   moved %.1f GB/s", r.moved / (r.us * 1e3));
   if (r.block != gpu::kKvWriteBlockThreads && r.kernel == Kernel::fused) std::printf("   block %d", r.block);
   std::printf("\n");
 }
 
-void write_json(const char* path, const std::string& device, const std::vector<Row>& rows,
-                const std::vector<Row>& sweep, const std::string& targets_json) {
-  FILE* f = std::fopen(path, "w");
-  if (!f) {
-    std::fprintf(stderr, "bench_kv_write: cannot write %s\n", path);
-    return;
+std::vector<std::string> json_rows(const std::vector<Row>& rs, const PeakBandwidth& peak) {
+  std::vector<std::string> out;
+  for (const Row& r : rs) {
+    const double gbs = r.useful > 0 ? r.useful / (r.us * 1e3) : 0.0;
+    out.push_back(json_object({{"T", r.T},
+                               {"kernel", kernel_name(r.kernel)},
+                               {"pdl", r.pdl},
+                               {"mode", r.mode},
+                               {"block", r.block},
+                               {"us_per_call", Fixed{r.us, 4}},
+                               {"useful_bytes", Fixed{r.useful, 0}},
+                               {"moved_bytes", Fixed{r.moved, 0}},
+                               {"gbs", Fixed{gbs, 2}},
+                               {"fraction_of_peak", Fixed{fraction_of_peak(gbs, peak), 4}}}));
   }
-  std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"hbm_peak_gbs\": %.0f,\n", device.c_str(), kHbmPeakGBs);
-  std::fprintf(
-      f,
-      "  \"shape\": {\"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, \"cache_slots\": %lld, "
-      "\"source\": \"bf16\", \"fp8\": \"e4m3fn\", \"graph_calls\": %d},\n",
-      kHeads, kHeadDim, kPage, (long long)kCacheSlots, kGraphCalls);
-  const auto emit = [&](const char* name, const std::vector<Row>& rs, bool last) {
-    std::fprintf(f, "  \"%s\": [\n", name);
-    for (size_t i = 0; i < rs.size(); ++i) {
-      const Row& r = rs[i];
-      const double gbs = r.useful > 0 ? r.useful / (r.us * 1e3) : 0.0;
-      std::fprintf(f,
-                   "    {\"T\": %lld, \"kernel\": \"%s\", \"pdl\": %s, \"mode\": \"%s\", \"block\": %d, "
-                   "\"us_per_call\": %.4f, \"useful_bytes\": %.0f, \"moved_bytes\": %.0f, \"gbs\": %.2f, "
-                   "\"fraction_of_peak\": %.4f}%s\n",
-                   (long long)r.T, kernel_name(r.kernel), r.pdl ? "true" : "false", r.mode, r.block, r.us,
-                   r.useful, r.moved, gbs, gbs / kHbmPeakGBs, i + 1 < rs.size() ? "," : "");
-    }
-    std::fprintf(f, "  ]%s\n", last ? "" : ",");
-  };
-  emit("results", rows, false);
-  emit("fused_block_sweep", sweep, false);
-  std::fprintf(f, "  \"targets\": %s\n}\n", targets_json.c_str());
-  std::fclose(f);
+  return out;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* json_path = nullptr;
-  int rounds = 15;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
-      json_path = argv[++i];
-    } else if (!std::strcmp(argv[i], "--rounds") && i + 1 < argc) {
-      rounds = std::max(3, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: bench_kv_write [--json PATH] [--rounds N]\n");
-      return 2;
-    }
-  }
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("SKIP bench_kv_write: no GPU\n");
-    return 0;
-  }
-  cudaDeviceProp prop{};
-  BENCH_GPU(cudaGetDeviceProperties(&prop, 0));
-  const std::string device = std::string(prop.name) + " (" + std::to_string(prop.multiProcessorCount) +
-                             " SMs, L2 " + std::to_string(prop.l2CacheSize >> 20) + " MB)";
-  std::printf("bench_kv_write on %s; fp8 conversion: %s\n", device.c_str(),
-              gpu::kv_write_conversion_name(KvFormat::fp8_e4m3fn).c_str());
+  KernelBench kb;
+  const std::string conversion = gpu::kv_write_conversion_name(KvFormat::fp8_e4m3fn);
+  if (auto rc = start_kernel_bench(argc, argv, {"bench_kv_write", 15, false},
+                                   "; fp8 conversion: " + conversion, kb))
+    return *rc;
+  const int rounds = kb.args.rounds;
+  const PeakBandwidth& peak = kb.peak;
   std::printf(
       "shape: %d KV heads x %d, page %d, bf16 source, e4m3fn cache, %lld cache slots, random distinct "
       "slots\n",
@@ -290,11 +210,7 @@ int main(int argc, char** argv) {
     const float scales[2] = {0.37f, 2.9f};
     BENCH_GPU(cudaMemcpy(b.scales, scales, 8, cudaMemcpyHostToDevice));
   }
-  cudaStream_t s;
-  cudaEvent_t e0, e1;
-  BENCH_GPU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  BENCH_GPU(cudaEventCreate(&e0));
-  BENCH_GPU(cudaEventCreate(&e1));
+  GpuTimer timer;
 
   const int64_t Ts[] = {1, 8, 64, 256, 1024, 4096, 16384, 65536};
   const int block = gpu::kKvWriteBlockThreads;
@@ -302,11 +218,10 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   const auto measure = [&](int64_t T, Kernel k, const gpu::KvWriteLaunch& l, const char* mode) {
     const bool graph = !std::strcmp(mode, "graph");
-    const double us =
-        graph ? time_graph(k, b, T, s, e0, e1, rounds, l) : time_eager(k, b, T, s, e0, e1, rounds, l);
+    const double us = graph ? time_graph(k, b, T, timer, rounds, l) : time_eager(k, b, T, timer, rounds, l);
     rows.push_back({T, k, l.pdl, mode, us, useful_bytes(k, T),
                     k == Kernel::unfused ? unfused_moved_bytes(T) : 0, l.block_threads});
-    print_row(rows.back());
+    print_row(rows.back(), peak);
   };
   std::printf("\n%6s  %-25s %-4s %-6s %10s %10s %10s %8s\n", "T", "kernel", "pdl", "mode", "us/call", "MB",
               "GB/s", "of peak");
@@ -333,10 +248,10 @@ int main(int argc, char** argv) {
       if (bt % gpu::kWarpSize || bt > gpu::kKvWriteMaxBlockThreads) continue;
       for (bool p : {false, true}) {
         const gpu::KvWriteLaunch l{bt, p};
-        const double us = time_graph(Kernel::fused, b, T, s, e0, e1, rounds, l);
+        const double us = time_graph(Kernel::fused, b, T, timer, rounds, l);
         sweep.push_back({T, Kernel::fused, p, "graph", us, useful_bytes(Kernel::fused, T), 0, bt});
         std::printf("  block %4d: ", bt);
-        print_row(sweep.back());
+        print_row(sweep.back(), peak);
       }
     }
   }
@@ -348,7 +263,7 @@ int main(int argc, char** argv) {
     }
     return -1.0;
   };
-  std::string targets = "{";
+  std::vector<JsonField> targets;
   std::printf("\ntargets (H200):\n");
   for (bool p : {false, true}) {
     const char* tag = p ? "pdl" : "plain";
@@ -368,21 +283,25 @@ int main(int argc, char** argv) {
                 big >= 4000 ? "MET" : "MISSED");
     std::printf("    unfused / fused, T<=256, graph replay: min %.2fx (target >= 5x): %s\n", min_ratio,
                 min_ratio >= 5 ? "MET" : "MISSED");
-    char buf[512];
-    std::snprintf(
-        buf, sizeof buf,
-        "%s\"%s\": {\"fused_small_worst_us\": %.4f, \"fused_small_met\": %s, \"fused_65536_gbs_graph\": "
-        "%.1f, "
-        "\"fused_65536_gbs_eager\": %.1f, \"fused_65536_met\": %s, \"unfused_over_fused_min\": %.3f, "
-        "\"ratio_met\": %s}",
-        p ? ", " : "", tag, worst_small, worst_small <= 1.2 ? "true" : "false", big, big_eager,
-        big >= 4000 ? "true" : "false", min_ratio, min_ratio >= 5 ? "true" : "false");
-    targets += buf;
+    targets.emplace_back(tag, RawJson{json_object({{"fused_small_worst_us", Fixed{worst_small, 4}},
+                                                   {"fused_small_met", worst_small <= 1.2},
+                                                   {"fused_65536_gbs_graph", Fixed{big, 1}},
+                                                   {"fused_65536_gbs_eager", Fixed{big_eager, 1}},
+                                                   {"fused_65536_met", big >= 4000},
+                                                   {"unfused_over_fused_min", Fixed{min_ratio, 3}},
+                                                   {"ratio_met", min_ratio >= 5}})});
   }
-  targets += "}";
-  if (json_path) {
-    write_json(json_path, device, rows, sweep, targets);
-    std::printf("wrote %s\n", json_path);
+  if (!kb.args.json_path.empty()) {
+    const std::string shape = json_object({{"num_kv_heads", kHeads},
+                                           {"head_dim", kHeadDim},
+                                           {"page_size", kPage},
+                                           {"cache_slots", kCacheSlots},
+                                           {"source", "bf16"},
+                                           {"fp8", "e4m3fn"},
+                                           {"graph_calls", kGraphCalls}});
+    write_results(kb.args.json_path, kb.device, peak, shape,
+                  {{"results", json_rows(rows, peak)}, {"fused_block_sweep", json_rows(sweep, peak)}},
+                  json_object(targets));
   }
   for (void* p : {b.k, b.v, static_cast<void*>(b.slots), b.fp8_k, b.fp8_v, b.bf16_k, b.bf16_v,
                   static_cast<void*>(b.scales), b.scratch}) {

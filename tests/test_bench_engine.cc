@@ -1,5 +1,6 @@
 // kvfuse-bench-engine: the roofline byte counting against hand-computed figures, and a
-// smoke run of the real binary on the CPU with the tiny model.
+// smoke run of the real binary on the CPU with the tiny model; bench/common's peak
+// bandwidth table, JSON results layout and kernel-benchmark arguments.
 #include <stdlib.h>
 #include <sys/wait.h>
 
@@ -13,6 +14,10 @@
 #include "tests/checkpoint_test_util.h"
 #include "tests/run_command.h"
 
+#include "bench/common/args.h"
+#include "bench/common/device_info.h"
+#include "bench/common/json_writer.h"
+#include "bench/common/peak_bandwidth.h"
 #include "bench/engine/roofline.h"
 #include "src/loading/model_spec.h"
 
@@ -120,7 +125,10 @@ TEST_CASE("kvfuse-bench-engine: CPU smoke run writes every cell and variant", "[
   const nlohmann::json j = read_json(json_path);
   CHECK(j["meta"]["model"] == "tiny");
   CHECK(j["meta"]["device"].get<std::string>().find("cpu") != std::string::npos);
+  // The CPU backend has no HBM figure: the H200's table entry is the reference, said so.
   CHECK(j["meta"]["peak_gbs"].get<double>() == 4800.0);
+  CHECK(j["meta"]["peak_source"].get<std::string>().find("reference: NVIDIA H200") != std::string::npos);
+  CHECK(out.find("at a peak of 4800 GB/s (reference: NVIDIA H200") != std::string::npos);
   CHECK(j["meta"]["reps"] == 3);
   CHECK(j["meta"]["command_line"].get<std::string>().find("--context 32,64") != std::string::npos);
   CHECK(j["skipped"].empty());
@@ -171,4 +179,97 @@ TEST_CASE("kvfuse-bench-engine: cells beyond the KV budget or the model are skip
   CHECK(j["skipped"][0]["reason"].get<std::string>().find("needs") != std::string::npos);
   CHECK(j["skipped"][1]["context"] == 8192);
   CHECK(j["skipped"][1]["reason"].get<std::string>().find("max position") != std::string::npos);
+}
+
+TEST_CASE("bench/common: peak bandwidth from the table by device name, else the bus", "[bench]") {
+  const auto peak = [](const char* name) {
+    const auto e = lookup_peak(name);
+    return e ? e->gbs : 0.0;
+  };
+  CHECK(peak("NVIDIA H200") == 4800);
+  CHECK(peak("NVIDIA H200 NVL") == 4800);
+  CHECK(peak("NVIDIA H20") == 4000);  // not the H200's entry
+  CHECK(peak("NVIDIA H100 80GB HBM3") == 3350);
+  CHECK(peak("NVIDIA H100 PCIe") == 2000);
+  CHECK(peak("NVIDIA A100-SXM4-80GB") == 2039);
+  CHECK(peak("NVIDIA A100-SXM4-40GB") == 1555);
+  CHECK(peak("NVIDIA L40S") == 864);
+  CHECK(peak("AMD Instinct MI300X") == 5300);
+  CHECK(peak("AMD Instinct MI300X VF") == 5300);
+  CHECK(peak("AMD Instinct MI325X") == 6000);
+  CHECK(peak("AMD Instinct MI355X") == 8000);
+  CHECK(peak("AMD Instinct MI300A") == 5300);
+  CHECK(peak("AMD Instinct MI250X/MI250") == 3277);
+  CHECK(peak("cuda NVIDIA H100 PCIe (sm_90, 79 GiB)") == 2000);  // a backend's description
+  CHECK(peak("NVIDIA GeForce RTX 4090") == 0);
+
+  PeakBandwidth p = resolve_peak("NVIDIA H200", 6144, 3201000, std::nullopt);
+  CHECK(p.gbs == 4800);
+  CHECK(p.source == "table: NVIDIA H200");
+  // Not in the table: bus width x memory clock x 2.
+  p = resolve_peak("NVIDIA GeForce RTX 4090", 384, 10501000, std::nullopt);
+  CHECK(p.gbs == Approx(1008.096));
+  CHECK(p.source.rfind("device: 384-bit bus", 0) == 0);
+  p = resolve_peak("NVIDIA H200", 6144, 3201000, 4000.0);
+  CHECK(p.gbs == 4000);
+  CHECK(p.source == "--peak-gbs");
+  CHECK(resolve_peak("unknown", 0, 0, std::nullopt).gbs == 0);
+  p = resolve_peak_by_name("cpu (x86_64, 2 threads)", std::nullopt);
+  CHECK(p.gbs == 4800);
+  CHECK(p.source.rfind("reference: NVIDIA H200", 0) == 0);
+  CHECK(resolve_peak_by_name("hip AMD Instinct MI300X (gfx942, 192 GiB)", std::nullopt).gbs == 5300);
+}
+
+TEST_CASE("bench/common: the results file keeps the kernel benchmarks' layout", "[bench]") {
+  CHECK(
+      json_object({{"T", int64_t(65536)},
+                   {"kernel", "fused fp8"},
+                   {"pdl", true},
+                   {"us_per_call", Fixed{1.23456, 4}},
+                   {"bytes", Fixed{3.0e9, 0}},
+                   {"t", RawJson{"{}"}}}) ==
+      R"({"T": 65536, "kernel": "fused fp8", "pdl": true, "us_per_call": 1.2346, "bytes": 3000000000, "t": {}})");
+  CHECK(json_quote("a\"b\\") == R"("a\"b\\")");
+  JsonResultsFile f;
+  f.str("device", "NVIDIA H200 (132 SMs, L2 60 MB)");
+  f.number("hbm_peak_gbs", {4800, 0});
+  f.rows("results", {"{\"a\": 1}", "{\"a\": 2}"});
+  f.rows("empty", {});
+  f.raw("targets", "{}");
+  CHECK(f.text() ==
+        "{\n  \"device\": \"NVIDIA H200 (132 SMs, L2 60 MB)\",\n  \"hbm_peak_gbs\": 4800,\n  \"results\": [\n"
+        "    {\"a\": 1},\n    {\"a\": 2}\n  ],\n  \"empty\": [\n  ],\n  \"targets\": {}\n}\n");
+
+  DeviceInfo d;
+  d.name = "AMD Instinct MI300X";
+  d.hip = true;
+  d.multiprocessors = 304;
+  d.l2_bytes = int64_t(4) << 20;
+  CHECK(device_label(d) == "AMD Instinct MI300X (304 CUs, L2 4 MB)");
+  const std::string banner = device_banner(d, device_peak(d, std::nullopt));
+  CHECK(banner.find("peak memory bandwidth: 5300 GB/s (table: AMD Instinct MI300X)") != std::string::npos);
+}
+
+TEST_CASE("bench/common: kernel benchmark arguments", "[bench]") {
+  const auto parse = [](std::vector<std::string> words, bool target_only, KernelBenchArgs& a) {
+    words.insert(words.begin(), "bench_x");
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    return parse_kernel_bench_args(int(argv.size()), argv.data(), {"bench_x", 15, target_only}, a);
+  };
+  KernelBenchArgs a;
+  CHECK(!parse({}, false, a).has_value());
+  CHECK(a.rounds == 15);
+  CHECK(a.json_path.empty());
+  CHECK(!a.peak_gbs);
+  CHECK(!parse({"--json", "out.json", "--rounds", "1", "--peak-gbs", "3350", "--target-only"}, true, a));
+  CHECK(a.json_path == "out.json");
+  CHECK(a.rounds == 3);  // at least 3
+  CHECK(a.peak_gbs == 3350.0);
+  CHECK(a.target_only);
+  CHECK(std::string(program_name()) == "bench_x");
+  CHECK(parse({"--target-only"}, false, a) == 2);
+  CHECK(parse({"--peak-gbs", "-1"}, false, a) == 2);
+  CHECK(parse({"--peak-gbs", "abc"}, false, a) == 2);
+  CHECK(parse({"--bogus"}, false, a) == 2);
 }

@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/ab/progress.h"
-#include "kvfuse/v1/decode.grpc.pb.h"
 #include "clients/client_util.h"
+#include "kvfuse/v1/decode.grpc.pb.h"
 #include "src/common/status_macros.h"
 
 namespace kvfuse::ab {
@@ -280,19 +280,20 @@ absl::Status check_cell_limits(const Server& s, int batch, int context, int grow
                      "; lower --context, --reps, --warmup or --steps, or start ",
                      "the server with --set max_seq_len=", need_len));
   }
-  if (uint32_t(batch) > i.max_running_seqs()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, ": batch ", batch, " exceeds max_running_seqs ", i.max_running_seqs(),
-                     " (its sequences would not share engine steps); start the "
-                     "server with --set max_running_seqs=",
-                     batch));
-  }
-  if (uint32_t(batch) > i.max_batch_tokens()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, ": batch ", batch, " exceeds max_batch_tokens ", i.max_batch_tokens(),
-                     " (a decode step of the whole batch would be split); start "
-                     "the server with --set max_batch_tokens=",
-                     batch));
+  // Server limits that a --set at the server's start raises.
+  struct Limit {
+    const char* key;
+    uint32_t value;
+    const char* why;
+  };
+  for (const Limit& l :
+       {Limit{"max_running_seqs", i.max_running_seqs(), "its sequences would not share engine steps"},
+        Limit{"max_batch_tokens", i.max_batch_tokens(), "a decode step of the whole batch would be split"}}) {
+    if (uint32_t(batch) > l.value) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": batch ", batch, " exceeds ", l.key, " ", l.value, " (", l.why,
+                       "); start the server with --set ", l.key, "=", batch));
+    }
   }
   if (uint32_t(batch) > i.max_batch_sequences()) {
     return absl::FailedPreconditionError(absl::StrCat(where, ": batch ", batch, " exceeds the ",

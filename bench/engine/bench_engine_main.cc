@@ -12,18 +12,20 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_format.h"
 #include "bench/ab/ab_stats.h"
 #include "bench/ab/progress.h"
+#include "bench/common/peak_bandwidth.h"
 #include "bench/engine/engine_cells.h"
 #include "bench/engine/roofline.h"
 #include "bench/synthetic_cell.h"
-#include "src/loading/config.h"
 #include "src/common/status_macros.h"
-#include "src/runtime/engine.h"
+#include "src/loading/config.h"
 #include "src/loading/int_list.h"
+#include "src/runtime/engine.h"
 
 using namespace kvfuse;
 using namespace kvfuse::bench;
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
   std::string attn_list = "unified,split", graphs_list = "off,on", json_path, svg_path, title;
   std::vector<std::string> overrides;
   int steps = 8, reps = 5, warmup = 2;
-  double peak_gbs = 4800, max_kv_gib = -1;
+  double peak_flag = 0, max_kv_gib = -1;
   app.add_option("--config", config_path, "engine config JSON (default: the built-in defaults)");
   app.add_option("-s,--set", overrides, "override a config key: key=value (repeatable)");
   app.add_option("--batch", batches, "batch sizes, comma-separated");
@@ -107,8 +109,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(3, 1000));
   app.add_option("--warmup", warmup, "unmeasured repetitions first (>= 1 with graphs on)")
       ->check(CLI::Range(0, 100));
-  app.add_option("--peak-gbs", peak_gbs, "peak memory bandwidth in GB/s (default 4800: H200 HBM3e)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--peak-gbs", peak_flag, kPeakGbsHelp)->check(CLI::PositiveNumber);
   app.add_option("--max-kv-gib", max_kv_gib,
                  "KV budget in GiB; bigger cells are skipped (default 100 on a GPU, 2 on the CPU)")
       ->check(CLI::PositiveNumber);
@@ -248,14 +249,17 @@ int main(int argc, char** argv) {
   Engine& e = *engine;
   const KvWritePath kv_write = e.config().kv_write;
   const int64_t weight_bytes = decode_weight_bytes(spec);
+  // The backend's description names the device ("cuda NVIDIA H200 (sm_90, 140 GiB)").
+  const PeakBandwidth peak = resolve_peak_by_name(
+      e.backend().description(), app.count("--peak-gbs") ? std::optional<double>(peak_flag) : std::nullopt);
+  const double peak_gbs = peak.gbs;
   std::printf(
       "kvfuse-bench-engine: model %s on %s, kv %s, %s write; %d reps (+%d warm-up) of %d decode steps "
       "per variant and cell\n",
-      spec.name.c_str(), e.backend().description().c_str(), kv_format_name(e.kv_format()), to_string(kv_write),
-      reps, warmup, steps);
-  std::printf("roofline: (%.3f GB of bf16 weights + KV attended) per step at a peak of %.0f GB/s%s\n",
-              double(weight_bytes) / 1e9, peak_gbs,
-              app.count("--peak-gbs") ? " (--peak-gbs)" : " (default: H200 HBM3e nominal)");
+      spec.name.c_str(), e.backend().description().c_str(), kv_format_name(e.kv_format()),
+      to_string(kv_write), reps, warmup, steps);
+  std::printf("roofline: (%.3f GB of bf16 weights + KV attended) per step at a peak of %.0f GB/s (%s)\n",
+              double(weight_bytes) / 1e9, peak_gbs, peak.source.c_str());
   for (const Cell& cell : cells) {
     if (!cell.skip.empty())
       std::printf("batch %d context %d: %s\n", cell.batch, cell.context, cell.skip.c_str());
@@ -373,6 +377,7 @@ int main(int argc, char** argv) {
                    {"reps", reps},
                    {"warmup", warmup},
                    {"peak_gbs", peak_gbs},
+                   {"peak_source", peak.source},
                    {"max_kv_gib", max_kv_gib},
                    {"weight_bytes", weight_bytes},
                    {"date", now_iso8601()},

@@ -5,22 +5,9 @@
 #include <cstdio>
 #include <sstream>
 
-#include "bench/ab/ab_stats.h"
+#include "bench/common/stats.h"
 
 namespace kvfuse::bench {
-
-using ab::xml_escape;
-
-MeanCi mean_ci(const std::vector<double>& x) {
-  MeanCi m;
-  const size_t n = x.size();
-  if (n == 0) return m;
-  for (double v : x) m.mean += v / double(n);
-  double var = 0;
-  for (double v : x) var += (v - m.mean) * (v - m.mean);
-  if (n > 1) m.half = ab::t95(int(n)) * std::sqrt(var / double(n - 1) / double(n));
-  return m;
-}
 
 Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs) {
   Figures f;

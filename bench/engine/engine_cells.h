@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/stats.h"
 #include "bench/engine/roofline.h"
 #include "src/runtime/engine.h"
 
@@ -36,12 +37,6 @@ struct Figures {
   double gbs = 0, frac_peak = 0, roofline_ms = 0, ratio = 0, ratio_ci = 0;
 };
 
-struct MeanCi {
-  double mean = 0, half = 0;
-};
-
-// Mean and the half-width of its 95% Student t interval.
-MeanCi mean_ci(const std::vector<double>& x);
 // A cell's figures for one variant's repetitions.
 Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs);
 

@@ -1,0 +1,58 @@
+#include "bench/common/args.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "bench/common/peak_bandwidth.h"
+
+namespace kvfuse::bench {
+
+namespace {
+
+const char* g_program = "bench";
+
+std::string usage(const KernelBenchSpec& spec) {
+  return std::string("usage: ") + spec.program + " [--json PATH] [--rounds N] [--peak-gbs GBS]" +
+         (spec.target_only ? " [--target-only]" : "");
+}
+
+}  // namespace
+
+const char* program_name() { return g_program; }
+
+std::optional<int> parse_kernel_bench_args(int argc, char** argv, const KernelBenchSpec& spec,
+                                           KernelBenchArgs& args) {
+  g_program = spec.program;
+  args = KernelBenchArgs{};
+  args.rounds = spec.default_rounds;
+  for (int i = 1; i < argc; ++i) {
+    const bool has_value = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--json") && has_value) {
+      args.json_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--rounds") && has_value) {
+      args.rounds = std::max(3, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--peak-gbs") && has_value) {
+      char* end = nullptr;
+      const double v = std::strtod(argv[++i], &end);
+      if (end == argv[i] || *end != '\0' || !(v > 0)) {
+        std::fprintf(stderr, "%s: --peak-gbs takes a positive number, got '%s'\n%s\n", spec.program, argv[i],
+                     usage(spec).c_str());
+        return 2;
+      }
+      args.peak_gbs = v;
+    } else if (spec.target_only && !std::strcmp(argv[i], "--target-only")) {
+      args.target_only = true;
+    } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::printf("%s\n  --peak-gbs: %s\n", usage(spec).c_str(), kPeakGbsHelp);
+      return 0;
+    } else {
+      std::fprintf(stderr, "%s\n", usage(spec).c_str());
+      return 2;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace kvfuse::bench

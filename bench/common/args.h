@@ -1,0 +1,34 @@
+// Command-line arguments of the kernel benchmarks (bench_kv_write, bench_attention):
+// [--json PATH] [--rounds N] [--peak-gbs GBS] and, where the program has it,
+// [--target-only]. Plain C++: the benchmarks also build on the device machine, which
+// has no CLI11.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace kvfuse::bench {
+
+struct KernelBenchArgs {
+  std::string json_path;           // empty: no JSON
+  int rounds = 0;                  // timed rounds per figure, at least 3
+  bool target_only = false;        // only with KernelBenchSpec::target_only
+  std::optional<double> peak_gbs;  // --peak-gbs: replaces the device's peak
+};
+
+struct KernelBenchSpec {
+  const char* program = "";
+  int default_rounds = 7;
+  bool target_only = false;  // accepts --target-only
+};
+
+// Parses argv into `args`. Returns the exit code when the program should stop at once
+// (2 after a usage message on stderr, 0 after --help on stdout), nullopt to go on.
+// Also makes spec.program the name in program_name().
+std::optional<int> parse_kernel_bench_args(int argc, char** argv, const KernelBenchSpec& spec,
+                                           KernelBenchArgs& args);
+
+// The running benchmark's name, for its error messages ("bench" before parsing).
+const char* program_name();
+
+}  // namespace kvfuse::bench
