@@ -1,11 +1,9 @@
 // The attention block kernel and the unified path; attention.cuh has the contract,
-// attention_tile.cuh the tiling and the numerics. One kernel body serves every path;
-// what differs is which rows and keys a block takes, one unit per path below:
-// token_block_work (kModeUnified: a token grid over every row; kModePrefill: the same
-// grid, prefill rows only, for the split path) and decode_block_work (kModeDecode: the
-// split path's (partition, sequence, KV head) grid, attention_split.cu). The kernel is
-// instantiated here only, behind launch_attention_blocks; attention_merge.cuh combines
-// the split path's partials.
+// attention_tile.cuh the tiling and the numerics. One kernel serves every path: a block
+// takes its rows by p.mode (kModeUnified: a token grid over every row; kModePrefill: the
+// same grid, prefill rows only, for the split path; kModeDecode: the split path's
+// (sequence, KV head, partition) grid, attention_split.cu), so it is instantiated here
+// only, behind launch_attention_blocks.
 #include "kernels/gpu.h"
 
 #include <cmath>
@@ -32,70 +30,6 @@ KVFUSE_DEVICE int32_t block_find_seq(const int32_t* query_start, int32_t num_seq
   return count - 1;
 }
 
-// What one block computes: query rows row0 .. row0+nrows-1 of sequence seq (positions
-// pos0 ..), all G query heads of KV head kvh, over keys [begin, end); to_scratch when
-// its result is one partition's partial (the split path's merge combines them).
-struct BlockWork {
-  int32_t seq = 0, kvh = 0, row0 = 0, nrows = 0, pos0 = 0, part = 0, begin = 0, end = 0;
-  bool to_scratch = false;
-};
-
-// First keys a row at pos sees: the window's start, or 0.
-KVFUSE_DEVICE int32_t window_lo(const AttnArgs& a, int32_t pos) {
-  return a.window > 0 ? max(0, pos - a.window + 1) : 0;
-}
-
-// The unified and prefill paths: a token grid, block (token, KV head). The block of a
-// sequence's first token of each run of rows_per_block takes that run (a decode row
-// alone, or 8 / G consecutive prefill rows packed with their G heads into the 8-row
-// tile); the prefill path skips decode rows. False: nothing to do (a row owned by
-// another block, or graph padding past the last sequence).
-KVFUSE_DEVICE bool token_block_work(const Params& p, int32_t H, int32_t G, BlockWork& w) {
-  const AttnArgs& a = p.a;
-  const int64_t tok = int64_t(blockIdx.x) / H;
-  w.kvh = int32_t(int64_t(blockIdx.x) % H);
-  w.seq = block_find_seq(a.batch.query_start, a.batch.num_seqs, tok);
-  if (w.seq < 0) return false;
-  const int32_t q0 = a.batch.query_start[w.seq];
-  const int32_t qlen = a.batch.query_start[w.seq + 1] - q0;
-  const int32_t j = int32_t(tok - q0);
-  if (j >= qlen) return false;  // past the last sequence: graph padding
-  if (p.mode == kModePrefill && qlen == 1) return false;
-  const int32_t rows_per_block = (qlen == 1 || G >= kRows) ? 1 : kRows / G;
-  if (j % rows_per_block != 0) return false;
-  w.row0 = int32_t(tok);
-  w.nrows = min(rows_per_block, qlen - j);
-  w.pos0 = a.batch.context_len[w.seq] - qlen + j;
-  w.begin = window_lo(a, w.pos0);
-  w.end = w.pos0 + w.nrows;
-  return true;
-}
-
-// The split path's decode blocks: block (partition, sequence, KV head) over the decode
-// rows; partition `part` takes its share of the row's visible keys (split_range), and
-// writes a partial to scratch when the row has more than one partition. False: not a
-// decode row, or a partition past the row's last.
-KVFUSE_DEVICE bool decode_block_work(const Params& p, int32_t H, BlockWork& w) {
-  const AttnArgs& a = p.a;
-  const int64_t per_part = int64_t(a.batch.num_seqs) * H;
-  w.part = int32_t(int64_t(blockIdx.x) / per_part);
-  const int32_t rest = int32_t(int64_t(blockIdx.x) % per_part);
-  w.seq = rest / H;
-  w.kvh = rest % H;
-  const int32_t q0 = a.batch.query_start[w.seq];
-  if (a.batch.query_start[w.seq + 1] - q0 != 1) return false;
-  w.row0 = q0;
-  w.nrows = 1;
-  w.pos0 = a.batch.context_len[w.seq] - 1;
-  const int32_t lo = window_lo(a, w.pos0);
-  const SplitRange r = split_range(lo, w.pos0, p.num_parts, p.part_len);
-  if (w.part > r.last) return false;
-  w.begin = int32_t(max(int64_t(lo), int64_t(r.base) + int64_t(w.part) * r.len));
-  w.end = int32_t(min(int64_t(w.pos0 + 1), int64_t(r.base) + int64_t(w.part + 1) * r.len));
-  w.to_scratch = r.last > 0;
-  return true;
-}
-
 template <int D, KvKind K, bool kPageTiles>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel(Params p) {
   using Gm = Geo<D, K>;
@@ -107,13 +41,45 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
 
   grid_dependency_wait();
 
-  // ---- the rows and keys of this block: its path's own unit, below
-  BlockWork bw;
-  const bool has_work = p.mode == kModeDecode ? decode_block_work(p, H, bw) : token_block_work(p, H, G, bw);
-  if (!has_work) return;
-  const int32_t seq = bw.seq, kvh = bw.kvh, row0 = bw.row0, nrows = bw.nrows, pos0 = bw.pos0, part = bw.part;
-  const int32_t begin = bw.begin, end = bw.end;
-  const bool to_scratch = bw.to_scratch;
+  // ---- the rows and keys of this block
+  int32_t seq, kvh, row0, nrows, pos0, part = 0;
+  if (p.mode == kModeDecode) {
+    const int64_t per_part = int64_t(a.batch.num_seqs) * H;
+    part = int32_t(int64_t(blockIdx.x) / per_part);
+    const int32_t rest = int32_t(int64_t(blockIdx.x) % per_part);
+    seq = rest / H;
+    kvh = rest % H;
+    const int32_t q0 = a.batch.query_start[seq];
+    if (a.batch.query_start[seq + 1] - q0 != 1) return;
+    row0 = q0;
+    nrows = 1;
+    pos0 = a.batch.context_len[seq] - 1;
+  } else {
+    const int64_t tok = int64_t(blockIdx.x) / H;
+    kvh = int32_t(int64_t(blockIdx.x) % H);
+    seq = block_find_seq(a.batch.query_start, a.batch.num_seqs, tok);
+    if (seq < 0) return;
+    const int32_t q0 = a.batch.query_start[seq];
+    const int32_t qlen = a.batch.query_start[seq + 1] - q0;
+    const int32_t j = int32_t(tok - q0);
+    if (j >= qlen) return;  // past the last sequence: graph padding
+    if (p.mode == kModePrefill && qlen == 1) return;
+    const int32_t rows_per_block = (qlen == 1 || G >= kRows) ? 1 : kRows / G;
+    if (j % rows_per_block != 0) return;
+    row0 = int32_t(tok);
+    nrows = min(rows_per_block, qlen - j);
+    pos0 = a.batch.context_len[seq] - qlen + j;
+  }
+  const int32_t lo = a.window > 0 ? max(0, pos0 - a.window + 1) : 0;
+  int32_t begin = lo, end = pos0 + nrows;
+  bool to_scratch = false;
+  if (p.mode == kModeDecode) {
+    const SplitRange r = split_range(lo, pos0, p.num_parts, p.part_len);
+    if (part > r.last) return;
+    begin = int32_t(max(int64_t(begin), int64_t(r.base) + int64_t(part) * r.len));
+    end = int32_t(min(int64_t(end), int64_t(r.base) + int64_t(part + 1) * r.len));
+    to_scratch = r.last > 0;
+  }
 
   const int l = glane(), g = l >> 2, c = l & 3, w = group_id();
   const int nvalid = nrows * G;  // rows of the 8-row tile in use: token n / G, head n % G
