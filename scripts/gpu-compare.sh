@@ -9,7 +9,9 @@
 #   scripts/gpu-compare.sh          (on the GPU machine, both folders carried along)
 #
 # Environment: COMPARE_ROUNDS (alternations, default 2), COMPARE_BATCH / COMPARE_CONTEXT
-# (engine cells, default 1,8,64 x 512,2048), KVFUSE_CUDA_ARCH (default 90a).
+# (engine cells, default 1,8,64 x 512,2048), COMPARE_ENGINE=0 (kernel benchmarks only:
+# then .device-baseline needs only src.tar.xz, e.g. `git archive REV | xz`), KVFUSE_CUDA_ARCH
+# (default 90a).
 # Writes $OUT (or build-gpu-compare/): summary.txt and compare.tgz with every run's
 # table and JSON. Exit 0 when every run succeeded (the ratios are for reading).
 set -uo pipefail
@@ -24,7 +26,10 @@ summary="$out/summary.txt"
 t0=$(date +%s)
 note() { echo "gpu-compare: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
 status=0
-for need in .device-baseline/src.tar.xz .device-baseline/kvfuse-bench-engine .device-bundle/kvfuse-bench-engine; do
+engine=${COMPARE_ENGINE:-1}
+needs=(.device-baseline/src.tar.xz)
+((engine)) && needs+=(.device-baseline/kvfuse-bench-engine .device-bundle/kvfuse-bench-engine)
+for need in "${needs[@]}"; do
   [[ -e $need ]] || { note "FAIL: $need missing (scripts/gpu-baseline.sh REV, scripts/gpu-bundle.sh)"; exit 1; }
 done
 note "baseline $(cat .device-baseline/REV 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%FT%TZ)"
@@ -68,7 +73,7 @@ for r in $(seq 1 "$rounds"); do
     done
     eng=.device-bundle/kvfuse-bench-engine
     [[ $side == base ]] && eng=.device-baseline/kvfuse-bench-engine
-    run "$side" "engine.$side.$r" "$eng" --set model=llama3-8b --set device=cuda --set kv_cache_dtype=fp8_e4m3 \
+    ((engine)) && run "$side" "engine.$side.$r" "$eng" --set model=llama3-8b --set device=cuda --set kv_cache_dtype=fp8_e4m3 \
       --batch "$batch" --context "$context" --attention split --graphs on --reps 3 \
       --json "$work/runs/engine.$side.$r.json"
     note "round $r $side done"
