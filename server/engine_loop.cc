@@ -305,6 +305,10 @@ absl::Status EngineLoop::warm_up() {
   info_.set_device(engine_->backend().description());
   info_.set_version(KVFUSE_VERSION);
   info_.set_max_seq_len(uint32_t(cfg.max_seq_len));
+  for (int32_t id : spec.eos_token_ids) info_.add_eos_token_ids(id);
+  if (spec.bos_token_id >= 0) info_.set_bos_token_id(spec.bos_token_id);
+  if (spec.pad_token_id >= 0) info_.set_pad_token_id(spec.pad_token_id);
+  info_.set_max_position(uint32_t(spec.max_position));
   info_.set_max_batch_tokens(uint32_t(cfg.max_batch_tokens));
   info_.set_max_running_seqs(uint32_t(cfg.max_running_seqs));
   info_.set_max_decode_steps(uint32_t(limits_.max_decode_steps));

@@ -130,6 +130,53 @@ TEST_CASE("hf config: Llama, Qwen2 and Mistral config.json give the specs transf
   CHECK_FALSE(mt.layer_is_swa[1]);
 }
 
+TEST_CASE("hf config: special tokens from config.json, then generation_config.json; presets declare theirs",
+          "[checkpoint][hf_config]") {
+  json j = kLlama3;
+  j["bos_token_id"] = 128000;
+  j["eos_token_id"] = {128001, 128009, 128001};  // repeats count once
+  j["pad_token_id"] = nullptr;
+  const ModelSpec l = hf(j);
+  CHECK(l.bos_token_id == 128000);
+  CHECK(l.eos_token_ids == std::vector<int32_t>{128001, 128009});
+  CHECK(l.pad_token_id == -1);
+  j["eos_token_id"] = 2;  // one id, not a list
+  CHECK(hf(j).eos_token_ids == std::vector<int32_t>{2});
+  CHECK(hf(kLlama3).eos_token_ids.empty());  // none declared
+  CHECK(hf(kLlama3).bos_token_id == -1);
+  // Ids outside the vocabulary, or not ids, are refused naming the key.
+  j["eos_token_id"] = {1, 128256};
+  CHECK_THAT(hf_error(j), Catch::Matchers::ContainsSubstring("'eos_token_id' is 128256"));
+  j["eos_token_id"] = 1;
+  j["bos_token_id"] = "<s>";
+  CHECK_THAT(hf_error(j), Catch::Matchers::ContainsSubstring("'bos_token_id'"));
+
+  // From a checkpoint directory: config.json's tokens, replaced by generation_config.json's.
+  TempDir dir;
+  ModelSpec spec = mini_spec("llama");
+  spec.bos_token_id = 1;
+  spec.eos_token_ids = {2};
+  export_synthetic(dir.path(), spec, 5);
+  auto from_config = load_hf_config(dir.path());
+  REQUIRE(from_config.ok());
+  CHECK(from_config->bos_token_id == 1);
+  CHECK(from_config->eos_token_ids == std::vector<int32_t>{2});
+  write_file(dir / "generation_config.json", R"({"bos_token_id": 1, "eos_token_id": [7, 5], "do_sample": true})");
+  auto from_gen = load_hf_config(dir.path());
+  REQUIRE(from_gen.ok());
+  CHECK(from_gen->eos_token_ids == std::vector<int32_t>{7, 5});
+  write_file(dir / "generation_config.json", "{not json");
+  auto bad = load_hf_config(dir.path());
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(std::string(bad.status().message()), Catch::Matchers::ContainsSubstring("generation_config.json"));
+
+  CHECK(model_preset("llama3-8b")->eos_token_ids == std::vector<int32_t>{128001, 128008, 128009});
+  CHECK(model_preset("llama3-8b")->bos_token_id == 128000);
+  CHECK(model_preset("mistral-7b")->eos_token_ids == std::vector<int32_t>{2});
+  CHECK(model_preset("qwen2.5-7b")->pad_token_id == 151643);
+  CHECK(model_preset("tiny")->eos_token_ids.empty());
+}
+
 TEST_CASE("hf config: scaled RoPE, other architectures, biases and bad shapes are refused clearly",
           "[checkpoint][hf_config][errors]") {
   json j = kLlama3;

@@ -112,6 +112,11 @@ TEST_CASE("server: GetInfo reports the model, KV cache format, paths and pool", 
   CHECK(info.version() == KVFUSE_VERSION);
   CHECK(info.max_seq_len() == 4096);
   CHECK(info.max_decode_steps() == 256);
+  // The synthetic tiny preset declares no special tokens; its max position is 8192.
+  CHECK(info.eos_token_ids_size() == 0);
+  CHECK_FALSE(info.has_bos_token_id());
+  CHECK_FALSE(info.has_pad_token_id());
+  CHECK(info.max_position() == 8192);
   // The scales in use, per layer, as the pool holds them on the device.
   REQUIRE(info.k_scale_size() == 4);
   REQUIRE(info.v_scale_size() == 4);

@@ -415,6 +415,9 @@ json hf_config_json(const ModelSpec& s) {
       {"tie_word_embeddings", s.tie_embeddings},
       {"torch_dtype", "bfloat16"},
   };
+  if (s.bos_token_id >= 0) j["bos_token_id"] = s.bos_token_id;
+  if (s.pad_token_id >= 0) j["pad_token_id"] = s.pad_token_id;
+  if (!s.eos_token_ids.empty()) j["eos_token_id"] = s.eos_token_ids;
   if (s.qkv_bias && arch != "qwen2") return json();  // not expressible; export_checkpoint refuses it
   if (s.any_swa()) {
     std::vector<std::string> types;

@@ -1,5 +1,6 @@
 #include "src/loading/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -82,7 +83,42 @@ absl::Status check_rope(const Reader& r, const char* key) {
   return absl::OkStatus();
 }
 
+// One token id in [0, vocab), or null / absent (-1).
+absl::Status token_id(const json& v, absl::string_view source, const char* key, int32_t vocab, int32_t& out) {
+  if (v.is_null()) {
+    out = -1;
+    return absl::OkStatus();
+  }
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": '", key, "' is ", v.dump(), "; a token id in [0, ", vocab, ") was expected"));
+  }
+  out = int32_t(v.get<int64_t>());
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status read_special_tokens(const json& j, absl::string_view source, ModelSpec& s) {
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
+  if (j.contains("bos_token_id")) {
+    KVFUSE_RETURN_IF_ERROR(token_id(j.at("bos_token_id"), source, "bos_token_id", s.vocab, s.bos_token_id));
+  }
+  if (j.contains("pad_token_id")) {
+    KVFUSE_RETURN_IF_ERROR(token_id(j.at("pad_token_id"), source, "pad_token_id", s.vocab, s.pad_token_id));
+  }
+  if (j.contains("eos_token_id")) {
+    const json& e = j.at("eos_token_id");
+    std::vector<int32_t> ids;
+    for (const json& v : e.is_array() ? e : json::array({e})) {
+      int32_t id = -1;
+      KVFUSE_RETURN_IF_ERROR(token_id(v, source, "eos_token_id", s.vocab, id));
+      if (id >= 0 && std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+    }
+    s.eos_token_ids = std::move(ids);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ModelSpec> spec_from_hf_config(const json& j, absl::string_view source,
                                               const std::string& name) {
@@ -160,6 +196,7 @@ absl::StatusOr<ModelSpec> spec_from_hf_config(const json& j, absl::string_view s
   const int64_t default_max_pos = llama ? 2048 : qwen2 ? 32768 : 131072;
   KVFUSE_RETURN_IF_ERROR(r.integer("max_position_embeddings", 1, int64_t(1) << 24, default_max_pos, s.max_position));
   KVFUSE_RETURN_IF_ERROR(r.boolean("tie_word_embeddings", false, s.tie_embeddings));
+  KVFUSE_RETURN_IF_ERROR(read_special_tokens(j, source, s));
 
   // RoPE: rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x).
   KVFUSE_RETURN_IF_ERROR(check_rope(r, "rope_scaling"));
@@ -249,7 +286,18 @@ absl::StatusOr<ModelSpec> load_hf_config(const std::string& model_dir) {
   std::string name = std::filesystem::path(model_dir).lexically_normal().filename().string();
   if (name.empty())
     name = std::filesystem::path(model_dir).lexically_normal().parent_path().filename().string();
-  return spec_from_hf_config(j, path, name.empty() ? "checkpoint" : name);
+  auto s = spec_from_hf_config(j, path, name.empty() ? "checkpoint" : name);
+  if (!s.ok()) return s;
+  // generation_config.json, when present, is what generation uses: its special tokens
+  // replace config.json's (transformers' GenerationConfig does the same).
+  const std::string gen_path = (std::filesystem::path(model_dir) / "generation_config.json").string();
+  std::ifstream gen(gen_path);
+  if (gen) {
+    const json g = json::parse(gen, nullptr, /*allow_exceptions=*/false);
+    if (g.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(gen_path, ": not valid JSON"));
+    KVFUSE_RETURN_IF_ERROR(read_special_tokens(g, gen_path, *s));
+  }
+  return s;
 }
 
 }  // namespace kvfuse

@@ -28,7 +28,12 @@ namespace kvfuse {
 // `source` names the file in errors. `name` becomes ModelSpec::name.
 absl::StatusOr<ModelSpec> spec_from_hf_config(const nlohmann::json& j, absl::string_view source,
                                               const std::string& name);
-// Reads `model_dir`/config.json.
+// Reads `model_dir`/config.json, then the special tokens of
+// `model_dir`/generation_config.json when that file exists (they replace config.json's).
 absl::StatusOr<ModelSpec> load_hf_config(const std::string& model_dir);
+// The special tokens of a config.json or generation_config.json object into s:
+// `bos_token_id`, `pad_token_id` (an id or null) and `eos_token_id` (an id, a list of
+// ids, or null), each in [0, s.vocab); keys that are absent leave s as it is.
+absl::Status read_special_tokens(const nlohmann::json& j, absl::string_view source, ModelSpec& s);
 
 }  // namespace kvfuse

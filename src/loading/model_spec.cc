@@ -51,12 +51,18 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
   if (name == "llama3-8b") {
     ModelSpec s = make("llama3-8b", "llama", 128256, 4096, 14336, 32, 32, 8, 128, 500000.0f, 1e-5f);
     s.max_position = 131072;
+    // Llama 3.1 8B Instruct: <|end_of_text|>, <|eom_id|>, <|eot_id|>.
+    s.bos_token_id = 128000;
+    s.eos_token_ids = {128001, 128008, 128009};
     return s;
   }
   if (name == "qwen2.5-7b") {
     ModelSpec s = make("qwen2.5-7b", "qwen2", 152064, 3584, 18944, 28, 28, 4, 128, 1000000.0f, 1e-6f);
     s.qkv_bias = true;
     s.max_position = 32768;
+    // Qwen2.5 7B Instruct: <|im_end|>, <|endoftext|> (also its pad token); no BOS.
+    s.eos_token_ids = {151645, 151643};
+    s.pad_token_id = 151643;
     return s;
   }
   if (name == "mistral-7b") {
@@ -65,6 +71,8 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
     s.sliding_window = 4096;
     s.layer_is_swa.assign(32, true);
     s.max_position = 32768;
+    s.bos_token_id = 1;
+    s.eos_token_ids = {2};
     return s;
   }
   if (name == "hybrid-swa") {
@@ -73,6 +81,8 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
     s.sliding_window = 4096;
     for (int i = 0; i < 32; i += 2) s.layer_is_swa[size_t(i)] = true;
     s.max_position = 131072;
+    s.bos_token_id = 128000;
+    s.eos_token_ids = {128001, 128008, 128009};
     return s;
   }
   return absl::InvalidArgumentError(

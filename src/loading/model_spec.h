@@ -27,6 +27,11 @@ struct ModelSpec {
   int32_t sliding_window = 0;      // 0: none
   std::vector<bool> layer_is_swa;  // [num_layers]
   int32_t max_position = 4096;
+  // Special tokens, from config.json and generation_config.json (presets: the declared
+  // values of the model they mimic; none for tiny). -1: not declared.
+  std::vector<int32_t> eos_token_ids;  // all of them (Llama 3 instruct models have several)
+  int32_t bos_token_id = -1;
+  int32_t pad_token_id = -1;
 
   int64_t q_dim() const { return int64_t(num_q_heads) * head_dim; }
   int64_t kv_dim() const { return int64_t(num_kv_heads) * head_dim; }
