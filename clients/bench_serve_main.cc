@@ -52,6 +52,7 @@ void worker(int index, const Options& o, int32_t vocab, v1::DecodeService::Stub&
     v1::GenerateRequest req;
     for (int i = 0; i < o.prompt_len; ++i) req.add_prompt_ids(tok(rng));
     req.set_max_tokens(uint32_t(o.max_tokens));
+    req.set_ignore_eos(true);  // every request generates max_tokens
     req.mutable_sampling()->set_temperature(o.temperature);
     req.mutable_sampling()->set_seed(rng());
     grpc::ClientContext ctx;

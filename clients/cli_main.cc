@@ -57,6 +57,34 @@ struct SamplingFlags {
   }
 };
 
+// The router path's stop rules (StopRules in the proto); sent only when a flag is given.
+struct StopFlags {
+  std::string stop_ids;
+  bool ignore_eos = false;
+  int64_t max_new_tokens = -1;
+  int64_t min_new_tokens = -1;
+  void add(CLI::App* cmd) {
+    cmd->add_option("--stop-ids", stop_ids, "comma-separated stop token ids (sets the stop rules)");
+    cmd->add_flag("--ignore-eos", ignore_eos, "the model's EOS tokens do not stop the sequence");
+    cmd->add_option("--max-new-tokens", max_new_tokens, "finish after this many sampled tokens (0: no limit)");
+    cmd->add_option("--min-new-tokens", min_new_tokens, "stop and EOS tokens do not stop before this many");
+  }
+  bool given() const { return !stop_ids.empty() || ignore_eos || max_new_tokens >= 0 || min_new_tokens >= 0; }
+  // False (with a message) when --stop-ids is not a list of ints.
+  bool fill(v1::StopRules* r) const {
+    auto ids = parse_int_list(stop_ids);
+    if (!ids.ok()) {
+      std::fprintf(stderr, "kvfuse-cli: --stop-ids: %s\n", std::string(ids.status().message()).c_str());
+      return false;
+    }
+    for (int32_t t : *ids) r->add_stop_token_ids(t);
+    r->set_ignore_eos(ignore_eos);
+    if (max_new_tokens >= 0) r->set_max_new_tokens(uint32_t(max_new_tokens));
+    if (min_new_tokens >= 0) r->set_min_new_tokens(uint32_t(min_new_tokens));
+    return true;
+  }
+};
+
 int run_generate(v1::DecodeService::Stub& stub, const Common& c, v1::GenerateRequest req) {
   grpc::ClientContext ctx;
   set_deadline(ctx, c);
@@ -115,6 +143,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   gen->add_option("--id", gen_id, "request id (0: the server picks)");
   gen->add_option("--stop-ids", stop_ids, "comma-separated stop token ids");
+  bool gen_ignore_eos = false;
+  uint32_t min_tokens = 0;
+  gen->add_flag("--ignore-eos", gen_ignore_eos, "the model's EOS tokens do not stop the request");
+  gen->add_option("--min-tokens", min_tokens, "stop and EOS tokens do not stop before this many tokens");
   gen_sampling.add(gen);
 
   auto* prefill = app.add_subcommand("prefill", "create (or --extend) a router-driven sequence");
@@ -130,6 +162,8 @@ int main(int argc, char** argv) {
   prefill->add_option("--expected-len", pf_expected_len,
                       "with --extend: the length before this chunk (a retry does not append twice)");
   pf_sampling.add(prefill);
+  StopFlags pf_stop;
+  pf_stop.add(prefill);
 
   auto* decode = app.add_subcommand("decode", "run decode steps for router-driven sequences");
   std::vector<uint64_t> dec_ids;
@@ -138,6 +172,8 @@ int main(int argc, char** argv) {
   decode->add_option("--id", dec_ids, "sequence id (repeatable)")->required();
   decode->add_option("-n,--steps", steps, "steps")->capture_default_str();
   decode->add_option("--expected-len", expected_len, "the length the caller knows (safe retries)");
+  StopFlags dec_stop;
+  dec_stop.add(decode);
 
   auto* release = app.add_subcommand("release", "free router-driven sequences (idempotent)");
   std::vector<uint64_t> rel_ids;
@@ -182,6 +218,8 @@ int main(int argc, char** argv) {
     for (int32_t t : *ids) req.add_prompt_ids(t);
     for (int32_t t : *stops) req.add_stop_token_ids(t);
     req.set_max_tokens(max_tokens);
+    req.set_ignore_eos(gen_ignore_eos);
+    req.set_min_tokens(min_tokens);
     gen_sampling.fill(req.mutable_sampling());
     return run_generate(stub, c, std::move(req));
   }
@@ -199,6 +237,7 @@ int main(int argc, char** argv) {
     s->set_no_sample(no_sample);
     if (pf_expected_len >= 0) s->set_expected_len(uint32_t(pf_expected_len));
     if (!extend) pf_sampling.fill(s->mutable_sampling());
+    if (pf_stop.given() && !pf_stop.fill(s->mutable_stop())) return 2;
     v1::PrefillResponse resp;
     return report(stub.Prefill(&ctx, req, &resp), &resp);
   }
@@ -208,6 +247,7 @@ int main(int argc, char** argv) {
       v1::DecodeSequence* s = req.add_sequences();
       s->set_id(id);
       if (expected_len >= 0) s->set_expected_len(uint32_t(expected_len));
+      if (dec_stop.given() && !dec_stop.fill(s->mutable_stop())) return 2;
     }
     req.set_steps(steps);
     v1::DecodeResponse resp;

@@ -74,8 +74,10 @@ std::unique_ptr<BatchCall> BatchCall::prefill(Scheduler& sched, const Engine& en
       auto sampling = to_sampling(s.sampling(), vocab);  // validated on arrival; cannot fail here
       st = sampling.status();
       if (st.ok()) {
+        std::optional<StopRules> stop;
+        if (s.has_stop()) stop = stop_rules(s.stop());  // validated on arrival
         st = sched.router_prefill(s.id(), std::vector<int32_t>(s.token_ids().begin(), s.token_ids().end()),
-                                  *sampling, s.extend(), !s.no_sample());
+                                  *sampling, s.extend(), !s.no_sample(), std::move(stop));
       }
     }
     if (const SequenceState* seq = engine.sequence(s.id()); seq && sched.is_router_sequence(s.id())) {
@@ -116,8 +118,15 @@ std::unique_ptr<BatchCall> BatchCall::decode(Scheduler& sched, const Engine& eng
       continue;
     }
     if (s.has_expected_len()) {
-      // A replay: the tokens past expected_len were produced by the first attempt.
+      // A replay: the tokens past expected_len were produced by the first attempt, which
+      // may have ended early because the stop rules finished the sequence.
       const int64_t produced = len - int64_t(s.expected_len());
+      const FinishReason finished = sched.router_finish(s.id());
+      if (produced >= 0 && produced <= steps && finished != FinishReason::none && !s.has_stop()) {
+        for (int64_t p = s.expected_len(); p < len; ++p) r->add_token_ids(seq->tokens[size_t(p)]);
+        r->set_finish_reason(to_proto(finished));
+        continue;
+      }
       if (produced < 0 || produced > steps) {
         call->set_status(i, absl::FailedPreconditionError(
                                 absl::StrCat("sequence ", s.id(), " has ", len, " tokens; expected_len ",
@@ -128,7 +137,9 @@ std::unique_ptr<BatchCall> BatchCall::decode(Scheduler& sched, const Engine& eng
       to_run = steps - int32_t(produced);
     }
     if (to_run == 0) continue;  // fully replayed
-    if (auto st = sched.router_decode(s.id(), to_run); !st.ok()) {
+    std::optional<StopRules> stop;
+    if (s.has_stop()) stop = stop_rules(s.stop());  // validated on arrival
+    if (auto st = sched.router_decode(s.id(), to_run, std::move(stop)); !st.ok()) {
       call->set_status(i, st);
       continue;
     }
@@ -154,10 +165,12 @@ void BatchCall::on_result(const RouterResult& res) {
     v1::PrefillResult* r = prefill_->mutable_results(i);
     if (!res.tokens.empty()) r->set_token_id(res.tokens.back());
     r->set_seq_len(uint32_t(res.seq_len));
+    r->set_finish_reason(to_proto(res.finish));
   } else {
     v1::DecodeResult* r = decode_->mutable_results(i);
     for (int32_t t : res.tokens) r->add_token_ids(t);
     r->set_seq_len(uint32_t(res.seq_len));
+    r->set_finish_reason(to_proto(res.finish));
   }
   if (!res.status.ok()) set_status(i, res.status);
 }

@@ -18,18 +18,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 std::string code_name(const absl::Status& st) { return absl::StatusCodeToString(st.code()); }
-v1::FinishReason to_proto(FinishReason r) {
-  switch (r) {
-    case FinishReason::length:
-      return v1::FINISH_REASON_LENGTH;
-    case FinishReason::stop:
-      return v1::FINISH_REASON_STOP;
-    case FinishReason::abort:
-      return v1::FINISH_REASON_ABORT;
-    default:
-      return v1::FINISH_REASON_UNSPECIFIED;
-  }
-}
 }  // namespace
 
 const char* to_string(LoopState s) {
@@ -172,6 +160,8 @@ void EngineLoop::generate(const v1::GenerateRequest* req, std::shared_ptr<Genera
     g.max_new_tokens = req.max_tokens() != 0 ? int32_t(req.max_tokens())
                                              : std::min(limits_.default_max_tokens, limits_.max_seq_len);
     g.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
+    g.ignore_eos = req.ignore_eos();
+    g.min_new_tokens = int32_t(req.min_tokens());
     const SeqId id = g.id;
     const int32_t prompt_tokens = int32_t(g.prompt.size());
     if (auto st = sched_->submit(std::move(g)); !st.ok()) {

@@ -1,5 +1,6 @@
 #include "server/request_validation.h"
 
+#include <iterator>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,42 @@ absl::StatusOr<SamplingParams> to_sampling(const v1::SamplingParams& p, int32_t 
   return s;
 }
 
+absl::StatusOr<StopRules> to_stop_rules(const v1::StopRules& p, const ServiceLimits& lim) {
+  if (p.stop_token_ids_size() > lim.max_stop_tokens) {
+    return invalid("stop.stop_token_ids: ", p.stop_token_ids_size(), " tokens exceed the limit of ",
+                   lim.max_stop_tokens);
+  }
+  KVFUSE_RETURN_IF_ERROR(check_tokens(p.stop_token_ids(), lim.vocab, "stop.stop_token_ids"));
+  const uint32_t max_new = p.has_max_new_tokens() ? p.max_new_tokens() : 0;
+  if (max_new > uint32_t(lim.max_seq_len)) {
+    return invalid("stop.max_new_tokens ", max_new, " exceeds max_seq_len ", lim.max_seq_len);
+  }
+  if (p.min_new_tokens() > uint32_t(lim.max_seq_len) || (max_new > 0 && p.min_new_tokens() > max_new)) {
+    return invalid("stop.min_new_tokens ", p.min_new_tokens(), " exceeds ",
+                   max_new > 0 ? "stop.max_new_tokens " : "max_seq_len ",
+                   max_new > 0 ? max_new : uint32_t(lim.max_seq_len));
+  }
+  return stop_rules(p);
+}
+
+StopRules stop_rules(const v1::StopRules& p) {
+  StopRules r;
+  r.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  r.ignore_eos = p.ignore_eos();
+  r.max_new_tokens = p.has_max_new_tokens() ? int32_t(p.max_new_tokens()) : 0;
+  r.min_new_tokens = int32_t(p.min_new_tokens());
+  return r;
+}
+
+v1::FinishReason to_proto(FinishReason r) {
+  // In FinishReason's order: none, length, stop, abort, error.
+  static constexpr v1::FinishReason kProto[] = {v1::FINISH_REASON_UNSPECIFIED, v1::FINISH_REASON_LENGTH,
+                                                v1::FINISH_REASON_STOP, v1::FINISH_REASON_ABORT,
+                                                v1::FINISH_REASON_UNSPECIFIED};
+  const size_t i = size_t(r);
+  return i < std::size(kProto) ? kProto[i] : v1::FINISH_REASON_UNSPECIFIED;
+}
+
 int32_t decode_steps(const v1::DecodeRequest& req) { return req.steps() == 0 ? 1 : int32_t(req.steps()); }
 
 absl::Status validate(const v1::PrefillRequest& req, const ServiceLimits& lim) {
@@ -79,6 +116,9 @@ absl::Status validate(const v1::PrefillRequest& req, const ServiceLimits& lim) {
     }
     if (auto sp = to_sampling(s.sampling(), lim.vocab); !sp.ok())
       return invalid(where, sp.status().message());
+    if (s.has_stop()) {
+      if (auto r = to_stop_rules(s.stop(), lim); !r.ok()) return invalid(where, r.status().message());
+    }
   }
   return absl::OkStatus();
 }
@@ -96,6 +136,11 @@ absl::Status validate(const v1::DecodeRequest& req, const ServiceLimits& lim) {
     if (s.has_expected_len() && (s.expected_len() < 1 || s.expected_len() > uint32_t(lim.max_seq_len))) {
       return invalid("sequences[", i, "] (id ", s.id(), "): expected_len ", s.expected_len(),
                      " is outside [1, max_seq_len ", lim.max_seq_len, "]");
+    }
+    if (s.has_stop()) {
+      if (auto r = to_stop_rules(s.stop(), lim); !r.ok()) {
+        return invalid("sequences[", i, "] (id ", s.id(), "): ", r.status().message());
+      }
     }
   }
   return absl::OkStatus();
@@ -125,6 +170,11 @@ absl::Status validate(const v1::GenerateRequest& req, const ServiceLimits& lim) 
     return invalid(req.stop_token_ids_size(), " stop tokens exceed the limit of ", lim.max_stop_tokens);
   }
   KVFUSE_RETURN_IF_ERROR(check_tokens(req.stop_token_ids(), lim.vocab, "stop_token_ids"));
+  const bool capped = req.max_tokens() != 0;
+  if (req.min_tokens() > uint32_t(lim.max_seq_len) || (capped && req.min_tokens() > req.max_tokens())) {
+    return invalid("min_tokens ", req.min_tokens(), " exceeds ", capped ? "max_tokens " : "max_seq_len ",
+                   capped ? req.max_tokens() : uint32_t(lim.max_seq_len));
+  }
   if (auto sp = to_sampling(req.sampling(), lim.vocab); !sp.ok()) return sp.status();
   return absl::OkStatus();
 }

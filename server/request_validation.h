@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "kvfuse/v1/decode.pb.h"
 #include "src/runtime/sampler.h"
+#include "src/runtime/scheduler.h"
 
 namespace kvfuse::server {
 
@@ -29,7 +30,13 @@ absl::Status validate(const v1::GenerateRequest& req, const ServiceLimits& lim);
 
 // The engine's sampling parameters (unset top_p is 1), validated.
 absl::StatusOr<SamplingParams> to_sampling(const v1::SamplingParams& p, int32_t vocab);
+// The router path's stop rules, validated (INVALID_ARGUMENT naming the field).
+absl::StatusOr<StopRules> to_stop_rules(const v1::StopRules& p, const ServiceLimits& lim);
+// The same without the checks, for rules validated on arrival.
+StopRules stop_rules(const v1::StopRules& p);
 // Steps of a Decode call (0 means 1).
 int32_t decode_steps(const v1::DecodeRequest& req);
+// The proto's finish reason (error has none: the status says it).
+v1::FinishReason to_proto(FinishReason r);
 
 }  // namespace kvfuse::server

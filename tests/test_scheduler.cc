@@ -179,3 +179,22 @@ TEST_CASE("scheduler: abort, stop tokens and request errors", "[scheduler][error
   CHECK(reason == FinishReason::stop);
   CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
 }
+
+TEST_CASE("scheduler: stop rules: stop ids and EOS after min_new_tokens, then max_new_tokens", "[scheduler]") {
+  const std::vector<int32_t> eos = {7, 9};
+  StopRules r;
+  r.stop_token_ids = {5};
+  CHECK(stop_reason(r, eos, 5, 1) == FinishReason::stop);
+  CHECK(stop_reason(r, eos, 9, 1) == FinishReason::stop);  // EOS stops by default
+  CHECK(stop_reason(r, eos, 6, 100) == FinishReason::none);  // no limit
+  r.ignore_eos = true;
+  CHECK(stop_reason(r, eos, 9, 1) == FinishReason::none);
+  CHECK(stop_reason(r, eos, 5, 1) == FinishReason::stop);  // stop ids still stop
+  r.min_new_tokens = 3;
+  CHECK(stop_reason(r, eos, 5, 2) == FinishReason::none);
+  CHECK(stop_reason(r, eos, 5, 3) == FinishReason::stop);
+  r.max_new_tokens = 4;
+  CHECK(stop_reason(r, eos, 6, 3) == FinishReason::none);
+  CHECK(stop_reason(r, eos, 6, 4) == FinishReason::length);
+  CHECK(stop_reason(r, eos, 5, 4) == FinishReason::stop);  // a stop token on the last one says stop
+}

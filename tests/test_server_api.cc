@@ -430,3 +430,104 @@ TEST_CASE("server: the message size limit takes batches beyond gRPC's default 4 
   CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(st.error_message().find("duplicate id") != std::string::npos);
 }
+
+TEST_CASE("server: router stop rules end a sequence mid-Decode with its finish reason; the others go on",
+          "[server][router]") {
+  auto t = TestServer::start();
+  const std::vector<int32_t> prompt = test_prompt(11, 24);
+  const std::vector<int32_t> greedy = expected_tokens(test_config(), {prompt}, 9)[0];
+  // The stop token: the first greedy token from index 3 on that has not come before it,
+  // so that it ends the sequence exactly there.
+  size_t k = 0;
+  for (size_t j = 3; j < greedy.size() && k == 0; ++j) {
+    if (std::find(greedy.begin(), greedy.begin() + long(j), greedy[j]) == greedy.begin() + long(j)) k = j;
+  }
+  REQUIRE(k != 0);
+  const int32_t stop_tok = greedy[k];
+  const uint32_t plen = uint32_t(prompt.size());
+
+  v1::PrefillRequest pre;
+  add_prefill(pre, 300, prompt);                                       // no rules
+  add_prefill(pre, 301, prompt)->mutable_stop()->add_stop_token_ids(stop_tok);
+  add_prefill(pre, 302, prompt)->mutable_stop()->set_max_new_tokens(4);  // the prefill's token counts
+  v1::PrefillResponse pr;
+  REQUIRE(t.prefill(pre, &pr).ok());
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(pr.results(i).status().code() == v1::SequenceStatus::OK);
+    CHECK(pr.results(i).token_id() == greedy[0]);
+    CHECK(pr.results(i).finish_reason() == v1::FINISH_REASON_UNSPECIFIED);
+  }
+
+  v1::DecodeRequest dec;
+  dec.set_steps(8);
+  for (uint64_t id : {300, 301, 302}) {
+    auto* s = dec.add_sequences();
+    s->set_id(id);
+    s->set_expected_len(plen + 1);
+  }
+  v1::DecodeResponse dr;
+  REQUIRE(t.decode(dec, &dr).ok());
+  auto tokens = [&](int i) {
+    return std::vector<int32_t>(dr.results(i).token_ids().begin(), dr.results(i).token_ids().end());
+  };
+  // 300 runs all 8 steps; 301 ends on its stop token (included); 302 after 4 sampled tokens.
+  CHECK(tokens(0) == std::vector<int32_t>(greedy.begin() + 1, greedy.end()));
+  CHECK(dr.results(0).finish_reason() == v1::FINISH_REASON_UNSPECIFIED);
+  CHECK(tokens(1) == std::vector<int32_t>(greedy.begin() + 1, greedy.begin() + long(k) + 1));
+  CHECK(dr.results(1).finish_reason() == v1::FINISH_REASON_STOP);
+  CHECK(dr.results(1).seq_len() == plen + k + 1);
+  CHECK(tokens(2) == std::vector<int32_t>(greedy.begin() + 1, greedy.begin() + 4));
+  CHECK(dr.results(2).finish_reason() == v1::FINISH_REASON_LENGTH);
+  for (int i = 0; i < 3; ++i) CHECK(dr.results(i).status().code() == v1::SequenceStatus::OK);
+
+  // The same call again (a lost response): the same tokens and reasons, no new step.
+  v1::DecodeResponse again;
+  REQUIRE(t.decode(dec, &again).ok());
+  for (int i = 1; i < 3; ++i) {
+    CHECK(std::vector<int32_t>(again.results(i).token_ids().begin(), again.results(i).token_ids().end()) ==
+          tokens(i));
+    CHECK(again.results(i).finish_reason() == dr.results(i).finish_reason());
+  }
+
+  // A finished sequence decodes no more, until a call gives it new rules.
+  v1::DecodeRequest more;
+  more.add_sequences()->set_id(301);
+  v1::DecodeResponse mr;
+  REQUIRE(t.decode(more, &mr).ok());
+  CHECK(code_of(mr.results(0).status()) == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK_THAT(mr.results(0).status().message(), Catch::Matchers::ContainsSubstring("finished (stop)"));
+  more.set_steps(3);
+  auto* rules = more.mutable_sequences(0)->mutable_stop();
+  rules->set_max_new_tokens(2);
+  REQUIRE(t.decode(more, &mr).ok());
+  REQUIRE(mr.results(0).status().code() == v1::SequenceStatus::OK);
+  CHECK(mr.results(0).token_ids_size() == 2);
+  CHECK(mr.results(0).finish_reason() == v1::FINISH_REASON_LENGTH);
+
+  // Bad rules: INVALID_ARGUMENT naming the field; nothing is created.
+  {
+    v1::PrefillRequest bad;
+    add_prefill(bad, 310, prompt)->mutable_stop()->add_stop_token_ids(1024);  // the tiny model has 1024 tokens
+    v1::PrefillResponse br;
+    const grpc::Status st = t.prefill(bad, &br);
+    CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(st.error_message(), Catch::Matchers::ContainsSubstring("stop.stop_token_ids"));
+  }
+  {
+    v1::DecodeRequest bad;
+    auto* s = bad.add_sequences();
+    s->set_id(300);
+    s->mutable_stop()->set_max_new_tokens(3);
+    s->mutable_stop()->set_min_new_tokens(5);
+    v1::DecodeResponse br;
+    const grpc::Status st = t.decode(bad, &br);
+    CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(st.error_message(),
+               Catch::Matchers::ContainsSubstring("stop.min_new_tokens 5 exceeds stop.max_new_tokens 3"));
+  }
+  CHECK(t.load().num_router_sequences() == 3);
+  v1::ReleaseResponse rel;
+  REQUIRE(t.release({300, 301, 302}, &rel).ok());
+  CHECK(rel.released_size() == 3);
+  CHECK(t.wait_all_pages_free());
+}

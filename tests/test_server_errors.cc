@@ -112,6 +112,12 @@ TEST_CASE("server: every malformed field is INVALID_ARGUMENT and changes nothing
        [](auto& r) {
          for (int i = 0; i < 65; ++i) r.add_stop_token_ids(i);
        }},
+      {"min_tokens beyond max_tokens", [](auto& r) { r.set_min_tokens(5); }},
+      {"min_tokens beyond max_seq_len",
+       [](auto& r) {
+         r.set_max_tokens(0);
+         r.set_min_tokens(65);
+       }},
       {"infinite temperature", [](auto& r) { r.mutable_sampling()->set_temperature(INFINITY); }},
       {"temperature > 100", [](auto& r) { r.mutable_sampling()->set_temperature(101); }},
       {"NaN top_p", [](auto& r) { r.mutable_sampling()->set_top_p(NAN); }},

@@ -61,6 +61,19 @@ TEST_CASE("kvfuse-cli: info, load, health, generate, prefill, decode, release, a
   std::tie(rc, out) = run(cli + "load");
   CHECK(rc == 0);
   CHECK(out.find("\"numRouterSequences\":1") != std::string::npos);
+  // Stop rules from the command line: at most 3 sampled tokens, the prefill's included.
+  std::tie(rc, out) = run(cli + "prefill --id 10 --prompt-ids " + ids + " --max-new-tokens 3 --stop-ids 1023");
+  CHECK(rc == 0);
+  std::tie(rc, out) = run(cli + "decode --id 10 --steps 5");
+  CHECK(rc == 0);
+  CHECK(out.find("\"tokenIds\":[" + std::to_string(expected[0][1]) + "," + std::to_string(expected[0][2]) +
+                 "]") != std::string::npos);
+  CHECK(out.find("\"finishReason\":\"FINISH_REASON_LENGTH\"") != std::string::npos);
+  std::tie(rc, out) = run(cli + "prefill --id 11 --prompt-ids 1 --stop-ids 1,x");
+  CHECK(rc == 2);
+  CHECK(out.find("--stop-ids") != std::string::npos);
+  std::tie(rc, out) = run(cli + "release --id 10");
+  CHECK(rc == 0);
   std::tie(rc, out) = run(cli + "release --id 9");
   CHECK(rc == 0);
   CHECK(out.find("\"released\":[\"9\"]") != std::string::npos);

@@ -183,6 +183,7 @@ absl::Status prefill_cell(Server& s, std::vector<uint64_t>& ids, uint64_t first_
       v1::PrefillSequence* seq = req.add_sequences();
       const uint64_t id = first_id + uint64_t(i);
       seq->set_id(id);
+      seq->mutable_stop()->set_ignore_eos(true);  // every sequence decodes every step
       for (int32_t t : prompt(i, context, vocab)) seq->add_token_ids(t);
       ids.push_back(id);  // before the call: released on any failure
       tokens += size_t(context);

@@ -42,6 +42,16 @@ bool Scheduler::can_admit(const Entry& e) const {
   return true;
 }
 
+FinishReason stop_reason(const StopRules& rules, const std::vector<int32_t>& eos_token_ids, int32_t token,
+                         int32_t generated) {
+  auto has = [token](const std::vector<int32_t>& v) { return std::find(v.begin(), v.end(), token) != v.end(); };
+  if (generated >= rules.min_new_tokens && (has(rules.stop_token_ids) || (!rules.ignore_eos && has(eos_token_ids)))) {
+    return FinishReason::stop;
+  }
+  if (rules.max_new_tokens > 0 && generated >= rules.max_new_tokens) return FinishReason::length;
+  return FinishReason::none;
+}
+
 absl::Status Scheduler::submit(GenerateRequest req) {
   const auto& cfg = engine_.config();
   if (contains(req.id) || engine_.sequence(req.id)) {
@@ -289,9 +299,10 @@ void Scheduler::apply_results(const std::vector<StepResult>& results, const std:
     TokenEvent ev;
     ev.id = e.req.id;
     ev.token = res.token;
-    const bool stop = std::find(e.req.stop_token_ids.begin(), e.req.stop_token_ids.end(), *res.token) !=
-                      e.req.stop_token_ids.end();
-    const bool length = e.generated >= e.req.max_new_tokens || int64_t(e.tokens.size()) >= cfg.max_seq_len;
+    const StopRules rules{e.req.stop_token_ids, e.req.ignore_eos, e.req.max_new_tokens, e.req.min_new_tokens};
+    const FinishReason why = stop_reason(rules, engine_.spec().eos_token_ids, *res.token, e.generated);
+    const bool stop = why == FinishReason::stop;
+    const bool length = why == FinishReason::length || int64_t(e.tokens.size()) >= cfg.max_seq_len;
     if (stop || length) {
       TokenEvent fin = finish(e, stop ? FinishReason::stop : FinishReason::length);
       ev.finish = fin.finish;

@@ -34,7 +34,23 @@ struct GenerateRequest {
   SamplingParams sampling;
   int32_t max_new_tokens = 16;
   std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;     // false: the model's EOS tokens stop the request too
+  int32_t min_new_tokens = 0;  // stop and EOS tokens do not stop it before this many
 };
+
+// When a router-driven sequence finishes: a sampled stop token (or, unless ignore_eos,
+// one of the model's EOS tokens) once min_new_tokens are sampled, or max_new_tokens
+// sampled (0: no limit but max_seq_len). Tokens count from when the rules were set.
+struct StopRules {
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t max_new_tokens = 0;
+  int32_t min_new_tokens = 0;
+};
+
+// Whether `token`, the `generated`-th sampled under `rules`, ends the sequence, and why.
+FinishReason stop_reason(const StopRules& rules, const std::vector<int32_t>& eos_token_ids, int32_t token,
+                         int32_t generated);
 
 // What one step did for one request: at most one new token, and whether it finished.
 struct TokenEvent {
@@ -51,6 +67,7 @@ struct TokenEvent {
 struct RouterResult {
   SeqId id = 0;
   absl::Status status;
+  FinishReason finish = FinishReason::none;  // stop or length when the stop rules ended it
   std::vector<int32_t> tokens;
   int32_t seq_len = 0;
 };
@@ -91,12 +108,18 @@ class Scheduler {
   // All or nothing: on an error the sequence is as it was. Also INVALID_ARGUMENT (as
   // Engine::add_sequence / append_tokens), ABORTED while another task runs on the
   // sequence, RESOURCE_EXHAUSTED when the pages it needs cannot be freed for it.
+  // `stop` sets the sequence's stop rules (a new sequence without it: none); an extend
+  // makes a finished sequence live again.
   absl::Status router_prefill(SeqId id, std::vector<int32_t> tokens, const SamplingParams& sampling,
-                              bool extend, bool sample);
+                              bool extend, bool sample, std::optional<StopRules> stop = std::nullopt);
   // Starts a task that samples `steps` tokens, one per step. NOT_FOUND, ABORTED,
   // RESOURCE_EXHAUSTED as above; FAILED_PRECONDITION when the last prefill sampled
   // nothing (there is no token to decode from).
-  absl::Status router_decode(SeqId id, int32_t steps);
+  // The task ends early when the stop rules finish the sequence (RouterResult::finish).
+  // FAILED_PRECONDITION on a finished sequence, unless `stop` replaces its rules.
+  absl::Status router_decode(SeqId id, int32_t steps, std::optional<StopRules> stop = std::nullopt);
+  // Why a router-driven sequence finished (none: it is live or unknown).
+  FinishReason router_finish(SeqId id) const;
   // Ends the running task of a sequence with `why` (its result is queued); the
   // sequence stays. No-op without a task.
   void router_stop(SeqId id, const absl::Status& why);
@@ -141,6 +164,9 @@ class Scheduler {
   struct RouterSeq {
     std::optional<RouterTask> task;
     uint64_t generation = 0;
+    StopRules stop;
+    int32_t generated = 0;  // tokens sampled since the rules were set
+    FinishReason finished = FinishReason::none;
   };
   // Who a step item belongs to.
   struct Owner {

@@ -58,7 +58,7 @@ absl::Status Scheduler::check_router_capacity(SeqId id, int64_t new_len) const {
 }
 
 absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, const SamplingParams& sampling,
-                                       bool extend, bool sample) {
+                                       bool extend, bool sample, std::optional<StopRules> stop) {
   if (tokens.empty()) return absl::InvalidArgumentError(extend ? "no tokens to append" : "empty prompt");
   if (!extend) {
     if (contains(id) || engine_.sequence(id)) {
@@ -66,13 +66,21 @@ absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, co
     }
     KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, int64_t(tokens.size())));
     KVFUSE_RETURN_IF_ERROR(engine_.add_sequence(id, std::move(tokens), sampling));
-    router_[id] = RouterSeq{std::nullopt, next_router_generation_++};
+    RouterSeq& rs = router_[id];
+    rs.generation = next_router_generation_++;
+    if (stop) rs.stop = std::move(*stop);
   } else {
     if (!router_.count(id)) return not_found(id);
     if (router_busy(id)) return busy(id);
     const int64_t len = int64_t(engine_.sequence(id)->tokens.size()) + int64_t(tokens.size());
     KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, len));
     KVFUSE_RETURN_IF_ERROR(engine_.append_tokens(id, tokens));
+    RouterSeq& rs = router_[id];
+    rs.finished = FinishReason::none;
+    if (stop) {
+      rs.stop = std::move(*stop);
+      rs.generated = 0;
+    }
   }
   start_router_task(id, sample ? 1 : 0);
   return absl::OkStatus();
@@ -95,10 +103,20 @@ uint64_t Scheduler::router_generation(SeqId id) const {
   return it == router_.end() ? 0 : it->second.generation;
 }
 
-absl::Status Scheduler::router_decode(SeqId id, int32_t steps) {
+FinishReason Scheduler::router_finish(SeqId id) const {
+  auto it = router_.find(id);
+  return it == router_.end() ? FinishReason::none : it->second.finished;
+}
+
+absl::Status Scheduler::router_decode(SeqId id, int32_t steps, std::optional<StopRules> stop) {
   if (!router_.count(id)) return not_found(id);
   if (router_busy(id)) return busy(id);
   if (steps < 1) return absl::InvalidArgumentError(absl::StrCat("steps ", steps, " must be >= 1"));
+  RouterSeq& rs = router_.at(id);
+  if (!stop && rs.finished != FinishReason::none) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " finished (", to_string(rs.finished),
+                                                      "): release it, or decode with new stop rules"));
+  }
   const SequenceState* s = engine_.sequence(id);
   if (s->num_pending() == 0) {
     return absl::FailedPreconditionError(
@@ -107,6 +125,11 @@ absl::Status Scheduler::router_decode(SeqId id, int32_t steps) {
   }
   // Every step but the last computes the token sampled by the step before.
   KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, int64_t(s->tokens.size()) + steps - 1));
+  if (stop) {
+    rs.stop = std::move(*stop);
+    rs.generated = 0;
+    rs.finished = FinishReason::none;
+  }
   start_router_task(id, steps);
   return absl::OkStatus();
 }
@@ -186,10 +209,17 @@ void Scheduler::apply_router_result(SeqId id, const StepResult& res) {
     finish_router_task(id, res.status);
     return;
   }
-  RouterTask& t = *router_.at(id).task;
+  RouterSeq& rs = router_.at(id);
+  RouterTask& t = *rs.task;
   if (res.token) {
     t.result.tokens.push_back(*res.token);
     --t.samples_left;
+    rs.finished = stop_reason(rs.stop, engine_.spec().eos_token_ids, *res.token, ++rs.generated);
+    if (rs.finished != FinishReason::none) {
+      t.result.finish = rs.finished;
+      finish_router_task(id, absl::OkStatus());
+      return;
+    }
   }
   // Done when every sample is taken; a compute-only task when nothing is pending.
   if (t.samples_left == 0 && (res.token || engine_.sequence(id)->num_pending() == 0)) {
