@@ -8,6 +8,8 @@
 
 #include <future>
 
+#include "tests/checkpoint_test_util.h"
+#include "tests/engine_test_util.h"
 #include "tests/test_server_util.h"
 
 using namespace kvfuse;
@@ -529,5 +531,49 @@ TEST_CASE("server: router stop rules end a sequence mid-Decode with its finish r
   v1::ReleaseResponse rel;
   REQUIRE(t.release({300, 301, 302}, &rel).ok());
   CHECK(rel.released_size() == 3);
+  CHECK(t.wait_all_pages_free());
+}
+
+TEST_CASE("server: a checkpoint's EOS (generation_config.json) ends a router sequence mid-Decode by default",
+          "[server][router][checkpoint]") {
+  TempDir dir;
+  export_synthetic(dir.path(), mini_spec("llama"), 3);
+  const std::vector<std::string> cfg = {"model_path=" + dir.path()};
+  const std::vector<int32_t> prompt = prompt_of(12, 5, mini_spec().vocab);
+  const std::vector<int32_t> greedy = expected_tokens(test_config(cfg), {prompt}, 9)[0];
+  size_t k = 0;  // the first greedy token from index 3 on that has not come before it
+  for (size_t j = 3; j < greedy.size() && k == 0; ++j) {
+    if (std::find(greedy.begin(), greedy.begin() + long(j), greedy[j]) == greedy.begin() + long(j)) k = j;
+  }
+  REQUIRE(k != 0);
+  // The checkpoint declares that token its EOS (generation_config.json wins over config.json).
+  write_file(dir / "generation_config.json", "{\"eos_token_id\": [" + std::to_string(greedy[k]) + "]}");
+  auto t = TestServer::start(cfg);
+  {
+    grpc::ClientContext ctx;
+    v1::GetInfoResponse info;
+    REQUIRE(t.stub->GetInfo(&ctx, {}, &info).ok());
+    REQUIRE(info.eos_token_ids_size() == 1);
+    CHECK(info.eos_token_ids(0) == greedy[k]);
+  }
+  v1::PrefillRequest pre;
+  add_prefill(pre, 1, prompt);                                 // EOS stops it
+  add_prefill(pre, 2, prompt)->mutable_stop()->set_ignore_eos(true);  // goes on
+  v1::PrefillResponse pr;
+  REQUIRE(t.prefill(pre, &pr).ok());
+  v1::DecodeRequest dec;
+  dec.set_steps(8);
+  dec.add_sequences()->set_id(1);
+  dec.add_sequences()->set_id(2);
+  v1::DecodeResponse dr;
+  REQUIRE(t.decode(dec, &dr).ok());
+  CHECK(std::vector<int32_t>(dr.results(0).token_ids().begin(), dr.results(0).token_ids().end()) ==
+        std::vector<int32_t>(greedy.begin() + 1, greedy.begin() + long(k) + 1));
+  CHECK(dr.results(0).finish_reason() == v1::FINISH_REASON_STOP);
+  CHECK(std::vector<int32_t>(dr.results(1).token_ids().begin(), dr.results(1).token_ids().end()) ==
+        std::vector<int32_t>(greedy.begin() + 1, greedy.end()));
+  CHECK(dr.results(1).finish_reason() == v1::FINISH_REASON_UNSPECIFIED);
+  v1::ReleaseResponse rel;
+  REQUIRE(t.release({1, 2}, &rel).ok());
   CHECK(t.wait_all_pages_free());
 }
