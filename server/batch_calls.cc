@@ -118,15 +118,8 @@ std::unique_ptr<BatchCall> BatchCall::decode(Scheduler& sched, const Engine& eng
       continue;
     }
     if (s.has_expected_len()) {
-      // A replay: the tokens past expected_len were produced by the first attempt, which
-      // may have ended early because the stop rules finished the sequence.
+      // A replay: the tokens past expected_len were produced by the first attempt.
       const int64_t produced = len - int64_t(s.expected_len());
-      const FinishReason finished = sched.router_finish(s.id());
-      if (produced >= 0 && produced <= steps && finished != FinishReason::none && !s.has_stop()) {
-        for (int64_t p = s.expected_len(); p < len; ++p) r->add_token_ids(seq->tokens[size_t(p)]);
-        r->set_finish_reason(to_proto(finished));
-        continue;
-      }
       if (produced < 0 || produced > steps) {
         call->set_status(i, absl::FailedPreconditionError(
                                 absl::StrCat("sequence ", s.id(), " has ", len, " tokens; expected_len ",
@@ -135,6 +128,13 @@ std::unique_ptr<BatchCall> BatchCall::decode(Scheduler& sched, const Engine& eng
       }
       for (int64_t p = s.expected_len(); p < len; ++p) r->add_token_ids(seq->tokens[size_t(p)]);
       to_run = steps - int32_t(produced);
+      // The first attempt ended early if the stop rules finished the sequence: that is
+      // its result, unless this call sets new rules.
+      if (const FinishReason finished = sched.router_finish(s.id());
+          finished != FinishReason::none && !s.has_stop()) {
+        r->set_finish_reason(to_proto(finished));
+        continue;
+      }
     }
     if (to_run == 0) continue;  // fully replayed
     std::optional<StopRules> stop;

@@ -85,6 +85,7 @@ absl::Status Scheduler::submit(GenerateRequest req) {
   }
   Entry e;
   e.tokens = req.prompt;
+  e.stop = StopRules{std::move(req.stop_token_ids), req.ignore_eos, req.max_new_tokens, req.min_new_tokens};
   e.req = std::move(req);
   const PagesNeeded need = pages_to_finish_prefill(e);
   const KvPool& pool = engine_.pool();
@@ -299,8 +300,7 @@ void Scheduler::apply_results(const std::vector<StepResult>& results, const std:
     TokenEvent ev;
     ev.id = e.req.id;
     ev.token = res.token;
-    const StopRules rules{e.req.stop_token_ids, e.req.ignore_eos, e.req.max_new_tokens, e.req.min_new_tokens};
-    const FinishReason why = stop_reason(rules, engine_.spec().eos_token_ids, *res.token, e.generated);
+    const FinishReason why = stop_reason(e.stop, engine_.spec().eos_token_ids, *res.token, e.generated);
     const bool stop = why == FinishReason::stop;
     const bool length = why == FinishReason::length || int64_t(e.tokens.size()) >= cfg.max_seq_len;
     if (stop || length) {

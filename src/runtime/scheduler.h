@@ -151,7 +151,8 @@ class Scheduler {
 
  private:
   struct Entry {
-    GenerateRequest req;
+    GenerateRequest req;  // its stop fields are moved into `stop` at submit
+    StopRules stop;
     std::vector<int32_t> tokens;  // prompt plus tokens generated so far (recompute after preemption)
     int32_t generated = 0;
     std::optional<Rng> rng;  // carried across preemption so seeded sampling is unchanged
