@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <future>
+#include <tuple>
 
 #include "tests/checkpoint_test_util.h"
 #include "tests/engine_test_util.h"
@@ -526,6 +527,29 @@ TEST_CASE("server: router stop rules end a sequence mid-Decode with its finish r
     CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     CHECK_THAT(st.error_message(),
                Catch::Matchers::ContainsSubstring("stop.min_new_tokens 5 exceeds stop.max_new_tokens 3"));
+  }
+  {
+    // Every other bound of the rules, on both calls that take them.
+    v1::PrefillRequest many;
+    auto* rules = add_prefill(many, 311, prompt)->mutable_stop();
+    for (int i = 0; i < 65; ++i) rules->add_stop_token_ids(i);
+    v1::PrefillResponse mr;
+    const grpc::Status st = t.prefill(many, &mr);
+    CHECK(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(st.error_message(), Catch::Matchers::ContainsSubstring("stop.stop_token_ids: 65 tokens exceed"));
+    for (const auto& [max_new, min_new, what] :
+         {std::tuple<int, int, const char*>{4097, 0, "stop.max_new_tokens 4097 exceeds max_seq_len 4096"},
+          std::tuple<int, int, const char*>{-1, 4097, "stop.min_new_tokens 4097 exceeds max_seq_len 4096"}}) {
+      v1::DecodeRequest bad;
+      auto* s = bad.add_sequences();
+      s->set_id(300);
+      if (max_new >= 0) s->mutable_stop()->set_max_new_tokens(uint32_t(max_new));
+      s->mutable_stop()->set_min_new_tokens(uint32_t(min_new));
+      v1::DecodeResponse br;
+      const grpc::Status dst = t.decode(bad, &br);
+      CHECK(dst.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+      CHECK_THAT(dst.error_message(), Catch::Matchers::ContainsSubstring(what));
+    }
   }
   CHECK(t.load().num_router_sequences() == 3);
   v1::ReleaseResponse rel;
