@@ -223,6 +223,125 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   }
 }
 
+
+// ---- Logprobs: one block per row, one pass over the logits. Each thread keeps an
+// online (max, sum of exponentials) and its own top-n list; the block combines the
+// sums, then takes the top n by n rounds of a block-wide pick of the best list head.
+constexpr int kLpThreads = 256;
+constexpr int kLpWarps = kLpThreads / kWarpSize;
+
+struct LpShared {
+  float m[kLpWarps];
+  float s[kLpWarps];
+  float v[kLpWarps];
+  int32_t id[kLpWarps];
+};
+
+// (m, s) of the union of two sets: s relative to m.
+KVFUSE_DEVICE void lse_combine(float& m, float& s, float om, float os) {
+  if (om == -INFINITY) return;
+  if (m == -INFINITY) {
+    m = om;
+    s = os;
+    return;
+  }
+  if (om > m) {
+    s = s * expf(m - om) + os;
+    m = om;
+  } else {
+    s += os * expf(om - m);
+  }
+}
+
+// The better of (v, id) and (ov, oid) in the top-n order; id < 0 is "none".
+KVFUSE_DEVICE void pick_better(float& v, int32_t& id, float ov, int32_t oid) {
+  if (oid < 0) return;
+  if (id < 0 || logprob_ranks_before(ov, oid, v, id)) {
+    v = ov;
+    id = oid;
+  }
+}
+
+__global__ void KVFUSE_LAUNCH_BOUNDS(kLpThreads, 1)
+    logprobs_rows_kernel(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
+                         const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
+                         LogprobOut* out) {
+  __shared__ LpShared sh;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const LogprobRow rq = req[row];
+    if (rq.top_n < 0) continue;
+    const int32_t n = min(min(rq.top_n, kMaxTopLogprobs), int32_t(vocab));
+    const float* lg = logits + row * vocab;
+    float m = -INFINITY, s = 0.0f;
+    float tv[kMaxTopLogprobs];
+    int32_t ti[kMaxTopLogprobs];
+    int32_t have = 0;
+    for (int64_t i = threadIdx.x; i < vocab; i += kLpThreads) {
+      const float x = lg[i];
+      lse_combine(m, s, x, 1.0f);
+      if (n == 0 || (have == n && !logprob_ranks_before(x, int32_t(i), tv[n - 1], ti[n - 1]))) continue;
+      int32_t at = have < n ? have++ : n - 1;
+      while (at > 0 && logprob_ranks_before(x, int32_t(i), tv[at - 1], ti[at - 1])) {
+        tv[at] = tv[at - 1];
+        ti[at] = ti[at - 1];
+        --at;
+      }
+      tv[at] = x;
+      ti[at] = int32_t(i);
+    }
+    for (int off = kWarpSize / 2; off > 0; off /= 2) {
+      const float om = warp_shfl_xor(m, off), os = warp_shfl_xor(s, off);
+      lse_combine(m, s, om, os);
+    }
+    if (lane_id() == 0) {
+      sh.m[warp_id()] = m;
+      sh.s[warp_id()] = s;
+    }
+    __syncthreads();
+    m = sh.m[0];
+    s = sh.s[0];
+    for (int w = 1; w < kLpWarps; ++w) lse_combine(m, s, sh.m[w], sh.s[w]);
+    const float log_s = logf(s);
+    __syncthreads();
+    const auto lp = [&](float x) { return (x - m) - log_s; };
+
+    int32_t head = 0;
+    for (int32_t r = 0; r < n; ++r) {
+      float v = 0.0f;
+      int32_t id = -1;
+      if (head < have) {
+        v = tv[head];
+        id = ti[head];
+      }
+      for (int off = kWarpSize / 2; off > 0; off /= 2) {
+        const float ov = warp_shfl_xor(v, off);
+        const int32_t oid = warp_shfl_xor(id, off);
+        pick_better(v, id, ov, oid);
+      }
+      if (lane_id() == 0) {
+        sh.v[warp_id()] = v;
+        sh.id[warp_id()] = id;
+      }
+      __syncthreads();
+      v = sh.v[0];
+      id = sh.id[0];
+      for (int w = 1; w < kLpWarps; ++w) pick_better(v, id, sh.v[w], sh.id[w]);
+      __syncthreads();
+      if (head < have && ti[head] == id) ++head;
+      if (threadIdx.x == 0) {
+        out[row].top_ids[r] = id;
+        out[row].top_logprobs[r] = lp(v);
+      }
+    }
+    if (threadIdx.x == 0) {
+      int32_t t = rq.target;
+      if (t < 0) t = (params != nullptr && params[row].temperature > 0.0f) ? sampled[row] : greedy[row];
+      out[row].token = t;
+      out[row].logprob = (t >= 0 && t < vocab) ? lp(lg[t]) : NAN;
+      out[row].top_n = n;
+    }
+  }
+}
 }  // namespace
 
 cudaError_t launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
@@ -231,6 +350,16 @@ cudaError_t launch_sample_rows(const float* logits, int64_t rows, int64_t vocab,
   if (vocab > INT32_MAX) return cudaErrorInvalidValue;
   const unsigned blocks = rows < 65535 ? unsigned(rows) : 65535u;
   return launch_kernel(sample_rows_kernel, blocks, kThreads, stream, false, logits, rows, vocab, params, tokens);
+}
+
+cudaError_t launch_logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
+                                 const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
+                                 LogprobOut* out, cudaStream_t stream) {
+  if (rows <= 0 || vocab <= 0) return cudaSuccess;
+  if (vocab > INT32_MAX) return cudaErrorInvalidValue;
+  const unsigned blocks = rows < 65535 ? unsigned(rows) : 65535u;
+  return launch_kernel(logprobs_rows_kernel, blocks, kLpThreads, stream, false, logits, rows, vocab, req, greedy,
+                       sampled, params, out);
 }
 
 }  // namespace kvfuse::gpu

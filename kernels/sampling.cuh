@@ -15,4 +15,13 @@ namespace kvfuse::gpu {
 cudaError_t launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
                                int32_t* tokens, cudaStream_t stream);
 
+// Per row r with req[r].top_n >= 0: out[r] = the logprob of its target and its top_n
+// most likely tokens (kernels/sampling.h has the rule). A target < 0 resolves to
+// sampled[r] when params[r].temperature > 0 (params may be null: all greedy), else
+// greedy[r]. Sums are fp32: within 1e-4 of the CPU reference (cpu::logprobs_row); the
+// top-n ids are exactly the reference's.
+cudaError_t launch_logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
+                                 const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
+                                 LogprobOut* out, cudaStream_t stream);
+
 }  // namespace kvfuse::gpu

@@ -58,4 +58,37 @@ KVFUSE_HD uint64_t sampling_draw(double u, uint64_t total) {
   return s >= total ? total - 1 : s;
 }
 
+// ---- Logprobs ------------------------------------------------------------------------
+// The log-probability of a token under the model's raw distribution: log-softmax of the
+// row's logits over the full vocabulary, at temperature 1 and before top-k / top-p,
+// whatever parameters chose the token:
+//   logprob(t) = l_t - m - log(sum_i exp(l_i - m)),   m = max_i l_i.
+// The top-n tokens of a row are its n largest logits, in the order of a sort by (logit
+// descending, id ascending) on sampling_key, as top-k takes them.
+
+constexpr int32_t kMaxTopLogprobs = 20;
+
+// What one logits row asks for. top_n < 0: nothing (the row is skipped); top_n >= 0:
+// the logprob of `target` and the top_n most likely tokens. target < 0: the row's chosen
+// token (its sampled token when its RowSampling temperature is > 0, else its greedy one).
+struct LogprobRow {
+  int32_t target = -1;
+  int32_t top_n = -1;
+};
+
+struct LogprobOut {
+  int32_t token = 0;  // the target, resolved
+  float logprob = 0.0f;
+  int32_t top_n = 0;
+  int32_t reserved = 0;
+  int32_t top_ids[kMaxTopLogprobs] = {};
+  float top_logprobs[kMaxTopLogprobs] = {};
+};
+
+// True if (a, ia) comes before (b, ib) in the top-n order.
+KVFUSE_HD bool logprob_ranks_before(float a, int32_t ia, float b, int32_t ib) {
+  const uint32_t ka = sampling_key(a), kb = sampling_key(b);
+  return ka > kb || (ka == kb && ia < ib);
+}
+
 }  // namespace kvfuse

@@ -94,6 +94,10 @@ class HostTestBackend final : public Backend {
   absl::Status sample_rows(const float*, int64_t, int64_t, const RowSampling*, int32_t*) override {
     return no();
   }
+  absl::Status logprobs_rows(const float*, int64_t, int64_t, const LogprobRow*, const int32_t*, const int32_t*,
+                             const RowSampling*, LogprobOut*) override {
+    return no();
+  }
 
  private:
   static absl::Status no() { return absl::UnimplementedError("test backend: ops are not used by KvPool"); }

@@ -151,3 +151,52 @@ TEST_CASE("sampler: the radix-select sampler equals a sort-based reference of th
   }
   CHECK(checked == 4 * 2 * 4 * 5 * 4 * 8);
 }
+
+TEST_CASE("sampler: logprobs are the log-softmax of the raw logits; top-n is the sorted head", "[sampler][logprobs]") {
+  std::mt19937 gen(3);
+  for (int64_t vocab : {int64_t(1), int64_t(4), int64_t(999), int64_t(50000)}) {
+    for (int coarse = 0; coarse < 2; ++coarse) {
+      std::normal_distribution<float> dist(0.0f, 4.0f);
+      std::vector<float> lg(static_cast<size_t>(vocab));
+      for (auto& x : lg) x = coarse ? std::round(dist(gen)) : dist(gen);
+      if (vocab > 3) lg[2] = -INFINITY;
+      // Reference: long double log-sum-exp and a full sort by (logit desc, id asc).
+      long double mx = -INFINITY, z = 0;
+      for (float x : lg) mx = std::max<long double>(mx, x);
+      for (float x : lg) z += std::exp((long double)x - mx);
+      const long double lse = mx + std::log(z);
+      std::vector<int32_t> order(static_cast<size_t>(vocab));
+      for (int32_t i = 0; i < int32_t(vocab); ++i) order[size_t(i)] = i;
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return lg[size_t(a)] > lg[size_t(b)]; });
+      for (int32_t top_n : {0, 1, 7, kMaxTopLogprobs}) {
+        const int32_t target = int32_t(gen() % uint32_t(vocab));
+        LogprobOut out;
+        cpu::logprobs_row(lg.data(), vocab, target, top_n, out);
+        CAPTURE(vocab, coarse, top_n, target);
+        CHECK(out.token == target);
+        if (std::isinf(lg[size_t(target)])) {
+          CHECK(out.logprob == -INFINITY);
+        } else {
+          CHECK(std::abs(double(out.logprob) - double((long double)lg[size_t(target)] - lse)) <= 1e-5);
+        }
+        REQUIRE(out.top_n == std::min<int64_t>(top_n, vocab));
+        for (int32_t j = 0; j < out.top_n; ++j) {
+          CHECK(out.top_ids[j] == order[size_t(j)]);
+          CHECK(out.top_logprobs[j] <= 0.0f);
+          if (j > 0) CHECK(out.top_logprobs[j] <= out.top_logprobs[j - 1]);
+        }
+      }
+    }
+  }
+  // The probabilities sum to one.
+  std::vector<float> lg = {0.5f, -2.0f, 3.0f, 3.0f, 1.0f};
+  double total = 0;
+  for (int32_t t = 0; t < 5; ++t) {
+    LogprobOut out;
+    cpu::logprobs_row(lg.data(), 5, t, 5, out);
+    total += std::exp(double(out.logprob));
+    CHECK(out.top_ids[0] == 2);  // the tie of 3.0 goes to the lower id
+    CHECK(out.top_ids[1] == 3);
+  }
+  CHECK(std::abs(total - 1.0) < 1e-6);
+}

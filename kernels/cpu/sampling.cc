@@ -1,6 +1,8 @@
 #include "kernels/cpu/sampling.h"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <vector>
 
 namespace kvfuse::cpu {
@@ -95,6 +97,32 @@ int32_t sample_row(const float* lg, int64_t vocab, const RowSampling& p) {
   for (int64_t i = 0; i < vocab; ++i) total += kept(i) ? w[size_t(i)] : 0;
   const uint64_t s = sampling_draw(p.u, total);
   return int32_t(first_reaching(vocab, kept, mass, s + 1));
+}
+
+void logprobs_row(const float* logits, int64_t vocab, int32_t target, int32_t top_n, LogprobOut& out) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < vocab; ++i) m = std::max(m, logits[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(double(logits[i]) - double(m));
+  const double lse = double(m) + std::log(sum);
+  const auto lp = [&](int64_t i) { return float(double(logits[i]) - lse); };
+  out.token = target;
+  out.logprob = lp(target);
+  // Selection of the top_n by insertion, in (key descending, id ascending) order.
+  const int32_t n = int32_t(std::min<int64_t>(std::clamp(top_n, 0, kMaxTopLogprobs), vocab));
+  int32_t have = 0;
+  for (int64_t i = 0; n > 0 && i < vocab; ++i) {
+    if (have == n && !logprob_ranks_before(logits[i], int32_t(i), logits[out.top_ids[n - 1]], out.top_ids[n - 1]))
+      continue;
+    int32_t at = have < n ? have++ : n - 1;
+    while (at > 0 && logprob_ranks_before(logits[i], int32_t(i), logits[out.top_ids[at - 1]], out.top_ids[at - 1])) {
+      out.top_ids[at] = out.top_ids[at - 1];
+      --at;
+    }
+    out.top_ids[at] = int32_t(i);
+  }
+  out.top_n = n;
+  for (int32_t j = 0; j < n; ++j) out.top_logprobs[j] = lp(out.top_ids[j]);
 }
 
 }  // namespace kvfuse::cpu

@@ -130,6 +130,14 @@ class Backend {
   virtual absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
                                    int32_t* tokens) = 0;
 
+  // Per row with req[row].top_n >= 0: the logprob of its target and its top-n tokens
+  // into out[row] (kernels/sampling.h has the rule; a target < 0 is the row's chosen
+  // token: sampled[row] if params[row].temperature > 0, else greedy[row]). Other rows
+  // are not written.
+  virtual absl::Status logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
+                                     const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
+                                     LogprobOut* out) = 0;
+
   // Graphs. Between begin_capture and end_capture the ops are recorded, not run; the
   // graph replays them. supports_graphs() is false on backends without graphs (the CPU).
   virtual bool supports_graphs() const { return false; }

@@ -228,6 +228,14 @@ absl::Status Engine::check_items(const std::vector<StepItem>& items) const {
       return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " asks for ", it.num_tokens,
                                                      " tokens with ", pending, " pending"));
     }
+    if (it.top_logprobs < 0 || it.top_logprobs > kMaxTopLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " asks for ", it.top_logprobs,
+                                                     " top logprobs; at most ", kMaxTopLogprobs));
+    }
+    if (it.logprobs && !it.sample) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: sequence ", it.id, " asks for the logprob of a token it does not sample"));
+    }
     if (it.sample && it.num_tokens != pending) {
       return absl::InvalidArgumentError(
           absl::StrCat("step: sequence ", it.id, " samples before its last token"));
@@ -270,6 +278,11 @@ void Engine::build_batch(const std::vector<StepItem>& items, const std::vector<s
   b.logits_rows.clear();
   b.logits_host.clear();
   b.sampling.clear();
+  b.logprobs.clear();
+  b.extra_rows.clear();
+  b.extra_logprobs.clear();
+  extra_count_.clear();
+  bool any_logprobs = false;
   b.max_query_len = 0;
   b.max_context_len = 0;
   for (size_t i : run) {
@@ -284,11 +297,17 @@ void Engine::build_batch(const std::vector<StepItem>& items, const std::vector<s
   for (size_t r = 0; r < run.size(); ++r) {
     const StepItem& it = items[run[r]];
     SequenceState& s = seqs_.at(it.id);
+    const size_t extra_before = b.extra_rows.size();
     for (int32_t p = s.num_computed; p < s.num_computed + it.num_tokens; ++p) {
+      if (it.prompt_logprobs && size_t(p) + 1 < s.tokens.size()) {
+        b.extra_rows.push_back(int32_t(b.token_ids.size()));
+        b.extra_logprobs.push_back(LogprobRow{s.tokens[size_t(p) + 1], it.top_logprobs});
+      }
       b.token_ids.push_back(s.tokens[size_t(p)]);
       b.positions.push_back(p);
       b.slot_mapping.push_back(pool_->slot(it.id, p));
     }
+    extra_count_.push_back(b.extra_rows.size() - extra_before);
     b.query_start.push_back(int32_t(b.token_ids.size()));
     b.context_len.push_back(s.num_computed + it.num_tokens);
     if (it.sample || it.logits) {
@@ -303,6 +322,8 @@ void Engine::build_batch(const std::vector<StepItem>& items, const std::vector<s
         rs.u = s.rng.uniform();  // one draw per sampled token, as sample_token
       }
       b.sampling.push_back(rs);
+      b.logprobs.push_back(it.logprobs ? LogprobRow{-1, it.top_logprobs} : LogprobRow{});
+      any_logprobs = any_logprobs || it.logprobs;
     }
     const auto& full = pool_->page_table(it.id, PoolKind::full);
     std::copy(full.begin(), full.end(), b.block_table_full.begin() + int64_t(r) * b.max_pages_per_seq);
@@ -311,14 +332,30 @@ void Engine::build_batch(const std::vector<StepItem>& items, const std::vector<s
       std::copy(swa.begin(), swa.end(), b.block_table_swa.begin() + int64_t(r) * b.max_pages_per_seq);
     }
   }
+  if (!any_logprobs) b.logprobs.clear();
 }
+
+namespace {
+TokenLogprob to_token_logprob(const LogprobOut& o) {
+  TokenLogprob t;
+  t.token = o.token;
+  t.logprob = o.logprob;
+  t.top.reserve(size_t(o.top_n));
+  for (int32_t j = 0; j < o.top_n; ++j) t.top.emplace_back(o.top_ids[j], o.top_logprobs[j]);
+  return t;
+}
+}  // namespace
 
 void Engine::apply_results(const std::vector<StepItem>& items, const std::vector<size_t>& run,
                            std::vector<StepResult>& results) {
-  size_t row = 0, host_row = 0;
-  for (size_t i : run) {
+  size_t row = 0, host_row = 0, extra = 0;
+  for (size_t r = 0; r < run.size(); ++r) {
+    const size_t i = run[r];
     const StepItem& it = items[i];
     SequenceState& s = seqs_.at(it.id);
+    for (size_t e = 0; e < extra_count_[r]; ++e) {
+      results[i].prompt_logprobs.push_back(to_token_logprob(fwd_.extra_logprobs[extra++]));
+    }
     s.num_computed += it.num_tokens;
     pool_->trim_window(it.id);
     if (!it.sample && !it.logits) continue;
@@ -332,6 +369,7 @@ void Engine::apply_results(const std::vector<StepItem>& items, const std::vector
     const int32_t tok = s.sampling.temperature == 0.0f ? fwd_.tokens[k] : fwd_.sampled[k];
     s.tokens.push_back(tok);
     results[i].token = tok;
+    if (it.logprobs) results[i].logprob = to_token_logprob(fwd_.logprobs[k]);
   }
 }
 

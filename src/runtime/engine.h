@@ -36,11 +36,27 @@ struct SequenceState {
 // for a new token, which requires the step to cover all of the pending tokens.
 // `logits` returns the logits of the item's last token (teacher-forced evaluation in
 // tests and tools), with or without sampling.
+//
+// Logprobs (kernels/sampling.h: log-softmax of the raw logits): `logprobs` asks for the
+// sampled token's (needs `sample`), `prompt_logprobs` for each token of the item whose
+// predecessor the item computes — every computed position whose next token is already
+// known gives the logprob of that token — each with its `top_logprobs` most likely
+// tokens (0 .. kMaxTopLogprobs).
 struct StepItem {
   SeqId id = 0;
   int32_t num_tokens = 0;
   bool sample = true;
   bool logits = false;
+  bool logprobs = false;
+  bool prompt_logprobs = false;
+  int32_t top_logprobs = 0;
+};
+
+// A token's log-probability and the most likely tokens at its position, highest first.
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;
 };
 
 struct StepResult {
@@ -48,6 +64,8 @@ struct StepResult {
   absl::Status status;           // per sequence: one failing does not fail the others
   std::optional<int32_t> token;  // the sampled token, if asked for and the step ran
   int32_t logits_row = -1;       // row of last_logits() for this item, if it has one
+  std::optional<TokenLogprob> logprob;        // the sampled token's, with StepItem::logprobs
+  std::vector<TokenLogprob> prompt_logprobs;  // with StepItem::prompt_logprobs, in position order
 };
 
 struct StepTimings {
@@ -143,6 +161,7 @@ class Engine {
   ForwardResult fwd_;
   StepTimings timings_;
   ForwardBatch batch_;  // reused between steps
+  std::vector<size_t> extra_count_;  // per item that ran: its rows in batch_.extra_rows
 };
 
 }  // namespace kvfuse

@@ -1,5 +1,6 @@
 #include "src/runtime/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -126,13 +127,24 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
   }
 
   const int64_t n = p.num_logits_rows;
+  for (int64_t e = 0; e < p.num_extra_rows; e += p.logits_capacity) {
+    const int64_t c = std::min(p.logits_capacity, p.num_extra_rows - e);
+    KVFUSE_RETURN_IF_ERROR(backend_.gather_rows(x, s.hidden, p.extra_rows + e, c, p.last));
+    KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(p.last, final_norm_.as<bf16_t>(), c, s.hidden, s.rms_eps, p.last));
+    KVFUSE_RETURN_IF_ERROR(backend_.linear_logits(p.last, c, lm_head_, p.logits));
+    KVFUSE_RETURN_IF_ERROR(backend_.logprobs_rows(p.logits, c, s.vocab, p.extra_logprobs + e, nullptr, nullptr,
+                                                  nullptr, p.logprob_out + n + e));
+  }
   if (n == 0) return absl::OkStatus();
   KVFUSE_RETURN_IF_ERROR(backend_.gather_rows(x, s.hidden, p.logits_rows, n, p.last));
   KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(p.last, final_norm_.as<bf16_t>(), n, s.hidden, s.rms_eps, p.last));
   KVFUSE_RETURN_IF_ERROR(backend_.linear_logits(p.last, n, lm_head_, p.logits));
   // Greedy tokens, then the finiteness flags, then the sampled tokens.
   KVFUSE_RETURN_IF_ERROR(backend_.argmax_rows(p.logits, n, s.vocab, p.tokens, p.tokens + n));
-  return backend_.sample_rows(p.logits, n, s.vocab, p.sampling, p.tokens + 2 * n);
+  KVFUSE_RETURN_IF_ERROR(backend_.sample_rows(p.logits, n, s.vocab, p.sampling, p.tokens + 2 * n));
+  if (p.logprobs == nullptr) return absl::OkStatus();
+  return backend_.logprobs_rows(p.logits, n, s.vocab, p.logprobs, p.tokens, p.tokens + 2 * n, p.sampling,
+                                p.logprob_out);
 }
 
 }  // namespace kvfuse

@@ -33,8 +33,19 @@ struct DecoderPass {
   bf16_t *gate_up = nullptr, *act = nullptr;                           // [T, 2 intermediate / intermediate]
   bf16_t* last = nullptr;                                              // [R, hidden]
 
-  float* logits = nullptr;    // out: [R, vocab]
+  float* logits = nullptr;    // out: [logits_capacity >= R, vocab]
   int32_t* tokens = nullptr;  // out: [3, R] greedy tokens, finiteness flags, sampled tokens
+
+  // Logprobs (kernels/sampling.h). Per logits row, or null when no row asks.
+  const LogprobRow* logprobs = nullptr;  // [R]
+  // Rows of T whose logits serve logprobs only (a prompt token's, its target the next
+  // token): run in chunks of logits_capacity rows through `last` and `logits` before the
+  // logits rows, which therefore end in `logits`.
+  const int32_t* extra_rows = nullptr;          // [E]
+  const LogprobRow* extra_logprobs = nullptr;  // [E]
+  int64_t num_extra_rows = 0;
+  int64_t logits_capacity = 0;       // rows of `last` and `logits`
+  LogprobOut* logprob_out = nullptr;  // out: [R + E], logits rows first
 };
 
 class Model {

@@ -49,6 +49,10 @@ absl::Status ModelRunner::init_workspace() {
       {&rows_, size_t(S) * 4},
       {&argmax_, size_t(3 * S) * 4},
       {&sampling_, size_t(S) * sizeof(RowSampling)},
+      {&lp_rows_, size_t(S) * sizeof(LogprobRow)},
+      {&extra_rows_, size_t(T) * 4},
+      {&extra_lp_, size_t(T) * sizeof(LogprobRow)},
+      {&lp_out_, size_t(S + T) * sizeof(LogprobOut)},
   };
   for (const Want& w : wants) {
     auto b = backend_.alloc(w.bytes);
@@ -96,6 +100,26 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
   KVFUSE_RETURN_IF_ERROR(up(rows_, b.logits_rows));
   if (!b.sampling.empty() && b.sampling.size() != b.logits_rows.size()) {
     return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+  }
+  if (!b.logprobs.empty()) {
+    if (b.logprobs.size() != b.logits_rows.size()) {
+      return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+    }
+    KVFUSE_RETURN_IF_ERROR(up(lp_rows_, b.logprobs));
+  }
+  if (!b.extra_rows.empty()) {
+    if (b.extra_logprobs.size() != b.extra_rows.size() || int64_t(b.extra_rows.size()) > T) {
+      return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+    }
+    for (size_t e = 0; e < b.extra_rows.size(); ++e) {
+      const int32_t row = b.extra_rows[e], target = b.extra_logprobs[e].target;
+      if (row < 0 || row >= T || target < 0 || target >= model_.spec().vocab) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward: logprobs row ", row, " with target ", target, " is out of range"));
+      }
+    }
+    KVFUSE_RETURN_IF_ERROR(up(extra_rows_, b.extra_rows));
+    KVFUSE_RETURN_IF_ERROR(up(extra_lp_, b.extra_logprobs));
   }
   if (b.sampling.empty()) {
     // Every row greedy.
@@ -168,6 +192,15 @@ void ModelRunner::pad_for_graph(const ForwardBatch& in, int32_t ps, ForwardBatch
   for (size_t k = 0; k < in.logits_rows.size() && k < in.sampling.size(); ++k) {
     out.sampling[size_t(in.logits_rows[k])] = in.sampling[k];
   }
+  out.logprobs.clear();
+  if (!in.logprobs.empty()) {
+    out.logprobs.assign(size_t(Sb), LogprobRow{});
+    for (size_t k = 0; k < in.logits_rows.size() && k < in.logprobs.size(); ++k) {
+      out.logprobs[size_t(in.logits_rows[k])] = in.logprobs[k];
+    }
+  }
+  out.extra_rows.clear();
+  out.extra_logprobs.clear();
 }
 
 absl::Status ModelRunner::run_model(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts) {
@@ -196,6 +229,12 @@ absl::Status ModelRunner::run_model(const ForwardBatch& b, KvPool& pool, const F
   p.last = last_.as<bf16_t>();
   p.logits = logits_.as<float>();
   p.tokens = argmax_.as<int32_t>();
+  p.logprobs = b.logprobs.empty() ? nullptr : lp_rows_.as<LogprobRow>();
+  p.extra_rows = extra_rows_.as<int32_t>();
+  p.extra_logprobs = extra_lp_.as<LogprobRow>();
+  p.num_extra_rows = int64_t(b.extra_rows.size());
+  p.logits_capacity = limits_.max_seqs;
+  p.logprob_out = lp_out_.as<LogprobOut>();
   return model_.forward(p, pool, opts.kv_write, opts.attention);
 }
 
@@ -209,7 +248,7 @@ void ModelRunner::drop_stale_graphs() {
 
 absl::Status ModelRunner::run_graph(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts) {
   drop_stale_graphs();
-  const GraphKey key{b.num_seqs(), b.max_pages_per_seq, opts.kv_write, opts.attention};
+  const GraphKey key{b.num_seqs(), b.max_pages_per_seq, opts.kv_write, opts.attention, !b.logprobs.empty()};
   auto it = graphs_.find(key);
   if (it != graphs_.end()) {
     ++graph_stats_.replays;
@@ -233,7 +272,8 @@ absl::Status ModelRunner::run_graph(const ForwardBatch& b, KvPool& pool, const F
 absl::Status ModelRunner::run(const ForwardBatch& in, KvPool& pool, const ForwardOptions& opts,
                               ForwardResult& out) {
   out.graph = false;
-  const bool decode_only = in.max_query_len == 1 && in.num_tokens() == in.num_seqs();
+  const bool decode_only =
+      in.max_query_len == 1 && in.num_tokens() == in.num_seqs() && in.extra_rows.empty();
   const bool replay = opts.graph_replay && backend_.supports_graphs();
   const bool pad = opts.graphs && decode_only && (replay || !opts.graph_replay);
   const ForwardBatch* b = &in;
@@ -267,6 +307,20 @@ absl::Status ModelRunner::read_back(const ForwardBatch& in, const ForwardBatch& 
   out.finite.resize(n);
   out.sampled.resize(n);
   out.logits.clear();
+  out.logprobs.clear();
+  out.extra_logprobs.clear();
+  const size_t extra = in.extra_rows.size();
+  if (!in.logprobs.empty() || extra > 0) {
+    // Logits rows first, then the extra rows (DecoderPass::logprob_out).
+    lp_host_.resize(size_t(computed) + extra);
+    KVFUSE_RETURN_IF_ERROR(
+        backend_.copy_to_host(lp_host_.data(), lp_out_.get(), lp_host_.size() * sizeof(LogprobOut)));
+    if (!in.logprobs.empty()) {
+      out.logprobs.resize(n);
+      for (size_t k = 0; k < n; ++k) out.logprobs[k] = lp_host_[size_t(padded ? in.logits_rows[k] : int64_t(k))];
+    }
+    out.extra_logprobs.assign(lp_host_.begin() + computed, lp_host_.end());
+  }
   if (n == 0) return backend_.synchronize();
   host_rows_.resize(size_t(3 * computed));
   const int32_t* dev = argmax_.as<int32_t>();

@@ -30,6 +30,12 @@ struct ForwardBatch {
   std::vector<int32_t> logits_rows;   // rows of T whose greedy token (and maybe logits) are returned
   std::vector<uint8_t> logits_host;   // per logits row: 1 copies the row's logits to the host
   std::vector<RowSampling> sampling;  // per logits row: temperature > 0 samples on the device
+  // Logprobs (kernels/sampling.h): per logits row, or empty when no row asks.
+  std::vector<LogprobRow> logprobs;
+  // Rows of T whose logits serve logprobs only (prompt tokens, targets known); not in a
+  // decode-only batch.
+  std::vector<int32_t> extra_rows;
+  std::vector<LogprobRow> extra_logprobs;  // per extra row
 
   int64_t num_tokens() const { return int64_t(token_ids.size()); }
   int32_t num_seqs() const { return int32_t(context_len.size()); }
@@ -53,6 +59,8 @@ struct ForwardResult {
   std::vector<int32_t> finite;   // [logits rows] 1 if every logit of the row is finite
   std::vector<int32_t> sampled;  // [logits rows] token drawn under the row's RowSampling (temperature > 0)
   std::vector<float> logits;     // [rows with logits_host set, vocab], in logits-row order
+  std::vector<LogprobOut> logprobs;        // [logits rows] where batch.logprobs asks; else empty
+  std::vector<LogprobOut> extra_logprobs;  // [extra rows]
   bool graph = false;            // the pass replayed (or captured) a graph
 };
 
@@ -114,8 +122,10 @@ class ModelRunner {
     int32_t seqs, pages;
     KvWritePath write;
     AttentionPath attention;
+    bool logprobs;  // the graph ends with the logprobs kernel
     bool operator<(const GraphKey& o) const {
-      return std::tie(seqs, pages, write, attention) < std::tie(o.seqs, o.pages, o.write, o.attention);
+      return std::tie(seqs, pages, write, attention, logprobs) <
+             std::tie(o.seqs, o.pages, o.write, o.attention, o.logprobs);
     }
   };
 
@@ -135,6 +145,10 @@ class ModelRunner {
   DeviceBuffer ids_, pos_, slots_, qstart_, ctx_, bt_full_, bt_swa_, rows_;
   DeviceBuffer argmax_;    // [3, rows] int32: greedy tokens, finiteness flags, sampled tokens
   DeviceBuffer sampling_;  // [max_seqs] RowSampling
+  DeviceBuffer lp_rows_;   // [max_seqs] LogprobRow
+  DeviceBuffer extra_rows_, extra_lp_;  // [max_tokens] int32, LogprobRow
+  DeviceBuffer lp_out_;    // [max_seqs + max_tokens] LogprobOut
+  std::vector<LogprobOut> lp_host_;
 };
 
 }  // namespace kvfuse

@@ -162,6 +162,18 @@ class CpuBackend final : public Backend {
     }
     return absl::OkStatus();
   }
+  absl::Status logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
+                             const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
+                             LogprobOut* out) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      if (req[r].top_n < 0) continue;
+      int32_t t = req[r].target;
+      if (t < 0) t = (params != nullptr && params[r].temperature > 0.0f) ? sampled[r] : greedy[r];
+      if (t < 0 || t >= vocab) return absl::InvalidArgumentError(absl::StrCat("logprobs: token ", t, " outside the vocabulary"));
+      cpu::logprobs_row(logits + r * vocab, vocab, t, req[r].top_n, out[r]);
+    }
+    return absl::OkStatus();
+  }
 
  private:
   float* scratch(size_t floats) {

@@ -230,6 +230,13 @@ class GpuBackend final : public Backend {
     return cuda_status(gpu::launch_sample_rows(logits, rows, vocab, params, tokens, stream_), "sample_rows");
   }
 
+  absl::Status logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
+                             const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
+                             LogprobOut* out) override {
+    return cuda_status(gpu::launch_logprobs_rows(logits, rows, vocab, req, greedy, sampled, params, out, stream_),
+                       "logprobs_rows");
+  }
+
   bool supports_graphs() const override { return true; }
   absl::Status begin_capture() override {
     if (capturing_) return absl::FailedPreconditionError("begin_capture: a capture is already open");
