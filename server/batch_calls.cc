@@ -76,8 +76,10 @@ std::unique_ptr<BatchCall> BatchCall::prefill(Scheduler& sched, const Engine& en
       if (st.ok()) {
         std::optional<StopRules> stop;
         if (s.has_stop()) stop = stop_rules(s.stop());  // validated on arrival
+        std::optional<LogprobsOptions> logprobs;
+        if (s.has_logprobs()) logprobs = *to_logprobs(s.logprobs());  // validated on arrival
         st = sched.router_prefill(s.id(), std::vector<int32_t>(s.token_ids().begin(), s.token_ids().end()),
-                                  *sampling, s.extend(), !s.no_sample(), std::move(stop));
+                                  *sampling, s.extend(), !s.no_sample(), std::move(stop), logprobs);
       }
     }
     if (const SequenceState* seq = engine.sequence(s.id()); seq && sched.is_router_sequence(s.id())) {
@@ -139,7 +141,9 @@ std::unique_ptr<BatchCall> BatchCall::decode(Scheduler& sched, const Engine& eng
     if (to_run == 0) continue;  // fully replayed
     std::optional<StopRules> stop;
     if (s.has_stop()) stop = stop_rules(s.stop());  // validated on arrival
-    if (auto st = sched.router_decode(s.id(), to_run, std::move(stop)); !st.ok()) {
+    std::optional<LogprobsOptions> logprobs;
+    if (s.has_logprobs()) logprobs = *to_logprobs(s.logprobs());  // validated on arrival
+    if (auto st = sched.router_decode(s.id(), to_run, std::move(stop), logprobs); !st.ok()) {
       call->set_status(i, st);
       continue;
     }
@@ -166,11 +170,14 @@ void BatchCall::on_result(const RouterResult& res) {
     if (!res.tokens.empty()) r->set_token_id(res.tokens.back());
     r->set_seq_len(uint32_t(res.seq_len));
     r->set_finish_reason(to_proto(res.finish));
+    if (!res.logprobs.empty()) to_proto(res.logprobs.back(), r->mutable_logprob());
+    for (const TokenLogprob& t : res.prompt_logprobs) to_proto(t, r->add_prompt_logprobs());
   } else {
     v1::DecodeResult* r = decode_->mutable_results(i);
     for (int32_t t : res.tokens) r->add_token_ids(t);
     r->set_seq_len(uint32_t(res.seq_len));
     r->set_finish_reason(to_proto(res.finish));
+    for (const TokenLogprob& t : res.logprobs) to_proto(t, r->add_logprobs());
   }
   if (!res.status.ok()) set_status(i, res.status);
 }

@@ -162,6 +162,7 @@ void EngineLoop::generate(const v1::GenerateRequest* req, std::shared_ptr<Genera
     g.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
     g.ignore_eos = req.ignore_eos();
     g.min_new_tokens = int32_t(req.min_tokens());
+    g.logprobs = *to_logprobs(req.logprobs());  // validated on arrival
     const SeqId id = g.id;
     const int32_t prompt_tokens = int32_t(g.prompt.size());
     if (auto st = sched_->submit(std::move(g)); !st.ok()) {
@@ -420,7 +421,14 @@ void EngineLoop::on_event(const TokenEvent& ev) {
     s.last_token = now;
     ++s.completion_tokens;
     metrics_.add_generation_tokens(1);
-    s.call->push_token(*ev.token);
+    if (ev.logprob || !ev.prompt_logprobs.empty()) {
+      v1::GenerateResponse lp;
+      if (ev.logprob) to_proto(*ev.logprob, lp.add_logprobs());
+      for (const TokenLogprob& t : ev.prompt_logprobs) to_proto(t, lp.add_prompt_logprobs());
+      s.call->push_token(*ev.token, &lp);
+    } else {
+      s.call->push_token(*ev.token);
+    }
   }
   if (ev.finish == FinishReason::none) return;
   spdlog::debug(

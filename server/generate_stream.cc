@@ -41,17 +41,22 @@ void GenerateCall::OnSendInitialMetadataDone(bool ok) {
   pump(lock);
 }
 
-void GenerateCall::push_token(int32_t token) {
+void GenerateCall::push_token(int32_t token, const v1::GenerateResponse* logprobs) {
   std::unique_lock lock(mu_);
   if (finishing_) return;
+  v1::GenerateResponse* msg = nullptr;
   if (queue_.size() >= max_queued_) {
-    queue_.back().add_token_ids(token);  // coalesce: the reader is behind
+    msg = &queue_.back();  // coalesce: the reader is behind
   } else {
-    v1::GenerateResponse msg;
-    msg.set_id(id_);
-    msg.add_token_ids(token);
-    queue_.push_back(std::move(msg));
+    queue_.emplace_back();
+    msg = &queue_.back();
+    msg->set_id(id_);
     max_depth_ = std::max(max_depth_, queue_.size());
+  }
+  msg->add_token_ids(token);
+  if (logprobs) {
+    for (const auto& t : logprobs->logprobs()) *msg->add_logprobs() = t;
+    for (const auto& t : logprobs->prompt_logprobs()) *msg->add_prompt_logprobs() = t;
   }
   pump(lock);
 }

@@ -35,7 +35,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   // Sends the initial metadata with the request id (`kvfuse-request-id`), so that a
   // client can Abort before the first token arrives.
   void accept(uint64_t id);
-  void push_token(int32_t token);
+  // `logprobs` (may be null): its logprobs and prompt_logprobs go with the token.
+  void push_token(int32_t token, const v1::GenerateResponse* logprobs = nullptr);
   // Queues the final message; the call then ends OK.
   void finish_ok(v1::GenerateResponse final_message);
   // Ends the call with an error after the messages already queued.

@@ -87,6 +87,27 @@ v1::FinishReason to_proto(FinishReason r) {
   return i < std::size(kProto) ? kProto[i] : v1::FINISH_REASON_UNSPECIFIED;
 }
 
+absl::StatusOr<LogprobsOptions> to_logprobs(const v1::LogprobsParams& p) {
+  if (p.top_n() > uint32_t(kMaxTopLogprobs)) {
+    return invalid("logprobs.top_n ", p.top_n(), " exceeds the limit of ", kMaxTopLogprobs);
+  }
+  LogprobsOptions o;
+  o.enabled = p.enabled();
+  o.top_n = int32_t(p.top_n());
+  o.prompt = p.prompt();
+  return o;
+}
+
+void to_proto(const TokenLogprob& t, v1::TokenLogprob* out) {
+  out->set_token_id(t.token);
+  out->set_logprob(t.logprob);
+  for (const auto& [id, lp] : t.top) {
+    v1::TopLogprob* e = out->add_top();
+    e->set_token_id(id);
+    e->set_logprob(lp);
+  }
+}
+
 int32_t decode_steps(const v1::DecodeRequest& req) { return req.steps() == 0 ? 1 : int32_t(req.steps()); }
 
 absl::Status validate(const v1::PrefillRequest& req, const ServiceLimits& lim) {
@@ -119,6 +140,9 @@ absl::Status validate(const v1::PrefillRequest& req, const ServiceLimits& lim) {
     if (s.has_stop()) {
       if (auto r = to_stop_rules(s.stop(), lim); !r.ok()) return invalid(where, r.status().message());
     }
+    if (s.has_logprobs()) {
+      if (auto r = to_logprobs(s.logprobs()); !r.ok()) return invalid(where, r.status().message());
+    }
   }
   return absl::OkStatus();
 }
@@ -139,6 +163,11 @@ absl::Status validate(const v1::DecodeRequest& req, const ServiceLimits& lim) {
     }
     if (s.has_stop()) {
       if (auto r = to_stop_rules(s.stop(), lim); !r.ok()) {
+        return invalid("sequences[", i, "] (id ", s.id(), "): ", r.status().message());
+      }
+    }
+    if (s.has_logprobs()) {
+      if (auto r = to_logprobs(s.logprobs()); !r.ok()) {
         return invalid("sequences[", i, "] (id ", s.id(), "): ", r.status().message());
       }
     }
@@ -176,6 +205,7 @@ absl::Status validate(const v1::GenerateRequest& req, const ServiceLimits& lim) 
                    capped ? req.max_tokens() : uint32_t(lim.max_seq_len));
   }
   if (auto sp = to_sampling(req.sampling(), lim.vocab); !sp.ok()) return sp.status();
+  if (auto lp = to_logprobs(req.logprobs()); !lp.ok()) return lp.status();
   return absl::OkStatus();
 }
 

@@ -34,6 +34,10 @@ absl::StatusOr<SamplingParams> to_sampling(const v1::SamplingParams& p, int32_t 
 absl::StatusOr<StopRules> to_stop_rules(const v1::StopRules& p, const ServiceLimits& lim);
 // The same without the checks, for rules validated on arrival.
 StopRules stop_rules(const v1::StopRules& p);
+// Logprobs parameters, validated (INVALID_ARGUMENT naming the field).
+absl::StatusOr<LogprobsOptions> to_logprobs(const v1::LogprobsParams& p);
+// The proto form of a token's logprobs.
+void to_proto(const TokenLogprob& t, v1::TokenLogprob* out);
 // Steps of a Decode call (0 means 1).
 int32_t decode_steps(const v1::DecodeRequest& req);
 // The proto's finish reason (error has none: the status says it).

@@ -126,6 +126,9 @@ struct StreamResult {
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
   v1::Usage usage;
   int final_messages = 0;
+  std::vector<v1::TokenLogprob> logprobs;
+  std::vector<v1::TokenLogprob> prompt_logprobs;
+  int prompt_logprobs_message = -1;  // the message (from 0) that carried them
 };
 
 inline StreamResult generate(v1::DecodeService::Stub& stub, const v1::GenerateRequest& req,
@@ -145,6 +148,11 @@ inline StreamResult generate(v1::DecodeService::Stub& stub, const v1::GenerateRe
     ++r.messages;
     r.id = msg.id();
     r.tokens.insert(r.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+    r.logprobs.insert(r.logprobs.end(), msg.logprobs().begin(), msg.logprobs().end());
+    if (msg.prompt_logprobs_size() > 0) {
+      r.prompt_logprobs.insert(r.prompt_logprobs.end(), msg.prompt_logprobs().begin(), msg.prompt_logprobs().end());
+      r.prompt_logprobs_message = r.messages - 1;
+    }
     if (msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       ++r.final_messages;
       r.finish = msg.finish_reason();

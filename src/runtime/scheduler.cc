@@ -42,6 +42,14 @@ bool Scheduler::can_admit(const Entry& e) const {
   return true;
 }
 
+absl::Status validate_logprobs(const LogprobsOptions& o) {
+  if (o.top_n < 0 || o.top_n > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs ", o.top_n, " must be in [0, ", kMaxTopLogprobs, "]"));
+  }
+  return absl::OkStatus();
+}
+
 FinishReason stop_reason(const StopRules& rules, const std::vector<int32_t>& eos_token_ids, int32_t token,
                          int32_t generated) {
   auto has = [token](const std::vector<int32_t>& v) { return std::find(v.begin(), v.end(), token) != v.end(); };
@@ -79,6 +87,7 @@ absl::Status Scheduler::submit(GenerateRequest req) {
     }
   }
   KVFUSE_RETURN_IF_ERROR(validate_sampling(req.sampling, vocab));
+  KVFUSE_RETURN_IF_ERROR(validate_logprobs(req.logprobs));
   if (waiting_.size() >= limits_.max_waiting) {
     return absl::ResourceExhaustedError(
         absl::StrCat("waiting queue is full (", limits_.max_waiting, " requests)"));
@@ -136,6 +145,8 @@ void Scheduler::preempt(size_t i) {
   Entry e = std::move(running_[i]);
   running_.erase(running_.begin() + int64_t(i));
   if (const auto* s = engine_.sequence(e.req.id)) e.rng = s->rng;
+  // A prefill cut short is recomputed from the start, its prompt logprobs with it.
+  if (e.generated == 0) e.prompt_logprobs.clear();
   (void)engine_.release(e.req.id);
   waiting_.push_front(std::move(e));
   ++preemptions_;
@@ -174,7 +185,14 @@ void Scheduler::plan_generate_items(bool decode_pass, int64_t& budget, std::vect
     const int32_t pending = s->num_pending();
     if (decode_pass != (pending == 1)) continue;
     const int32_t n = int32_t(std::min<int64_t>(pending, budget));
-    items.push_back({s->id, n, n == pending});
+    const LogprobsOptions& lp = running_[i].req.logprobs;
+    StepItem it{s->id, n, n == pending};
+    it.logprobs = lp.enabled && it.sample;
+    // Prompt logprobs on the first prefill only: a recomputation after preemption with
+    // tokens generated has sent them already.
+    it.prompt_logprobs = lp.prompt && running_[i].generated == 0;
+    it.top_logprobs = lp.top_n;
+    items.push_back(it);
     owners.push_back({false, s->id});
     budget -= n;
   }
@@ -294,12 +312,15 @@ void Scheduler::apply_results(const std::vector<StepResult>& results, const std:
       done[i] = true;
       continue;
     }
+    e.prompt_logprobs.insert(e.prompt_logprobs.end(), res.prompt_logprobs.begin(), res.prompt_logprobs.end());
     if (!res.token) continue;
     e.tokens.push_back(*res.token);
     ++e.generated;
     TokenEvent ev;
     ev.id = e.req.id;
     ev.token = res.token;
+    ev.logprob = res.logprob;
+    if (e.generated == 1) ev.prompt_logprobs = std::move(e.prompt_logprobs);
     const FinishReason why = stop_reason(e.stop, engine_.spec().eos_token_ids, *res.token, e.generated);
     const bool stop = why == FinishReason::stop;
     const bool length = why == FinishReason::length || int64_t(e.tokens.size()) >= cfg.max_seq_len;

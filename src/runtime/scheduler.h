@@ -28,6 +28,17 @@ namespace kvfuse {
 enum class FinishReason { none, length, stop, abort, error };
 const char* to_string(FinishReason r);
 
+// Logprobs a request asks for (kernels/sampling.h: log-softmax of the raw logits):
+// each sampled token's (`enabled`), the prompt tokens' (`prompt`: every token whose
+// predecessor is computed by the request's prefill), each with its `top_n` (0 .. 20)
+// most likely tokens.
+struct LogprobsOptions {
+  bool enabled = false;
+  int32_t top_n = 0;
+  bool prompt = false;
+};
+absl::Status validate_logprobs(const LogprobsOptions& o);
+
 struct GenerateRequest {
   SeqId id = 0;
   std::vector<int32_t> prompt;
@@ -36,6 +47,7 @@ struct GenerateRequest {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;     // false: the model's EOS tokens stop the request too
   int32_t min_new_tokens = 0;  // stop and EOS tokens do not stop it before this many
+  LogprobsOptions logprobs;
 };
 
 // When a router-driven sequence finishes: a sampled stop token (or, unless ignore_eos,
@@ -60,6 +72,8 @@ struct TokenEvent {
   absl::Status status;  // set when finish == error
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
+  std::optional<TokenLogprob> logprob;        // the token's, when asked for
+  std::vector<TokenLogprob> prompt_logprobs;  // with the first token, when asked for
 };
 
 // A finished router task: the tokens it sampled (all of them, or those before a
@@ -70,6 +84,8 @@ struct RouterResult {
   FinishReason finish = FinishReason::none;  // stop or length when the stop rules ended it
   std::vector<int32_t> tokens;
   int32_t seq_len = 0;
+  std::vector<TokenLogprob> logprobs;         // per token, when the sequence's options ask
+  std::vector<TokenLogprob> prompt_logprobs;  // the tokens this task computed, when asked
 };
 
 struct SchedulerLimits {
@@ -110,14 +126,19 @@ class Scheduler {
   // sequence, RESOURCE_EXHAUSTED when the pages it needs cannot be freed for it.
   // `stop` sets the sequence's stop rules (a new sequence without it: none); an extend
   // makes a finished sequence live again.
+  // `logprobs` sets the sequence's logprobs options likewise (a new sequence without it:
+  // none).
   absl::Status router_prefill(SeqId id, std::vector<int32_t> tokens, const SamplingParams& sampling,
-                              bool extend, bool sample, std::optional<StopRules> stop = std::nullopt);
+                              bool extend, bool sample, std::optional<StopRules> stop = std::nullopt,
+                              std::optional<LogprobsOptions> logprobs = std::nullopt);
   // Starts a task that samples `steps` tokens, one per step. NOT_FOUND, ABORTED,
   // RESOURCE_EXHAUSTED as above; FAILED_PRECONDITION when the last prefill sampled
   // nothing (there is no token to decode from).
   // The task ends early when the stop rules finish the sequence (RouterResult::finish).
   // FAILED_PRECONDITION on a finished sequence, unless `stop` replaces its rules.
-  absl::Status router_decode(SeqId id, int32_t steps, std::optional<StopRules> stop = std::nullopt);
+  // `logprobs`, when set, replaces the sequence's logprobs options from this task on.
+  absl::Status router_decode(SeqId id, int32_t steps, std::optional<StopRules> stop = std::nullopt,
+                             std::optional<LogprobsOptions> logprobs = std::nullopt);
   // Why a router-driven sequence finished (none: it is live or unknown).
   FinishReason router_finish(SeqId id) const;
   // Ends the running task of a sequence with `why` (its result is queued); the
@@ -156,6 +177,7 @@ class Scheduler {
     std::vector<int32_t> tokens;  // prompt plus tokens generated so far (recompute after preemption)
     int32_t generated = 0;
     std::optional<Rng> rng;  // carried across preemption so seeded sampling is unchanged
+    std::vector<TokenLogprob> prompt_logprobs;  // gathered over the prefill's chunks
   };
   struct RouterTask {
     int32_t samples_left = 0;
@@ -166,6 +188,7 @@ class Scheduler {
     std::optional<RouterTask> task;
     uint64_t generation = 0;
     StopRules stop;
+    LogprobsOptions logprobs;
     int32_t generated = 0;  // tokens sampled since the rules were set
     FinishReason finished = FinishReason::none;
   };

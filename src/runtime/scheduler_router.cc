@@ -58,8 +58,10 @@ absl::Status Scheduler::check_router_capacity(SeqId id, int64_t new_len) const {
 }
 
 absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, const SamplingParams& sampling,
-                                       bool extend, bool sample, std::optional<StopRules> stop) {
+                                       bool extend, bool sample, std::optional<StopRules> stop,
+                                       std::optional<LogprobsOptions> logprobs) {
   if (tokens.empty()) return absl::InvalidArgumentError(extend ? "no tokens to append" : "empty prompt");
+  if (logprobs) KVFUSE_RETURN_IF_ERROR(validate_logprobs(*logprobs));
   if (!extend) {
     if (contains(id) || engine_.sequence(id)) {
       return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
@@ -69,6 +71,7 @@ absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, co
     RouterSeq& rs = router_[id];
     rs.generation = next_router_generation_++;
     if (stop) rs.stop = std::move(*stop);
+    if (logprobs) rs.logprobs = *logprobs;
   } else {
     if (!router_.count(id)) return not_found(id);
     if (router_busy(id)) return busy(id);
@@ -81,6 +84,7 @@ absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, co
       rs.stop = std::move(*stop);
       rs.generated = 0;
     }
+    if (logprobs) rs.logprobs = *logprobs;
   }
   start_router_task(id, sample ? 1 : 0);
   return absl::OkStatus();
@@ -108,10 +112,12 @@ FinishReason Scheduler::router_finish(SeqId id) const {
   return it == router_.end() ? FinishReason::none : it->second.finished;
 }
 
-absl::Status Scheduler::router_decode(SeqId id, int32_t steps, std::optional<StopRules> stop) {
+absl::Status Scheduler::router_decode(SeqId id, int32_t steps, std::optional<StopRules> stop,
+                                      std::optional<LogprobsOptions> logprobs) {
   if (!router_.count(id)) return not_found(id);
   if (router_busy(id)) return busy(id);
   if (steps < 1) return absl::InvalidArgumentError(absl::StrCat("steps ", steps, " must be >= 1"));
+  if (logprobs) KVFUSE_RETURN_IF_ERROR(validate_logprobs(*logprobs));
   RouterSeq& rs = router_.at(id);
   if (!stop && rs.finished != FinishReason::none) {
     return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " finished (", to_string(rs.finished),
@@ -130,6 +136,7 @@ absl::Status Scheduler::router_decode(SeqId id, int32_t steps, std::optional<Sto
     rs.generated = 0;
     rs.finished = FinishReason::none;
   }
+  if (logprobs) rs.logprobs = *logprobs;
   start_router_task(id, steps);
   return absl::OkStatus();
 }
@@ -198,7 +205,12 @@ void Scheduler::plan_router_items(bool decode_pass, int64_t& budget, std::vector
           id, absl::OutOfRangeError(absl::StrCat("sequence ", id, " reached max_seq_len ", cfg.max_seq_len)));
       continue;
     }
-    items.push_back({id, n, sample});
+    const LogprobsOptions& lp = router_.at(id).logprobs;
+    StepItem it{id, n, sample};
+    it.logprobs = lp.enabled && sample;
+    it.prompt_logprobs = lp.prompt;  // a decode item's one row has no known next token
+    it.top_logprobs = lp.top_n;
+    items.push_back(it);
     owners.push_back({true, id});
     budget -= n;
   }
@@ -211,6 +223,9 @@ void Scheduler::apply_router_result(SeqId id, const StepResult& res) {
   }
   RouterSeq& rs = router_.at(id);
   RouterTask& t = *rs.task;
+  t.result.prompt_logprobs.insert(t.result.prompt_logprobs.end(), res.prompt_logprobs.begin(),
+                                  res.prompt_logprobs.end());
+  if (res.logprob) t.result.logprobs.push_back(*res.logprob);
   if (res.token) {
     t.result.tokens.push_back(*res.token);
     --t.samples_left;
