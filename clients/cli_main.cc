@@ -85,13 +85,41 @@ struct StopFlags {
   }
 };
 
+// Logprobs (LogprobsParams in the proto); sent only when a flag is given.
+struct LogprobFlags {
+  bool logprobs = false;
+  int64_t top_n = -1;
+  bool prompt = false;
+  void add(CLI::App* cmd, bool with_prompt) {
+    cmd->add_flag("--logprobs", logprobs, "each sampled token's logprob (log-softmax of the raw logits)");
+    cmd->add_option("--top-logprobs", top_n, "also the N most likely tokens at each position (0..20; implies --logprobs)");
+    if (with_prompt) cmd->add_flag("--prompt-logprobs", prompt, "also the prompt tokens' logprobs");
+  }
+  bool given() const { return logprobs || top_n >= 0 || prompt; }
+  void fill(v1::LogprobsParams* p) const {
+    p->set_enabled(logprobs || top_n >= 0);
+    if (top_n >= 0) p->set_top_n(uint32_t(top_n));
+    p->set_prompt(prompt);
+  }
+};
+
+void print_logprob(const char* what, const v1::TokenLogprob& t) {
+  std::printf("%s %d logprob %.6f", what, t.token_id(), double(t.logprob()));
+  if (t.top_size() > 0) std::printf(" top");
+  for (const auto& e : t.top()) std::printf(" %d:%.6f", e.token_id(), double(e.logprob()));
+  std::printf("\n");
+}
+
 int run_generate(v1::DecodeService::Stub& stub, const Common& c, v1::GenerateRequest req) {
   grpc::ClientContext ctx;
   set_deadline(ctx, c);
   auto reader = stub.Generate(&ctx, req);
   v1::GenerateResponse msg;
   bool first = true;
+  std::vector<v1::TokenLogprob> logprobs, prompt_logprobs;
   while (reader->Read(&msg)) {
+    logprobs.insert(logprobs.end(), msg.logprobs().begin(), msg.logprobs().end());
+    prompt_logprobs.insert(prompt_logprobs.end(), msg.prompt_logprobs().begin(), msg.prompt_logprobs().end());
     if (first) {
       std::printf("id %llu:", (unsigned long long)msg.id());
       first = false;
@@ -103,6 +131,8 @@ int run_generate(v1::DecodeService::Stub& stub, const Common& c, v1::GenerateReq
       std::printf("\nfinish_reason=%s prompt_tokens=%u completion_tokens=%u ttft_ms=%.2f e2e_ms=%.2f\n",
                   v1::FinishReason_Name(msg.finish_reason()).c_str(), u.prompt_tokens(),
                   u.completion_tokens(), u.time_to_first_token_s() * 1e3, u.e2e_latency_s() * 1e3);
+      for (const auto& t : prompt_logprobs) print_logprob("prompt token", t);
+      for (const auto& t : logprobs) print_logprob("token", t);
     }
   }
   const grpc::Status st = reader->Finish();
@@ -148,6 +178,8 @@ int main(int argc, char** argv) {
   gen->add_flag("--ignore-eos", gen_ignore_eos, "the model's EOS tokens do not stop the request");
   gen->add_option("--min-tokens", min_tokens, "stop and EOS tokens do not stop before this many tokens");
   gen_sampling.add(gen);
+  LogprobFlags gen_logprobs;
+  gen_logprobs.add(gen, true);
 
   auto* prefill = app.add_subcommand("prefill", "create (or --extend) a router-driven sequence");
   uint64_t pf_id = 0;
@@ -164,6 +196,8 @@ int main(int argc, char** argv) {
   pf_sampling.add(prefill);
   StopFlags pf_stop;
   pf_stop.add(prefill);
+  LogprobFlags pf_logprobs;
+  pf_logprobs.add(prefill, true);
 
   auto* decode = app.add_subcommand("decode", "run decode steps for router-driven sequences");
   std::vector<uint64_t> dec_ids;
@@ -174,6 +208,8 @@ int main(int argc, char** argv) {
   decode->add_option("--expected-len", expected_len, "the length the caller knows (safe retries)");
   StopFlags dec_stop;
   dec_stop.add(decode);
+  LogprobFlags dec_logprobs;
+  dec_logprobs.add(decode, false);
 
   auto* release = app.add_subcommand("release", "free router-driven sequences (idempotent)");
   std::vector<uint64_t> rel_ids;
@@ -221,6 +257,7 @@ int main(int argc, char** argv) {
     req.set_ignore_eos(gen_ignore_eos);
     req.set_min_tokens(min_tokens);
     gen_sampling.fill(req.mutable_sampling());
+    if (gen_logprobs.given()) gen_logprobs.fill(req.mutable_logprobs());
     return run_generate(stub, c, std::move(req));
   }
   if (*prefill) {
@@ -238,6 +275,7 @@ int main(int argc, char** argv) {
     if (pf_expected_len >= 0) s->set_expected_len(uint32_t(pf_expected_len));
     if (!extend) pf_sampling.fill(s->mutable_sampling());
     if (pf_stop.given() && !pf_stop.fill(s->mutable_stop())) return 2;
+    if (pf_logprobs.given()) pf_logprobs.fill(s->mutable_logprobs());
     v1::PrefillResponse resp;
     return report(stub.Prefill(&ctx, req, &resp), &resp);
   }
@@ -248,6 +286,7 @@ int main(int argc, char** argv) {
       s->set_id(id);
       if (expected_len >= 0) s->set_expected_len(uint32_t(expected_len));
       if (dec_stop.given() && !dec_stop.fill(s->mutable_stop())) return 2;
+      if (dec_logprobs.given()) dec_logprobs.fill(s->mutable_logprobs());
     }
     req.set_steps(steps);
     v1::DecodeResponse resp;

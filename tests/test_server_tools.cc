@@ -69,6 +69,25 @@ TEST_CASE("kvfuse-cli: info, load, health, generate, prefill, decode, release, a
   CHECK(out.find("\"tokenIds\":[" + std::to_string(expected[0][1]) + "," + std::to_string(expected[0][2]) +
                  "]") != std::string::npos);
   CHECK(out.find("\"finishReason\":\"FINISH_REASON_LENGTH\"") != std::string::npos);
+  // Logprobs from the command line: prefill and decode print them in the JSON, generate
+  // one line per token after the finish line.
+  std::tie(rc, out) = run(cli + "prefill --id 12 --prompt-ids " + ids + " --top-logprobs 2 --prompt-logprobs");
+  CHECK(rc == 0);
+  CHECK(out.find("\"logprob\":{\"tokenId\":" + std::to_string(expected[0][0])) != std::string::npos);
+  CHECK(out.find("\"promptLogprobs\":[") != std::string::npos);
+  std::tie(rc, out) = run(cli + "decode --id 12 --steps 2 --logprobs");
+  CHECK(rc == 0);
+  CHECK(out.find("\"logprobs\":[{\"tokenId\":" + std::to_string(expected[0][1])) != std::string::npos);
+  std::tie(rc, out) = run(cli + "release --id 12");
+  CHECK(rc == 0);
+  std::tie(rc, out) = run(cli + "generate --prompt-ids " + ids + " -m 2 --top-logprobs 1 --prompt-logprobs");
+  CHECK(rc == 0);
+  CHECK(out.find("\ntoken " + std::to_string(expected[0][0]) + " logprob -") != std::string::npos);
+  CHECK(out.find("top " + std::to_string(expected[0][0]) + ":-") != std::string::npos);
+  CHECK(out.find("\nprompt token ") != std::string::npos);
+  std::tie(rc, out) = run(cli + "generate --prompt-ids 1,2 --top-logprobs 21");
+  CHECK(rc == int(grpc::StatusCode::INVALID_ARGUMENT));
+  CHECK(out.find("logprobs.top_n 21") != std::string::npos);
   std::tie(rc, out) = run(cli + "prefill --id 11 --prompt-ids 1 --stop-ids 1,x");
   CHECK(rc == 2);
   CHECK(out.find("--stop-ids") != std::string::npos);
