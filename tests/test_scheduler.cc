@@ -198,3 +198,76 @@ TEST_CASE("scheduler: stop rules: stop ids and EOS after min_new_tokens, then ma
   CHECK(stop_reason(r, eos, 6, 4) == FinishReason::length);
   CHECK(stop_reason(r, eos, 5, 4) == FinishReason::stop);  // a stop token on the last one says stop
 }
+
+TEST_CASE("scheduler: logprobs survive chunked prefill and preemption: each prompt token's once, each token's with it",
+          "[scheduler][logprobs]") {
+  // Prompts of 50-75 tokens in chunks of at most 8, 10 pages of 16 for 6 growing
+  // sequences: prefills are chunked and requests are preempted, two of them mid-prefill
+  // (recomputed from the start: without dropping what their first attempt gathered, their
+  // prompt logprobs would come twice). Every request still gets its prompt logprobs exactly once, with its first
+  // token, and a logprob with every token; the values are an unpressured engine's.
+  auto ref = make_engine();
+  auto e = make_engine({{"num_pages", 10}, {"page_size", 16}, {"max_batch_tokens", 8}});
+  const int32_t vocab = e->spec().vocab;
+  Scheduler s(*e);
+  std::map<SeqId, GenerateRequest> reqs;
+  for (SeqId id = 0; id < 6; ++id) {
+    GenerateRequest r = request(id, 50 + 5 * int32_t(id), 60, vocab);
+    r.logprobs.enabled = true;
+    r.logprobs.prompt = true;
+    r.logprobs.top_n = 2;
+    reqs[id] = r;
+    REQUIRE(s.submit(r).ok());
+  }
+  std::map<SeqId, std::vector<TokenLogprob>> prompt_lp, token_lp;
+  std::map<SeqId, std::vector<int32_t>> tokens;
+  std::map<SeqId, int> prompt_events;
+  for (int i = 0; i < 100000 && s.has_work(); ++i) {
+    auto ev = s.step();
+    REQUIRE(ev.ok());
+    for (const auto& x : *ev) {
+      CHECK(x.finish != FinishReason::error);
+      if (!x.prompt_logprobs.empty()) {
+        ++prompt_events[x.id];
+        CHECK(tokens[x.id].empty());  // with the first token
+        prompt_lp[x.id] = x.prompt_logprobs;
+      }
+      if (x.token) {
+        tokens[x.id].push_back(*x.token);
+        REQUIRE(x.logprob.has_value());
+        CHECK(x.logprob->token == *x.token);
+        CHECK(x.logprob->top.size() == 2);
+        token_lp[x.id].push_back(*x.logprob);
+      }
+    }
+  }
+  CHECK(s.num_preemptions() > 0);
+  for (const auto& [id, r] : reqs) {
+    CAPTURE(id);
+    CHECK(prompt_events[id] == 1);
+    REQUIRE(prompt_lp[id].size() == r.prompt.size() - 1);
+    CHECK(tokens[id].size() == 60);
+    // The reference: the whole prompt in one step, then greedy decoding, on its own.
+    REQUIRE(ref->add_sequence(1000 + id, r.prompt, SamplingParams{}).ok());
+    StepItem it{1000 + id, int32_t(r.prompt.size()), true};
+    it.logprobs = it.prompt_logprobs = true;
+    it.top_logprobs = 2;
+    for (size_t k = 0; k < tokens[id].size(); ++k) {
+      auto res = ref->step({it});
+      REQUIRE(res.ok());
+      const StepResult& sr = (*res)[0];
+      if (k == 0) {
+        for (size_t j = 0; j < sr.prompt_logprobs.size(); ++j) {
+          CHECK(prompt_lp[id][j].token == r.prompt[j + 1]);
+          CHECK(std::abs(prompt_lp[id][j].logprob - sr.prompt_logprobs[j].logprob) <= 1e-3f);
+        }
+      }
+      CHECK(*sr.token == tokens[id][k]);
+      CHECK(std::abs(sr.logprob->logprob - token_lp[id][k].logprob) <= 1e-3f);
+      it.num_tokens = 1;
+      it.prompt_logprobs = false;
+    }
+    REQUIRE(ref->release(1000 + id).ok());
+  }
+  CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
+}
