@@ -84,6 +84,7 @@ std::unique_ptr<BatchCall> BatchCall::prefill(Scheduler& sched, const Engine& en
     }
     if (const SequenceState* seq = engine.sequence(s.id()); seq && sched.is_router_sequence(s.id())) {
       r->set_seq_len(uint32_t(seq->tokens.size()));
+      if (st.ok() && !s.extend()) r->set_cached_tokens(uint32_t(seq->num_cached));
     }
     if (!st.ok()) {
       call->set_status(i, st);

@@ -414,6 +414,7 @@ void EngineLoop::on_event(const TokenEvent& ev) {
   if (ev.token) {
     if (s.completion_tokens == 0) {
       s.first_token = now;
+      s.cached_tokens = ev.cached_tokens;
       metrics_.ttft.observe(seconds(now - s.call->arrival()));
     } else {
       metrics_.itl.observe(seconds(now - s.last_token));
@@ -445,6 +446,7 @@ void EngineLoop::on_event(const TokenEvent& ev) {
     v1::Usage* u = fin.mutable_usage();
     u->set_prompt_tokens(uint32_t(s.prompt_tokens));
     u->set_completion_tokens(uint32_t(s.completion_tokens));
+    u->set_cached_tokens(uint32_t(s.cached_tokens));
     if (s.completion_tokens > 0) u->set_time_to_first_token_s(seconds(s.first_token - s.call->arrival()));
     u->set_e2e_latency_s(seconds(now - s.call->arrival()));
     metrics_.e2e.observe(u->e2e_latency_s());
@@ -532,6 +534,7 @@ void EngineLoop::fill_load(v1::GetLoadResponse* resp) const {
     p->set_total_pages(uint64_t(u.total_pages));
     p->set_used_pages(uint64_t(u.used_pages));
     p->set_free_pages(uint64_t(u.free_pages));
+    p->set_shared_pages(uint64_t(u.shared_pages));
   }
   const PoolUsage full = pool.usage(PoolKind::full);
   resp->set_kv_usage(full.total_pages > 0 ? double(full.used_pages) / double(full.total_pages) : 0.0);

@@ -100,6 +100,7 @@ class EngineLoop {
     GenerateCall::Clock::time_point first_token, last_token;
     int32_t prompt_tokens = 0;
     int32_t completion_tokens = 0;
+    int32_t cached_tokens = 0;
   };
   struct Batch {
     std::unique_ptr<BatchCall> call;

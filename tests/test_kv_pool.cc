@@ -689,3 +689,74 @@ TEST_CASE("kv pool: page allocator is all-or-nothing and aborts on double free o
   CHECK(aborts([&] { (void)pool->slot(1, 5); }));  // past the reserved length
   CHECK(aborts([&] { (void)pool->slot(2, 0); }));
 }
+
+TEST_CASE("kv pool: shared prefix pages are counted once, freed by their last holder, never leaked",
+          "[kv_pool][prefix]") {
+  HostTestBackend be;
+  auto pool = make_pool(be, make_cfg({false, false}, 16, 20, 0, 0));
+  REQUIRE(pool->add_sequence(1).ok());
+  REQUIRE(pool->reserve(1, 70).ok());  // 5 pages
+  REQUIRE(pool->add_sequence(2).ok());
+  REQUIRE(pool->share_prefix(2, 1, 48).ok());  // 3 of them
+  CHECK(pool->reserved_len(2) == 48);
+  const auto& t1 = pool->page_table(1, PoolKind::full);
+  const auto& t2 = pool->page_table(2, PoolKind::full);
+  REQUIRE(t2.size() == 3);
+  CHECK(std::equal(t2.begin(), t2.end(), t1.begin()));
+  CHECK(pool->slot(2, 47) == pool->slot(1, 47));
+  CHECK(pool->usage(PoolKind::full).used_pages == 5);
+  CHECK(pool->usage(PoolKind::full).shared_pages == 3);
+  REQUIRE(pool->check_invariants().ok());
+  // Sequence 2 grows into pages of its own.
+  REQUIRE(pool->reserve(2, 60).ok());
+  CHECK(pool->page_table(2, PoolKind::full)[3] != t1[3]);
+  CHECK(pool->usage(PoolKind::full).used_pages == 6);
+  // A third holder of the first page.
+  REQUIRE(pool->add_sequence(3).ok());
+  REQUIRE(pool->share_prefix(3, 2, 16).ok());
+  CHECK(pool->usage(PoolKind::full).shared_pages == 3);
+  REQUIRE(pool->check_invariants().ok());
+  // The donor goes first: its own pages are freed, the shared ones stay.
+  REQUIRE(pool->release(1).ok());
+  CHECK(pool->usage(PoolKind::full).used_pages == 4);
+  CHECK(pool->usage(PoolKind::full).shared_pages == 1);
+  REQUIRE(pool->check_invariants().ok());
+  REQUIRE(pool->release(2).ok());
+  CHECK(pool->usage(PoolKind::full).used_pages == 1);
+  CHECK(pool->usage(PoolKind::full).shared_pages == 0);
+  REQUIRE(pool->release(3).ok());
+  CHECK(pool->usage(PoolKind::full).used_pages == 0);
+  REQUIRE(pool->check_invariants().ok());
+
+  // Bad requests change nothing.
+  REQUIRE(pool->add_sequence(4).ok());
+  REQUIRE(pool->reserve(4, 32).ok());
+  REQUIRE(pool->add_sequence(5).ok());
+  CHECK(pool->share_prefix(5, 4, 20).code() == absl::StatusCode::kInvalidArgument);   // not page-aligned
+  CHECK(pool->share_prefix(5, 4, 48).code() == absl::StatusCode::kInvalidArgument);   // past the donor
+  CHECK(pool->share_prefix(5, 9, 16).code() == absl::StatusCode::kNotFound);          // no donor
+  CHECK(pool->share_prefix(4, 4, 16).code() == absl::StatusCode::kNotFound);          // itself
+  CHECK(pool->share_prefix(4, 5, 0).code() == absl::StatusCode::kInvalidArgument);    // has pages
+  CHECK(pool->usage(PoolKind::full).shared_pages == 0);
+  REQUIRE(pool->check_invariants().ok());
+  // Not with SWA layers.
+  auto swa = make_pool(be, make_cfg({true, false}, 16, 20, 8, 32));
+  REQUIRE(swa->add_sequence(1).ok());
+  REQUIRE(swa->reserve(1, 32).ok());
+  REQUIRE(swa->add_sequence(2).ok());
+  CHECK(swa->share_prefix(2, 1, 16).code() == absl::StatusCode::kFailedPrecondition);
+  // Freeing a shared page more often than it is held is still a bug.
+  CHECK(aborts([] {
+    PageAllocator a(4);
+    std::vector<int32_t> p;
+    a.allocate(1, p);
+    a.share(p[0]);
+    a.free(p[0]);
+    a.free(p[0]);
+    a.free(p[0]);
+  }));
+  CHECK(aborts([] {
+    PageAllocator a(4);
+    a.share(2);
+  }));
+}

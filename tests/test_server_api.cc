@@ -601,3 +601,33 @@ TEST_CASE("server: a checkpoint's EOS (generation_config.json) ends a router seq
   REQUIRE(t.release({1, 2}, &rel).ok());
   CHECK(t.wait_all_pages_free());
 }
+
+TEST_CASE("server: prefix_reuse shares a live sequence's prompt pages: cached_tokens, shared_pages, no leak",
+          "[server][prefix]") {
+  auto t = TestServer::start({"prefix_reuse=on"});
+  const std::vector<int32_t> prompt = test_prompt(12, 40);
+  v1::PrefillRequest first;
+  add_prefill(first, 700, prompt);
+  v1::PrefillResponse fr;
+  REQUIRE(t.prefill(first, &fr).ok());
+  REQUIRE(fr.results(0).status().code() == v1::SequenceStatus::OK);
+  CHECK(fr.results(0).cached_tokens() == 0);
+  v1::PrefillRequest second;
+  add_prefill(second, 701, prompt);
+  v1::PrefillResponse sr;
+  REQUIRE(t.prefill(second, &sr).ok());
+  REQUIRE(sr.results(0).status().code() == v1::SequenceStatus::OK);
+  CHECK(sr.results(0).cached_tokens() == 32);  // two whole pages of 16 of the 39 before the last
+  CHECK(sr.results(0).token_id() == fr.results(0).token_id());
+  CHECK(t.load().pools(0).shared_pages() == 2);
+  // Generate shares too, and says so in its usage.
+  const StreamResult g = generate(*t.stub, generate_request(prompt, 3));
+  REQUIRE(g.status.ok());
+  CHECK(g.usage.cached_tokens() == 32);
+  CHECK(g.tokens[0] == fr.results(0).token_id());
+  REQUIRE(t.release({700}).ok());
+  CHECK(t.load().pools(0).shared_pages() == 0);
+  CHECK(t.used_pages() > 0);
+  REQUIRE(t.release({701}).ok());
+  CHECK(t.wait_all_pages_free());
+}

@@ -56,6 +56,9 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"max_batch_tokens", "1 .. 65536", "per-step token budget; longer prompts are prefilled in chunks"},
       {"max_running_seqs", "1 .. 4096", "sequences decoded together in one step"},
       {"max_seq_len", "2 .. 1048576", "longest sequence (prompt plus generated tokens)"},
+      {"prefix_reuse", "on | off",
+       "a new sequence shares the full KV pages of a live sequence's matching prompt prefix (default off; "
+       "models without SWA layers)"},
   };
   return docs;
 }
@@ -205,6 +208,10 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
                           std::map<std::string, GraphsMode>{{"on", GraphsMode::on}, {"off", GraphsMode::off}},
                           c.graphs));
   }
+  if (has("prefix_reuse")) {
+    KVFUSE_RETURN_IF_ERROR(parse_enum(j["prefix_reuse"], "prefix_reuse",
+                                      std::map<std::string, bool>{{"on", true}, {"off", false}}, c.prefix_reuse));
+  }
   if (has("page_size")) KVFUSE_RETURN_IF_ERROR(parse_int(j["page_size"], "page_size", 1, 1024, c.page_size));
   if (has("num_pages")) KVFUSE_RETURN_IF_ERROR(parse_int(j["num_pages"], "num_pages", 1, int64_t(1) << 31, c.num_pages));
   if (has("swa_num_pages")) {
@@ -316,6 +323,7 @@ json config_to_json(const Config& c) {
   j["kv_scales_file"] = c.kv_scales_file;
   j["max_batch_tokens"] = c.max_batch_tokens;
   j["max_running_seqs"] = c.max_running_seqs;
+  j["prefix_reuse"] = c.prefix_reuse ? "on" : "off";
   j["max_seq_len"] = c.max_seq_len;
   return j;
 }

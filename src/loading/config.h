@@ -47,6 +47,9 @@ struct Config {
   int32_t max_batch_tokens = 512;  // per-step token budget (chunked prefill)
   int32_t max_running_seqs = 64;
   int32_t max_seq_len = 4096;
+  // A new sequence whose prompt starts with a live sequence's computed tokens shares its
+  // full pages (no SWA layers; not with prompt logprobs).
+  bool prefix_reuse = false;
 };
 
 // Parses and validates. Errors name the key and, for enumerations, the allowed values;

@@ -1,5 +1,6 @@
 #include "src/runtime/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -136,7 +137,7 @@ absl::Status Engine::check_tokens(const std::vector<int32_t>& tokens) const {
 }
 
 absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
-                                  const Rng* rng) {
+                                  const Rng* rng, bool reuse_prefix) {
   if (seqs_.count(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   if (int64_t(prompt.size()) >= cfg_.max_seq_len) {
@@ -145,9 +146,34 @@ absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const S
   }
   KVFUSE_RETURN_IF_ERROR(check_tokens(prompt));
   KVFUSE_RETURN_IF_ERROR(validate_sampling(sampling, model_->spec().vocab));
+  // Prefix reuse: the live sequence whose computed tokens match the longest prefix.
+  SeqId donor = 0;
+  int32_t shared = 0;
+  if (cfg_.prefix_reuse && reuse_prefix && !pool_->has_swa()) {
+    const int32_t ps = cfg_.page_size;
+    const size_t limit = prompt.size() - 1;  // the last prompt token is computed: its logits
+    for (const auto& [sid, st] : seqs_) {
+      const size_t n = std::min(limit, size_t(st.num_computed));
+      const size_t common = size_t(std::mismatch(prompt.begin(), prompt.begin() + ptrdiff_t(n), st.tokens.begin()).first -
+                                   prompt.begin());
+      const int32_t pages = int32_t(common) / ps * ps;
+      if (pages > shared) {
+        shared = pages;
+        donor = sid;
+      }
+    }
+  }
   KVFUSE_RETURN_IF_ERROR(pool_->add_sequence(id));
+  if (shared > 0) {
+    if (absl::Status st = pool_->share_prefix(id, donor, shared); !st.ok()) {
+      (void)pool_->release(id);
+      return st;
+    }
+  }
   SequenceState& s = seqs_[id];
   s.id = id;
+  s.num_computed = shared;
+  s.num_cached = shared;
   s.num_prompt = int32_t(prompt.size());
   s.tokens = std::move(prompt);
   s.sampling = sampling;

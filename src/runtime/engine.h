@@ -25,6 +25,7 @@ struct SequenceState {
   std::vector<int32_t> tokens;  // prompt, then generated tokens
   int32_t num_prompt = 0;
   int32_t num_computed = 0;  // tokens whose K/V are in the cache
+  int32_t num_cached = 0;    // of those, the prompt prefix taken from another sequence's pages
   SamplingParams sampling;
   Rng rng;
 
@@ -98,8 +99,11 @@ class Engine {
   // Starts a sequence from its prompt. ALREADY_EXISTS if the id is live;
   // INVALID_ARGUMENT for an empty or over-long prompt, bad token ids or parameters.
   // `rng` resumes a sampler stream (a sequence recomputed after preemption).
+  // With prefix_reuse on and `reuse_prefix`, the longest page-aligned prefix of the prompt
+  // that a live sequence has computed (at most the prompt less its last token) is shared
+  // from that sequence's pages instead of computed (SequenceState::num_cached).
   absl::Status add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
-                            const Rng* rng = nullptr);
+                            const Rng* rng = nullptr, bool reuse_prefix = true);
   // Appends tokens to a live sequence (a further prompt chunk, or a forced token).
   absl::Status append_tokens(SeqId id, const std::vector<int32_t>& tokens);
   // Frees the sequence's pages. NOT_FOUND if unknown.

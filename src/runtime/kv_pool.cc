@@ -101,7 +101,7 @@ PageAllocator::PageAllocator(int64_t num_pages) : num_pages_(num_pages) {
   // Pushed in reverse so pages come out 0, 1, 2, ...: deterministic and easy to read.
   free_.reserve(size_t(num_pages));
   for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(int32_t(p));
-  used_.assign(size_t(num_pages), false);
+  refs_.assign(size_t(num_pages), 0);
 }
 
 bool PageAllocator::allocate(int64_t n, std::vector<int32_t>& out) {
@@ -110,8 +110,8 @@ bool PageAllocator::allocate(int64_t n, std::vector<int32_t>& out) {
   for (int64_t i = 0; i < n; ++i) {
     const int32_t p = free_.back();
     free_.pop_back();
-    if (used_[size_t(p)]) die(absl::StrCat("page ", p, " on the free list is in use"));
-    used_[size_t(p)] = true;
+    if (refs_[size_t(p)] != 0) die(absl::StrCat("page ", p, " on the free list is in use"));
+    refs_[size_t(p)] = 1;
     out.push_back(p);
   }
   return true;
@@ -120,9 +120,18 @@ bool PageAllocator::allocate(int64_t n, std::vector<int32_t>& out) {
 void PageAllocator::free(int32_t page) {
   if (page < 0 || page >= num_pages_)
     die(absl::StrCat("free of page ", page, " out of range [0, ", num_pages_, ")"));
-  if (!used_[size_t(page)]) die(absl::StrCat("double free of page ", page));
-  used_[size_t(page)] = false;
-  free_.push_back(page);
+  int32_t& r = refs_[size_t(page)];
+  if (r <= 0) die(absl::StrCat("double free of page ", page));
+  if (--r == 1) --num_shared_;
+  if (r == 0) free_.push_back(page);
+}
+
+void PageAllocator::share(int32_t page) {
+  if (page < 0 || page >= num_pages_)
+    die(absl::StrCat("share of page ", page, " out of range [0, ", num_pages_, ")"));
+  int32_t& r = refs_[size_t(page)];
+  if (r <= 0) die(absl::StrCat("share of free page ", page));
+  if (r++ == 1) ++num_shared_;
 }
 
 // ---- KvPool: creation and device state ----------------------------------------------
@@ -253,7 +262,7 @@ absl::Status KvPool::set_scales(int32_t layer, float k_scale, float v_scale) {
 PoolUsage KvPool::usage(PoolKind kind) const {
   const PageAllocator* a = kind == PoolKind::full ? full_alloc_.get() : swa_alloc_.get();
   if (a == nullptr) return {};
-  return {a->num_pages(), a->num_used(), a->num_free()};
+  return {a->num_pages(), a->num_used(), a->num_free(), a->num_shared()};
 }
 
 // ---- KvPool: sequences --------------------------------------------------------------
@@ -262,6 +271,27 @@ absl::Status KvPool::add_sequence(SeqId id) {
   if (!seqs_.emplace(id, SeqPages{}).second) {
     return absl::AlreadyExistsError(absl::StrCat("kv pool: sequence ", id, " already exists"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::share_prefix(SeqId id, SeqId donor, int32_t tokens) {
+  if (has_swa()) return absl::FailedPreconditionError("kv pool: prefix pages are not shared with SWA layers");
+  auto it = seqs_.find(id);
+  auto d = seqs_.find(donor);
+  if (it == seqs_.end() || d == seqs_.end() || id == donor) {
+    return absl::NotFoundError(absl::StrCat("kv pool: share_prefix of sequences ", id, " and ", donor));
+  }
+  if (it->second.len != 0 || tokens < 0 || tokens % cfg_.page_size != 0 || tokens > d->second.len) {
+    return absl::InvalidArgumentError(absl::StrCat("kv pool: share_prefix of ", tokens, " tokens from sequence ",
+                                                   donor, " (", d->second.len, " reserved) to sequence ", id,
+                                                   " (", it->second.len, " reserved)"));
+  }
+  const size_t pages = size_t(tokens / cfg_.page_size);
+  for (size_t i = 0; i < pages; ++i) {
+    full_alloc_->share(d->second.full[i]);
+    it->second.full.push_back(d->second.full[i]);
+  }
+  it->second.len = tokens;
   return absl::OkStatus();
 }
 
@@ -435,7 +465,7 @@ absl::Status KvPool::check_invariants() const {
   const int64_t ps = cfg_.page_size;
   // Owner of each page as 1 + index into `ids`, 0 for none.
   std::vector<SeqId> ids;
-  std::vector<int64_t> full_owner(size_t(full_alloc_->num_pages()), 0);
+  std::vector<int32_t> full_holders(size_t(full_alloc_->num_pages()), 0);
   std::vector<int64_t> swa_owner(has_swa() ? size_t(swa_alloc_->num_pages()) : 0, 0);
   std::vector<int64_t> full_to_swa_page(size_t(full_alloc_->num_pages()), -1);
   auto claim = [&](const PageAllocator& a, std::vector<int64_t>& owner, int32_t p, const char* pool,
@@ -458,8 +488,10 @@ absl::Status KvPool::check_invariants() const {
       return fail("sequence ", id, " has ", s.swa.size(), " SWA entries for ", s.full.size(), " full pages");
     }
     for (int32_t p : s.full) {
-      KVFUSE_RETURN_IF_ERROR(claim(*full_alloc_, full_owner, p, "full", id));
-      ++full_owned;
+      // Full pages may be shared (prefix reuse): one holder per reference.
+      if (p < 0 || p >= full_alloc_->num_pages()) return fail("full page ", p, " of sequence ", id, " out of range");
+      if (!full_alloc_->is_used(p)) return fail("full page ", p, " of sequence ", id, " is on the free list");
+      if (full_holders[size_t(p)]++ == 0) ++full_owned;
     }
     bool seen_mapped = false;
     for (size_t i = 0; i < s.swa.size(); ++i) {
@@ -476,6 +508,17 @@ absl::Status KvPool::check_invariants() const {
       full_to_swa_page[size_t(s.full[i])] = s.swa[i];
       ++swa_owned;
     }
+  }
+  int64_t shared = 0;
+  for (int64_t p = 0; p < full_alloc_->num_pages(); ++p) {
+    const int32_t refs = full_alloc_->refs(int32_t(p));
+    if (refs != full_holders[size_t(p)]) {
+      return fail("full page ", p, " has ", refs, " references and ", full_holders[size_t(p)], " holders");
+    }
+    shared += refs > 1 ? 1 : 0;
+  }
+  if (shared != full_alloc_->num_shared()) {
+    return fail("full pool: ", shared, " pages shared, ", full_alloc_->num_shared(), " by count");
   }
   // Owned == used, and the allocator's bitmap agrees with its free list: no leak.
   for (const auto& [a, owned, pool] :

@@ -26,7 +26,8 @@ namespace kvfuse {
 
 using SeqId = uint64_t;
 
-// A free list of page ids with ownership checks. Allocation is all-or-nothing.
+// A free list of page ids with reference counts and ownership checks. Allocation is
+// all-or-nothing; a page returns to the free list when its last reference is freed.
 class PageAllocator {
  public:
   explicit PageAllocator(int64_t num_pages);
@@ -34,17 +35,23 @@ class PageAllocator {
   int64_t num_pages() const { return num_pages_; }
   int64_t num_free() const { return int64_t(free_.size()); }
   int64_t num_used() const { return num_pages_ - num_free(); }
-  bool is_used(int32_t page) const { return used_[size_t(page)]; }
+  // Pages held by more than one reference.
+  int64_t num_shared() const { return num_shared_; }
+  bool is_used(int32_t page) const { return refs_[size_t(page)] > 0; }
+  int32_t refs(int32_t page) const { return refs_[size_t(page)]; }
 
-  // Appends n pages to out, or leaves out untouched and returns false.
+  // Appends n pages to out (one reference each), or leaves out untouched and returns false.
   bool allocate(int64_t n, std::vector<int32_t>& out);
-  // Freeing a page that is not in use is a bug: aborts with a message.
+  // One more reference to a page in use (sharing a page that is free is a bug: aborts).
+  void share(int32_t page);
+  // Drops one reference. Freeing a page that is not in use is a bug: aborts with a message.
   void free(int32_t page);
 
  private:
   int64_t num_pages_;
   std::vector<int32_t> free_;
-  std::vector<bool> used_;
+  std::vector<int32_t> refs_;
+  int64_t num_shared_ = 0;
 };
 
 enum class PoolKind { full, swa };
@@ -66,8 +73,9 @@ struct KvPoolConfig {
 
 struct PoolUsage {
   int64_t total_pages = 0;
-  int64_t used_pages = 0;
+  int64_t used_pages = 0;    // pages in use, each counted once however many sequences hold it
   int64_t free_pages = 0;
+  int64_t shared_pages = 0;  // of the used pages, those held by more than one sequence
 };
 
 struct PagesNeeded {
@@ -86,6 +94,12 @@ class KvPool {
   // Sequences. add: ALREADY_EXISTS if live. release: NOT_FOUND if unknown.
   absl::Status add_sequence(SeqId id);
   bool contains(SeqId id) const { return seqs_.count(id) != 0; }
+  // Prefix reuse: gives sequence `id` (live, with nothing reserved) the first
+  // `tokens / page_size` full-pool pages of `donor` (tokens a multiple of page_size, at
+  // most the donor's reserved length), shared: neither sequence writes them again (both
+  // only append past them), and each page is freed when its last holder releases it.
+  // Only without SWA layers (FAILED_PRECONDITION otherwise).
+  absl::Status share_prefix(SeqId id, SeqId donor, int32_t tokens);
   absl::Status release(SeqId id);
   size_t num_sequences() const { return seqs_.size(); }
 

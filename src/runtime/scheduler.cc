@@ -108,7 +108,9 @@ absl::Status Scheduler::submit(GenerateRequest req) {
 }
 
 absl::Status Scheduler::admit(Entry& e) {
-  return engine_.add_sequence(e.req.id, e.tokens, e.req.sampling, e.rng ? &*e.rng : nullptr);
+  // No prefix reuse while the prompt's logprobs are still to be computed.
+  const bool reuse = !(e.req.logprobs.prompt && e.generated == 0);
+  return engine_.add_sequence(e.req.id, e.tokens, e.req.sampling, e.rng ? &*e.rng : nullptr, reuse);
 }
 
 TokenEvent Scheduler::finish(Entry& e, FinishReason reason, absl::Status status) {
@@ -320,7 +322,10 @@ void Scheduler::apply_results(const std::vector<StepResult>& results, const std:
     ev.id = e.req.id;
     ev.token = res.token;
     ev.logprob = res.logprob;
-    if (e.generated == 1) ev.prompt_logprobs = std::move(e.prompt_logprobs);
+    if (e.generated == 1) {
+      ev.prompt_logprobs = std::move(e.prompt_logprobs);
+      ev.cached_tokens = engine_.sequence(e.req.id)->num_cached;
+    }
     const FinishReason why = stop_reason(e.stop, engine_.spec().eos_token_ids, *res.token, e.generated);
     const bool stop = why == FinishReason::stop;
     const bool length = why == FinishReason::length || int64_t(e.tokens.size()) >= cfg.max_seq_len;

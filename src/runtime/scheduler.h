@@ -74,6 +74,7 @@ struct TokenEvent {
   int32_t completion_tokens = 0;
   std::optional<TokenLogprob> logprob;        // the token's, when asked for
   std::vector<TokenLogprob> prompt_logprobs;  // with the first token, when asked for
+  int32_t cached_tokens = 0;  // with the first token: prompt tokens shared, not computed (prefix reuse)
 };
 
 // A finished router task: the tokens it sampled (all of them, or those before a

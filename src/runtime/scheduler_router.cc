@@ -67,7 +67,8 @@ absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, co
       return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
     }
     KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, int64_t(tokens.size())));
-    KVFUSE_RETURN_IF_ERROR(engine_.add_sequence(id, std::move(tokens), sampling));
+    KVFUSE_RETURN_IF_ERROR(
+        engine_.add_sequence(id, std::move(tokens), sampling, nullptr, !(logprobs && logprobs->prompt)));
     RouterSeq& rs = router_[id];
     rs.generation = next_router_generation_++;
     if (stop) rs.stop = std::move(*stop);
