@@ -377,7 +377,6 @@ TEST_CASE("hf config: llama3, linear and yarn RoPE in the transformers 4.x and 5
   CHECK(hf(y).rope_scaling.factor == 8.0);
   // Both keys, describing the same scaling: fine.
   json both = q4;
-  both["rope_parameters"] = q5["rope_parameters"];
   both["rope_parameters"] = {
       {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
   CHECK(hf(both).rope_scaling == yarn(4, 32768));
