@@ -41,11 +41,12 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   }
 }
 
-// One thread per rotated pair (i, i + D/2) of one head of one token. The frequency is
-// computed in double, as the reference does, then the angle in fp32.
+// One thread per rotated pair (i, i + D/2) of one head of one token. The frequency comes
+// from the model's table (the reference's values), the angle is the fp32 product.
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     rope_kernel(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride, int32_t kv_heads,
-                int32_t head_dim, const int32_t* positions, int64_t n, float theta) {
+                int32_t head_dim, const int32_t* positions, int64_t n, const float* __restrict__ inv_freq,
+                float attention_scaling) {
   const int32_t half = head_dim / 2;
   const int64_t heads = int64_t(q_heads) + kv_heads;
   const int64_t total = n * heads * half;
@@ -55,9 +56,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     const int64_t h = (idx / half) % heads;
     const int64_t t = idx / (half * heads);
     bf16_t* row = h < q_heads ? q + t * q_stride + h * head_dim : k + t * k_stride + (h - q_heads) * head_dim;
-    const float inv_freq = float(pow(double(theta), -2.0 * double(i) / double(head_dim)));
-    const float angle = float(positions[t]) * inv_freq;
-    const float c = cosf(angle), s = sinf(angle);
+    const float angle = float(positions[t]) * inv_freq[i];
+    const float c = cosf(angle) * attention_scaling, s = sinf(angle) * attention_scaling;
     const float x0 = ld(row, i), x1 = ld(row, i + half);
     row[i] = f32_to_bf16(x0 * c - x1 * s);
     row[i + half] = f32_to_bf16(x1 * c + x0 * s);
@@ -183,11 +183,11 @@ cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64
 
 cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
                              int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
-                             float theta, cudaStream_t stream) {
+                             const float* inv_freq, float attention_scaling, cudaStream_t stream) {
   const int64_t total = n * (int64_t(q_heads) + kv_heads) * (head_dim / 2);
   if (total <= 0) return cudaSuccess;
   return launch_kernel(rope_kernel, elementwise_blocks(total), kThreads, stream, false, q, q_stride, q_heads,
-                       k, k_stride, kv_heads, head_dim, positions, n, theta);
+                       k, k_stride, kv_heads, head_dim, positions, n, inv_freq, attention_scaling);
 }
 
 cudaError_t launch_silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out,

@@ -16,7 +16,7 @@ cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64
                            bf16_t* out, cudaStream_t stream);
 cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
                              int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
-                             float theta, cudaStream_t stream);
+                             const float* inv_freq, float attention_scaling, cudaStream_t stream);
 cudaError_t launch_silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out,
                             cudaStream_t stream);
 cudaError_t launch_residual_add(bf16_t* x, const bf16_t* y, int64_t count, cudaStream_t stream);

@@ -7,9 +7,18 @@ Without PyTorch and transformers it says so and exits 0. Nothing is downloaded: 
 models are built from configs with fixed seeds.
 
 For each of a Llama (GQA 2:1, rope_theta 5e5), a Qwen2 (q/k/v biases, tied embeddings),
-a Mistral with a 32-token sliding window on every layer (GQA 4:1), and a Qwen2 whose
+a Mistral with a 32-token sliding window on every layer (GQA 4:1), a Qwen2 whose
 upper two layers use a 32-token window (use_sliding_window + max_window_layers: kvfuse's
-hybrid full + SWA pools; needs transformers >= 4.53, whose eager attention applies it):
+hybrid full + SWA pools; needs transformers >= 4.53, whose eager attention applies it),
+and three scaled-RoPE models whose original context (64) the 150-token prompt passes:
+a Llama with Llama 3.1's llama3 scaling (factor 8, low/high_freq_factor 1/4), a Llama
+with linear scaling (factor 4), and a Qwen2 with yarn (factor 4, attention factor
+0.1 ln 4 + 1 on cos and sin; max_position_embeddings 256 = 4 x 64, so that every
+transformers release that reads original_max_position_embeddings derives the same
+factor; releases before that used max_position_embeddings as the original context and
+compute a different table). The scalings are passed as `rope_scaling`, which
+transformers 4.x stores and 5.x converts to `rope_parameters`; save_pretrained writes
+whichever layout the installed version uses, and kvfuse reads both:
   1. build the model with transformers, give it well-conditioned random weights (fixed
      seed; logits with a standard deviation of about 3, so greedy decoding is decisive),
      round them to bf16 and save_pretrained (safetensors);
@@ -63,6 +72,19 @@ MODELS = {
                       cfg=dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0, rms_norm_eps=1e-6,
                                tie_word_embeddings=False, use_sliding_window=True, sliding_window=32,
                                max_window_layers=2)),
+    # Scaled RoPE over a 64-token original context.
+    "llama-llama3": dict(cls="LlamaConfig", model="LlamaForCausalLM", seed=5,
+                         cfg=dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=500000.0, rms_norm_eps=1e-5,
+                                  tie_word_embeddings=False,
+                                  rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                    high_freq_factor=4.0, original_max_position_embeddings=64))),
+    "llama-linear": dict(cls="LlamaConfig", model="LlamaForCausalLM", seed=6,
+                         cfg=dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0, rms_norm_eps=1e-5,
+                                  tie_word_embeddings=False, rope_scaling=dict(rope_type="linear", factor=4.0))),
+    "qwen2-yarn": dict(cls="Qwen2Config", model="Qwen2ForCausalLM", seed=7,
+                       cfg=dict(num_attention_heads=4, num_key_value_heads=2, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                tie_word_embeddings=False, use_sliding_window=False, max_position_embeddings=256,
+                                rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64))),
 }
 
 
@@ -74,7 +96,8 @@ def build_model(torch, transformers, arch):
     m = MODELS[arch]
     kw = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4, head_dim=64,
               max_position_embeddings=4096, hidden_act="silu", bos_token_id=None, eos_token_id=None,
-              pad_token_id=None, **m["cfg"])
+              pad_token_id=None)
+    kw.update(copy.deepcopy(m["cfg"]))  # a model's own keys (max_position_embeddings) win
     try:
         cfg = getattr(transformers, m["cls"])(attn_implementation="eager", **kw)
     except TypeError:  # versions whose configs do not take it: attention is looked up at run time
@@ -153,13 +176,19 @@ def greedy_ok(torch, got, ref_greedy, ref_rows, row_maxabs):
     return n, ok, "diverged at step %d: ref top-2 margin %.4f vs 2 x max|diff| %.4f" % (n, margin, 2 * row_maxabs[n])
 
 
-def run_kvfuse(binary, model_dir, device, kv, prompts, forced, workdir, extra=()):
+def rope_type_of(rope):
+    """The rope type of a transformers rope_scaling / rope_parameters dict, or of kvfuse-eval's."""
+    rope = rope or {}
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
+def run_kvfuse(binary, model_dir, device, kv, prompts, forced, workdir, extra=(), max_seq_len=512):
     inp = os.path.join(workdir, "in.json")
     outp = os.path.join(workdir, "out.json")
     with open(inp, "w") as f:
         json.dump({"prompts": prompts, "steps": STEPS, "forced": forced}, f)
     cmd = [binary, "--set", "model_path=" + model_dir, "--set", "device=" + device, "--set", "kv_cache_dtype=" + kv,
-           "--set", "max_seq_len=512", "--set", "num_pages=256", "--set", "max_batch_tokens=256",
+           "--set", "max_seq_len=%d" % max_seq_len, "--set", "num_pages=256", "--set", "max_batch_tokens=256",
            "--input", inp, "--output", outp]
     for e in extra:
         cmd += ["--set", e]
@@ -170,7 +199,7 @@ def run_kvfuse(binary, model_dir, device, kv, prompts, forced, workdir, extra=()
         return json.load(f), ""
 
 
-def calibrate(binary, model_dir, device, prompts, workdir):
+def calibrate(binary, model_dir, device, prompts, workdir, max_seq_len=512):
     cal = os.path.join(os.path.dirname(os.path.abspath(binary)), "kvfuse-calibrate")
     if not os.path.exists(cal):
         return None, "kvfuse-calibrate not found beside kvfuse-eval"
@@ -178,7 +207,8 @@ def calibrate(binary, model_dir, device, prompts, workdir):
     with open(pj, "w") as f:
         json.dump(prompts, f)
     out = os.path.join(workdir, "scales.json")
-    r = subprocess.run([cal, "--set", "model_path=" + model_dir, "--set", "device=" + device, "--prompts", pj, "-o", out],
+    r = subprocess.run([cal, "--set", "model_path=" + model_dir, "--set", "device=" + device,
+                        "--set", "max_seq_len=%d" % max_seq_len, "--prompts", pj, "-o", out],
                        capture_output=True, text=True)
     if r.returncode != 0:
         return None, (r.stderr or r.stdout).strip()
@@ -249,12 +279,18 @@ def main():
         window = getattr(cfg, "sliding_window", None)
         want_swa = list(getattr(cfg, "layer_types", None) or []) or (
             ["sliding_attention" if arch == "mistral" and window else "full_attention"] * cfg.num_hidden_layers)
-        log("\n%s: %d layers, window %s, tied %s; reference logits sigma %.3f; hf-bf16 max|diff| %.4f"
-            % (arch, cfg.num_hidden_layers, getattr(cfg, "sliding_window", None), cfg.tie_word_embeddings, sigma, hf16))
+        # transformers 5 keeps the scaling in rope_parameters, 4.x in rope_scaling.
+        hf_rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None)
+        want_rope = rope_type_of(hf_rope)
+        # kvfuse refuses max_seq_len beyond the model's positions (qwen2-yarn: 256).
+        seq_cap = min(512, cfg.max_position_embeddings)
+        log("\n%s: %d layers, window %s, tied %s, rope %s; reference logits sigma %.3f; hf-bf16 max|diff| %.4f"
+            % (arch, cfg.num_hidden_layers, getattr(cfg, "sliding_window", None), cfg.tie_word_embeddings,
+               want_rope, sigma, hf16))
         forced = [gr for gr, _ in ref]
         for device in devices:
             runs = [("bf16", "default", ()), ("fp8_e4m3", "default", ())]
-            scales, scales_file = calibrate(args.kvfuse_bin, model_dir, device, prompts, work)
+            scales, scales_file = calibrate(args.kvfuse_bin, model_dir, device, prompts, work, seq_cap)
             if scales is None:
                 failures.append("%s %s: kvfuse-calibrate failed: %s" % (arch, device, scales_file))
             else:
@@ -271,7 +307,7 @@ def main():
                 kv, source, extra = run[0], run[1], run[2]
                 mdir = run[3] if len(run) > 3 else model_dir
                 name = "%s %s %s scales=%s" % (arch, device, kv, source)
-                res, err = run_kvfuse(args.kvfuse_bin, mdir, device, kv, prompts, forced, work, extra)
+                res, err = run_kvfuse(args.kvfuse_bin, mdir, device, kv, prompts, forced, work, extra, seq_cap)
                 if res is None:
                     failures.append("%s: kvfuse-eval failed: %s" % (name, err))
                     log("  %-44s FAIL (kvfuse-eval: %s)" % (name, err.splitlines()[-1] if err else "?"))
@@ -279,6 +315,9 @@ def main():
                 got = ["sliding_attention" if s else "full_attention" for s in res["model"]["layer_is_swa"]]
                 if got != want_swa:
                     failures.append("%s: layer types %s, transformers has %s" % (name, got, want_swa))
+                got_rope = rope_type_of(res["model"].get("rope_scaling"))
+                if got_rope != want_rope:
+                    failures.append("%s: rope type %s, transformers has %s" % (name, got_rope, want_rope))
                 min_cos, x_sigma, x_hf = BOUNDS[kv]
                 bound = max(x_sigma * sigma, x_hf * hf16)
                 worst = dict(cos_min=1.0, cos_last=1.0, maxabs=0.0, maxabs_last=0.0)
@@ -308,7 +347,7 @@ def main():
                         # Diagnosis: an off-by-one window convention shows up as a better fit at W +- 1.
                         for w in (window - 1, window + 1):
                             alt, _ = run_kvfuse(args.kvfuse_bin, mdir, device, kv, prompts, forced, work,
-                                                ("sliding_window=%d" % w,))
+                                                ("sliding_window=%d" % w,), seq_cap)
                             if alt:
                                 d = max(compare(torch, r["forced_logits"], ref[i][1])["maxabs"]
                                         for i, r in enumerate(alt["results"]))

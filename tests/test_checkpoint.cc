@@ -177,13 +177,14 @@ TEST_CASE("hf config: special tokens from config.json, then generation_config.js
   CHECK(model_preset("tiny")->eos_token_ids.empty());
 }
 
-TEST_CASE("hf config: scaled RoPE, other architectures, biases and bad shapes are refused clearly",
+TEST_CASE("hf config: dynamic RoPE, other architectures, biases and bad shapes are refused clearly",
           "[checkpoint][hf_config][errors]") {
+  // Scaled RoPE (llama3, linear, yarn) loads: test_rope.cc. Dynamic NTK does not.
   json j = kLlama3;
-  j["rope_scaling"] = {{"factor", 8.0}, {"rope_type", "llama3"}, {"original_max_position_embeddings", 8192}};
-  CHECK(contains(hf_error(j, absl::StatusCode::kUnimplemented), "'llama3'"));
-  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
-  CHECK(contains(hf_error(j, absl::StatusCode::kUnimplemented), "'linear'"));
+  j["rope_scaling"] = {{"factor", 8.0}, {"rope_type", "dynamic"}};
+  CHECK(contains(hf_error(j, absl::StatusCode::kUnimplemented), "'dynamic'"));
+  j["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}};
+  CHECK(contains(hf_error(j, absl::StatusCode::kUnimplemented), "'longrope'"));
   j["rope_scaling"] = {{"rope_type", "default"}};
   CHECK(spec_from_hf_config(j, "config.json", "m").ok());
 

@@ -88,22 +88,37 @@ TEST_CASE("ops: rmsnorm matches a double-precision reference", "[ops]") {
 
 namespace {
 
+// theta^(-2i/D) in double: plain RoPE's frequencies.
+std::vector<double> plain_freq(double theta, int32_t D) {
+  std::vector<double> f(size_t(D / 2));
+  for (int32_t i = 0; i < D / 2; ++i) f[size_t(i)] = std::pow(theta, -2.0 * i / D);
+  return f;
+}
+
+// The fp32 table the op takes.
+std::vector<float> table_of(const std::vector<double>& freq) {
+  return std::vector<float>(freq.begin(), freq.end());
+}
+
 struct RopeCase {
   int32_t q_heads, kv_heads, head_dim;
-  float theta;
+  std::vector<double> freq;  // [head_dim / 2]; the op gets them rounded to fp32
+  double scaling;            // multiplies cos and sin
   std::vector<int32_t> positions;
 };
 
 void check_rope_against_double(const RopeCase& rc) {
   const int64_t n = int64_t(rc.positions.size());
   const int32_t D = rc.head_dim, half = D / 2;
+  REQUIRE(rc.freq.size() == size_t(half));
+  const std::vector<float> inv_freq = table_of(rc.freq);
   // Token strides larger than the rows, as for views into a fused QKV projection.
   const int64_t q_stride = int64_t(rc.q_heads) * D + 9, k_stride = int64_t(rc.kv_heads) * D + 4;
   std::vector<bf16_t> q = random_bf16(size_t(n * q_stride), -2.0f, 2.0f, 10);
   std::vector<bf16_t> k = random_bf16(size_t(n * k_stride), -2.0f, 2.0f, 11);
   const std::vector<bf16_t> q0 = q, k0 = k;
   cpu::rope_neox(q.data(), q_stride, rc.q_heads, k.data(), k_stride, rc.kv_heads, D, rc.positions.data(), n,
-                 rc.theta);
+                 inv_freq.data(), float(rc.scaling));
   int64_t bad = 0, pad_changed = 0;
   const auto check = [&](const std::vector<bf16_t>& before, const std::vector<bf16_t>& after, int64_t stride,
                          int32_t heads) {
@@ -114,12 +129,14 @@ void check_rope_against_double(const RopeCase& rc) {
         for (int32_t i = 0; i < half; ++i) {
           const size_t i0 = size_t(t * stride + int64_t(h) * D + i), i1 = i0 + size_t(half);
           const double a = bf(before[i0]), b = bf(before[i1]);
-          const double angle = double(rc.positions[size_t(t)]) * std::pow(double(rc.theta), -2.0 * i / D);
-          const double r0 = a * std::cos(angle) - b * std::sin(angle);
-          const double r1 = b * std::cos(angle) + a * std::sin(angle);
+          const double angle = double(rc.positions[size_t(t)]) * rc.freq[size_t(i)];
+          const double c = rc.scaling * std::cos(angle), s = rc.scaling * std::sin(angle);
+          const double r0 = a * c - b * s;
+          const double r1 = b * c + a * s;
           // The kernel's angle is the fp32 product pos * float(inv_freq): off by up to
-          // ~|angle| * 2^-23, which moves the outputs by that times the pair's norm.
-          const double norm = std::hypot(a, b);
+          // ~|angle| * 2^-23, which moves the outputs by that times the pair's norm
+          // (scaled as the outputs are).
+          const double norm = std::hypot(a, b) * rc.scaling;
           const double slack = (std::fabs(angle) * std::ldexp(1.0, -22) + std::ldexp(1.0, -20)) * norm;
           bad += !(std::fabs(bf(after[i0]) - r0) <= bf16_ulp(r0) / 2 + slack);
           bad += !(std::fabs(bf(after[i1]) - r1) <= bf16_ulp(r1) / 2 + slack);
@@ -135,9 +152,59 @@ void check_rope_against_double(const RopeCase& rc) {
 }  // namespace
 
 TEST_CASE("ops: rope_neox matches a double-precision formula", "[ops]") {
-  check_rope_against_double({4, 2, 64, 10000.0f, {0, 1, 2, 17, 100, 1023, 4095}});
-  check_rope_against_double({8, 1, 128, 500000.0f, {3, 8191, 31, 2047}});
-  check_rope_against_double({2, 2, 256, 1000000.0f, {5, 123456}});
+  check_rope_against_double({4, 2, 64, plain_freq(10000.0, 64), 1.0, {0, 1, 2, 17, 100, 1023, 4095}});
+  check_rope_against_double({8, 1, 128, plain_freq(500000.0, 128), 1.0, {3, 8191, 31, 2047}});
+  check_rope_against_double({2, 2, 256, plain_freq(1000000.0, 256), 1.0, {5, 123456}});
+}
+
+TEST_CASE("ops: rope_neox with a scaled table and attention scaling matches a double-precision formula",
+          "[ops][rope]") {
+  // Llama 3.1's table (theta 5e5, factor 8, low 1, high 4, original 8192), computed here
+  // from the formula: long wavelengths divided by 8, short ones kept, the band between
+  // interpolated. Positions far beyond the original context.
+  std::vector<double> llama3 = plain_freq(500000.0, 128);
+  for (double& f : llama3) {
+    const double wavelen = 2.0 * M_PI / f;
+    if (wavelen > 8192.0) {
+      f /= 8.0;
+    } else if (wavelen >= 8192.0 / 4.0) {
+      const double s = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+      f = (1.0 - s) * f / 8.0 + s * f;
+    }
+  }
+  check_rope_against_double({8, 2, 128, llama3, 1.0, {0, 5, 8191, 8192, 40000, 131071}});
+  // Linear x4 with yarn's attention factor for factor 4 (0.1 ln 4 + 1 = 1.1386...): the
+  // op multiplies cos and sin, whatever the table.
+  std::vector<double> linear = plain_freq(1000000.0, 128);
+  for (double& f : linear) f /= 4.0;
+  check_rope_against_double({4, 1, 128, linear, 0.1 * std::log(4.0) + 1.0, {1, 77, 32767, 131000}});
+  check_rope_against_double({2, 2, 64, plain_freq(10000.0, 64), 0.75, {3, 4095}});
+}
+
+TEST_CASE("ops: rope_neox with attention_scaling 1 is bit-identical to the unscaled rotation",
+          "[ops][rope]") {
+  // cos * 1.0f and sin * 1.0f are exact: the same bytes as a rotation without the factor,
+  // checked against a pair rotated here with the op's own fp32 steps.
+  const int32_t D = 64, qh = 2, kh = 1;
+  const int64_t n = 4;
+  std::vector<bf16_t> q = random_bf16(size_t(n * qh * D), -3.0f, 3.0f, 40);
+  std::vector<bf16_t> k = random_bf16(size_t(n * kh * D), -3.0f, 3.0f, 41);
+  const std::vector<bf16_t> q0 = q;
+  const std::vector<int32_t> pos = {0, 9, 500, 70000};
+  const std::vector<float> inv = table_of(plain_freq(10000.0, D));
+  cpu::rope_neox(q.data(), qh * D, qh, k.data(), kh * D, kh, D, pos.data(), n, inv.data(), 1.0f);
+  int64_t differ = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int32_t h = 0; h < qh; ++h)
+      for (int32_t i = 0; i < D / 2; ++i) {
+        const size_t i0 = size_t((t * qh + h) * D + i), i1 = i0 + D / 2;
+        const float angle = float(pos[size_t(t)]) * inv[size_t(i)];
+        const float c = std::cos(angle), s = std::sin(angle);
+        const float a = kvfuse::bf16_to_f32(q0[i0]), b = kvfuse::bf16_to_f32(q0[i1]);
+        differ += q[i0] != kvfuse::f32_to_bf16(a * c - b * s);
+        differ += q[i1] != kvfuse::f32_to_bf16(b * c + a * s);
+      }
+  CHECK(differ == 0);
 }
 
 TEST_CASE("ops: rope_neox at position 0 is the identity", "[ops]") {
@@ -147,7 +214,8 @@ TEST_CASE("ops: rope_neox at position 0 is the identity", "[ops]") {
   std::vector<bf16_t> k = random_bf16(size_t(n * kh * D), -5.0f, 5.0f, 21);
   const std::vector<bf16_t> q0 = q, k0 = k;
   const std::vector<int32_t> pos(size_t(n), 0);
-  cpu::rope_neox(q.data(), qh * D, qh, k.data(), kh * D, kh, D, pos.data(), n, 10000.0f);
+  const std::vector<float> inv = table_of(plain_freq(10000.0, D));
+  cpu::rope_neox(q.data(), qh * D, qh, k.data(), kh * D, kh, D, pos.data(), n, inv.data(), 1.0f);
   CHECK((q == q0));
   CHECK((k == k0));
 }
@@ -159,7 +227,8 @@ TEST_CASE("ops: rope_neox preserves the norm of each rotated pair", "[ops]") {
   std::vector<bf16_t> k = random_bf16(size_t(n * kh * D), -4.0f, 4.0f, 31);
   const std::vector<bf16_t> q0 = q;
   const std::vector<int32_t> pos = {1, 10, 333, 2000, 65535};
-  cpu::rope_neox(q.data(), qh * D, qh, k.data(), kh * D, kh, D, pos.data(), n, 10000.0f);
+  const std::vector<float> inv = table_of(plain_freq(10000.0, D));
+  cpu::rope_neox(q.data(), qh * D, qh, k.data(), kh * D, kh, D, pos.data(), n, inv.data(), 1.0f);
   int64_t bad = 0, moved = 0;
   for (int64_t t = 0; t < n; ++t)
     for (int32_t h = 0; h < qh; ++h)

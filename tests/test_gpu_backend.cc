@@ -11,6 +11,7 @@
 #include "kernels/fp8.h"
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
+#include "src/loading/rope.h"
 
 using namespace kvfuse;
 
@@ -127,15 +128,33 @@ TEST_CASE("gpu backend: row and elementwise ops match the CPU within one bf16 ul
   const auto qkv = random_bf16(size_t(rows * stride), 6);
   std::vector<int32_t> pos(static_cast<size_t>(rows));
   for (int64_t i = 0; i < rows; ++i) pos[size_t(i)] = int32_t(i * 1000 + 3);
-  auto [pc, pg] = both([&](Backend& b) {
-    Mirror<bf16_t> t(b, qkv);
-    Mirror<int32_t> p(b, pos);
-    REQUIRE(b.rope(t.ptr(), stride, qh, t.ptr() + qh * d, stride, kvh, d, p.ptr(), rows, 500000.0f).ok());
-    return t.read(b);
-  });
-  // Device sinf/cosf are within 2 ulp of the libm's: the rotated pair may land one
-  // bf16 ulp apart, plus an absolute term for the cancellation in x0*c - x1*s.
-  check_close(pc, pg, 1, 2e-3f, "rope");
+  // Plain RoPE, Llama 3.1's llama3 table, and yarn (factor 4, attention factor 1.1386:
+  // cos and sin scaled) over an original context that the positions pass.
+  RopeScaling llama3;
+  llama3.type = RopeType::kLlama3;
+  llama3.factor = 8;
+  llama3.original_max_position = 8192;
+  RopeScaling yarn;
+  yarn.type = RopeType::kYarn;
+  yarn.factor = 4;
+  yarn.original_max_position = 1024;
+  for (const RopeScaling& sc : {RopeScaling{}, llama3, yarn}) {
+    CAPTURE(rope_type_name(sc.type));
+    auto table = rope_table(500000.0, d, sc);
+    REQUIRE(table.ok());
+    auto [pc, pg] = both([&](Backend& b) {
+      Mirror<bf16_t> t(b, qkv);
+      Mirror<int32_t> p(b, pos);
+      Mirror<float> inv(b, table->inv_freq);
+      REQUIRE(b.rope(t.ptr(), stride, qh, t.ptr() + qh * d, stride, kvh, d, p.ptr(), rows, inv.ptr(),
+                     table->attention_scaling)
+                  .ok());
+      return t.read(b);
+    });
+    // Device sinf/cosf are within 2 ulp of the libm's: the rotated pair may land one
+    // bf16 ulp apart, plus an absolute term for the cancellation in x0*c - x1*s.
+    check_close(pc, pg, 1, 2e-3f * table->attention_scaling, "rope");
+  }
 }
 
 TEST_CASE("gpu backend: greedy argmax and the finiteness flag equal the CPU's on every row",

@@ -81,7 +81,7 @@ class HostTestBackend final : public Backend {
   absl::Status linear(const bf16_t*, int64_t, const LinearWeight&, bf16_t*) override { return no(); }
   absl::Status linear_logits(const bf16_t*, int64_t, const LinearWeight&, float*) override { return no(); }
   absl::Status rope(bf16_t*, int64_t, int32_t, bf16_t*, int64_t, int32_t, int32_t, const int32_t*, int64_t,
-                    float) override {
+                    const float*, float) override {
     return no();
   }
   absl::Status silu_mul(const bf16_t*, int64_t, int64_t, bf16_t*) override { return no(); }

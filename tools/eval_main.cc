@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
 #include "src/loading/checkpoint.h"
+#include "src/loading/hf_config.h"
 #include "src/runtime/engine.h"
 #include "tools/tool_util.h"
 
@@ -156,6 +157,8 @@ int main(int argc, char** argv) {
                 {"num_kv_heads", s.num_kv_heads},
                 {"head_dim", s.head_dim},
                 {"rope_theta", s.rope_theta},
+                {"rope_scaling", rope_scaling_json(s.rope_scaling)},
+                {"max_position", s.max_position},
                 {"rms_eps", s.rms_eps},
                 {"tie_embeddings", s.tie_embeddings},
                 {"qkv_bias", s.qkv_bias},

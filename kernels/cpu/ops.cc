@@ -55,20 +55,18 @@ void rotate_heads(bf16_t* row, int32_t heads, int32_t head_dim, const float* cos
 }  // namespace
 
 void rope_neox(bf16_t* q, int64_t q_token_stride, int32_t q_heads, bf16_t* k, int64_t k_token_stride,
-               int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n, float theta) {
+               int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n, const float* inv_freq,
+               float attention_scaling) {
   const int32_t half = head_dim / 2;
-  // inv_freq is computed in double and rounded once to fp32, so it is the correctly
-  // rounded theta^(-2i/D) whatever the libm's powf accuracy; the angle is then the fp32
-  // product pos * inv_freq, as a GPU kernel computes it.
-  std::vector<float> inv_freq(sz(half)), cos_t(sz(half)), sin_t(sz(half));
-  for (int32_t i = 0; i < half; ++i)
-    inv_freq[i] = float(std::pow(double(theta), -2.0 * double(i) / double(head_dim)));
+  // The angle is the fp32 product pos * inv_freq, as a GPU kernel computes it; the table
+  // itself was rounded once from double (src/loading/rope.h).
+  std::vector<float> cos_t(sz(half)), sin_t(sz(half));
   for (int64_t t = 0; t < n; ++t) {
     const float pos = float(positions[t]);
     for (int32_t i = 0; i < half; ++i) {
       const float angle = pos * inv_freq[i];
-      cos_t[i] = std::cos(angle);
-      sin_t[i] = std::sin(angle);
+      cos_t[i] = std::cos(angle) * attention_scaling;
+      sin_t[i] = std::sin(angle) * attention_scaling;
     }
     rotate_heads(q + t * q_token_stride, q_heads, head_dim, cos_t.data(), sin_t.data());
     rotate_heads(k + t * k_token_stride, kv_heads, head_dim, cos_t.data(), sin_t.data());

@@ -104,9 +104,11 @@ class Backend {
                                bf16_t* out) = 0;
   virtual absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) = 0;
   virtual absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) = 0;
+  // inv_freq: the model's frequency table [head_dim / 2] in backend memory (uploaded
+  // once; src/loading/rope.h); cos and sin are multiplied by attention_scaling.
   virtual absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
                             int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
-                            float theta) = 0;
+                            const float* inv_freq, float attention_scaling) = 0;
   virtual absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) = 0;
   virtual absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) = 0;
   virtual absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,

@@ -410,7 +410,7 @@ json hf_config_json(const ModelSpec& s) {
       {"hidden_act", "silu"},
       {"rms_norm_eps", double(s.rms_eps)},
       {"rope_theta", double(s.rope_theta)},
-      {"rope_scaling", nullptr},
+      {"rope_scaling", rope_scaling_json(s.rope_scaling)},
       {"max_position_embeddings", s.max_position},
       {"tie_word_embeddings", s.tie_embeddings},
       {"torch_dtype", "bfloat16"},

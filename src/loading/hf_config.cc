@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
+#include "src/loading/rope.h"
 
 namespace kvfuse {
 
@@ -67,18 +68,158 @@ struct Reader {
   }
 };
 
-
-// The RoPE variant: only "default" (plain RoPE) is implemented.
-absl::Status check_rope(const Reader& r, const char* key) {
-  if (!r.present(key)) return absl::OkStatus();
+// One RoPE dict, `rope_scaling` (transformers 4.x) or `rope_parameters` (5), read as
+// transformers 5 standardizes it: the type from `rope_type` (or the legacy `type`),
+// original_max_position_embeddings from the config's top level when it has one (the
+// Phi-3 convention, which transformers puts first), else the dict, else
+// max_position_embeddings, and yarn's null factor from max_position_embeddings /
+// original. Every field's error names it as key.field.
+absl::StatusOr<RopeScaling> read_rope_dict(const Reader& r, const char* key, int32_t max_position) {
   const json& v = r.j.at(key);
   if (!v.is_object()) return r.error(key, "is not an object");
-  const std::string type = r.string_or(v, "rope_type", r.string_or(v, "type", "default"));
-  if (type != "default") {
-    return absl::UnimplementedError(absl::StrCat(r.source, ": '", key, "' has rope type '", type,
-                                                 "'; kvfuse implements plain RoPE only (rope_type "
-                                                 "'default'), and serving a scaled-RoPE model with plain "
-                                                 "RoPE would give wrong logits"));
+  const std::string p = absl::StrCat(key, ".");
+  for (const auto& [name, value] : v.items()) {
+    if (value.is_object()) {
+      return absl::UnimplementedError(absl::StrCat(r.source, ": '", key,
+                                                   "' has per-layer-type RoPE parameters ('", name,
+                                                   "'); kvfuse applies one RoPE to every layer"));
+    }
+  }
+  const char* type_key = v.contains("rope_type") ? "rope_type" : "type";
+  std::string type = "default";
+  if (v.contains(type_key) && !v.at(type_key).is_null()) {
+    if (!v.at(type_key).is_string()) return r.error(p + type_key, "is not a string");
+    type = v.at(type_key).get<std::string>();
+  }
+  RopeScaling sc;
+  if (type == "default") {
+    sc.type = RopeType::kDefault;
+  } else if (type == "linear") {
+    sc.type = RopeType::kLinear;
+  } else if (type == "llama3") {
+    sc.type = RopeType::kLlama3;
+  } else if (type == "yarn") {
+    sc.type = RopeType::kYarn;
+  } else {
+    const char* why = type == "dynamic" ? "dynamic NTK recomputes the frequencies as the sequence grows past "
+                                          "max_position_embeddings, which a fixed table cannot express"
+                      : type == "longrope" ? "longrope switches between two frequency sets by sequence length"
+                                           : "it is not a rope type kvfuse knows";
+    return absl::UnimplementedError(
+        absl::StrCat(r.source, ": '", key, "' has rope type '", type,
+                     "'; kvfuse implements default, linear, llama3 and yarn (", why,
+                     "), and serving the model with another RoPE would give wrong logits"));
+  }
+
+  // Optional numbers: absent or null leave `out` unset.
+  auto number = [&](const char* field, std::optional<double>& out) -> absl::Status {
+    if (!v.contains(field) || v.at(field).is_null()) return absl::OkStatus();
+    if (!v.at(field).is_number()) return r.error(p + field, "is not a number");
+    out = v.at(field).get<double>();
+    return absl::OkStatus();
+  };
+  std::optional<double> partial;
+  KVFUSE_RETURN_IF_ERROR(number("partial_rotary_factor", partial));
+  if (partial && *partial != 1.0)
+    return absl::UnimplementedError(
+        absl::StrCat(r.source, ": '", p, "partial_rotary_factor' != 1 is not supported"));
+  if (sc.type == RopeType::kDefault) return sc;
+
+  std::optional<double> factor;
+  KVFUSE_RETURN_IF_ERROR(number("factor", factor));
+  if (!v.contains("factor") || (v.at("factor").is_null() && sc.type != RopeType::kYarn))
+    return r.error(p + "factor", absl::StrCat("is missing; rope type '", type, "' needs it"));
+  if (factor) sc.factor = *factor;
+  auto validated = [&]() -> absl::StatusOr<RopeScaling> {
+    if (absl::Status st = validate_rope_scaling(sc, p); !st.ok())
+      return absl::InvalidArgumentError(absl::StrCat(r.source, ": ", st.message()));
+    return sc;
+  };
+  if (sc.type == RopeType::kLinear) return validated();
+
+  // The pretraining context: an integer.
+  auto integer = [&](const json& obj, const std::string& name, const char* field,
+                     int32_t& out) -> absl::Status {
+    const json& x = obj.at(field);
+    if (!x.is_number_integer() || x.get<int64_t>() < 1 || x.get<int64_t>() > (int64_t(1) << 24))
+      return r.error(
+          name, absl::StrCat("is ", x.dump(), "; an integer in [1, ", int64_t(1) << 24, "] was expected"));
+    out = int32_t(x.get<int64_t>());
+    return absl::OkStatus();
+  };
+  constexpr const char* kOriginal = "original_max_position_embeddings";
+  if (r.present(kOriginal)) {
+    KVFUSE_RETURN_IF_ERROR(integer(r.j, kOriginal, kOriginal, sc.original_max_position));
+  } else if (v.contains(kOriginal) && !v.at(kOriginal).is_null()) {
+    KVFUSE_RETURN_IF_ERROR(integer(v, p + kOriginal, kOriginal, sc.original_max_position));
+  } else {
+    sc.original_max_position = max_position;
+  }
+
+  if (sc.type == RopeType::kLlama3) {
+    std::optional<double> low, high;
+    KVFUSE_RETURN_IF_ERROR(number("low_freq_factor", low));
+    KVFUSE_RETURN_IF_ERROR(number("high_freq_factor", high));
+    if (!low) return r.error(p + "low_freq_factor", "is missing; rope type 'llama3' needs it");
+    if (!high) return r.error(p + "high_freq_factor", "is missing; rope type 'llama3' needs it");
+    sc.low_freq_factor = *low;
+    sc.high_freq_factor = *high;
+  } else {  // yarn
+    if (!factor) sc.factor = double(max_position) / double(sc.original_max_position);
+    std::optional<double> beta_fast, beta_slow;
+    KVFUSE_RETURN_IF_ERROR(number("beta_fast", beta_fast));
+    KVFUSE_RETURN_IF_ERROR(number("beta_slow", beta_slow));
+    // transformers: `get("beta_fast") or 32`, so 0 takes the default as null does.
+    sc.beta_fast = beta_fast.value_or(0.0) != 0.0 ? *beta_fast : 32.0;
+    sc.beta_slow = beta_slow.value_or(0.0) != 0.0 ? *beta_slow : 1.0;
+    KVFUSE_RETURN_IF_ERROR(number("attention_factor", sc.attention_factor));
+    KVFUSE_RETURN_IF_ERROR(number("mscale", sc.mscale));
+    KVFUSE_RETURN_IF_ERROR(number("mscale_all_dim", sc.mscale_all_dim));
+    if (v.contains("truncate") && !v.at("truncate").is_null()) {
+      if (!v.at("truncate").is_boolean()) return r.error(p + "truncate", "is not true or false");
+      sc.truncate = v.at("truncate").get<bool>();
+    }
+  }
+  return validated();
+}
+
+// RoPE: theta from rope_parameters.rope_theta, else the top-level rope_theta; the
+// scaling from whichever of rope_scaling / rope_parameters is given (both: they must
+// agree). yarn serves original_max_position_embeddings x factor positions, as its
+// model cards state, even where max_position_embeddings still says the original.
+absl::Status read_rope(const Reader& r, ModelSpec& s) {
+  KVFUSE_RETURN_IF_ERROR(r.number(r.j, "rope_theta", 1.0, 1e12, 10000.0, s.rope_theta));
+  std::optional<RopeScaling> from_scaling, from_params;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!r.present(key)) continue;
+    auto sc = read_rope_dict(r, key, s.max_position);
+    if (!sc.ok()) return sc.status();
+    (std::string(key) == "rope_scaling" ? from_scaling : from_params) = *sc;
+  }
+  if (r.present("rope_parameters")) {
+    KVFUSE_RETURN_IF_ERROR(
+        r.number(r.j.at("rope_parameters"), "rope_theta", 1.0, 1e12, s.rope_theta, s.rope_theta));
+  }
+  if (from_scaling && from_params && !(*from_scaling == *from_params) && !r.j.at("rope_scaling").empty()) {
+    return r.error("rope_scaling",
+                   absl::StrCat("(rope type '", rope_type_name(from_scaling->type),
+                                "') and 'rope_parameters' (rope type '", rope_type_name(from_params->type),
+                                "') describe different RoPE scalings; keep one"));
+  }
+  s.rope_scaling = from_scaling && !r.j.at("rope_scaling").empty() ? *from_scaling
+                   : from_params                                   ? *from_params
+                                                                   : RopeScaling{};
+  float partial = 1.0f;
+  KVFUSE_RETURN_IF_ERROR(r.number(r.j, "partial_rotary_factor", 0.0, 1.0, 1.0, partial));
+  if (partial != 1.0f)
+    return absl::UnimplementedError(absl::StrCat(r.source, ": partial_rotary_factor != 1 is not supported"));
+  // Everything the table needs (theta > 1 for yarn, ...) is checked here, at load.
+  auto table = rope_table(s);
+  if (!table.ok()) return absl::InvalidArgumentError(absl::StrCat(r.source, ": ", table.status().message()));
+  const RopeScaling& sc = s.rope_scaling;
+  if (sc.type == RopeType::kYarn) {
+    const double extended = std::floor(double(sc.original_max_position) * sc.factor);
+    s.max_position = int32_t(std::clamp(extended, double(s.max_position), double(int64_t(1) << 24)));
   }
   return absl::OkStatus();
 }
@@ -118,6 +259,25 @@ absl::Status read_special_tokens(const json& j, absl::string_view source, ModelS
     s.eos_token_ids = std::move(ids);
   }
   return absl::OkStatus();
+}
+
+json rope_scaling_json(const RopeScaling& sc) {
+  if (sc.type == RopeType::kDefault) return nullptr;
+  json j = {{"rope_type", rope_type_name(sc.type)}, {"factor", sc.factor}};
+  if (sc.type == RopeType::kLinear) return j;
+  j["original_max_position_embeddings"] = sc.original_max_position;
+  if (sc.type == RopeType::kLlama3) {
+    j["low_freq_factor"] = sc.low_freq_factor;
+    j["high_freq_factor"] = sc.high_freq_factor;
+    return j;
+  }
+  j["beta_fast"] = sc.beta_fast;
+  j["beta_slow"] = sc.beta_slow;
+  if (sc.attention_factor) j["attention_factor"] = *sc.attention_factor;
+  if (sc.mscale) j["mscale"] = *sc.mscale;
+  if (sc.mscale_all_dim) j["mscale_all_dim"] = *sc.mscale_all_dim;
+  if (!sc.truncate) j["truncate"] = false;
+  return j;
 }
 
 absl::StatusOr<ModelSpec> spec_from_hf_config(const json& j, absl::string_view source,
@@ -199,15 +359,7 @@ absl::StatusOr<ModelSpec> spec_from_hf_config(const json& j, absl::string_view s
   KVFUSE_RETURN_IF_ERROR(read_special_tokens(j, source, s));
 
   // RoPE: rope_parameters (transformers 5) or rope_theta + rope_scaling (4.x).
-  KVFUSE_RETURN_IF_ERROR(check_rope(r, "rope_scaling"));
-  KVFUSE_RETURN_IF_ERROR(check_rope(r, "rope_parameters"));
-  KVFUSE_RETURN_IF_ERROR(r.number(j, "rope_theta", 1.0, 1e12, 10000.0, s.rope_theta));
-  if (r.present("rope_parameters"))
-    KVFUSE_RETURN_IF_ERROR(r.number(j.at("rope_parameters"), "rope_theta", 1.0, 1e12, s.rope_theta, s.rope_theta));
-  float partial = 1.0f;
-  KVFUSE_RETURN_IF_ERROR(r.number(j, "partial_rotary_factor", 0.0, 1.0, 1.0, partial));
-  if (partial != 1.0f)
-    return absl::UnimplementedError(absl::StrCat(source, ": partial_rotary_factor != 1 is not supported"));
+  KVFUSE_RETURN_IF_ERROR(read_rope(r, s));
 
   // Biases: Qwen2 has q/k/v biases and no others; Llama-style configs must have none.
   s.qkv_bias = qwen2;

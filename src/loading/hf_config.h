@@ -9,10 +9,16 @@
 //   - Qwen2 without `layer_types`: layers i >= `max_window_layers` use the window when
 //     `use_sliding_window` is true and `sliding_window` is not null; otherwise none;
 //   - Llama: none.
-// RoPE: plain rotary embedding with `rope_theta` (or `rope_parameters.rope_theta`).
-// `rope_scaling` / `rope_parameters` types other than "default" (llama3, linear, yarn,
-// dynamic, longrope) are refused with UNIMPLEMENTED: they change every frequency, so
-// serving them as plain RoPE would silently give wrong logits.
+// RoPE: `rope_theta` (or `rope_parameters.rope_theta`), scaled as `rope_scaling`
+// (transformers 4.x) or `rope_parameters` (5) says: rope_type (or the legacy `type`)
+// default, linear, llama3 or yarn, with the fields and defaults transformers 5 reads
+// (src/loading/rope.h has the formulas; yarn's original_max_position_embeddings falls
+// back to the top-level key, then to max_position_embeddings, and a null yarn factor is
+// max_position_embeddings / original). yarn raises ModelSpec::max_position to
+// original x factor when max_position_embeddings is smaller. dynamic, longrope and
+// unknown types are refused with UNIMPLEMENTED: their frequencies differ, so serving
+// them as another RoPE would silently give wrong logits. Bad values are
+// INVALID_ARGUMENT naming the field (e.g. 'rope_scaling.factor').
 #pragma once
 
 #include <string>
@@ -35,5 +41,8 @@ absl::StatusOr<ModelSpec> load_hf_config(const std::string& model_dir);
 // `bos_token_id`, `pad_token_id` (an id or null) and `eos_token_id` (an id, a list of
 // ids, or null), each in [0, s.vocab); keys that are absent leave s as it is.
 absl::Status read_special_tokens(const nlohmann::json& j, absl::string_view source, ModelSpec& s);
+// The `rope_scaling` value of a config.json that spec_from_hf_config reads back as `sc`
+// (transformers 4.x layout, which transformers 5 also reads): null for default RoPE.
+nlohmann::json rope_scaling_json(const RopeScaling& sc);
 
 }  // namespace kvfuse

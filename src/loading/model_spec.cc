@@ -5,6 +5,20 @@
 
 namespace kvfuse {
 
+const char* rope_type_name(RopeType t) {
+  switch (t) {
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return "linear";
+    case RopeType::kLlama3:
+      return "llama3";
+    case RopeType::kYarn:
+      return "yarn";
+  }
+  return "?";
+}
+
 bool ModelSpec::any_swa() const {
   for (bool b : layer_is_swa) {
     if (b) return true;

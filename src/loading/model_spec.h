@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,38 @@
 #include "src/loading/config.h"
 
 namespace kvfuse {
+
+// How the rotary embedding's frequencies are scaled for long contexts, as a Hugging Face
+// config.json's `rope_scaling` (transformers 4.x) or `rope_parameters` (transformers 5)
+// describes it. src/loading/rope.h turns it into the frequency table; the formulas are
+// transformers' (modeling_rope_utils.py). `dynamic` and `longrope` are not represented:
+// their frequencies change with the sequence length, and loading refuses them.
+enum class RopeType { kDefault, kLinear, kLlama3, kYarn };
+
+struct RopeScaling {
+  RopeType type = RopeType::kDefault;
+  double factor = 1.0;  // linear, llama3, yarn
+  // llama3 and yarn: the context length the model was pretrained with.
+  int32_t original_max_position = 0;
+  // llama3: wavelengths above original / low_freq_factor are divided by factor, those
+  // below original / high_freq_factor are kept, the band between is interpolated.
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  // yarn: the ramp between extrapolated and interpolated dimensions (in rotations over
+  // the original context), and the attention factor that multiplies cos and sin: the
+  // given one, else from mscale / mscale_all_dim, else 0.1 ln(factor) + 1.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  std::optional<double> attention_factor;
+  std::optional<double> mscale;
+  std::optional<double> mscale_all_dim;
+  bool truncate = true;  // round the ramp's ends to whole dimensions
+
+  bool operator==(const RopeScaling&) const = default;
+};
+
+// "default", "linear", "llama3", "yarn": the names transformers uses.
+const char* rope_type_name(RopeType t);
 
 struct ModelSpec {
   std::string name;
@@ -21,6 +54,7 @@ struct ModelSpec {
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
   float rms_eps = 1e-5f;
   bool qkv_bias = false;
   bool tie_embeddings = false;

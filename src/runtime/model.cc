@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
+#include "src/loading/rope.h"
 
 namespace kvfuse {
 
@@ -44,6 +45,17 @@ absl::Status Model::init_weights(HostWeightSource& weights) {
     return absl::OkStatus();
   };
 
+  {
+    // RoPE's frequency table, scaled as the config says, uploaded once.
+    auto rope = rope_table(s);
+    if (!rope.ok()) return rope.status();
+    const size_t bytes = rope->inv_freq.size() * sizeof(float);
+    auto b = backend_.alloc(bytes);
+    if (!b.ok()) return b.status();
+    rope_inv_freq_ = std::move(*b);
+    KVFUSE_RETURN_IF_ERROR(backend_.copy_to_device(rope_inv_freq_.get(), rope->inv_freq.data(), bytes));
+    rope_attention_scaling_ = rope->attention_scaling;
+  }
   {
     HostGlobalWeights g;
     KVFUSE_RETURN_IF_ERROR(weights.globals(g));
@@ -90,7 +102,8 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(x, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.qkv, p.qkv));
     KVFUSE_RETURN_IF_ERROR(backend_.rope(q, qkv_dim, s.num_q_heads, k, qkv_dim, s.num_kv_heads, s.head_dim,
-                                         p.positions, T, s.rope_theta));
+                                         p.positions, T, rope_inv_freq_.as<float>(),
+                                         rope_attention_scaling_));
 
     // K and V are strided views into the fused QKV rows: the write reads them in place.
     KvWriteArgs w;

@@ -74,6 +74,8 @@ class Model {
   ModelSpec spec_;
   DeviceBuffer embed_;       // [vocab, hidden] bf16
   DeviceBuffer final_norm_;  // [hidden] bf16
+  DeviceBuffer rope_inv_freq_;  // [head_dim / 2] fp32 (src/loading/rope.h)
+  float rope_attention_scaling_ = 1.0f;
   LinearWeight lm_head_;
   std::vector<Layer> layers_;
 };

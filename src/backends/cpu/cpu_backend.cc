@@ -104,8 +104,9 @@ class CpuBackend final : public Backend {
   }
   absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
                     int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
-                    float theta) override {
-    cpu::rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions, n, theta);
+                    const float* inv_freq, float attention_scaling) override {
+    cpu::rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions, n, inv_freq,
+                   attention_scaling);
     return absl::OkStatus();
   }
   absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {

@@ -167,9 +167,9 @@ class GpuBackend final : public Backend {
   }
   absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
                     int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
-                    float theta) override {
+                    const float* inv_freq, float attention_scaling) override {
     return cuda_status(gpu::launch_rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions,
-                                             n, theta, stream_),
+                                             n, inv_freq, attention_scaling, stream_),
                        "rope");
   }
   absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
