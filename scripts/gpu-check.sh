@@ -10,8 +10,9 @@
 # the parity programs, bench_kv_write and bench_attention, then (if compute-sanitizer
 # is there and works) the KV-write and attention tests once more under memcheck (reduced
 # matrices). Files go to $OUT (the device runner's output folder; at most 8 files come
-# back from it, this writes 8: summary.txt, build.log, gpu_tests.log with every test
-# program's and memcheck's output, engine.log, and per benchmark its table and JSON) or,
+# back from it; this writes 10: summary.txt, build.log, gpu_tests.log with every test
+# program's and memcheck's output, engine.log, hf_reference.log and .json, and per
+# benchmark its table and JSON; the device run packs them into one archive) or,
 # if unset, build-gpu-check/logs. Exit status: 0 if the build and every test passed (or
 # were skipped for lack of a GPU), 1 otherwise.
 #
@@ -140,6 +141,18 @@ if [[ -x $bundle/test_gpu_backend ]]; then
   tail -3 "$out/engine.log"
   note "kvfuse-run on cuda: exit $rc ($(elapsed))"
   ((rc == 0)) || status=1
+  # Against Hugging Face transformers on random small checkpoints (plain and scaled RoPE,
+  # GQA, biases, windows), on the CPU and the GPU: needs torch and transformers.
+  if [[ -x $bundle/kvfuse-eval ]] && python3 -c "import torch, transformers" 2>/dev/null; then
+    python3 tests/hf_reference.py --kvfuse-bin "$bundle/kvfuse-eval" --device cpu --device cuda \
+      --json-out "$out/hf_reference.json" >"$out/hf_reference.log" 2>&1
+    rc=$?
+    tail -25 "$out/hf_reference.log"
+    note "hf_reference.py (cpu, cuda): exit $rc ($(elapsed))"
+    ((rc == 0)) || status=1
+  else
+    note "hf_reference.py: SKIP (no kvfuse-eval in the bundle, or no torch/transformers)"
+  fi
 else
   note "engine tests: SKIP (no $bundle; build it with scripts/gpu-bundle.sh)"
 fi

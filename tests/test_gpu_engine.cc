@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "kernels/cpu/sampling.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/engine_test_util.h"
 
@@ -229,4 +230,58 @@ TEST_CASE("gpu engine: a head_dim the kernels are not built for is refused at st
   CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(e.status().message()), Catch::Matchers::ContainsSubstring("head_dim 96"));
   CHECK_THAT(std::string(e.status().message()), Catch::Matchers::ContainsSubstring("64, 128, 256"));
+}
+
+TEST_CASE("gpu engine: logprobs are the device logits' log-softmax, in and out of graphs", "[gpu][engine][logprobs]") {
+  // The decode steps replay graphs that end with the logprobs kernel; each step's
+  // logprobs must be the CPU reference's on the logits the same step returns (1e-4, top
+  // ids exact). Prompt logprobs (39 rows through a 4-row logits buffer) against the CPU
+  // engine's: the engines' logits differ by up to 0.25 (the bound above), so 0.5 here.
+  auto gpu = gpu_engine_or_skip({{"max_running_seqs", 4}});
+  if (!gpu) return;
+  auto cpu = make_engine({{"max_running_seqs", 4}});
+  const int32_t vocab = gpu->spec().vocab;
+  const auto prompt = prompt_of(40, 21, vocab);
+  std::vector<TokenLogprob> prompt_lp[2];
+  int engine_index = 0;
+  for (Engine* e : {gpu.get(), cpu.get()}) {
+    REQUIRE(e->add_sequence(1, prompt, SamplingParams{}).ok());
+    int32_t pending = 40;
+    for (int step = 0; step < 8; ++step) {
+      StepItem it{1, pending, true, true};
+      it.logprobs = true;
+      it.prompt_logprobs = step == 0;
+      it.top_logprobs = 5;
+      auto r = e->step({it});
+      REQUIRE(r.ok());
+      const StepResult& res = (*r)[0];
+      REQUIRE(res.status.ok());
+      REQUIRE(res.logprob.has_value());
+      if (step == 0) prompt_lp[engine_index] = res.prompt_logprobs;
+      LogprobOut want;
+      cpu::logprobs_row(e->last_logits().data() + size_t(res.logits_row) * size_t(vocab), vocab, *res.token, 5, want);
+      CAPTURE(engine_index, step);
+      CHECK(res.logprob->token == *res.token);
+      CHECK(std::abs(res.logprob->logprob - want.logprob) <= 1e-4f);
+      REQUIRE(res.logprob->top.size() == 5);
+      for (int j = 0; j < 5; ++j) {
+        CHECK(res.logprob->top[size_t(j)].first == want.top_ids[j]);
+        CHECK(std::abs(res.logprob->top[size_t(j)].second - want.top_logprobs[j]) <= 1e-4f);
+      }
+      pending = 1;
+    }
+    REQUIRE(e->release(1).ok());
+    ++engine_index;
+  }
+  CHECK(gpu->graph_stats().replays > 0);
+  REQUIRE(prompt_lp[0].size() == 39);
+  REQUIRE(prompt_lp[1].size() == 39);
+  float worst = 0;
+  for (size_t i = 0; i < 39; ++i) {
+    CHECK(prompt_lp[0][i].token == prompt[i + 1]);
+    CHECK(prompt_lp[1][i].token == prompt[i + 1]);
+    worst = std::max(worst, std::fabs(prompt_lp[0][i].logprob - prompt_lp[1][i].logprob));
+  }
+  std::printf("gpu engine prompt logprobs: max |dlogprob| vs the CPU engine %.4f over 39 tokens\n", worst);
+  CHECK(worst <= 0.5f);
 }
