@@ -128,9 +128,10 @@ int run_generate(v1::DecodeService::Stub& stub, const Common& c, v1::GenerateReq
     std::fflush(stdout);
     if (msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) {
       const v1::Usage& u = msg.usage();
-      std::printf("\nfinish_reason=%s prompt_tokens=%u completion_tokens=%u ttft_ms=%.2f e2e_ms=%.2f\n",
-                  v1::FinishReason_Name(msg.finish_reason()).c_str(), u.prompt_tokens(),
-                  u.completion_tokens(), u.time_to_first_token_s() * 1e3, u.e2e_latency_s() * 1e3);
+      std::printf(
+          "\nfinish_reason=%s prompt_tokens=%u completion_tokens=%u ttft_ms=%.2f e2e_ms=%.2f cached_tokens=%u\n",
+          v1::FinishReason_Name(msg.finish_reason()).c_str(), u.prompt_tokens(), u.completion_tokens(),
+          u.time_to_first_token_s() * 1e3, u.e2e_latency_s() * 1e3, u.cached_tokens());
       for (const auto& t : prompt_logprobs) print_logprob("prompt token", t);
       for (const auto& t : logprobs) print_logprob("token", t);
     }

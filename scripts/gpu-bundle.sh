@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the engine with the CUDA backend here (sm_90a) and packs the GPU engine tests
-# and kvfuse-run (kvfuse-eval for tests/hf_reference.py), with the non-system shared libraries they need, into .device-bundle/
+# and kvfuse-run (kvfuse-eval and kvfuse-calibrate for tests/hf_reference.py), with the non-system shared libraries they need, into .device-bundle/
 # (git-ignored), for a CUDA machine that has the driver and CUDA 13 but none of the
 # Debian libraries. cuBLASLt and the CUDA runtime are not packed: the machine's own
 # /usr/local/cuda provides them. scripts/gpu-check.sh runs the bundle when it is there.
@@ -12,12 +12,12 @@ arch=${KVFUSE_CUDA_ARCH:-90a}
 nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
 cmake -S . -B "$build" -G Ninja -DKVFUSE_GPU=CUDA -DKVFUSE_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null
-targets=(kvfuse-run kvfuse-eval kvfuse-ab kvfuse-bench-engine test_gpu_backend test_gpu_engine)
+targets=(kvfuse-run kvfuse-eval kvfuse-calibrate kvfuse-ab kvfuse-bench-engine test_gpu_backend test_gpu_engine)
 ninja -C "$build" -j"${KVFUSE_JOBS:-$(nproc)}" "${targets[@]}"
 bundle=.device-bundle
 rm -rf "$bundle"
 mkdir -p "$bundle/lib"
-cp "$build/kvfuse-run" "$build/kvfuse-eval" "$build/bench/ab/kvfuse-ab" "$build/bench/engine/kvfuse-bench-engine" \
+cp "$build/kvfuse-run" "$build/kvfuse-eval" "$build/kvfuse-calibrate" "$build/bench/ab/kvfuse-ab" "$build/bench/engine/kvfuse-bench-engine" \
   "$build/tests/test_gpu_backend" "$build/tests/test_gpu_engine" "$bundle/"
 # Every shared library outside libc's own set and the CUDA toolkit.
 for bin in "$bundle"/kvfuse-* "$bundle"/test_gpu_*; do

@@ -331,7 +331,11 @@ TEST_CASE("gpu backend: logprobs and top-n match the CPU reference", "[gpu][samp
         for (int32_t j = 0; j < c.top_n; ++j) {
           CAPTURE(j);
           CHECK(g.top_ids[j] == c.top_ids[j]);
-          CHECK(std::abs(g.top_logprobs[j] - c.top_logprobs[j]) <= 1e-4f);
+          if (std::isinf(c.top_logprobs[j])) {
+            CHECK(g.top_logprobs[j] == c.top_logprobs[j]);  // a -inf logit among the top n
+          } else {
+            CHECK(std::abs(g.top_logprobs[j] - c.top_logprobs[j]) <= 1e-4f);
+          }
         }
         ++checked;
       }
