@@ -196,18 +196,22 @@ TEST_CASE("config: tensor-parallel keys (tensor_parallel, devices, tp_rendezvous
   CHECK(contains(error_of({{"tp_rank", 1}}), "config key 'tp_rank': set only with tp_rendezvous"));
 
   // Several processes: each lists its own GPUs and its first rank.
-  c = config_from_json({{"tensor_parallel", 4}, {"tp_rendezvous", "node0:29500"}, {"tp_rank", 2}, {"devices", {0, 1}}});
+  c = config_from_json(
+      {{"tensor_parallel", 4}, {"tp_rendezvous", "node0:29500"}, {"tp_rank", 2}, {"devices", {0, 1}}});
   REQUIRE(c.ok());
   CHECK(c->tp_local_ranks() == 2);
   c = config_from_json({{"tensor_parallel", 4}, {"tp_rendezvous", "node0:29500"}, {"tp_rank", 3}});
   REQUIRE(c.ok());
   CHECK(c->tp_local_ranks() == 1);
-  e = error_of({{"tensor_parallel", 4}, {"tp_rendezvous", "node0:29500"}, {"tp_rank", 3}, {"devices", {0, 1}}});
+  e = error_of(
+      {{"tensor_parallel", 4}, {"tp_rendezvous", "node0:29500"}, {"tp_rank", 3}, {"devices", {0, 1}}});
   CHECK(contains(e, "'devices'"));
   CHECK(contains(e, "go past tensor_parallel 4"));
-  CHECK(contains(error_of({{"tensor_parallel", 4}, {"tp_rendezvous", "node0"}}), "config key 'tp_rendezvous'"));
+  CHECK(
+      contains(error_of({{"tensor_parallel", 4}, {"tp_rendezvous", "node0"}}), "config key 'tp_rendezvous'"));
   CHECK(contains(error_of({{"tensor_parallel", 4}, {"tp_rendezvous", "node0:0"}}), "'tp_rendezvous'"));
-  CHECK(contains(error_of({{"tp_rendezvous", "node0:29500"}}), "'tp_rendezvous': needs tensor_parallel >= 2"));
+  CHECK(
+      contains(error_of({{"tp_rendezvous", "node0:29500"}}), "'tp_rendezvous': needs tensor_parallel >= 2"));
   CHECK(contains(error_of({{"tensor_parallel", 2}, {"tp_rendezvous", "n:1"}, {"tp_rank", 2}}), "'tp_rank'"));
   CHECK(contains(error_of({{"tp_rendezvous_timeout_s", 0}}), "'tp_rendezvous_timeout_s'"));
 

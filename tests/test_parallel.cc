@@ -58,7 +58,8 @@ std::vector<float> values(int rank, int64_t n) {
   std::mt19937 rng(uint32_t(1234 + rank));
   std::normal_distribution<float> dist(0.0f, 1.0f);
   std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = dist(rng) * (i % 7 == 0 ? 3.0e4f : i % 5 == 0 ? 1.0e-3f : 1.0f);
+  for (int64_t i = 0; i < n; ++i)
+    v[size_t(i)] = dist(rng) * (i % 7 == 0 ? 3.0e4f : i % 5 == 0 ? 1.0e-3f : 1.0f);
   return v;
 }
 
@@ -117,11 +118,13 @@ TEST_CASE("cpu communicator: all_reduce_sum is the rank-ordered fp32 sum, identi
 TEST_CASE("cpu communicator: the sum order is rank order (fp32 rounding shows it)", "[parallel][cpu_comm]") {
   // 1e8 + 1 - 1e8 is 0 in fp32 rank order, 1 in another order.
   std::vector<std::vector<float>> buf = {{1.0e8f}, {1.0f}, {-1.0e8f}};
-  require_all_ok(run_ranks(3, [&](int r, Communicator& c) { return c.all_reduce_sum(buf[size_t(r)].data(), 1, DType::f32); }));
+  require_all_ok(run_ranks(
+      3, [&](int r, Communicator& c) { return c.all_reduce_sum(buf[size_t(r)].data(), 1, DType::f32); }));
   for (const auto& b : buf) CHECK(b[0] == 0.0f);
   // -0 + -0 stays -0 (the sum starts from rank 0's value, not from +0).
   std::vector<std::vector<uint16_t>> z = {{0x8000}, {0x8000}};
-  require_all_ok(run_ranks(2, [&](int r, Communicator& c) { return c.all_reduce_sum(z[size_t(r)].data(), 1, DType::bf16); }));
+  require_all_ok(run_ranks(
+      2, [&](int r, Communicator& c) { return c.all_reduce_sum(z[size_t(r)].data(), 1, DType::bf16); }));
   CHECK(z[0][0] == 0x8000);
   CHECK(z[1][0] == 0x8000);
 }
@@ -130,7 +133,8 @@ TEST_CASE("cpu communicator: all_gather and broadcast", "[parallel][cpu_comm]") 
   for (int n : {1, 2, 3, 4}) {
     CAPTURE(n);
     const int64_t per = 37;
-    std::vector<std::vector<float>> send(static_cast<size_t>(n)), recv(size_t(n), std::vector<float>(size_t(n * per), -1.0f));
+    std::vector<std::vector<float>> send(static_cast<size_t>(n)),
+        recv(size_t(n), std::vector<float>(size_t(n * per), -1.0f));
     std::vector<std::vector<uint16_t>> inplace(size_t(n), std::vector<uint16_t>(size_t(n * per), 0));
     for (int r = 0; r < n; ++r) {
       send[size_t(r)] = values(r, per);
@@ -153,19 +157,20 @@ TEST_CASE("cpu communicator: all_gather and broadcast", "[parallel][cpu_comm]") 
       CAPTURE(r);
       for (int q = 0; q < n; ++q) {
         CHECK(std::memcmp(recv[size_t(r)].data() + q * per, send[size_t(q)].data(), size_t(per) * 4) == 0);
-        for (int64_t i = 0; i < per; ++i) CHECK(inplace[size_t(r)][size_t(q * per + i)] == uint16_t(q * 1000 + i));
+        for (int64_t i = 0; i < per; ++i)
+          CHECK(inplace[size_t(r)][size_t(q * per + i)] == uint16_t(q * 1000 + i));
       }
       CHECK(bc[size_t(r)] == std::vector<uint8_t>(100, uint8_t(root + 1)));
     }
   }
 }
 
-TEST_CASE("cpu communicator: misuse is INVALID_ARGUMENT and the other ranks do not hang", "[parallel][cpu_comm]") {
+TEST_CASE("cpu communicator: misuse is INVALID_ARGUMENT and the other ranks do not hang",
+          "[parallel][cpu_comm]") {
   SECTION("a negative count on one rank") {
     std::vector<float> buf(8, 1.0f);
-    auto st = run_ranks(3, [&](int r, Communicator& c) {
-      return c.all_reduce_sum(buf.data(), r == 1 ? -1 : 8, DType::f32);
-    });
+    auto st = run_ranks(
+        3, [&](int r, Communicator& c) { return c.all_reduce_sum(buf.data(), r == 1 ? -1 : 8, DType::f32); });
     CHECK(st[1].code() == absl::StatusCode::kInvalidArgument);
     CHECK_THAT(std::string(st[1].message()), ContainsSubstring("count -1 is negative"));
     // The others were waiting for rank 1: they get its error instead of hanging.
@@ -189,8 +194,10 @@ TEST_CASE("cpu communicator: misuse is INVALID_ARGUMENT and the other ranks do n
     });
     for (int r = 0; r < 2; ++r) {
       CHECK(st[size_t(r)].code() == absl::StatusCode::kInvalidArgument);
-      CHECK_THAT(std::string(st[size_t(r)].message()), ContainsSubstring("rank 0 all_reduce_sum(count 16, f32)"));
-      CHECK_THAT(std::string(st[size_t(r)].message()), ContainsSubstring("rank 1 all_reduce_sum(count 8, f32)"));
+      CHECK_THAT(std::string(st[size_t(r)].message()),
+                 ContainsSubstring("rank 0 all_reduce_sum(count 16, f32)"));
+      CHECK_THAT(std::string(st[size_t(r)].message()),
+                 ContainsSubstring("rank 1 all_reduce_sum(count 8, f32)"));
       CHECK(later[size_t(r)].code() == absl::StatusCode::kInvalidArgument);
     }
     // Nothing was written.
@@ -293,11 +300,11 @@ TEST_CASE("nccl loader: a library that is not there is FAILED_PRECONDITION namin
 
   CHECK(std::string(nccl::default_nccl_library()) == std::string(
 #if defined(KVFUSE_HIP)
-                                                        "librccl.so.1"
+                                                         "librccl.so.1"
 #else
-                                                        "libnccl.so.2"
+                                                         "libnccl.so.2"
 #endif
-                                                        ));
+                                                         ));
 }
 
 TEST_CASE("nccl api: our declarations carry nccl.h's values", "[parallel][nccl]") {
@@ -312,7 +319,8 @@ TEST_CASE("nccl api: our declarations carry nccl.h's values", "[parallel][nccl]"
   CHECK(lib.version_string() == "2.7.8");
 }
 
-TEST_CASE("tensor parallel shapes: heads and the MLP must divide, the vocabulary is padded", "[parallel][tp]") {
+TEST_CASE("tensor parallel shapes: heads and the MLP must divide, the vocabulary is padded",
+          "[parallel][tp]") {
   auto llama = model_preset("llama3-8b");
   REQUIRE(llama.ok());
   for (int tp : {1, 2, 4, 8}) CHECK(check_tensor_parallel(*llama, tp).ok());
@@ -351,7 +359,8 @@ TEST_CASE("tensor parallel shapes: heads and the MLP must divide, the vocabulary
   CHECK(check_tensor_parallel(*tiny, 0).code() == absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("engine: tensor_parallel > 1 is refused at start until the sharded model exists", "[parallel][engine]") {
+TEST_CASE("engine: tensor_parallel > 1 is refused at start until the sharded model exists",
+          "[parallel][engine]") {
   nlohmann::json j = {{"model", "tiny"}, {"device", "cpu"}, {"num_pages", 64}, {"tensor_parallel", 2}};
   auto cfg = config_from_json(j);
   REQUIRE(cfg.ok());

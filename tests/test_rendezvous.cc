@@ -137,7 +137,8 @@ TEST_CASE("rendezvous: a duplicate rank or a wrong world size fails every rank",
     const int port = server->port();
     std::vector<absl::StatusOr<RendezvousId>> got(2, absl::UnknownError("not run"));
     std::vector<std::thread> peers;
-    for (int i = 0; i < 2; ++i) peers.emplace_back([&, i] { got[size_t(i)] = rendezvous_join(opts(3, 1, port)); });
+    for (int i = 0; i < 2; ++i)
+      peers.emplace_back([&, i] { got[size_t(i)] = rendezvous_join(opts(3, 1, port)); });
     const absl::Status st = server->serve(make_id(2));
     for (auto& t : peers) t.join();
     CHECK(st.code() == absl::StatusCode::kAlreadyExists);
@@ -150,7 +151,8 @@ TEST_CASE("rendezvous: a duplicate rank or a wrong world size fails every rank",
   SECTION("wrong world size") {
     auto server = listen_or_fail(3);
     const int port = server->port();
-    absl::StatusOr<RendezvousId> ok_peer = absl::UnknownError("not run"), bad_peer = absl::UnknownError("not run");
+    absl::StatusOr<RendezvousId> ok_peer = absl::UnknownError("not run"),
+                                 bad_peer = absl::UnknownError("not run");
     std::thread a([&] { ok_peer = rendezvous_join(opts(3, 1, port)); });
     std::this_thread::sleep_for(milliseconds(50));
     std::thread b([&] { bad_peer = rendezvous_join(opts(4, 2, port)); });

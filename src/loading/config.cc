@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/enum_name.h"
+#include "src/common/status_macros.h"
 #include "src/loading/int_list.h"
 #include "src/parallel/rendezvous.h"
-#include "src/common/status_macros.h"
 
 namespace kvfuse {
 
@@ -59,14 +59,17 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"max_running_seqs", "1 .. 4096", "sequences decoded together in one step"},
       {"max_seq_len", "2 .. 1048576", "longest sequence (prompt plus generated tokens)"},
       {"tensor_parallel", "1 .. 64",
-       "ranks (GPUs) a model is sharded over (default 1); sharded serving is in progress: an engine refuses > 1"},
+       "ranks (GPUs) a model is sharded over (default 1); sharded serving is in progress: an engine refuses "
+       "> 1"},
       {"devices", "[ordinal, ...] or \"0,1,...\"",
-       "GPU ordinals of this process's ranks, no duplicates; empty (default): 0 .. tensor_parallel-1; one per "
-       "rank (with tp_rendezvous: one per rank this process holds)"},
+       "GPU ordinals, one per rank this process holds, no duplicates; empty (default): 0 .. "
+       "tensor_parallel-1"},
       {"tp_rendezvous", "host:port, or \"\"",
        "rank 0's address when the ranks span processes or nodes; \"\" (default): all ranks in this process"},
-      {"tp_rank", "0 .. tensor_parallel-1", "with tp_rendezvous: the first rank this process holds (default 0)"},
-      {"tp_rendezvous_timeout_s", "1 .. 3600", "how long ranks wait for each other at the rendezvous (default 120)"},
+      {"tp_rank", "0 .. tensor_parallel-1",
+       "with tp_rendezvous: the first rank this process holds (default 0)"},
+      {"tp_rendezvous_timeout_s", "1 .. 3600",
+       "how long ranks wait for each other at the rendezvous (default 120)"},
   };
   return docs;
 }
@@ -176,7 +179,8 @@ absl::Status check_tensor_parallel_keys(const Config& c) {
       return key_error("devices", absl::StrCat(c.devices.size(), " GPU(s) listed for tensor_parallel ", tp,
                                                "; list one per rank, or none for 0 .. ", tp - 1));
     }
-    if (c.tp_rank != 0) return key_error("tp_rank", "set only with tp_rendezvous (ranks in several processes)");
+    if (c.tp_rank != 0)
+      return key_error("tp_rank", "set only with tp_rendezvous (ranks in several processes)");
     return absl::OkStatus();
   }
   if (auto hp = parse_host_port(c.tp_rendezvous); !hp.ok()) {
@@ -185,7 +189,8 @@ absl::Status check_tensor_parallel_keys(const Config& c) {
     return key_error("tp_rendezvous", absl::StrCat("'", c.tp_rendezvous, "' needs a port other than 0"));
   }
   if (tp < 2) return key_error("tp_rendezvous", "needs tensor_parallel >= 2");
-  if (c.tp_rank >= tp) return key_error("tp_rank", absl::StrCat(c.tp_rank, " is not below tensor_parallel ", tp));
+  if (c.tp_rank >= tp)
+    return key_error("tp_rank", absl::StrCat(c.tp_rank, " is not below tensor_parallel ", tp));
   if (c.tp_rank + c.tp_local_ranks() > tp) {
     return key_error("devices", absl::StrCat(c.tp_local_ranks(), " GPU(s) from tp_rank ", c.tp_rank,
                                              " go past tensor_parallel ", tp));
@@ -316,8 +321,8 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
   }
   if (has("tp_rank")) KVFUSE_RETURN_IF_ERROR(parse_int(j["tp_rank"], "tp_rank", 0, 63, c.tp_rank));
   if (has("tp_rendezvous_timeout_s")) {
-    KVFUSE_RETURN_IF_ERROR(
-        parse_int(j["tp_rendezvous_timeout_s"], "tp_rendezvous_timeout_s", 1, 3600, c.tp_rendezvous_timeout_s));
+    KVFUSE_RETURN_IF_ERROR(parse_int(j["tp_rendezvous_timeout_s"], "tp_rendezvous_timeout_s", 1, 3600,
+                                     c.tp_rendezvous_timeout_s));
   }
   KVFUSE_RETURN_IF_ERROR(check_tensor_parallel_keys(c));
   return c;

@@ -151,8 +151,8 @@ absl::Status check_tensor_parallel(const ModelSpec& spec, int tp) {
   need("num_kv_heads", spec.num_kv_heads);
   need("intermediate", spec.intermediate);
   if (bad.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("tensor_parallel ", tp, " does not divide model '", spec.name,
-                                                 "': ", absl::StrJoin(bad, ", "),
+  return absl::InvalidArgumentError(absl::StrCat("tensor_parallel ", tp, " does not divide model '",
+                                                 spec.name, "': ", absl::StrJoin(bad, ", "),
                                                  " (heads and the MLP are split evenly over the ranks; the "
                                                  "vocabulary is padded)"));
 }

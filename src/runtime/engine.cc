@@ -69,9 +69,9 @@ absl::Status Engine::init() {
     // rather than serve one rank's shard as if it were the model. A shape that could not
     // be sharded is named first.
     KVFUSE_RETURN_IF_ERROR(check_tensor_parallel(s, cfg_.tensor_parallel));
-    return absl::UnimplementedError(absl::StrCat(
-        "tensor_parallel ", cfg_.tensor_parallel,
-        " is not served yet: the sharded model is in progress; set tensor_parallel to 1"));
+    return absl::UnimplementedError(
+        absl::StrCat("tensor_parallel ", cfg_.tensor_parallel,
+                     " is not served yet: the sharded model is in progress; set tensor_parallel to 1"));
   }
   if (backend_->device() == Device::cpu) {
     KVFUSE_RETURN_IF_ERROR(check_cpu_weight_memory(s, available_memory_gib()));
