@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CI compile checks of the CUDA code on a machine without a GPU (issue 3, item 5): nvcc
-# compiles the kernels, GPU tests and benchmarks for sm_90a and sm_80 (objects only),
-# -Werror on host and device code; the sm_90a PTX of the KV write must use the packed
-# saturating conversions (cvt.rn.satfinite.e4m3x2 / e5m2x2). Skipped with a message
+# compiles the kernels, GPU tests and benchmarks (the NCCL communicator included) for
+# sm_90a and sm_80 (objects only), -Werror on host and device code; the sm_90a PTX of the
+# KV write must use the packed saturating conversions (cvt.rn.satfinite.e4m3x2 /
+# e5m2x2). Skipped with a message
 # when nvcc is absent. The HIP side (the whole target, gfx942 and gfx950, as machine
 # code) is scripts/ci-hip-build.sh. Exit 1 on any failure.
 # Outputs (objects, PTX) go to build-ci-gpu/ (or $KVFUSE_CI_GPU_DIR).
@@ -18,7 +19,9 @@ bad() {
   fail=1
 }
 
-sources=(kernels/*.cu tests/gpu/*.cu bench/*.cu)
+# The tensor-parallel parts (NCCL communicator, its test, the all-reduce benchmark) include
+# absl and Catch2 from the system, as the engine build does; NCCL itself is dlopen'ed.
+sources=(kernels/*.cu tests/gpu/*.cu bench/*.cu src/parallel/*.cu tests/test_gpu_*.cu bench/allreduce/*.cu)
 common=(-std=c++20 -O3 -I. -DKVFUSE_TEST_DATA_DIR=\"tests/data\")
 
 # --- CUDA ------------------------------------------------------------------------------

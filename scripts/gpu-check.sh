@@ -136,6 +136,17 @@ if [[ -x $bundle/test_gpu_backend ]]; then
     note "compute-sanitizer memcheck test_gpu_backend [sampling]: exit $rc, $(grep -E 'ERROR SUMMARY' "$out/engine.log" | tail -1) ($(elapsed))"
     ((rc == 0)) || status=1
   fi
+  # The NCCL communicator on two GPUs (it skips, saying why, with one GPU or no NCCL).
+  # NCCL is dlopen'ed: where no libnccl.so.2 is on the loader's path, take a pip one.
+  if [[ -z ${KVFUSE_NCCL_LIBRARY:-} ]] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
+    nccl_lib=$(find /opt /usr -name libnccl.so.2 2>/dev/null | head -1)
+    [[ -n $nccl_lib ]] && export KVFUSE_NCCL_LIBRARY=$nccl_lib
+  fi
+  NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} "$bundle/test_gpu_nccl" >>"$out/engine.log" 2>&1
+  rc=$?
+  grep -E "skipped|passed|failed" "$out/engine.log" | tail -3
+  note "test_gpu_nccl: exit $rc ($(elapsed))"
+  ((rc == 0)) || status=1
   "$bundle/kvfuse-run" --set device=cuda -n 8 -m 32 -q >>"$out/engine.log" 2>&1
   rc=$?
   tail -3 "$out/engine.log"

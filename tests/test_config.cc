@@ -161,3 +161,70 @@ TEST_CASE("config: keys with dashes, and KVFUSE_<KEY> environment variables unde
   CHECK(lc->page_size == 64);
   CHECK(lc->num_pages == 64);
 }
+
+TEST_CASE("config: tensor-parallel keys (tensor_parallel, devices, tp_rendezvous, tp_rank)", "[config][tp]") {
+  auto c = config_from_json(json::object());
+  REQUIRE(c.ok());
+  CHECK(c->tensor_parallel == 1);
+  CHECK(c->devices.empty());
+  CHECK(c->tp_rendezvous.empty());
+  CHECK(c->tp_local_ranks() == 1);
+
+  c = config_from_json({{"tensor_parallel", 4}});
+  REQUIRE(c.ok());
+  CHECK(c->tp_local_ranks() == 4);
+  CHECK(c->tp_device(3) == 3);
+  c = config_from_json({{"tensor_parallel", 2}, {"devices", {6, 7}}});
+  REQUIRE(c.ok());
+  CHECK(c->tp_device(1) == 7);
+  // The command line and the environment spell a list as "6,7".
+  c = config_from_json({{"tensor_parallel", 2}, {"devices", "6,7"}});
+  REQUIRE(c.ok());
+  CHECK(c->devices == std::vector<int32_t>{6, 7});
+
+  CHECK(contains(error_of({{"tensor_parallel", 0}}), "config key 'tensor_parallel'"));
+  CHECK(contains(error_of({{"tensor_parallel", "2"}}), "'tensor_parallel'"));
+  std::string e = error_of({{"tensor_parallel", 2}, {"devices", {0, 1, 2}}});
+  CHECK(contains(e, "config key 'devices'"));
+  CHECK(contains(e, "3 GPU(s) listed for tensor_parallel 2"));
+  e = error_of({{"tensor_parallel", 2}, {"devices", {1, 1}}});
+  CHECK(contains(e, "'devices'"));
+  CHECK(contains(e, "GPU 1 is listed twice"));
+  CHECK(contains(error_of({{"devices", {-1}}}), "'devices'"));
+  CHECK(contains(error_of({{"devices", "0,x"}}), "'devices'"));
+  CHECK(contains(error_of({{"devices", 3}}), "'devices'"));
+  CHECK(contains(error_of({{"tp_rank", 1}}), "config key 'tp_rank': set only with tp_rendezvous"));
+
+  // Several processes: each lists its own GPUs and its first rank.
+  c = config_from_json(
+      {{"tensor_parallel", 4}, {"tp_rendezvous", "node0:29500"}, {"tp_rank", 2}, {"devices", {0, 1}}});
+  REQUIRE(c.ok());
+  CHECK(c->tp_local_ranks() == 2);
+  c = config_from_json({{"tensor_parallel", 4}, {"tp_rendezvous", "node0:29500"}, {"tp_rank", 3}});
+  REQUIRE(c.ok());
+  CHECK(c->tp_local_ranks() == 1);
+  e = error_of(
+      {{"tensor_parallel", 4}, {"tp_rendezvous", "node0:29500"}, {"tp_rank", 3}, {"devices", {0, 1}}});
+  CHECK(contains(e, "'devices'"));
+  CHECK(contains(e, "go past tensor_parallel 4"));
+  CHECK(
+      contains(error_of({{"tensor_parallel", 4}, {"tp_rendezvous", "node0"}}), "config key 'tp_rendezvous'"));
+  CHECK(contains(error_of({{"tensor_parallel", 4}, {"tp_rendezvous", "node0:0"}}), "'tp_rendezvous'"));
+  CHECK(
+      contains(error_of({{"tp_rendezvous", "node0:29500"}}), "'tp_rendezvous': needs tensor_parallel >= 2"));
+  CHECK(contains(error_of({{"tensor_parallel", 2}, {"tp_rendezvous", "n:1"}, {"tp_rank", 2}}), "'tp_rank'"));
+  CHECK(contains(error_of({{"tp_rendezvous_timeout_s", 0}}), "'tp_rendezvous_timeout_s'"));
+
+  // Round trip, and the environment.
+  c = config_from_json({{"tensor_parallel", 2}, {"devices", {3, 5}}});
+  REQUIRE(c.ok());
+  auto again = config_from_json(config_to_json(*c));
+  REQUIRE(again.ok());
+  CHECK(again->devices == std::vector<int32_t>{3, 5});
+  json j = json::object();
+  REQUIRE(apply_config_override(j, "devices=2,3").ok());
+  REQUIRE(apply_config_override(j, "tensor-parallel=2").ok());
+  c = config_from_json(j);
+  REQUIRE(c.ok());
+  CHECK(c->devices == std::vector<int32_t>{2, 3});
+}

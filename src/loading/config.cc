@@ -14,6 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "kernels/enum_name.h"
 #include "src/common/status_macros.h"
+#include "src/loading/int_list.h"
+#include "src/parallel/rendezvous.h"
 
 namespace kvfuse {
 
@@ -59,6 +61,18 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"prefix_reuse", "on | off",
        "a new sequence shares the full KV pages of a live sequence's matching prompt prefix (default off; "
        "models without SWA layers)"},
+      {"tensor_parallel", "1 .. 64",
+       "ranks (GPUs) a model is sharded over (default 1); sharded serving is in progress: an engine refuses "
+       "> 1"},
+      {"devices", "[ordinal, ...] or \"0,1,...\"",
+       "GPU ordinals, one per rank this process holds, no duplicates; empty (default): 0 .. "
+       "tensor_parallel-1"},
+      {"tp_rendezvous", "host:port, or \"\"",
+       "rank 0's address when the ranks span processes or nodes; \"\" (default): all ranks in this process"},
+      {"tp_rank", "0 .. tensor_parallel-1",
+       "with tp_rendezvous: the first rank this process holds (default 0)"},
+      {"tp_rendezvous_timeout_s", "1 .. 3600",
+       "how long ranks wait for each other at the rendezvous (default 120)"},
   };
   return docs;
 }
@@ -137,7 +151,66 @@ absl::Status parse_path(const json& j, const std::string& key, std::string& out)
   return absl::OkStatus();
 }
 
+absl::Status parse_devices(const json& j, std::vector<int32_t>& out) {
+  out.clear();
+  if (j.is_string()) {  // --set devices=0,1 and KVFUSE_DEVICES=0,1
+    auto list = parse_int_list(j.get<std::string>());
+    if (!list.ok()) return key_error("devices", std::string(list.status().message()));
+    out = *list;
+  } else if (j.is_array()) {
+    for (const json& e : j) {
+      int32_t d = 0;
+      KVFUSE_RETURN_IF_ERROR(parse_int(e, "devices", 0, 1023, d));
+      out.push_back(d);
+    }
+  } else {
+    return key_error("devices", absl::StrCat(dump(j), " is not a list of GPU ordinals"));
+  }
+  std::set<int32_t> seen;
+  for (int32_t d : out) {
+    if (d < 0 || d > 1023) return key_error("devices", absl::StrCat(d, " is out of range [0, 1023]"));
+    if (!seen.insert(d).second) return key_error("devices", absl::StrCat("GPU ", d, " is listed twice"));
+  }
+  return absl::OkStatus();
+}
+
+// The keys that depend on each other: devices and tp_rank against tensor_parallel.
+absl::Status check_tensor_parallel_keys(const Config& c) {
+  const int32_t tp = c.tensor_parallel;
+  if (c.tp_rendezvous.empty()) {
+    if (!c.devices.empty() && int32_t(c.devices.size()) != tp) {
+      return key_error("devices", absl::StrCat(c.devices.size(), " GPU(s) listed for tensor_parallel ", tp,
+                                               "; list one per rank, or none for 0 .. ", tp - 1));
+    }
+    if (c.tp_rank != 0)
+      return key_error("tp_rank", "set only with tp_rendezvous (ranks in several processes)");
+    return absl::OkStatus();
+  }
+  if (auto hp = parse_host_port(c.tp_rendezvous); !hp.ok()) {
+    return key_error("tp_rendezvous", std::string(hp.status().message()));
+  } else if (hp->second == 0) {
+    return key_error("tp_rendezvous", absl::StrCat("'", c.tp_rendezvous, "' needs a port other than 0"));
+  }
+  if (tp < 2) return key_error("tp_rendezvous", "needs tensor_parallel >= 2");
+  if (c.tp_rank >= tp)
+    return key_error("tp_rank", absl::StrCat(c.tp_rank, " is not below tensor_parallel ", tp));
+  if (c.tp_rank + c.tp_local_ranks() > tp) {
+    return key_error("devices", absl::StrCat(c.tp_local_ranks(), " GPU(s) from tp_rank ", c.tp_rank,
+                                             " go past tensor_parallel ", tp));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+int32_t Config::tp_local_ranks() const {
+  if (!devices.empty()) return int32_t(devices.size());
+  return tp_rendezvous.empty() ? tensor_parallel : 1;
+}
+
+int32_t Config::tp_device(int32_t local_rank) const {
+  return devices.empty() ? local_rank : devices[size_t(local_rank)];
+}
 
 std::string config_key_name(std::string key) {
   std::replace(key.begin(), key.end(), '-', '_');
@@ -246,6 +319,19 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
     KVFUSE_RETURN_IF_ERROR(parse_int(j["max_running_seqs"], "max_running_seqs", 1, 4096, c.max_running_seqs));
   }
   if (has("max_seq_len")) KVFUSE_RETURN_IF_ERROR(parse_int(j["max_seq_len"], "max_seq_len", 2, 1 << 20, c.max_seq_len));
+  if (has("tensor_parallel")) {
+    KVFUSE_RETURN_IF_ERROR(parse_int(j["tensor_parallel"], "tensor_parallel", 1, 64, c.tensor_parallel));
+  }
+  if (has("devices")) KVFUSE_RETURN_IF_ERROR(parse_devices(j["devices"], c.devices));
+  if (has("tp_rendezvous")) {
+    KVFUSE_RETURN_IF_ERROR(parse_path(j["tp_rendezvous"], "tp_rendezvous", c.tp_rendezvous));
+  }
+  if (has("tp_rank")) KVFUSE_RETURN_IF_ERROR(parse_int(j["tp_rank"], "tp_rank", 0, 63, c.tp_rank));
+  if (has("tp_rendezvous_timeout_s")) {
+    KVFUSE_RETURN_IF_ERROR(parse_int(j["tp_rendezvous_timeout_s"], "tp_rendezvous_timeout_s", 1, 3600,
+                                     c.tp_rendezvous_timeout_s));
+  }
+  KVFUSE_RETURN_IF_ERROR(check_tensor_parallel_keys(c));
   return c;
 }
 
@@ -325,6 +411,11 @@ json config_to_json(const Config& c) {
   j["max_running_seqs"] = c.max_running_seqs;
   j["prefix_reuse"] = c.prefix_reuse ? "on" : "off";
   j["max_seq_len"] = c.max_seq_len;
+  j["tensor_parallel"] = c.tensor_parallel;
+  j["devices"] = c.devices;
+  j["tp_rendezvous"] = c.tp_rendezvous;
+  j["tp_rank"] = c.tp_rank;
+  j["tp_rendezvous_timeout_s"] = c.tp_rendezvous_timeout_s;
   return j;
 }
 

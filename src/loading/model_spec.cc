@@ -1,6 +1,8 @@
 #include "src/loading/model_spec.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "src/common/status_macros.h"
 #include "src/loading/hf_config.h"
 
 namespace kvfuse {
@@ -151,6 +153,34 @@ absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg) {
                                                    spec.max_position));
   }
   return spec;
+}
+
+absl::Status check_tensor_parallel(const ModelSpec& spec, int tp) {
+  if (tp < 1) return absl::InvalidArgumentError(absl::StrCat("tensor_parallel ", tp, " must be >= 1"));
+  std::vector<std::string> bad;
+  auto need = [&](const char* what, int32_t value) {
+    if (value % tp != 0) bad.push_back(absl::StrCat(what, " ", value));
+  };
+  need("num_q_heads", spec.num_q_heads);
+  need("num_kv_heads", spec.num_kv_heads);
+  need("intermediate", spec.intermediate);
+  if (bad.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("tensor_parallel ", tp, " does not divide model '",
+                                                 spec.name, "': ", absl::StrJoin(bad, ", "),
+                                                 " (heads and the MLP are split evenly over the ranks; the "
+                                                 "vocabulary is padded)"));
+}
+
+absl::StatusOr<TensorParallelShard> tensor_parallel_shard(const ModelSpec& spec, int tp) {
+  KVFUSE_RETURN_IF_ERROR(check_tensor_parallel(spec, tp));
+  TensorParallelShard s;
+  s.tp = tp;
+  s.num_q_heads = spec.num_q_heads / tp;
+  s.num_kv_heads = spec.num_kv_heads / tp;
+  s.intermediate = spec.intermediate / tp;
+  s.padded_vocab = (spec.vocab + tp - 1) / tp * tp;
+  s.vocab = s.padded_vocab / tp;
+  return s;
 }
 
 }  // namespace kvfuse

@@ -80,4 +80,25 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name);
 // sliding_window / swa_layers overrides applied, validated.
 absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg);
 
+// A model's shapes on one rank of a tensor-parallel group of `tp` ranks (Megatron-style):
+// QKV and gate_up split by columns (q and KV heads, intermediate rows) per rank, O and down
+// by rows followed by an all-reduce, the lm_head by vocabulary rows followed by a gather.
+// The vocabulary need not divide: it is padded up to a multiple of tp, the padding rows of
+// the last rank are zero and their logits are dropped after the gather (as Megatron and
+// vLLM pad). Heads and the intermediate size must divide: a KV head is never split or
+// replicated across ranks.
+struct TensorParallelShard {
+  int32_t tp = 1;
+  int32_t num_q_heads = 0;   // per rank
+  int32_t num_kv_heads = 0;  // per rank
+  int32_t intermediate = 0;  // per rank
+  int32_t vocab = 0;         // per rank: padded_vocab / tp
+  int32_t padded_vocab = 0;  // the vocabulary rounded up to a multiple of tp
+};
+
+// INVALID_ARGUMENT naming every one of num_q_heads, num_kv_heads and intermediate that tp
+// does not divide (and tp itself when it is < 1).
+absl::Status check_tensor_parallel(const ModelSpec& spec, int tp);
+absl::StatusOr<TensorParallelShard> tensor_parallel_shard(const ModelSpec& spec, int tp);
+
 }  // namespace kvfuse

@@ -65,6 +65,15 @@ absl::Status Engine::init() {
   if (!spec.ok()) return spec.status();
   const ModelSpec& s = *spec;
   const size_t L = size_t(s.num_layers);
+  if (cfg_.tensor_parallel > 1) {
+    // The communicators exist (src/parallel); the sharded model does not yet. Refuse
+    // rather than serve one rank's shard as if it were the model. A shape that could not
+    // be sharded is named first.
+    KVFUSE_RETURN_IF_ERROR(check_tensor_parallel(s, cfg_.tensor_parallel));
+    return absl::UnimplementedError(
+        absl::StrCat("tensor_parallel ", cfg_.tensor_parallel,
+                     " is not served yet: the sharded model is in progress; set tensor_parallel to 1"));
+  }
   if (backend_->device() == Device::cpu) {
     KVFUSE_RETURN_IF_ERROR(check_cpu_weight_memory(s, available_memory_gib()));
   }

@@ -1,0 +1,174 @@
+// kvfuse-bench-allreduce: the tensor-parallel all-reduce of a decode step, bf16, through
+// NcclCommunicator (src/parallel), one process and one thread per GPU. For each message
+// size it times one all-reduce per call two ways on every rank's own stream:
+//   eager: back-to-back calls after a warm-up;
+//   graph: --calls calls captured in one CUDA/HIP graph, replayed after two warm-up
+//          replays (what a decode step captured with its all-reduces costs per call).
+// Each figure is the median over --rounds rounds, the slowest rank's. Bus bandwidth is
+// nccl-tests' busbw: bytes / time * 2 (n - 1) / n, what each link carries in a ring.
+//
+// NCCL_NVLS_ENABLE=0 is set unless the environment sets it: NVLink multicast (NVLS) can
+// take a shared machine's GPUs out of service, and the decode-sized messages measured
+// here do not need it.
+#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/common/gpu_bench.cuh"
+#include "bench/common/json_writer.h"
+#include "src/parallel/nccl_communicator.h"
+
+namespace {
+
+using namespace kvfuse;
+using namespace kvfuse::bench;
+
+constexpr const char* kProgram = "kvfuse-bench-allreduce";
+constexpr int64_t kSizes[] = {8 << 10, 64 << 10, 512 << 10, 2 << 20, 8 << 20};
+
+struct Args {
+  int gpus = 0;  // 0: every visible GPU
+  int calls = 100;
+  int rounds = 7;
+  double link_gbs = 0;  // 0: from the device name (NVLink 4 on H100/H200), else not shown
+  std::string json_path;
+};
+
+int usage(FILE* to) {
+  std::fprintf(to, "usage: %s [--gpus N] [--calls N] [--rounds N] [--link-gbs GBS] [--json PATH]\n", kProgram);
+  return to == stdout ? 0 : 2;
+}
+
+[[noreturn]] void fail(const std::string& what) {
+  std::fprintf(stderr, "%s: %s\n", kProgram, what.c_str());
+  std::exit(2);
+}
+
+void check(const absl::Status& st) {
+  if (!st.ok()) fail(st.ToString());
+}
+
+struct Figures {
+  double eager_us = 0, graph_us = 0;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const bool v = i + 1 < argc;
+    if (!std::strcmp(argv[i], "--gpus") && v) {
+      args.gpus = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--calls") && v) {
+      args.calls = std::max(1, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--rounds") && v) {
+      args.rounds = std::max(3, std::atoi(argv[++i]));
+    } else if (!std::strcmp(argv[i], "--link-gbs") && v) {
+      args.link_gbs = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--json") && v) {
+      args.json_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      return usage(stdout);
+    } else {
+      return usage(stderr);
+    }
+  }
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);
+
+  int visible = 0;
+  if (cudaGetDeviceCount(&visible) != cudaSuccess || visible == 0) {
+    std::printf("SKIP %s: no GPU\n", kProgram);
+    return 0;
+  }
+  const int n = args.gpus > 0 ? args.gpus : visible;
+  if (n < 2 || n > visible) {
+    std::printf("SKIP %s: needs %d GPUs (at least 2), %d visible\n", kProgram, std::max(n, 2), visible);
+    return 0;
+  }
+  auto lib = nccl::NcclLibrary::load();
+  if (!lib.ok()) {
+    std::printf("SKIP %s: %s\n", kProgram, std::string(lib.status().message()).c_str());
+    return 0;
+  }
+  const std::optional<DeviceInfo> dev = query_device(0);
+  if (!dev) fail("cannot query GPU 0");
+  if (args.link_gbs == 0 && (dev->name.find("H100") != std::string::npos || dev->name.find("H200") != std::string::npos)) {
+    args.link_gbs = 450;  // NVLink 4: 18 links x 25 GB/s per direction
+  }
+  std::printf("%s on %d x %s, %s %s (%s), NCCL_NVLS_ENABLE=%s\n", kProgram, n, device_label(*dev).c_str(),
+              (*lib)->flavour(), (*lib)->version_string().c_str(), (*lib)->path.c_str(), std::getenv("NCCL_NVLS_ENABLE"));
+  std::printf("bf16 all_reduce_sum, one thread per GPU; %d calls per graph, median of %d rounds, slowest rank\n",
+              args.calls, args.rounds);
+
+  auto id = NcclCommunicator::unique_id(**lib);
+  check(id.status());
+  constexpr size_t kSizeCount = sizeof(kSizes) / sizeof(kSizes[0]);
+  std::vector<std::vector<Figures>> figures(static_cast<size_t>(n), std::vector<Figures>(kSizeCount, Figures{}));
+  std::barrier sync(n);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back([&, r] {
+      BENCH_GPU(cudaSetDevice(r));
+      GpuTimer timer;  // this rank's stream and events
+      void* buf = nullptr;
+      BENCH_GPU(cudaMalloc(&buf, size_t(kSizes[kSizeCount - 1])));
+      BENCH_GPU(cudaMemset(buf, 0, size_t(kSizes[kSizeCount - 1])));
+      auto comm = NcclCommunicator::create(**lib, *id, r, n, r, timer.stream());
+      check(comm.status());
+      for (size_t s = 0; s < kSizeCount; ++s) {
+        const int64_t count = kSizes[s] / 2;
+        auto call = [&](cudaStream_t) { check((*comm)->all_reduce_sum(buf, count, DType::bf16)); };
+        sync.arrive_and_wait();
+        figures[size_t(r)][s].eager_us = timer.eager_us(call, args.calls, /*warmup=*/20, args.rounds);
+        sync.arrive_and_wait();
+        figures[size_t(r)][s].graph_us = timer.graph_us(call, args.calls, args.rounds);
+      }
+      check((*comm)->barrier());
+      comm->reset();
+      BENCH_GPU(cudaFree(buf));
+    });
+  }
+  for (auto& t : ranks) t.join();
+
+  const double ring = 2.0 * (n - 1) / n;
+  std::printf("\n%10s %10s %10s %12s %12s %8s\n", "bytes", "eager us", "graph us", "eager GB/s", "graph GB/s",
+              args.link_gbs > 0 ? "%link" : "");
+  std::vector<std::string> rows;
+  for (size_t s = 0; s < kSizeCount; ++s) {
+    Figures worst;
+    for (int r = 0; r < n; ++r) {
+      worst.eager_us = std::max(worst.eager_us, figures[size_t(r)][s].eager_us);
+      worst.graph_us = std::max(worst.graph_us, figures[size_t(r)][s].graph_us);
+    }
+    const double bytes = double(kSizes[s]);
+    const double eager_gbs = bytes / (worst.eager_us * 1e3) * ring;
+    const double graph_gbs = bytes / (worst.graph_us * 1e3) * ring;
+    char pct[32] = "";
+    if (args.link_gbs > 0) std::snprintf(pct, sizeof pct, "%.1f%%", 100.0 * graph_gbs / args.link_gbs);
+    std::printf("%10lld %10.2f %10.2f %12.1f %12.1f %8s\n", (long long)kSizes[s], worst.eager_us, worst.graph_us,
+                eager_gbs, graph_gbs, pct);
+    rows.push_back(json_object({{"bytes", kSizes[s]},
+                                {"eager_us", Fixed{worst.eager_us, 2}},
+                                {"graph_us", Fixed{worst.graph_us, 2}},
+                                {"eager_busbw_gbs", Fixed{eager_gbs, 1}},
+                                {"graph_busbw_gbs", Fixed{graph_gbs, 1}}}));
+  }
+  if (args.link_gbs > 0) std::printf("%%link: graph busbw / %.0f GB/s per direction per GPU\n", args.link_gbs);
+  if (!args.json_path.empty()) {
+    JsonResultsFile f;
+    f.str("device", device_label(*dev));
+    f.raw("gpus", std::to_string(n));
+    f.str("library", std::string((*lib)->flavour()) + " " + (*lib)->version_string());
+    f.raw("calls_per_graph", std::to_string(args.calls));
+    f.number("link_gbs", Fixed{args.link_gbs, 0});
+    f.rows("allreduce_bf16", rows);
+    if (!f.write(args.json_path, kProgram)) return 2;
+  }
+  return 0;
+}

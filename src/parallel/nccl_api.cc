@@ -1,0 +1,129 @@
+#include "src/parallel/nccl_api.h"
+
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+
+namespace kvfuse::nccl {
+
+const char* default_nccl_library() {
+#if defined(KVFUSE_HIP)
+  return "librccl.so.1";
+#else
+  return "libnccl.so.2";
+#endif
+}
+
+std::string NcclLibrary::default_name() {
+  const char* env = std::getenv("KVFUSE_NCCL_LIBRARY");
+  return env != nullptr && *env != '\0' ? std::string(env) : std::string(default_nccl_library());
+}
+
+absl::StatusOr<const NcclLibrary*> NcclLibrary::load() { return load(default_name()); }
+
+namespace {
+
+std::string how_to_fix() {
+  return absl::StrCat("install NCCL (CUDA) or RCCL (HIP), or set KVFUSE_NCCL_LIBRARY to the library's path (default ",
+                      default_nccl_library(), ")");
+}
+
+template <class Fn>
+absl::Status resolve(void* handle, const std::string& path, const char* symbol, bool required, Fn& out) {
+  dlerror();
+  void* p = dlsym(handle, symbol);
+  if (p == nullptr) {
+    if (!required) return absl::OkStatus();
+    const char* err = dlerror();
+    return absl::FailedPreconditionError(absl::StrCat("NCCL library '", path, "' lacks ", symbol, ": ",
+                                                      err != nullptr ? err : "symbol not found", "; ", how_to_fix()));
+  }
+  out = reinterpret_cast<Fn>(p);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<NcclLibrary>> open_library(const std::string& name) {
+  if (name.empty()) return absl::InvalidArgumentError("NCCL library: empty library name");
+  dlerror();
+  // RTLD_LOCAL: our declarations must not interpose on anything else's.
+  void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* err = dlerror();
+    return absl::FailedPreconditionError(absl::StrCat("NCCL library '", name, "' cannot be loaded: ",
+                                                      err != nullptr ? err : "unknown dlopen error", "; ",
+                                                      how_to_fix()));
+  }
+  auto lib = std::make_unique<NcclLibrary>();
+  lib->path = name;
+  absl::Status st = absl::OkStatus();
+  auto need = [&](const char* symbol, auto& fn) {
+    if (st.ok()) st = resolve(handle, name, symbol, /*required=*/true, fn);
+  };
+  need("ncclGetVersion", lib->get_version);
+  need("ncclGetUniqueId", lib->get_unique_id);
+  need("ncclCommInitRank", lib->comm_init_rank);
+  need("ncclCommDestroy", lib->comm_destroy);
+  need("ncclCommAbort", lib->comm_abort);
+  need("ncclCommGetAsyncError", lib->comm_get_async_error);
+  need("ncclGetErrorString", lib->get_error_string);
+  need("ncclAllReduce", lib->all_reduce);
+  need("ncclAllGather", lib->all_gather);
+  need("ncclBroadcast", lib->broadcast);
+  need("ncclGroupStart", lib->group_start);
+  need("ncclGroupEnd", lib->group_end);
+  if (st.ok()) st = resolve(handle, name, "ncclCommInitAll", /*required=*/false, lib->comm_init_all);
+  if (st.ok()) st = lib->check(lib->get_version(&lib->version), "ncclGetVersion");
+  if (!st.ok()) {
+    dlclose(handle);
+    return st;
+  }
+  // The handle stays open for the life of the process.
+  return lib;
+}
+
+}  // namespace
+
+absl::StatusOr<const NcclLibrary*> NcclLibrary::load(const std::string& name) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<NcclLibrary>>* loaded =
+      new std::map<std::string, std::unique_ptr<NcclLibrary>>();
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = loaded->find(name); it != loaded->end()) return it->second.get();
+  auto lib = open_library(name);
+  if (!lib.ok()) return lib.status();
+  const NcclLibrary* p = lib->get();
+  (*loaded)[name] = std::move(*lib);
+  return p;
+}
+
+const char* NcclLibrary::flavour() const { return absl::StrContains(path, "rccl") ? "rccl" : "nccl"; }
+
+std::string NcclLibrary::version_string() const {
+  // NCCL_VERSION(X,Y,Z): X*10000 + Y*100 + Z since 2.9; X*1000 + Y*100 + Z before.
+  if (version >= 10000) return absl::StrCat(version / 10000, ".", (version / 100) % 100, ".", version % 100);
+  return absl::StrCat(version / 1000, ".", (version / 100) % 10, ".", version % 100);
+}
+
+absl::Status NcclLibrary::check(ncclResult_t r, const char* call) const {
+  if (r == ncclSuccess) return absl::OkStatus();
+  const char* text = get_error_string != nullptr ? get_error_string(r) : "no error text";
+  const std::string msg = absl::StrCat(flavour(), " error in ", call, ": ", int(r), " (", text, ")");
+  switch (r) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      return absl::InvalidArgumentError(msg);
+    case ncclRemoteError:
+    case ncclSystemError:
+      return absl::UnavailableError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+}  // namespace kvfuse::nccl

@@ -1,0 +1,102 @@
+// NCCL (NVIDIA) and RCCL (AMD, the same API) loaded at run time with dlopen: kvfuse builds
+// without their headers or libraries (Debian packages neither), and a server that does not
+// use tensor parallelism never needs them. These are our own declarations of the few types
+// and entry points we call, with the values and signatures of nccl.h (NCCL 2.x; RCCL
+// keeps them): ncclUniqueId is 128 opaque bytes, ncclComm_t an opaque pointer, and a
+// stream is passed as void* (cudaStream_t and hipStream_t are both pointers).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace kvfuse::nccl {
+
+constexpr size_t kUniqueIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+struct ncclUniqueId {
+  char internal[kUniqueIdBytes];
+};
+static_assert(sizeof(ncclUniqueId) == kUniqueIdBytes);
+
+struct ncclComm;
+using ncclComm_t = ncclComm*;
+
+enum ncclResult_t : int {
+  ncclSuccess = 0,
+  ncclUnhandledCudaError = 1,
+  ncclSystemError = 2,
+  ncclInternalError = 3,
+  ncclInvalidArgument = 4,
+  ncclInvalidUsage = 5,
+  ncclRemoteError = 6,
+  ncclInProgress = 7,
+};
+
+enum ncclDataType_t : int {
+  ncclFloat16 = 6,
+  ncclFloat32 = 7,
+  ncclBfloat16 = 9,  // NCCL >= 2.10
+};
+
+enum ncclRedOp_t : int { ncclSum = 0 };
+
+// Entry points, as nccl.h declares them (stream as void*).
+using GetVersionFn = ncclResult_t (*)(int* version);
+using GetUniqueIdFn = ncclResult_t (*)(ncclUniqueId* id);
+using CommInitRankFn = ncclResult_t (*)(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
+using CommInitAllFn = ncclResult_t (*)(ncclComm_t* comms, int ndev, const int* devlist);
+using CommDestroyFn = ncclResult_t (*)(ncclComm_t comm);
+using CommAbortFn = ncclResult_t (*)(ncclComm_t comm);
+using CommGetAsyncErrorFn = ncclResult_t (*)(ncclComm_t comm, ncclResult_t* async_error);
+using GetErrorStringFn = const char* (*)(ncclResult_t result);
+using AllReduceFn = ncclResult_t (*)(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                                     ncclRedOp_t op, ncclComm_t comm, void* stream);
+using AllGatherFn = ncclResult_t (*)(const void* send, void* recv, size_t send_count, ncclDataType_t dtype,
+                                     ncclComm_t comm, void* stream);
+using BroadcastFn = ncclResult_t (*)(const void* send, void* recv, size_t count, ncclDataType_t dtype, int root,
+                                     ncclComm_t comm, void* stream);
+using GroupStartFn = ncclResult_t (*)();
+using GroupEndFn = ncclResult_t (*)();
+
+// The library's entry points. Loaded once per library name and never unloaded (NCCL keeps
+// threads and device state for the life of the process).
+struct NcclLibrary {
+  std::string path;  // as passed to dlopen
+  int version = 0;   // ncclGetVersion: 21903 for 2.19.3
+  GetVersionFn get_version = nullptr;
+  GetUniqueIdFn get_unique_id = nullptr;
+  CommInitRankFn comm_init_rank = nullptr;
+  CommInitAllFn comm_init_all = nullptr;  // optional: null when the library lacks it
+  CommDestroyFn comm_destroy = nullptr;
+  CommAbortFn comm_abort = nullptr;
+  CommGetAsyncErrorFn comm_get_async_error = nullptr;
+  GetErrorStringFn get_error_string = nullptr;
+  AllReduceFn all_reduce = nullptr;
+  AllGatherFn all_gather = nullptr;
+  BroadcastFn broadcast = nullptr;
+  GroupStartFn group_start = nullptr;
+  GroupEndFn group_end = nullptr;
+
+  // The library named by KVFUSE_NCCL_LIBRARY when set and not empty, else the default:
+  // libnccl.so.2 in CUDA and CPU builds, librccl.so.1 in HIP builds. FAILED_PRECONDITION
+  // naming the library and dlerror() when it cannot be loaded, or naming the missing
+  // symbol. A success is kept for the process; a failure is tried again next time.
+  static absl::StatusOr<const NcclLibrary*> load();
+  // The same for an explicit name or path.
+  static absl::StatusOr<const NcclLibrary*> load(const std::string& name);
+  // The library name load() tries: KVFUSE_NCCL_LIBRARY or the build's default.
+  static std::string default_name();
+
+  // "nccl" or "rccl", from the library name, for messages.
+  const char* flavour() const;
+  // "2.19.3" from version.
+  std::string version_string() const;
+  // OK, or an error naming the call, the result code and NCCL's text for it.
+  absl::Status check(ncclResult_t r, const char* call) const;
+};
+
+// The build's default library: "libnccl.so.2" or "librccl.so.1".
+const char* default_nccl_library();
+
+}  // namespace kvfuse::nccl

@@ -1,0 +1,128 @@
+#include "src/parallel/nccl_communicator.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/gpu.h"
+#include "src/common/status_macros.h"
+
+namespace kvfuse {
+
+namespace {
+
+absl::Status gpu_check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(gpu::error_message(err, what));
+}
+
+nccl::ncclDataType_t nccl_type(DType t) { return t == DType::bf16 ? nccl::ncclBfloat16 : nccl::ncclFloat32; }
+
+}  // namespace
+
+absl::StatusOr<nccl::ncclUniqueId> NcclCommunicator::unique_id(const nccl::NcclLibrary& lib) {
+  nccl::ncclUniqueId id{};
+  KVFUSE_RETURN_IF_ERROR(lib.check(lib.get_unique_id(&id), "ncclGetUniqueId"));
+  return id;
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const nccl::NcclLibrary& lib,
+                                                                          const nccl::ncclUniqueId& id, int rank,
+                                                                          int size, int device, void* stream) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(lib.flavour(), " communicator: rank ", rank, " of ", size, " is not a rank of the group"));
+  }
+  int devices = 0;
+  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
+  if (device < 0 || device >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat(lib.flavour(), " communicator rank ", rank, ": device ", device,
+                                                   " is outside the ", devices, " visible GPU(s)"));
+  }
+  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(device), "cudaSetDevice"));
+  std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(lib, rank, size, device, stream));
+  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMalloc(&c->barrier_buf_, sizeof(float)), "cudaMalloc"));
+  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(c->barrier_buf_, 0, sizeof(float)), "cudaMemset"));
+  const absl::Status st = lib.check(lib.comm_init_rank(&c->comm_, size, id, rank), "ncclCommInitRank");
+  if (!st.ok()) {
+    c->comm_ = nullptr;
+    return absl::Status(st.code(), absl::StrCat(st.message(), " (rank ", rank, " of ", size, ", device ", device,
+                                                ", ", lib.path, " ", lib.version_string(), ")"));
+  }
+  return c;
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  // The device of this rank, whichever thread destroys it.
+  (void)cudaSetDevice(device_);
+  if (comm_ != nullptr) {
+    if (!aborted_.load()) {
+      (void)lib_.comm_destroy(comm_);
+    }
+    comm_ = nullptr;
+  }
+  if (barrier_buf_ != nullptr) (void)cudaFree(barrier_buf_);
+}
+
+absl::Status NcclCommunicator::usable(const char* op, DType dtype) const {
+  if (aborted_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name(), " ", op, " on rank ", rank_, ": the communicator was aborted"));
+  }
+  if (dtype == DType::bf16 && lib_.version < 21000) {
+    return absl::UnimplementedError(absl::StrCat(name(), " ", op, ": bf16 needs NCCL >= 2.10; ", lib_.path, " is ",
+                                                 lib_.version_string()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NcclCommunicator::all_reduce_sum(void* buf, int64_t count, DType dtype) {
+  KVFUSE_RETURN_IF_ERROR(check_collective_args("all_reduce_sum", buf, count, *this));
+  KVFUSE_RETURN_IF_ERROR(usable("all_reduce_sum", dtype));
+  return lib_.check(lib_.all_reduce(buf, buf, size_t(count), nccl_type(dtype), nccl::ncclSum, comm_, stream_),
+                    "ncclAllReduce");
+}
+
+absl::Status NcclCommunicator::all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype) {
+  KVFUSE_RETURN_IF_ERROR(check_collective_args("all_gather", send, count_per_rank, *this));
+  KVFUSE_RETURN_IF_ERROR(check_collective_args("all_gather", recv, count_per_rank, *this));
+  KVFUSE_RETURN_IF_ERROR(usable("all_gather", dtype));
+  return lib_.check(lib_.all_gather(send, recv, size_t(count_per_rank), nccl_type(dtype), comm_, stream_),
+                    "ncclAllGather");
+}
+
+absl::Status NcclCommunicator::broadcast(void* buf, int64_t bytes, int root) {
+  KVFUSE_RETURN_IF_ERROR(check_collective_args("broadcast", buf, bytes, *this));
+  KVFUSE_RETURN_IF_ERROR(check_root("broadcast", root, *this));
+  KVFUSE_RETURN_IF_ERROR(usable("broadcast", DType::f32));
+  // As bytes: ncclInt8 is 0.
+  return lib_.check(lib_.broadcast(buf, buf, size_t(bytes), nccl::ncclDataType_t(0), root, comm_, stream_),
+                    "ncclBroadcast");
+}
+
+absl::Status NcclCommunicator::barrier() {
+  KVFUSE_RETURN_IF_ERROR(usable("barrier", DType::f32));
+  const auto stream = static_cast<cudaStream_t>(stream_);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing"));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name(), " barrier on rank ", rank_, ": the stream is being captured into a graph"));
+  }
+  KVFUSE_RETURN_IF_ERROR(
+      lib_.check(lib_.all_reduce(barrier_buf_, barrier_buf_, 1, nccl::ncclFloat32, nccl::ncclSum, comm_, stream_),
+                 "ncclAllReduce (barrier)"));
+  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (barrier)"));
+  return async_error();
+}
+
+void NcclCommunicator::abort() {
+  if (aborted_.exchange(true)) return;
+  if (comm_ != nullptr) (void)lib_.comm_abort(comm_);
+}
+
+absl::Status NcclCommunicator::async_error() const {
+  if (comm_ == nullptr || aborted_.load()) return absl::OkStatus();
+  nccl::ncclResult_t r = nccl::ncclSuccess;
+  KVFUSE_RETURN_IF_ERROR(lib_.check(lib_.comm_get_async_error(comm_, &r), "ncclCommGetAsyncError"));
+  return lib_.check(r, "an earlier collective (ncclCommGetAsyncError)");
+}
+
+}  // namespace kvfuse

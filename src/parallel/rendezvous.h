@@ -1,0 +1,75 @@
+// Rendezvous of the ranks of a tensor-parallel group that spans processes or nodes: they
+// must agree on one opaque 128-byte id (NCCL's ncclUniqueId) before ncclCommInitRank.
+// Rank 0 listens on a TCP address (config key tp_rendezvous), makes the id, and waits
+// until each of the other world_size - 1 ranks has connected and announced itself; only
+// then does it send the id to all of them, so that a misconfigured group fails everywhere
+// with one message instead of hanging in NCCL. Plain POSIX sockets, one thread.
+//
+// Wire format (integers big-endian):
+//   hello, peer -> rank 0:  "KVFUSETP" u32 version u32 world_size u32 rank u32 0
+//   reply, rank 0 -> peer:  "KVFUSETP" u32 version u32 code u32 length, payload
+// code 0 (OK) carries the id; any other code is an absl::StatusCode with its message.
+// A connection that does not open with the magic (a port scanner, a stray client) is
+// closed and ignored; a peer that announces another version, another world size, a rank
+// outside [1, world_size) or a rank that already arrived fails the whole rendezvous.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+
+namespace kvfuse {
+
+constexpr size_t kRendezvousIdBytes = 128;
+using RendezvousId = std::array<uint8_t, kRendezvousIdBytes>;
+
+struct RendezvousOptions {
+  std::string address;  // host:port ([v6]:port); rank 0 listens there (port 0: any free port)
+  int world_size = 1;
+  int rank = 0;
+  // How long rank 0 waits for all peers, and a peer for rank 0 (retrying while it is not
+  // listening yet) and its answer.
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+};
+
+// "host:port" or "[v6 address]:port", port in [0, 65535]. INVALID_ARGUMENT otherwise.
+absl::StatusOr<std::pair<std::string, int>> parse_host_port(const std::string& address);
+
+// Rank 0's side: listen() binds at once (so peers may connect before serve()), serve()
+// does the rendezvous.
+class RendezvousServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<RendezvousServer>> listen(const RendezvousOptions& options);
+  ~RendezvousServer();
+  RendezvousServer(const RendezvousServer&) = delete;
+  RendezvousServer& operator=(const RendezvousServer&) = delete;
+
+  // The bound port (the chosen one when the address asked for port 0).
+  int port() const { return port_; }
+  // Waits for every peer, then sends each the id. DEADLINE_EXCEEDED naming the address and
+  // the ranks that arrived when the timeout passes first; the peers' own errors otherwise.
+  absl::Status serve(const RendezvousId& id);
+
+ private:
+  RendezvousServer(RendezvousOptions options, int fd, int port)
+      : options_(std::move(options)), fd_(fd), port_(port) {}
+  RendezvousOptions options_;
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// A peer's side (rank >= 1): connects to rank 0 (retrying until the timeout while nothing
+// listens there), announces itself and returns the id.
+absl::StatusOr<RendezvousId> rendezvous_join(const RendezvousOptions& options);
+
+// Either side, by options.rank: rank 0 listens, calls make_id and serves it; the others join.
+absl::StatusOr<RendezvousId> rendezvous(const RendezvousOptions& options,
+                                        const std::function<absl::StatusOr<RendezvousId>()>& make_id);
+
+}  // namespace kvfuse

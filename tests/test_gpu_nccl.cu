@@ -1,0 +1,158 @@
+// NcclCommunicator on two GPUs, one thread per rank: bf16 and f32 all-reduce against the
+// CPU communicator's rank-ordered sum (exact: with two ranks NCCL's fp32 sum of the pair,
+// rounded once to bf16, is the same arithmetic), all_gather, broadcast, and an all-reduce
+// captured in a CUDA/HIP graph and replayed. Skips, saying why, without a GPU, with fewer
+// than two, or when NCCL/RCCL cannot be loaded. Built with the GPU backend only.
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+#include "tests/catch.h"
+
+#include "kernels/bf16.h"
+#include "kernels/gpu.h"
+#include "src/parallel/cpu_communicator.h"
+#include "src/parallel/nccl_communicator.h"
+
+using namespace kvfuse;
+
+namespace {
+
+// The library, or null after saying why the test is skipped.
+const nccl::NcclLibrary* nccl_or_skip() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    WARN("NCCL tests skipped: no GPU is visible");
+    return nullptr;
+  }
+  if (n < 2) {
+    WARN("NCCL tests skipped: they need 2 GPUs, " << n << " visible");
+    return nullptr;
+  }
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // no NVLink multicast (README)
+  auto lib = nccl::NcclLibrary::load();
+  if (!lib.ok()) {
+    WARN("NCCL tests skipped: " << lib.status().message());
+    return nullptr;
+  }
+  return *lib;
+}
+
+std::string run_error;  // the first failure of a rank thread
+
+#define RANK_CHECK(expr)                                                                      \
+  do {                                                                                        \
+    const absl::Status st_ = (expr);                                                          \
+    if (!st_.ok()) {                                                                          \
+      if (run_error.empty()) run_error = std::string(#expr) + ": " + st_.ToString();          \
+      return;                                                                                 \
+    }                                                                                         \
+  } while (0)
+#define RANK_GPU(expr) RANK_CHECK((expr) == cudaSuccess ? absl::OkStatus() : absl::InternalError(#expr " failed"))
+
+constexpr int kRanks = 2;
+constexpr int64_t kCount = 3 * 1024 + 7;  // not a multiple of anything NCCL chunks by
+
+struct RankData {
+  std::vector<uint16_t> bf16_in, bf16_out;
+  std::vector<float> f32_in, f32_out;
+  std::vector<float> gathered;
+  std::vector<uint8_t> broadcast;
+  std::vector<float> replayed;  // f32_out all-reduced twice more from a graph
+};
+
+void run_rank(const nccl::NcclLibrary& lib, const nccl::ncclUniqueId& id, int r, RankData& d) {
+  RANK_GPU(cudaSetDevice(r));
+  cudaStream_t stream{};
+  RANK_GPU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto comm = NcclCommunicator::create(lib, id, r, kRanks, r, stream);
+  RANK_CHECK(comm.status());
+  Communicator& c = **comm;
+  void *b = nullptr, *f = nullptr, *g = nullptr, *bc = nullptr;
+  RANK_GPU(cudaMalloc(&b, kCount * 2));
+  RANK_GPU(cudaMalloc(&f, kCount * 4));
+  RANK_GPU(cudaMalloc(&g, kCount * 4 * kRanks));
+  RANK_GPU(cudaMalloc(&bc, 256));
+  RANK_GPU(cudaMemcpy(b, d.bf16_in.data(), kCount * 2, cudaMemcpyHostToDevice));
+  RANK_GPU(cudaMemcpy(f, d.f32_in.data(), kCount * 4, cudaMemcpyHostToDevice));
+  RANK_GPU(cudaMemcpy(bc, d.broadcast.data(), 256, cudaMemcpyHostToDevice));
+
+  RANK_CHECK(c.all_reduce_sum(b, kCount, DType::bf16));
+  RANK_CHECK(c.all_gather(f, g, kCount, DType::f32));  // before f is reduced in place
+  RANK_CHECK(c.all_reduce_sum(f, kCount, DType::f32));
+  RANK_CHECK(c.broadcast(bc, 256, 1));
+  RANK_CHECK(c.barrier());
+  d.bf16_out.resize(kCount);
+  d.f32_out.resize(kCount);
+  d.gathered.resize(kCount * kRanks);
+  RANK_GPU(cudaMemcpy(d.bf16_out.data(), b, kCount * 2, cudaMemcpyDeviceToHost));
+  RANK_GPU(cudaMemcpy(d.f32_out.data(), f, kCount * 4, cudaMemcpyDeviceToHost));
+  RANK_GPU(cudaMemcpy(d.gathered.data(), g, kCount * 4 * kRanks, cudaMemcpyDeviceToHost));
+  RANK_GPU(cudaMemcpy(d.broadcast.data(), bc, 256, cudaMemcpyDeviceToHost));
+
+  // Captured: the all-reduce enqueues on the stream and returns, so it goes into the graph.
+  cudaGraph_t graph{};
+  cudaGraphExec_t exec{};
+  RANK_GPU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status captured = c.all_reduce_sum(f, kCount, DType::f32);
+  RANK_GPU(cudaStreamEndCapture(stream, &graph));
+  RANK_CHECK(captured);
+  RANK_CHECK(c.barrier().code() == absl::StatusCode::kOk ? absl::OkStatus() : absl::InternalError("barrier"));
+  RANK_GPU(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 2; ++i) RANK_GPU(cudaGraphLaunch(exec, stream));
+  RANK_GPU(cudaStreamSynchronize(stream));
+  d.replayed.resize(kCount);
+  RANK_GPU(cudaMemcpy(d.replayed.data(), f, kCount * 4, cudaMemcpyDeviceToHost));
+  RANK_GPU(cudaGraphExecDestroy(exec));
+  RANK_GPU(cudaGraphDestroy(graph));
+  comm->reset();
+  for (void* p : {b, f, g, bc}) RANK_GPU(cudaFree(p));
+  RANK_GPU(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+TEST_CASE("nccl communicator: 2-rank bf16 and f32 all-reduce equal the CPU sum exactly; gather, broadcast, graph",
+          "[gpu][nccl]") {
+  const nccl::NcclLibrary* lib = nccl_or_skip();
+  if (lib == nullptr) return;
+  INFO(lib->path << " " << lib->version_string());
+  std::vector<RankData> d(kRanks);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int r = 0; r < kRanks; ++r) {
+    for (int64_t i = 0; i < kCount; ++i) {
+      const float scale = i % 11 == 0 ? 1.0e4f : i % 3 == 0 ? 1.0e-3f : 1.0f;
+      d[r].bf16_in.push_back(f32_to_bf16(dist(rng) * scale));
+      d[r].f32_in.push_back(dist(rng) * scale);
+    }
+    d[r].broadcast.assign(256, uint8_t(r + 1));
+  }
+  auto id = NcclCommunicator::unique_id(*lib);
+  REQUIRE(id.ok());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) threads.emplace_back([&, r] { run_rank(*lib, *id, r, d[r]); });
+  for (auto& t : threads) t.join();
+  INFO(run_error);
+  REQUIRE(run_error.empty());
+
+  std::vector<uint16_t> want_bf16(kCount);
+  std::vector<float> want_f32(kCount);
+  reference_sum_bf16({d[0].bf16_in.data(), d[1].bf16_in.data()}, kCount, want_bf16.data());
+  reference_sum_f32({d[0].f32_in.data(), d[1].f32_in.data()}, kCount, want_f32.data());
+  for (int r = 0; r < kRanks; ++r) {
+    CAPTURE(r);
+    CHECK(d[r].bf16_out == want_bf16);
+    CHECK(std::memcmp(d[r].f32_out.data(), want_f32.data(), kCount * 4) == 0);
+    for (int q = 0; q < kRanks; ++q) {
+      CHECK(std::memcmp(d[r].gathered.data() + q * kCount, d[q].f32_in.data(), kCount * 4) == 0);
+    }
+    CHECK(d[r].broadcast == std::vector<uint8_t>(256, 2));
+    // Two replays of the captured all-reduce: s -> 2s -> 4s on both ranks (exact).
+    bool all = true;
+    for (int64_t i = 0; i < kCount; ++i) all = all && d[r].replayed[i] == 4.0f * want_f32[i];
+    CHECK(all);
+  }
+}

@@ -1,0 +1,383 @@
+// Tensor-parallel foundation: the CPU communicator (ranks as threads; a deterministic
+// rank-ordered all-reduce), the run-time NCCL loader's errors, the shard shapes, and the
+// engine's refusal of tensor_parallel > 1 until the sharded model exists.
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+#include "tests/catch.h"
+
+#include "kernels/bf16.h"
+#include "src/loading/model_spec.h"
+#include "src/parallel/cpu_communicator.h"
+#include "src/parallel/nccl_api.h"
+#include "src/runtime/engine.h"
+
+using namespace kvfuse;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+// Runs fn(rank, comm) on `n` threads over one group; returns each rank's status.
+std::vector<absl::Status> run_ranks(int n, const std::function<absl::Status(int, Communicator&)>& fn,
+                                    std::chrono::milliseconds timeout = std::chrono::milliseconds::zero(),
+                                    std::shared_ptr<CpuCommGroup>* group_out = nullptr) {
+  auto group = CpuCommGroup::create(n, timeout);
+  REQUIRE(group.ok());
+  if (group_out != nullptr) *group_out = *group;
+  std::vector<std::unique_ptr<CpuCommunicator>> comms;
+  for (int r = 0; r < n; ++r) {
+    auto c = CpuCommunicator::create(*group, r);
+    REQUIRE(c.ok());
+    comms.push_back(std::move(*c));
+  }
+  std::vector<absl::Status> status(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] { status[size_t(r)] = fn(r, *comms[size_t(r)]); });
+  }
+  for (auto& t : threads) t.join();
+  return status;
+}
+
+void require_all_ok(const std::vector<absl::Status>& status) {
+  for (size_t r = 0; r < status.size(); ++r) {
+    INFO("rank " << r << ": " << status[r].ToString());
+    REQUIRE(status[r].ok());
+  }
+}
+
+// Values whose sum depends on the order: large and small magnitudes of both signs.
+std::vector<float> values(int rank, int64_t n) {
+  std::mt19937 rng(uint32_t(1234 + rank));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[size_t(i)] = dist(rng) * (i % 7 == 0 ? 3.0e4f : i % 5 == 0 ? 1.0e-3f : 1.0f);
+  return v;
+}
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cpu communicator: all_reduce_sum is the rank-ordered fp32 sum, identical on every rank",
+          "[parallel][cpu_comm]") {
+  for (int n : {1, 2, 3, 4}) {
+    for (int64_t count : {int64_t(0), int64_t(1), int64_t(5), int64_t(1000), int64_t(4099)}) {
+      CAPTURE(n, count);
+      std::vector<std::vector<float>> f32(static_cast<size_t>(n));
+      std::vector<std::vector<uint16_t>> bf16(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) {
+        f32[size_t(r)] = values(r, count);
+        bf16[size_t(r)] = to_bf16(values(r + 100, count));
+      }
+      std::vector<const float*> fin;
+      std::vector<const uint16_t*> bin;
+      for (int r = 0; r < n; ++r) {
+        fin.push_back(f32[size_t(r)].data());
+        bin.push_back(bf16[size_t(r)].data());
+      }
+      std::vector<float> want_f32(static_cast<size_t>(count));
+      std::vector<uint16_t> want_bf16(static_cast<size_t>(count));
+      reference_sum_f32(fin, count, want_f32.data());
+      reference_sum_bf16(bin, count, want_bf16.data());
+      // The reference really is rank order, fp32, one rounding (spot check).
+      if (count > 0 && n > 1) {
+        float acc = bf16_to_f32(bf16[0][0]);
+        for (int r = 1; r < n; ++r) acc += bf16_to_f32(bf16[size_t(r)][0]);
+        CHECK(want_bf16[0] == f32_to_bf16(acc));
+      }
+      auto got_f32 = f32;
+      auto got_bf16 = bf16;
+      require_all_ok(run_ranks(n, [&](int r, Communicator& c) {
+        absl::Status st = c.all_reduce_sum(got_f32[size_t(r)].data(), count, DType::f32);
+        if (!st.ok()) return st;
+        // Twice on the same group: the scratch and the barriers are reused.
+        return c.all_reduce_sum(got_bf16[size_t(r)].data(), count, DType::bf16);
+      }));
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        CHECK(std::memcmp(got_f32[size_t(r)].data(), want_f32.data(), size_t(count) * 4) == 0);
+        CHECK(got_bf16[size_t(r)] == want_bf16);
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu communicator: the sum order is rank order (fp32 rounding shows it)", "[parallel][cpu_comm]") {
+  // 1e8 + 1 - 1e8 is 0 in fp32 rank order, 1 in another order.
+  std::vector<std::vector<float>> buf = {{1.0e8f}, {1.0f}, {-1.0e8f}};
+  require_all_ok(run_ranks(
+      3, [&](int r, Communicator& c) { return c.all_reduce_sum(buf[size_t(r)].data(), 1, DType::f32); }));
+  for (const auto& b : buf) CHECK(b[0] == 0.0f);
+  // -0 + -0 stays -0 (the sum starts from rank 0's value, not from +0).
+  std::vector<std::vector<uint16_t>> z = {{0x8000}, {0x8000}};
+  require_all_ok(run_ranks(
+      2, [&](int r, Communicator& c) { return c.all_reduce_sum(z[size_t(r)].data(), 1, DType::bf16); }));
+  CHECK(z[0][0] == 0x8000);
+  CHECK(z[1][0] == 0x8000);
+}
+
+TEST_CASE("cpu communicator: all_gather and broadcast", "[parallel][cpu_comm]") {
+  for (int n : {1, 2, 3, 4}) {
+    CAPTURE(n);
+    const int64_t per = 37;
+    std::vector<std::vector<float>> send(static_cast<size_t>(n)),
+        recv(size_t(n), std::vector<float>(size_t(n * per), -1.0f));
+    std::vector<std::vector<uint16_t>> inplace(size_t(n), std::vector<uint16_t>(size_t(n * per), 0));
+    for (int r = 0; r < n; ++r) {
+      send[size_t(r)] = values(r, per);
+      for (int64_t i = 0; i < per; ++i) inplace[size_t(r)][size_t(r * per + i)] = uint16_t(r * 1000 + i);
+    }
+    std::vector<std::vector<uint8_t>> bc(size_t(n), std::vector<uint8_t>(100));
+    for (int r = 0; r < n; ++r) std::fill(bc[size_t(r)].begin(), bc[size_t(r)].end(), uint8_t(r + 1));
+    const int root = n - 1;
+    require_all_ok(run_ranks(n, [&](int r, Communicator& c) {
+      absl::Status st = c.all_gather(send[size_t(r)].data(), recv[size_t(r)].data(), per, DType::f32);
+      if (st.ok()) {
+        uint16_t* base = inplace[size_t(r)].data();
+        st = c.all_gather(base + r * per, base, per, DType::bf16);
+      }
+      if (st.ok()) st = c.broadcast(bc[size_t(r)].data(), 100, root);
+      if (st.ok()) st = c.barrier();
+      return st;
+    }));
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      for (int q = 0; q < n; ++q) {
+        CHECK(std::memcmp(recv[size_t(r)].data() + q * per, send[size_t(q)].data(), size_t(per) * 4) == 0);
+        for (int64_t i = 0; i < per; ++i)
+          CHECK(inplace[size_t(r)][size_t(q * per + i)] == uint16_t(q * 1000 + i));
+      }
+      CHECK(bc[size_t(r)] == std::vector<uint8_t>(100, uint8_t(root + 1)));
+    }
+  }
+}
+
+TEST_CASE("cpu communicator: misuse is INVALID_ARGUMENT and the other ranks do not hang",
+          "[parallel][cpu_comm]") {
+  SECTION("a negative count on one rank") {
+    std::vector<float> buf(8, 1.0f);
+    auto st = run_ranks(
+        3, [&](int r, Communicator& c) { return c.all_reduce_sum(buf.data(), r == 1 ? -1 : 8, DType::f32); });
+    CHECK(st[1].code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(st[1].message()), ContainsSubstring("count -1 is negative"));
+    // The others were waiting for rank 1: they get its error instead of hanging.
+    for (int r : {0, 2}) {
+      CHECK(st[size_t(r)].code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(st[size_t(r)].message()), ContainsSubstring("aborted"));
+    }
+  }
+  SECTION("a null buffer") {
+    auto st = run_ranks(2, [&](int, Communicator& c) { return c.all_reduce_sum(nullptr, 4, DType::bf16); });
+    for (const auto& s : st) CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(st[0].message()), ContainsSubstring("null buffer"));
+  }
+  SECTION("ranks that disagree on the count or the collective, then every later call fails") {
+    std::vector<std::vector<float>> buf(2, std::vector<float>(16, 1.0f));
+    std::vector<absl::Status> later(2);
+    auto st = run_ranks(2, [&](int r, Communicator& c) {
+      absl::Status s = c.all_reduce_sum(buf[size_t(r)].data(), r == 0 ? 16 : 8, DType::f32);
+      later[size_t(r)] = c.barrier();
+      return s;
+    });
+    for (int r = 0; r < 2; ++r) {
+      CHECK(st[size_t(r)].code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(st[size_t(r)].message()),
+                 ContainsSubstring("rank 0 all_reduce_sum(count 16, f32)"));
+      CHECK_THAT(std::string(st[size_t(r)].message()),
+                 ContainsSubstring("rank 1 all_reduce_sum(count 8, f32)"));
+      CHECK(later[size_t(r)].code() == absl::StatusCode::kInvalidArgument);
+    }
+    // Nothing was written.
+    CHECK(buf[0] == std::vector<float>(16, 1.0f));
+    auto st2 = run_ranks(2, [&](int r, Communicator& c) {
+      return r == 0 ? c.broadcast(buf[0].data(), 4, 0) : c.all_reduce_sum(buf[1].data(), 1, DType::f32);
+    });
+    CHECK_THAT(std::string(st2[1].message()), ContainsSubstring("rank 0 broadcast(4 bytes, root 0)"));
+  }
+  SECTION("a broadcast root outside the group") {
+    std::vector<uint8_t> b(4);
+    auto st = run_ranks(2, [&](int, Communicator& c) { return c.broadcast(b.data(), 4, 2); });
+    CHECK(st[0].code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(st[0].message()), ContainsSubstring("root 2 is outside [0, 2)"));
+  }
+  SECTION("groups and ranks that cannot exist") {
+    CHECK(CpuCommGroup::create(0).status().code() == absl::StatusCode::kInvalidArgument);
+    auto g = CpuCommGroup::create(2);
+    REQUIRE(g.ok());
+    CHECK(CpuCommunicator::create(*g, 2).status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(CpuCommunicator::create(nullptr, 0).status().code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("cpu communicator: abort unblocks ranks waiting for a rank that failed", "[parallel][cpu_comm]") {
+  SECTION("the failing rank aborts its communicator") {
+    std::vector<float> buf(4, 1.0f);
+    auto st = run_ranks(4, [&](int r, Communicator& c) {
+      if (r == 2) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others are waiting by now
+        c.abort();
+        return absl::InternalError("rank 2 failed");
+      }
+      return c.all_reduce_sum(buf.data(), 4, DType::f32);
+    });
+    for (int r : {0, 1, 3}) {
+      CHECK(st[size_t(r)].code() == absl::StatusCode::kAborted);
+      CHECK_THAT(std::string(st[size_t(r)].message()), ContainsSubstring("aborted by rank 2"));
+    }
+  }
+  SECTION("the group is aborted from outside, with a reason") {
+    std::shared_ptr<CpuCommGroup> group;
+    std::atomic<int> waiting{0};
+    std::thread killer;
+    auto st = run_ranks(
+        3,
+        [&](int r, Communicator& c) {
+          if (r == 0) {
+            killer = std::thread([&] {
+              while (waiting.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+              std::this_thread::sleep_for(std::chrono::milliseconds(20));
+              group->abort(absl::CancelledError("server shutting down"));
+            });
+            return absl::OkStatus();  // rank 0 never joins
+          }
+          ++waiting;
+          return c.barrier();
+        },
+        std::chrono::milliseconds::zero(), &group);
+    killer.join();
+    CHECK(st[1].code() == absl::StatusCode::kCancelled);
+    CHECK(st[2].code() == absl::StatusCode::kCancelled);
+    CHECK(group->poisoned().code() == absl::StatusCode::kCancelled);
+  }
+  SECTION("a rank that never comes: the timeout names it") {
+    auto st = run_ranks(
+        3, [&](int r, Communicator& c) { return r == 1 ? absl::OkStatus() : c.barrier(); },
+        std::chrono::milliseconds(100));
+    for (int r : {0, 2}) {
+      CHECK(st[size_t(r)].code() == absl::StatusCode::kDeadlineExceeded);
+      CHECK_THAT(std::string(st[size_t(r)].message()), ContainsSubstring("for rank(s) 1 of 3"));
+    }
+  }
+}
+
+TEST_CASE("nccl loader: a library that is not there is FAILED_PRECONDITION naming it and dlerror",
+          "[parallel][nccl]") {
+  const char* old = std::getenv("KVFUSE_NCCL_LIBRARY");
+  const std::string saved = old != nullptr ? old : "";
+  setenv("KVFUSE_NCCL_LIBRARY", "/nonexistent/libkvfuse-no-nccl.so.2", 1);
+  CHECK(nccl::NcclLibrary::default_name() == "/nonexistent/libkvfuse-no-nccl.so.2");
+  auto lib = nccl::NcclLibrary::load();
+  if (old != nullptr) {
+    setenv("KVFUSE_NCCL_LIBRARY", saved.c_str(), 1);
+  } else {
+    unsetenv("KVFUSE_NCCL_LIBRARY");
+  }
+  REQUIRE_FALSE(lib.ok());
+  CHECK(lib.status().code() == absl::StatusCode::kFailedPrecondition);
+  const std::string msg(lib.status().message());
+  CHECK_THAT(msg, ContainsSubstring("'/nonexistent/libkvfuse-no-nccl.so.2' cannot be loaded"));
+  CHECK_THAT(msg, ContainsSubstring("No such file or directory"));  // dlerror's words
+  CHECK_THAT(msg, ContainsSubstring("KVFUSE_NCCL_LIBRARY"));
+
+  // A library that loads but is not NCCL: the missing symbol is named.
+  auto not_nccl = nccl::NcclLibrary::load("libm.so.6");
+  REQUIRE_FALSE(not_nccl.ok());
+  CHECK(not_nccl.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(not_nccl.status().message()), ContainsSubstring("lacks ncclGetVersion"));
+
+  CHECK(std::string(nccl::default_nccl_library()) == std::string(
+#if defined(KVFUSE_HIP)
+                                                         "librccl.so.1"
+#else
+                                                         "libnccl.so.2"
+#endif
+                                                         ));
+}
+
+TEST_CASE("nccl api: our declarations carry nccl.h's values", "[parallel][nccl]") {
+  CHECK(sizeof(nccl::ncclUniqueId) == 128);
+  CHECK(int(nccl::ncclFloat32) == 7);
+  CHECK(int(nccl::ncclBfloat16) == 9);
+  CHECK(int(nccl::ncclSum) == 0);
+  nccl::NcclLibrary lib;
+  lib.version = 21903;
+  CHECK(lib.version_string() == "2.19.3");
+  lib.version = 2708;  // before 2.9: X*1000 + Y*100 + Z
+  CHECK(lib.version_string() == "2.7.8");
+}
+
+TEST_CASE("tensor parallel shapes: heads and the MLP must divide, the vocabulary is padded",
+          "[parallel][tp]") {
+  auto llama = model_preset("llama3-8b");
+  REQUIRE(llama.ok());
+  for (int tp : {1, 2, 4, 8}) CHECK(check_tensor_parallel(*llama, tp).ok());
+  auto shard = tensor_parallel_shard(*llama, 8);
+  REQUIRE(shard.ok());
+  CHECK(shard->num_q_heads == 4);
+  CHECK(shard->num_kv_heads == 1);
+  CHECK(shard->intermediate == 1792);
+  CHECK(shard->padded_vocab == 128256);
+  CHECK(shard->vocab == 16032);
+
+  // 16 does not divide llama3-8b's 8 KV heads; the rest divides.
+  absl::Status st = check_tensor_parallel(*llama, 16);
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(st.message()), ContainsSubstring("num_kv_heads 8"));
+  CHECK_THAT(std::string(st.message()), !ContainsSubstring("num_q_heads"));
+  CHECK_THAT(std::string(st.message()), !ContainsSubstring("intermediate"));
+
+  auto tiny = model_preset("tiny");  // 4 q heads, 2 KV heads, intermediate 768, vocab 1024
+  REQUIRE(tiny.ok());
+  st = check_tensor_parallel(*tiny, 3);
+  CHECK_THAT(std::string(st.message()), ContainsSubstring("num_q_heads 4, num_kv_heads 2"));
+  CHECK_THAT(std::string(st.message()), !ContainsSubstring("intermediate"));
+  CHECK_THAT(std::string(st.message()), !ContainsSubstring("vocab 1024"));
+  ModelSpec odd = *tiny;
+  odd.intermediate = 770;
+  odd.vocab = 1001;
+  st = check_tensor_parallel(odd, 4);
+  CHECK_THAT(std::string(st.message()), ContainsSubstring("num_kv_heads 2, intermediate 770"));
+  odd.num_kv_heads = 4;
+  odd.intermediate = 768;
+  shard = tensor_parallel_shard(odd, 4);
+  REQUIRE(shard.ok());
+  CHECK(shard->padded_vocab == 1004);
+  CHECK(shard->vocab == 251);
+  CHECK(check_tensor_parallel(*tiny, 0).code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("engine: tensor_parallel > 1 is refused at start until the sharded model exists",
+          "[parallel][engine]") {
+  nlohmann::json j = {{"model", "tiny"}, {"device", "cpu"}, {"num_pages", 64}, {"tensor_parallel", 2}};
+  auto cfg = config_from_json(j);
+  REQUIRE(cfg.ok());
+  auto e = Engine::create(*cfg);
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_THAT(std::string(e.status().message()), ContainsSubstring("tensor_parallel 2 is not served yet"));
+  // A shape that could not be sharded at all is named first.
+  j["tensor_parallel"] = 4;
+  cfg = config_from_json(j);
+  REQUIRE(cfg.ok());
+  e = Engine::create(*cfg);
+  CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(e.status().message()), ContainsSubstring("num_kv_heads 2"));
+  // tensor_parallel 1 is the engine as before.
+  j["tensor_parallel"] = 1;
+  cfg = config_from_json(j);
+  REQUIRE(cfg.ok());
+  CHECK(Engine::create(*cfg).ok());
+}

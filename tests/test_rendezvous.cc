@@ -1,0 +1,203 @@
+// The TCP rendezvous of a tensor-parallel group across processes, on localhost with one
+// thread per rank: the id reaches every rank, and a timeout, a duplicate rank, a wrong
+// world size or a stray client each end with a clear error instead of a hang.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+#include "tests/catch.h"
+
+#include "src/parallel/rendezvous.h"
+
+using namespace kvfuse;
+using Catch::Matchers::ContainsSubstring;
+using std::chrono::milliseconds;
+
+namespace {
+
+RendezvousId make_id(uint8_t seed) {
+  RendezvousId id;
+  for (size_t i = 0; i < id.size(); ++i) id[i] = uint8_t(seed + i * 7);
+  return id;
+}
+
+RendezvousOptions opts(int world, int rank, int port, milliseconds timeout = milliseconds(5000)) {
+  RendezvousOptions o;
+  o.address = "127.0.0.1:" + std::to_string(port);
+  o.world_size = world;
+  o.rank = rank;
+  o.timeout = timeout;
+  return o;
+}
+
+std::unique_ptr<RendezvousServer> listen_or_fail(int world, milliseconds timeout = milliseconds(5000)) {
+  auto s = RendezvousServer::listen(opts(world, 0, 0, timeout));
+  INFO(s.status().ToString());
+  REQUIRE(s.ok());
+  REQUIRE((*s)->port() > 0);
+  return std::move(*s);
+}
+
+// A raw client that sends `bytes` and waits for the server to close.
+void stray_client(int port, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    char buf[64];
+    while (::recv(fd, buf, sizeof buf, 0) > 0) {
+    }
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
+TEST_CASE("rendezvous: every rank gets rank 0's id (2 and 4 ranks)", "[parallel][rendezvous]") {
+  for (int world : {2, 4}) {
+    CAPTURE(world);
+    auto server = listen_or_fail(world);
+    const int port = server->port();
+    const RendezvousId id = make_id(uint8_t(world));
+    std::vector<absl::StatusOr<RendezvousId>> got(size_t(world), absl::UnknownError("not run"));
+    std::vector<std::thread> peers;
+    // Peers start in reverse order: arrival order does not matter.
+    for (int r = world - 1; r >= 1; --r) {
+      peers.emplace_back([&, r] { got[size_t(r)] = rendezvous_join(opts(world, r, port)); });
+    }
+    const absl::Status served = server->serve(id);
+    for (auto& t : peers) t.join();
+    INFO(served.ToString());
+    CHECK(served.ok());
+    for (int r = 1; r < world; ++r) {
+      INFO("rank " << r << ": " << got[size_t(r)].status().ToString());
+      REQUIRE(got[size_t(r)].ok());
+      CHECK(*got[size_t(r)] == id);
+    }
+  }
+}
+
+TEST_CASE("rendezvous: a peer that starts before rank 0 listens retries until it can connect",
+          "[parallel][rendezvous]") {
+  // A free port: bind one, note it, close it, then let rank 0 listen on it a little later.
+  int port = 0;
+  {
+    auto probe = listen_or_fail(2);
+    port = probe->port();
+  }
+  absl::StatusOr<RendezvousId> got = absl::UnknownError("not run");
+  std::thread peer([&] { got = rendezvous_join(opts(2, 1, port)); });
+  std::this_thread::sleep_for(milliseconds(200));
+  auto id = rendezvous(opts(2, 0, port), [] { return absl::StatusOr<RendezvousId>(make_id(9)); });
+  peer.join();
+  INFO(id.status().ToString() << " / " << got.status().ToString());
+  REQUIRE(id.ok());
+  REQUIRE(got.ok());
+  CHECK(*got == make_id(9));
+}
+
+TEST_CASE("rendezvous: a missing rank is DEADLINE_EXCEEDED naming the address and who arrived",
+          "[parallel][rendezvous]") {
+  auto server = listen_or_fail(4, milliseconds(300));
+  const int port = server->port();
+  absl::StatusOr<RendezvousId> got = absl::UnknownError("not run");
+  std::thread peer([&] { got = rendezvous_join(opts(4, 2, port)); });
+  const absl::Status st = server->serve(make_id(1));
+  peer.join();
+  CHECK(st.code() == absl::StatusCode::kDeadlineExceeded);
+  const std::string msg(st.message());
+  CHECK_THAT(msg, ContainsSubstring("127.0.0.1:0"));
+  CHECK_THAT(msg, ContainsSubstring("port " + std::to_string(port)));
+  CHECK_THAT(msg, ContainsSubstring("2 of 4 ranks arrived (0, 2)"));
+  CHECK_THAT(msg, ContainsSubstring("missing rank(s) 1, 3"));
+  // The rank that did come hears why instead of waiting for its own timeout.
+  CHECK(got.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(std::string(got.status().message()), ContainsSubstring("rank 0 refused the group"));
+
+  // Nobody listening at all: the peer's own timeout, naming the address.
+  server.reset();
+  auto alone = rendezvous_join(opts(2, 1, port, milliseconds(200)));
+  CHECK(alone.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(std::string(alone.status().message()),
+             ContainsSubstring("tp rendezvous at 127.0.0.1:" + std::to_string(port) + ": rank 1 of 2"));
+}
+
+TEST_CASE("rendezvous: a duplicate rank or a wrong world size fails every rank", "[parallel][rendezvous]") {
+  SECTION("duplicate rank") {
+    auto server = listen_or_fail(3);
+    const int port = server->port();
+    std::vector<absl::StatusOr<RendezvousId>> got(2, absl::UnknownError("not run"));
+    std::vector<std::thread> peers;
+    for (int i = 0; i < 2; ++i)
+      peers.emplace_back([&, i] { got[size_t(i)] = rendezvous_join(opts(3, 1, port)); });
+    const absl::Status st = server->serve(make_id(2));
+    for (auto& t : peers) t.join();
+    CHECK(st.code() == absl::StatusCode::kAlreadyExists);
+    CHECK_THAT(std::string(st.message()), ContainsSubstring("rank 1 arrived twice"));
+    for (const auto& g : got) {
+      CHECK(g.status().code() == absl::StatusCode::kAlreadyExists);
+      CHECK_THAT(std::string(g.status().message()), ContainsSubstring("rank 1 arrived twice"));
+    }
+  }
+  SECTION("wrong world size") {
+    auto server = listen_or_fail(3);
+    const int port = server->port();
+    absl::StatusOr<RendezvousId> ok_peer = absl::UnknownError("not run"),
+                                 bad_peer = absl::UnknownError("not run");
+    std::thread a([&] { ok_peer = rendezvous_join(opts(3, 1, port)); });
+    std::this_thread::sleep_for(milliseconds(50));
+    std::thread b([&] { bad_peer = rendezvous_join(opts(4, 2, port)); });
+    const absl::Status st = server->serve(make_id(3));
+    a.join();
+    b.join();
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(st.message()), ContainsSubstring("rank 2 (a peer at 127.0.0.1:"));
+    CHECK_THAT(std::string(st.message()), ContainsSubstring("has world size 4, rank 0 has 3"));
+    CHECK(ok_peer.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(bad_peer.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("rendezvous: a stray client without the magic is dropped and the group still forms",
+          "[parallel][rendezvous]") {
+  auto server = listen_or_fail(2);
+  const int port = server->port();
+  std::thread stray([&] { stray_client(port, "GET / HTTP/1.1\r\nHost: x\r\n\r\n"); });
+  std::thread silent([&] { stray_client(port, ""); });  // connects and says nothing
+  absl::StatusOr<RendezvousId> got = absl::UnknownError("not run");
+  std::thread peer([&] {
+    std::this_thread::sleep_for(milliseconds(100));
+    got = rendezvous_join(opts(2, 1, port));
+  });
+  const absl::Status st = server->serve(make_id(4));
+  peer.join();
+  stray.join();
+  silent.join();
+  INFO(st.ToString() << " / " << got.status().ToString());
+  CHECK(st.ok());
+  REQUIRE(got.ok());
+  CHECK(*got == make_id(4));
+}
+
+TEST_CASE("rendezvous: addresses and options are checked", "[parallel][rendezvous]") {
+  CHECK(parse_host_port("node1:29500").ok());
+  CHECK(parse_host_port("node1:29500")->first == "node1");
+  CHECK(parse_host_port("[::1]:29500")->first == "::1");
+  for (const char* bad : {"node1", "node1:", ":29500", "node1:70000", "node1:x", "::1:29500", "[::1]29500"}) {
+    CAPTURE(bad);
+    CHECK(parse_host_port(bad).status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  CHECK(rendezvous_join(opts(2, 0, 1234)).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(rendezvous_join(opts(2, 2, 1234)).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(rendezvous_join(opts(2, 1, 0)).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(RendezvousServer::listen(opts(0, 0, 0)).status().code() == absl::StatusCode::kInvalidArgument);
+}
