@@ -11,9 +11,11 @@
 #include <sstream>
 #include <string>
 #include <vector>
+#include <nlohmann/json.hpp>
 #include "tests/catch.h"
 
 #include "src/loading/checkpoint.h"
+#include "src/loading/hf_config.h"
 #include "src/loading/model_spec.h"
 #include "src/loading/safetensors.h"
 
@@ -129,6 +131,22 @@ inline std::string open_error(const std::string& dir) {
   auto c = Checkpoint::open(dir);
   REQUIRE_FALSE(c.ok());
   return std::string(c.status().message());
+}
+
+// The spec an HF config.json gives (the parse must succeed), or the message of its
+// error (the parse must fail with `code`).
+inline ModelSpec hf(const nlohmann::json& j) {
+  auto s = spec_from_hf_config(j, "config.json", "m");
+  INFO(s.status().ToString());
+  REQUIRE(s.ok());
+  return *s;
+}
+
+inline std::string hf_error(const nlohmann::json& j, absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
+  auto s = spec_from_hf_config(j, "config.json", "m");
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.status().code() == code);
+  return std::string(s.status().message());
 }
 
 }  // namespace kvfuse::testing

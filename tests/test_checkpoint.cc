@@ -13,20 +13,6 @@ using nlohmann::json;
 
 namespace {
 
-ModelSpec hf(const json& j) {
-  auto s = spec_from_hf_config(j, "config.json", "m");
-  INFO(s.status().ToString());
-  REQUIRE(s.ok());
-  return *s;
-}
-
-std::string hf_error(const json& j, absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
-  auto s = spec_from_hf_config(j, "config.json", "m");
-  REQUIRE_FALSE(s.ok());
-  CHECK(s.status().code() == code);
-  return std::string(s.status().message());
-}
-
 const json kLlama3 = {{"architectures", {"LlamaForCausalLM"}},
                       {"model_type", "llama"},
                       {"hidden_size", 4096},

@@ -99,20 +99,6 @@ RopeScaling yarn(double factor, int32_t original) {
   return sc;
 }
 
-ModelSpec hf(const json& j) {
-  auto s = spec_from_hf_config(j, "config.json", "m");
-  INFO(s.status().ToString());
-  REQUIRE(s.ok());
-  return *s;
-}
-
-std::string hf_error(const json& j, absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
-  auto s = spec_from_hf_config(j, "config.json", "m");
-  REQUIRE_FALSE(s.ok());
-  CHECK(s.status().code() == code);
-  return std::string(s.status().message());
-}
-
 // Llama 3.1 8B's config.json without its RoPE keys.
 json llama_base() {
   return {{"architectures", {"LlamaForCausalLM"}},
