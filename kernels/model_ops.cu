@@ -41,6 +41,91 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   }
 }
 
+// The residual add fused with the RMSNorm that follows it: x = bf16(x + y), then
+// out = rmsnorm(x) * w, one block per row. Rows of up to 8 * kNormVec * kThreads bf16
+// (8192) whose pointers are 16-byte aligned go through 16-byte vectors and stay in
+// registers between the two passes; others take the scalar loops. out may be y.
+constexpr int kNormVec = 4;
+
+KVFUSE_DEVICE bool aligned_16B(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
+    add_rmsnorm_kernel(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                       bf16_t* out) {
+  __shared__ float partial[kThreads / kWarpSize + 1];
+  const bool vec = cols % 8 == 0 && cols <= int64_t(8) * kNormVec * blockDim.x && aligned_16B(x) &&
+                   aligned_16B(y) && aligned_16B(w) && aligned_16B(out);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    bf16_t* xr = x + row * cols;
+    const bf16_t* yr = y + row * cols;
+    bf16_t* orow = out + row * cols;
+    float ss = 0.0f;
+    uint4 keep[kNormVec];
+    if (vec) {
+#pragma unroll
+      for (int k = 0; k < kNormVec; ++k) {
+        const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
+        if (c >= cols) continue;
+        const uint4 a = *reinterpret_cast<const uint4*>(xr + c);
+        const uint4 b = *reinterpret_cast<const uint4*>(yr + c);
+        const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+        uint32_t ws[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bf16_t lo = f32_to_bf16(bf16_bits_to_f32(bf16_t(wa[i])) + bf16_bits_to_f32(bf16_t(wb[i])));
+          const bf16_t hi =
+              f32_to_bf16(bf16_bits_to_f32(bf16_t(wa[i] >> 16)) + bf16_bits_to_f32(bf16_t(wb[i] >> 16)));
+          const float vl = bf16_bits_to_f32(lo), vh = bf16_bits_to_f32(hi);
+          ss += vl * vl;
+          ss += vh * vh;
+          ws[i] = uint32_t(lo) | (uint32_t(hi) << 16);
+        }
+        keep[k] = make_uint4(ws[0], ws[1], ws[2], ws[3]);
+        store_16B(xr + c, keep[k]);
+      }
+    } else {
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        xr[c] = f32_to_bf16(ld(xr, c) + ld(yr, c));
+        const float v = ld(xr, c);
+        ss += v * v;
+      }
+    }
+    ss = warp_reduce_sum(ss);
+    const int warps = int(blockDim.x) / kWarpSize;
+    if (lane_id() == 0) partial[warp_id()] = ss;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float total = 0.0f;
+      for (int i = 0; i < warps; ++i) total += partial[i];
+      partial[warps] = 1.0f / sqrtf(total / float(cols) + eps);
+    }
+    __syncthreads();
+    const float inv = partial[warps];
+    if (vec) {
+#pragma unroll
+      for (int k = 0; k < kNormVec; ++k) {
+        const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
+        if (c >= cols) continue;
+        const uint4 wv = load_ro_16B(w + c);
+        const uint32_t wx[4] = {keep[k].x, keep[k].y, keep[k].z, keep[k].w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
+        uint32_t wo[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bf16_t lo = f32_to_bf16(bf16_bits_to_f32(bf16_t(wx[i])) * inv * bf16_bits_to_f32(bf16_t(ww[i])));
+          const bf16_t hi =
+              f32_to_bf16(bf16_bits_to_f32(bf16_t(wx[i] >> 16)) * inv * bf16_bits_to_f32(bf16_t(ww[i] >> 16)));
+          wo[i] = uint32_t(lo) | (uint32_t(hi) << 16);
+        }
+        store_16B(orow + c, make_uint4(wo[0], wo[1], wo[2], wo[3]));
+      }
+    } else {
+      // Each thread reads back only the elements it wrote above.
+      for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) orow[c] = f32_to_bf16(ld(xr, c) * inv * ld(w, c));
+    }
+    __syncthreads();  // partial[] is reused by the next row
+  }
+}
+
 // One thread per rotated pair (i, i + D/2) of one head of one token. The frequency comes
 // from the model's table (the reference's values), the angle is the fp32 product.
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
@@ -179,6 +264,13 @@ cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64
                            bf16_t* out, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   return launch_kernel(rmsnorm_kernel, row_blocks(rows), kThreads, stream, false, x, w, rows, cols, eps, out);
+}
+
+cudaError_t launch_add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                               bf16_t* out, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  return launch_kernel(add_rmsnorm_kernel, row_blocks(rows), kThreads, stream, false, x, y, w, rows, cols, eps,
+                       out);
 }
 
 cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,

@@ -14,6 +14,10 @@ cudaError_t launch_embedding(const int32_t* ids, int64_t n, const bf16_t* table,
                              cudaStream_t stream);
 cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                            bf16_t* out, cudaStream_t stream);
+// x = bf16(x + y) (the residual add), then out = rmsnorm(x) * w: launch_residual_add and
+// launch_rmsnorm in one kernel, with x's bytes exactly theirs. out may alias y.
+cudaError_t launch_add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                               bf16_t* out, cudaStream_t stream);
 cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
                              int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
                              const float* inv_freq, float attention_scaling, cudaStream_t stream);

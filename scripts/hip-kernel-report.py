@@ -17,7 +17,8 @@ CU's registers and LDS (64 KiB a CU on gfx942, 160 KiB on gfx950). SGPRs do not 
 occupancy below 8 waves on these targets.
 
 Gates (exit status 1 if any fails):
-  - KV write (fused, scatter, unfused scale/cast), RMSNorm, RoPE, sampling and argmax
+  - KV write (fused, scatter, unfused scale/cast), RMSNorm (and the residual add fused
+    with it), RoPE, sampling and argmax
     kernels: no scratch, and at least 4 waves per SIMD (TARGETS below): what the
     KV write's launch bounds promise (4 blocks of 256 threads a CU), and for the
     1024-thread sampling blocks what one resident block needs;
@@ -52,7 +53,7 @@ TARGETS = [
     ("kv-write", r"^kv_write_fused_kernel<", 4),
     ("kv-write", r"^kv_scatter_kernel", 4),
     ("kv-write", r"^kv_(scale|cast_fp8|cast_bf16)_kernel<", 4),
-    ("norm", r"^rmsnorm_kernel", 4),
+    ("norm", r"^(add_)?rmsnorm_kernel", 4),
     ("rope", r"^rope_kernel", 4),
     ("sampling", r"^(sample_rows|argmax_rows)_kernel", 4),
     ("attention", r"^attention_", None),

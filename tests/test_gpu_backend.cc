@@ -122,6 +122,28 @@ TEST_CASE("gpu backend: row and elementwise ops match the CPU within one bf16 ul
   });
   CHECK((ac == ag));  // one fp32 add, one rounding: exact on both
 
+  // The residual add fused with the norm: x exactly residual_add's, out within an ulp of
+  // the CPU's (residual_add then rmsnorm), out aliasing y as the decoder calls it. Rows
+  // of 512 and 8192 take the 16-byte path; 8200 (over 8192) and 100 (not a multiple of
+  // 8) the scalar loops.
+  for (const int64_t cols : {int64_t(512), int64_t(8192), int64_t(8200), int64_t(100)}) {
+    for (const int64_t n : {int64_t(1), int64_t(5)}) {
+      CAPTURE(cols, n);
+      const auto xs = random_bf16(size_t(n * cols), 11);
+      const auto ys = random_bf16(size_t(n * cols), 12);
+      const auto ws = random_bf16(size_t(cols), 13, 0.1f);
+      auto run = [&](Backend& b) {
+        Mirror<bf16_t> xa(b, xs), ya(b, ys), wa(b, ws);
+        REQUIRE(b.add_rmsnorm(xa.ptr(), ya.ptr(), wa.ptr(), n, cols, 1e-5f, ya.ptr()).ok());
+        return std::make_pair(xa.read(b), ya.read(b));
+      };
+      const auto [cx, co] = run(*cpu);
+      const auto [gx, go] = run(*gpu);
+      CHECK((cx == gx));
+      check_close(co, go, 1, 0, "add_rmsnorm");
+    }
+  }
+
   // RoPE on a fused QKV row layout: 8 q heads, 2 kv heads of 64, large positions.
   const int32_t qh = 8, kvh = 2, d = 64;
   const int64_t stride = int64_t(qh + 2 * kvh) * d;

@@ -94,6 +94,9 @@ class HostTestBackend final : public Backend {
   absl::Status sample_rows(const float*, int64_t, int64_t, const RowSampling*, int32_t*) override {
     return no();
   }
+  absl::Status add_rmsnorm(bf16_t*, const bf16_t*, const bf16_t*, int64_t, int64_t, float, bf16_t*) override {
+    return no();
+  }
   absl::Status logprobs_rows(const float*, int64_t, int64_t, const LogprobRow*, const int32_t*, const int32_t*,
                              const RowSampling*, LogprobOut*) override {
     return no();

@@ -111,6 +111,10 @@ class Backend {
                             const float* inv_freq, float attention_scaling) = 0;
   virtual absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) = 0;
   virtual absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) = 0;
+  // The residual add and the RMSNorm after it: x += y (bf16, as residual_add), then
+  // out = rmsnorm(x, w) (as rmsnorm). out may be y.
+  virtual absl::Status add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols,
+                                   float eps, bf16_t* out) = 0;
   virtual absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
                                    bf16_t* out) = 0;
 

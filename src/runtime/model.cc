@@ -99,7 +99,12 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
   for (int32_t l = 0; l < s.num_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
     const bool swa = pool.layer_is_swa(l);
-    KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(x, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+    // The previous layer's MLP output (in h) joins the residual stream in the norm's kernel.
+    if (l == 0) {
+      KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(x, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+    } else {
+      KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+    }
     KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.qkv, p.qkv));
     KVFUSE_RETURN_IF_ERROR(backend_.rope(q, qkv_dim, s.num_q_heads, k, qkv_dim, s.num_kv_heads, s.head_dim,
                                          p.positions, T, rope_inv_freq_.as<float>(),
@@ -131,13 +136,12 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     KVFUSE_RETURN_IF_ERROR(backend_.attention(a, attention));
 
     KVFUSE_RETURN_IF_ERROR(backend_.linear(p.attn, T, L.o, h));
-    KVFUSE_RETURN_IF_ERROR(backend_.residual_add(x, h, T * s.hidden));
-    KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(x, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+    KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.gate_up, p.gate_up));
     KVFUSE_RETURN_IF_ERROR(backend_.silu_mul(p.gate_up, T, s.intermediate, p.act));
     KVFUSE_RETURN_IF_ERROR(backend_.linear(p.act, T, L.down, h));
-    KVFUSE_RETURN_IF_ERROR(backend_.residual_add(x, h, T * s.hidden));
   }
+  KVFUSE_RETURN_IF_ERROR(backend_.residual_add(x, h, T * s.hidden));  // the last layer's MLP output
 
   const int64_t n = p.num_logits_rows;
   for (int64_t e = 0; e < p.num_extra_rows; e += p.logits_capacity) {

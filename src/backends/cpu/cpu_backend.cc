@@ -113,6 +113,12 @@ class CpuBackend final : public Backend {
     cpu::silu_mul(gate_up, n, inter, out);
     return absl::OkStatus();
   }
+  absl::Status add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                           bf16_t* out) override {
+    cpu::residual_add(x, y, rows * cols);
+    cpu::rmsnorm(x, w, rows, cols, eps, out);
+    return absl::OkStatus();
+  }
   absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) override {
     cpu::residual_add(x, y, count);
     return absl::OkStatus();

@@ -175,6 +175,10 @@ class GpuBackend final : public Backend {
   absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
     return cuda_status(gpu::launch_silu_mul(gate_up, n, inter, out, stream_), "silu_mul");
   }
+  absl::Status add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                           bf16_t* out) override {
+    return cuda_status(gpu::launch_add_rmsnorm(x, y, w, rows, cols, eps, out, stream_), "add_rmsnorm");
+  }
   absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) override {
     return cuda_status(gpu::launch_residual_add(x, y, count, stream_), "residual_add");
   }
