@@ -20,10 +20,12 @@ san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined)
 read -r -a absl <<<"$(pkg-config --cflags --libs absl_strings absl_str_format absl_status absl_statusor)"
 
 # Library sources of each target (everything else of src/ stays out: no backend, no BLAS).
-lib=(src/loading/safetensors.cc src/loading/checkpoint.cc src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc src/loading/kv_scales.cc)
+lib=(src/loading/safetensors.cc src/loading/checkpoint.cc src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc
+  src/loading/kv_scales.cc src/loading/rope.cc src/parallel/rendezvous.cc)
 declare -A deps=(
   [fuzz_safetensors]="${lib[*]}"
-  [fuzz_config]="src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc src/loading/kv_scales.cc"
+  [fuzz_config]="src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc src/loading/kv_scales.cc
+    src/loading/rope.cc src/parallel/rendezvous.cc"
 )
 
 echo "fuzz.sh: compiling with $("$cxx" --version | head -1)"
