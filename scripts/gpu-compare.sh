@@ -8,6 +8,10 @@
 #   scripts/gpu-bundle.sh           (here: packs .device-bundle/)
 #   scripts/gpu-compare.sh          (on the GPU machine, both folders carried along)
 #
+# COMPARE_ENV="NAME=VALUE ..." compares this tree with itself instead: the baseline side is
+# this bundle's engine benchmark run with those variables set (an A/B of a switch such as
+# KVFUSE_GEMV=0, no baseline folder needed), and the kernel benchmarks are left out.
+#
 # Environment: COMPARE_ROUNDS (alternations, default 2), COMPARE_BATCH / COMPARE_CONTEXT
 # (engine cells, default 1,8,64 x 512,2048), COMPARE_ENGINE=0 (kernel benchmarks only:
 # then .device-baseline needs only src.tar.xz, e.g. `git archive REV | xz`), KVFUSE_CUDA_ARCH
@@ -27,31 +31,39 @@ t0=$(date +%s)
 note() { echo "gpu-compare: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
 status=0
 engine=${COMPARE_ENGINE:-1}
+env_base=${COMPARE_ENV:-}
 needs=(.device-baseline/src.tar.xz)
 ((engine)) && needs+=(.device-baseline/kvfuse-bench-engine .device-bundle/kvfuse-bench-engine)
+[[ -n $env_base ]] && needs=(.device-bundle/kvfuse-bench-engine) && engine=1
 for need in "${needs[@]}"; do
   [[ -e $need ]] || { note "FAIL: $need missing (scripts/gpu-baseline.sh REV, scripts/gpu-bundle.sh)"; exit 1; }
 done
-note "baseline $(cat .device-baseline/REV 2>/dev/null || echo '?'), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%FT%TZ)"
+base_name=$(cat .device-baseline/REV 2>/dev/null || echo '?')
+[[ -n $env_base ]] && base_name="this tree with $env_base"
+note "baseline $base_name, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%FT%TZ)"
 
 # The kernel benchmarks of both trees, from the standalone GPU build (tests/gpu).
+kernels=1
+[[ -n $env_base ]] && kernels=0
 mkdir -p "$work/base"
-tar -xJf .device-baseline/src.tar.xz -C "$work/base"
-nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
-gen=()
-command -v ninja >/dev/null && gen=(-G Ninja)
-for side in base new; do
-  src=$PWD
-  [[ $side == base ]] && src=$work/base
-  if ! { cmake -S "$src/tests/gpu" -B "$work/build-$side" "${gen[@]}" -DKVFUSE_GPU=CUDA -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
-    cmake --build "$work/build-$side" -j"$(nproc)" --target bench_kv_write bench_attention; } >"$work/runs/build-$side.log" 2>&1; then
-    tail -20 "$work/runs/build-$side.log"
-    note "FAIL: build of the $side kernel benchmarks"
-    exit 1
-  fi
-done
-note "kernel benchmarks built"
+if ((kernels)); then
+  tar -xJf .device-baseline/src.tar.xz -C "$work/base"
+  nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
+  gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  for side in base new; do
+    src=$PWD
+    [[ $side == base ]] && src=$work/base
+    if ! { cmake -S "$src/tests/gpu" -B "$work/build-$side" "${gen[@]}" -DKVFUSE_GPU=CUDA -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
+      cmake --build "$work/build-$side" -j"$(nproc)" --target bench_kv_write bench_attention; } >"$work/runs/build-$side.log" 2>&1; then
+      tail -20 "$work/runs/build-$side.log"
+      note "FAIL: build of the $side kernel benchmarks"
+      exit 1
+    fi
+  done
+  note "kernel benchmarks built"
+fi
 
 cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$PWD/.device-bundle/lib:$PWD/.device-baseline/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -69,11 +81,16 @@ run() {  # side, name, command...
 for r in $(seq 1 "$rounds"); do
   for side in base new; do
     for b in bench_kv_write bench_attention; do
+      ((kernels)) || continue
       run "$side" "$b.$side.$r" "$work/build-$side/bench/$b" --json "$work/runs/$b.$side.$r.json" --rounds 5
     done
-    eng=.device-bundle/kvfuse-bench-engine
-    [[ $side == base ]] && eng=.device-baseline/kvfuse-bench-engine
-    ((engine)) && run "$side" "engine.$side.$r" "$eng" --set model=llama3-8b --set device=cuda --set kv_cache_dtype=fp8_e4m3 \
+    eng=(.device-bundle/kvfuse-bench-engine)
+    if [[ $side == base ]]; then
+      eng=(.device-baseline/kvfuse-bench-engine)
+      # shellcheck disable=SC2206  # the assignments are words
+      [[ -n $env_base ]] && eng=(env $env_base .device-bundle/kvfuse-bench-engine)
+    fi
+    ((engine)) && run "$side" "engine.$side.$r" "${eng[@]}" --set model=llama3-8b --set device=cuda --set kv_cache_dtype=fp8_e4m3 \
       --batch "$batch" --context "$context" --attention split --graphs on --reps 3 \
       --json "$work/runs/engine.$side.$r.json"
     note "round $r $side done"
