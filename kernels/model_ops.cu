@@ -12,6 +12,24 @@ constexpr int kThreads = 256;
 
 KVFUSE_DEVICE float ld(const bf16_t* p, int64_t i) { return bf16_bits_to_f32(p[i]); }
 
+// 1 / sqrt(mean + eps) of a row from each thread's sum of squares `ss`, for every thread
+// of the block: warp sums, then thread 0 adds the warps in order. partial: the block's
+// kThreads / kWarpSize + 1 floats of shared memory, free again after the caller's next
+// __syncthreads.
+KVFUSE_DEVICE float block_inv_rms(float ss, int64_t cols, float eps, float* partial) {
+  ss = warp_reduce_sum(ss);
+  const int warps = int(blockDim.x) / kWarpSize;
+  if (lane_id() == 0) partial[warp_id()] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < warps; ++i) total += partial[i];
+    partial[warps] = 1.0f / sqrtf(total / float(cols) + eps);
+  }
+  __syncthreads();
+  return partial[warps];
+}
+
 // One block per row: fp32 sum of squares, then x * rsqrt(mean + eps) * w.
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     rmsnorm_kernel(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps, bf16_t* out) {
@@ -23,17 +41,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
       const float v = ld(xr, c);
       ss += v * v;
     }
-    ss = warp_reduce_sum(ss);
-    const int warps = int(blockDim.x) / kWarpSize;
-    if (lane_id() == 0) partial[warp_id()] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.0f;
-      for (int i = 0; i < warps; ++i) total += partial[i];
-      partial[warps] = 1.0f / sqrtf(total / float(cols) + eps);
-    }
-    __syncthreads();
-    const float inv = partial[warps];
+    const float inv = block_inv_rms(ss, cols, eps, partial);
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
       out[row * cols + c] = f32_to_bf16(ld(xr, c) * inv * ld(w, c));
     }
@@ -90,17 +98,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
         ss += v * v;
       }
     }
-    ss = warp_reduce_sum(ss);
-    const int warps = int(blockDim.x) / kWarpSize;
-    if (lane_id() == 0) partial[warp_id()] = ss;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float total = 0.0f;
-      for (int i = 0; i < warps; ++i) total += partial[i];
-      partial[warps] = 1.0f / sqrtf(total / float(cols) + eps);
-    }
-    __syncthreads();
-    const float inv = partial[warps];
+    const float inv = block_inv_rms(ss, cols, eps, partial);
     if (vec) {
 #pragma unroll
       for (int k = 0; k < kNormVec; ++k) {

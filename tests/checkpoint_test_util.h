@@ -133,6 +133,25 @@ inline std::string open_error(const std::string& dir) {
   return std::string(c.status().message());
 }
 
+// Llama 3 8B's config.json (plain RoPE, 8192 positions), as transformers 4.x writes it.
+inline nlohmann::json llama3_8b_config() {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", 4096},
+          {"intermediate_size", 14336},
+          {"num_attention_heads", 32},
+          {"num_hidden_layers", 32},
+          {"num_key_value_heads", 8},
+          {"rms_norm_eps", 1e-05},
+          {"rope_scaling", nullptr},
+          {"rope_theta", 500000.0},
+          {"max_position_embeddings", 8192},
+          {"tie_word_embeddings", false},
+          {"vocab_size", 128256},
+          {"attention_bias", false},
+          {"hidden_act", "silu"}};
+}
+
 // The spec an HF config.json gives (the parse must succeed), or the message of its
 // error (the parse must fail with `code`).
 inline ModelSpec hf(const nlohmann::json& j) {

@@ -13,21 +13,7 @@ using nlohmann::json;
 
 namespace {
 
-const json kLlama3 = {{"architectures", {"LlamaForCausalLM"}},
-                      {"model_type", "llama"},
-                      {"hidden_size", 4096},
-                      {"intermediate_size", 14336},
-                      {"num_attention_heads", 32},
-                      {"num_hidden_layers", 32},
-                      {"num_key_value_heads", 8},
-                      {"rms_norm_eps", 1e-05},
-                      {"rope_scaling", nullptr},
-                      {"rope_theta", 500000.0},
-                      {"max_position_embeddings", 8192},
-                      {"tie_word_embeddings", false},
-                      {"vocab_size", 128256},
-                      {"attention_bias", false},
-                      {"hidden_act", "silu"}};
+const json kLlama3 = llama3_8b_config();
 
 }  // namespace
 

@@ -101,15 +101,11 @@ RopeScaling yarn(double factor, int32_t original) {
 
 // Llama 3.1 8B's config.json without its RoPE keys.
 json llama_base() {
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"hidden_size", 4096},
-          {"intermediate_size", 14336},
-          {"num_attention_heads", 32},
-          {"num_hidden_layers", 32},
-          {"num_key_value_heads", 8},
-          {"max_position_embeddings", 131072},
-          {"vocab_size", 128256}};
+  json j = llama3_8b_config();
+  j.erase("rope_scaling");
+  j.erase("rope_theta");
+  j["max_position_embeddings"] = 131072;
+  return j;
 }
 
 // Qwen2.5 7B's config.json without its RoPE keys.
