@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <vector>
 #include "tests/catch.h"
@@ -36,6 +37,25 @@ inline std::vector<uint8_t> cache_bytes(Engine& e) {
     REQUIRE(e.backend().copy_to_host(out.data() + at, v.k, bytes).ok());
     REQUIRE(e.backend().copy_to_host(out.data() + at + bytes, v.v, bytes).ok());
   }
+  return out;
+}
+
+// Tensor parallelism: the best token of a logits row, and its lead over the second.
+inline int32_t top_token(const std::vector<float>& row) {
+  return int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+}
+inline float top_margin(const std::vector<float>& row) {
+  std::vector<float> v = row;
+  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
+  return v[0] - v[1];
+}
+
+// Layer `l`'s K (or V) bytes in one rank's storage of the pool.
+inline std::vector<uint8_t> storage_bytes(Engine& e, int32_t l, int32_t rank, bool v_side) {
+  const PagedKvView view = e.pool().layer_view(l, rank);
+  const size_t bytes = size_t(view.num_slots() * view.row_elems()) * size_t(kv_format_bytes(view.format));
+  std::vector<uint8_t> out(bytes);
+  REQUIRE(e.rank_backend(rank).copy_to_host(out.data(), v_side ? view.v : view.k, bytes).ok());
   return out;
 }
 

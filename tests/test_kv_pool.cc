@@ -71,6 +71,7 @@ class HostTestBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status synchronize() override { return absl::OkStatus(); }
+  absl::Status copy_2d(void*, size_t, const void*, size_t, size_t, int64_t) override { return no(); }
   absl::StatusOr<LinearWeight> upload_linear(const bf16_t*, int64_t, int64_t, const bf16_t*) override {
     return no();
   }

@@ -1,6 +1,6 @@
 // Tensor-parallel foundation: the CPU communicator (ranks as threads; a deterministic
 // rank-ordered all-reduce), the run-time NCCL loader's errors, the shard shapes, and the
-// engine's refusal of tensor_parallel > 1 until the sharded model exists.
+// engine's checks of tensor-parallel shapes (the sharded engine: test_tensor_parallel.cc).
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -332,12 +332,20 @@ TEST_CASE("tensor parallel shapes: heads and the MLP must divide, the vocabulary
   CHECK(shard->padded_vocab == 128256);
   CHECK(shard->vocab == 16032);
 
-  // 16 does not divide llama3-8b's 8 KV heads; the rest divides.
-  absl::Status st = check_tensor_parallel(*llama, 16);
+  // 16 ranks over llama3-8b's 8 KV heads: each KV head on two ranks, one per rank.
+  shard = tensor_parallel_shard(*llama, 16);
+  REQUIRE(shard.ok());
+  CHECK(shard->num_q_heads == 2);
+  CHECK(shard->num_kv_heads == 1);
+  CHECK(shard->kv_replicas == 2);
+  for (int32_t r = 0; r < 16; ++r) {
+    // Rank r's query heads 2r, 2r + 1 read KV head (2r) / 4 (GQA 32:8).
+    CHECK(shard->kv_head_begin(r) == shard->q_head_begin(r) / 4);
+  }
+  // 12 neither divides the 8 KV heads nor is a multiple of them; 32 query heads do not divide.
+  absl::Status st = check_tensor_parallel(*llama, 12);
   CHECK(st.code() == absl::StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(st.message()), ContainsSubstring("num_kv_heads 8"));
-  CHECK_THAT(std::string(st.message()), !ContainsSubstring("num_q_heads"));
-  CHECK_THAT(std::string(st.message()), !ContainsSubstring("intermediate"));
+  CHECK_THAT(std::string(st.message()), ContainsSubstring("num_q_heads 32, num_kv_heads 8, intermediate 14336"));
 
   auto tiny = model_preset("tiny");  // 4 q heads, 2 KV heads, intermediate 768, vocab 1024
   REQUIRE(tiny.ok());
@@ -349,7 +357,8 @@ TEST_CASE("tensor parallel shapes: heads and the MLP must divide, the vocabulary
   odd.intermediate = 770;
   odd.vocab = 1001;
   st = check_tensor_parallel(odd, 4);
-  CHECK_THAT(std::string(st.message()), ContainsSubstring("num_kv_heads 2, intermediate 770"));
+  CHECK_THAT(std::string(st.message()), ContainsSubstring("intermediate 770"));
+  CHECK_THAT(std::string(st.message()), !ContainsSubstring("num_kv_heads"));  // 4 ranks over 2: replicated
   odd.num_kv_heads = 4;
   odd.intermediate = 768;
   shard = tensor_parallel_shard(odd, 4);
@@ -359,23 +368,25 @@ TEST_CASE("tensor parallel shapes: heads and the MLP must divide, the vocabulary
   CHECK(check_tensor_parallel(*tiny, 0).code() == absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("engine: tensor_parallel > 1 is refused at start until the sharded model exists",
+TEST_CASE("engine: tensor_parallel shapes are checked at start, with the whole shape in the message",
           "[parallel][engine]") {
-  nlohmann::json j = {{"model", "tiny"}, {"device", "cpu"}, {"num_pages", 64}, {"tensor_parallel", 2}};
+  nlohmann::json j = {{"model", "tiny"}, {"device", "cpu"}, {"num_pages", 64}, {"tensor_parallel", 3}};
   auto cfg = config_from_json(j);
   REQUIRE(cfg.ok());
   auto e = Engine::create(*cfg);
   REQUIRE_FALSE(e.ok());
-  CHECK(e.status().code() == absl::StatusCode::kUnimplemented);
-  CHECK_THAT(std::string(e.status().message()), ContainsSubstring("tensor_parallel 2 is not served yet"));
-  // A shape that could not be sharded at all is named first.
-  j["tensor_parallel"] = 4;
+  CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(e.status().message()), ContainsSubstring("num_q_heads 4, num_kv_heads 2"));
+  // Across processes is refused with a message until it is served.
+  j["tensor_parallel"] = 2;
+  j["tp_rendezvous"] = "127.0.0.1:1";
   cfg = config_from_json(j);
   REQUIRE(cfg.ok());
   e = Engine::create(*cfg);
-  CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(e.status().message()), ContainsSubstring("num_kv_heads 2"));
+  CHECK(e.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_THAT(std::string(e.status().message()), ContainsSubstring("across processes"));
   // tensor_parallel 1 is the engine as before.
+  j.erase("tp_rendezvous");
   j["tensor_parallel"] = 1;
   cfg = config_from_json(j);
   REQUIRE(cfg.ok());

@@ -92,6 +92,17 @@ class Backend {
   virtual absl::Status copy_to_device(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status synchronize() = 0;
+  // `rows` rows of `width_bytes` from src (rows `src_pitch` bytes apart) to dst (rows
+  // `dst_pitch` apart), both in this backend's memory; ordered with the ops like a kernel
+  // (a graph can record it).
+  virtual absl::Status copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                               size_t width_bytes, int64_t rows) = 0;
+  // Makes this backend's device current on the calling thread. A thread that runs ops of a
+  // backend it did not create (tensor-parallel ranks, one thread each) calls it first.
+  virtual absl::Status bind_thread() { return absl::OkStatus(); }
+  // The stream the backend orders its work on (cudaStream_t or hipStream_t), for a
+  // communicator that must queue its collectives there; null on the CPU.
+  virtual void* native_stream() const { return nullptr; }
 
   // Weights arrive as host bf16 and are converted to the backend's layout once.
   virtual absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
@@ -173,5 +184,7 @@ inline KvFormat kv_format_for(KvCacheDtype d, bool e4m3_is_fnuz) {
 // Creates the backend named by config.device (auto: a GPU if one is built in and
 // present, else the CPU).
 absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device);
+// The same, on GPU `gpu_ordinal` when the device is a GPU (a tensor-parallel rank's).
+absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device, int gpu_ordinal);
 
 }  // namespace kvfuse

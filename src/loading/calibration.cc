@@ -32,13 +32,17 @@ absl::StatusOr<KvAmax> measure_kv_amax(Engine& engine, const std::vector<std::ve
     return absl::FailedPreconditionError("calibration needs an engine without sequences");
   if (prompts.empty()) return absl::InvalidArgumentError("calibration needs at least one prompt");
   const int32_t L = engine.spec().num_layers;
-  Backend& be = engine.backend();
+  // Every rank's storage holds some of the heads (one storage at tensor_parallel 1).
+  const int32_t ranks = engine.num_ranks();
   // Stale data from earlier use would count as calibration data: clear the cache.
-  for (int32_t l = 0; l < L; ++l) {
-    const PagedKvView v = engine.pool().layer_view(l);
-    const size_t bytes = size_t(v.num_slots() * v.row_elems()) * 2;
-    KVFUSE_RETURN_IF_ERROR(be.memset(v.k, 0, bytes));
-    KVFUSE_RETURN_IF_ERROR(be.memset(v.v, 0, bytes));
+  for (int32_t r = 0; r < ranks; ++r) {
+    Backend& be = engine.rank_backend(r);
+    for (int32_t l = 0; l < L; ++l) {
+      const PagedKvView v = engine.pool().layer_view(l, r);
+      const size_t bytes = size_t(v.num_slots() * v.row_elems()) * 2;
+      KVFUSE_RETURN_IF_ERROR(be.memset(v.k, 0, bytes));
+      KVFUSE_RETURN_IF_ERROR(be.memset(v.v, 0, bytes));
+    }
   }
 
   KvAmax out;
@@ -48,8 +52,10 @@ absl::StatusOr<KvAmax> measure_kv_amax(Engine& engine, const std::vector<std::ve
   // Scans every layer's whole cache: cheaper to get right than following slots through
   // SWA tables whose out-of-window pages are freed (and may be reused) after each step.
   auto scan = [&]() -> absl::Status {
-    for (int32_t l = 0; l < L; ++l) {
-      const PagedKvView v = engine.pool().layer_view(l);
+    for (int32_t i = 0; i < ranks * L; ++i) {
+      const int32_t r = i / L, l = i % L;
+      Backend& be = engine.rank_backend(r);
+      const PagedKvView v = engine.pool().layer_view(l, r);
       host.resize(size_t(v.num_slots() * v.row_elems()));
       for (const auto& [ptr, amax, kind] :
            {std::tuple{v.k, &out.k[size_t(l)], "K"}, std::tuple{v.v, &out.v[size_t(l)], "V"}}) {

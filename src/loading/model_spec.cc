@@ -162,13 +162,15 @@ absl::Status check_tensor_parallel(const ModelSpec& spec, int tp) {
     if (value % tp != 0) bad.push_back(absl::StrCat(what, " ", value));
   };
   need("num_q_heads", spec.num_q_heads);
-  need("num_kv_heads", spec.num_kv_heads);
+  if (spec.num_kv_heads % tp != 0 && (spec.num_kv_heads <= 0 || tp % spec.num_kv_heads != 0)) {
+    bad.push_back(absl::StrCat("num_kv_heads ", spec.num_kv_heads));
+  }
   need("intermediate", spec.intermediate);
   if (bad.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("tensor_parallel ", tp, " does not divide model '",
                                                  spec.name, "': ", absl::StrJoin(bad, ", "),
-                                                 " (heads and the MLP are split evenly over the ranks; the "
-                                                 "vocabulary is padded)"));
+                                                 " (query heads and the MLP are split evenly over the ranks, KV heads split "
+                                                 "or replicated; the vocabulary is padded)"));
 }
 
 absl::StatusOr<TensorParallelShard> tensor_parallel_shard(const ModelSpec& spec, int tp) {
@@ -176,7 +178,8 @@ absl::StatusOr<TensorParallelShard> tensor_parallel_shard(const ModelSpec& spec,
   TensorParallelShard s;
   s.tp = tp;
   s.num_q_heads = spec.num_q_heads / tp;
-  s.num_kv_heads = spec.num_kv_heads / tp;
+  s.kv_replicas = spec.num_kv_heads % tp == 0 ? 1 : tp / spec.num_kv_heads;
+  s.num_kv_heads = spec.num_kv_heads * s.kv_replicas / tp;
   s.intermediate = spec.intermediate / tp;
   s.padded_vocab = (spec.vocab + tp - 1) / tp * tp;
   s.vocab = s.padded_vocab / tp;

@@ -85,19 +85,28 @@ absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg);
 // by rows followed by an all-reduce, the lm_head by vocabulary rows followed by a gather.
 // The vocabulary need not divide: it is padded up to a multiple of tp, the padding rows of
 // the last rank are zero and their logits are dropped after the gather (as Megatron and
-// vLLM pad). Heads and the intermediate size must divide: a KV head is never split or
-// replicated across ranks.
+// vLLM pad). Query heads and the intermediate size must divide. KV heads are split when tp
+// divides them; when tp is a multiple of their number, each rank holds one KV head, the one
+// its query heads read, replicated on tp / num_kv_heads ranks (as vLLM does): no KV head is
+// ever split.
 struct TensorParallelShard {
   int32_t tp = 1;
   int32_t num_q_heads = 0;   // per rank
   int32_t num_kv_heads = 0;  // per rank
+  int32_t kv_replicas = 1;   // ranks holding each KV head (1: split, no copies)
   int32_t intermediate = 0;  // per rank
   int32_t vocab = 0;         // per rank: padded_vocab / tp
   int32_t padded_vocab = 0;  // the vocabulary rounded up to a multiple of tp
+
+  // The first query head, KV head, intermediate row and vocabulary row of rank r.
+  int32_t q_head_begin(int32_t r) const { return r * num_q_heads; }
+  int32_t kv_head_begin(int32_t r) const { return r / kv_replicas * num_kv_heads; }
+  int32_t intermediate_begin(int32_t r) const { return r * intermediate; }
+  int32_t vocab_begin(int32_t r) const { return r * vocab; }
 };
 
 // INVALID_ARGUMENT naming every one of num_q_heads, num_kv_heads and intermediate that tp
-// does not divide (and tp itself when it is < 1).
+// does not divide (num_kv_heads: neither divides the other), and tp itself when it is < 1.
 absl::Status check_tensor_parallel(const ModelSpec& spec, int tp);
 absl::StatusOr<TensorParallelShard> tensor_parallel_shard(const ModelSpec& spec, int tp);
 

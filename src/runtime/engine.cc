@@ -13,6 +13,11 @@
 #include "src/common/status_macros.h"
 #include "src/loading/checkpoint.h"
 #include "src/loading/kv_scales.h"
+#include "src/parallel/cpu_communicator.h"
+#include "src/runtime/rank_thread.h"
+#if defined(KVFUSE_HAVE_GPU)
+#include "src/parallel/nccl_communicator.h"
+#endif
 
 namespace kvfuse {
 
@@ -32,6 +37,13 @@ double available_memory_gib() {
   }
   return -1.0;
 }
+ModelLimits model_limits(const Config& cfg) {
+  ModelLimits limits;
+  limits.max_tokens = cfg.max_batch_tokens;
+  limits.max_seqs = cfg.max_running_seqs;
+  limits.max_pages_per_seq = ceil_div(cfg.max_seq_len, cfg.page_size);
+  return limits;
+}
 }  // namespace
 
 absl::Status check_cpu_weight_memory(const ModelSpec& s, double available_gib) {
@@ -47,8 +59,46 @@ absl::Status check_cpu_weight_memory(const ModelSpec& s, double available_gib) {
   return absl::OkStatus();
 }
 
+// A tensor-parallel rank other than 0: its thread, device, communicator and model.
+struct Engine::Rank {
+  std::unique_ptr<RankThread> thread;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<ModelRunner> runner;
+  ForwardResult fwd;
+};
+
+Engine::Engine(Config cfg, std::unique_ptr<Backend> backend) : cfg_(std::move(cfg)), backend_(std::move(backend)) {}
+
+Engine::~Engine() {
+  // Each rank's objects are released on its own thread (its device current), runners and
+  // models before the communicators and backends they use; then the threads stop.
+  for (auto& rp : ranks_) {
+    Rank& r = *rp;
+    if (!r.thread) continue;
+    r.thread->post([&r] {
+      (void)r.backend->bind_thread();
+      r.runner.reset();
+      r.model.reset();
+      r.comm.reset();
+      r.backend.reset();
+      return absl::OkStatus();
+    }).wait();
+    r.thread.reset();
+  }
+  runner_.reset();
+  model_.reset();
+  pool_.reset();
+  comm_.reset();
+}
+
+Backend& Engine::rank_backend(int32_t rank) {
+  return rank == 0 ? *backend_ : *ranks_[size_t(rank - 1)]->backend;
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg) {
-  auto backend = make_backend(cfg.device);
+  auto backend = make_backend(cfg.device, cfg.tp_device(0));
   if (!backend.ok()) return backend.status();
   return create(cfg, std::move(*backend));
 }
@@ -66,13 +116,12 @@ absl::Status Engine::init() {
   const ModelSpec& s = *spec;
   const size_t L = size_t(s.num_layers);
   if (cfg_.tensor_parallel > 1) {
-    // The communicators exist (src/parallel); the sharded model does not yet. Refuse
-    // rather than serve one rank's shard as if it were the model. A shape that could not
-    // be sharded is named first.
     KVFUSE_RETURN_IF_ERROR(check_tensor_parallel(s, cfg_.tensor_parallel));
-    return absl::UnimplementedError(
-        absl::StrCat("tensor_parallel ", cfg_.tensor_parallel,
-                     " is not served yet: the sharded model is in progress; set tensor_parallel to 1"));
+    if (!cfg_.tp_rendezvous.empty()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "tensor_parallel ", cfg_.tensor_parallel, " across processes (tp_rendezvous ", cfg_.tp_rendezvous,
+          ") is not served yet: one process holds every rank; leave tp_rendezvous empty"));
+    }
   }
   if (backend_->device() == Device::cpu) {
     KVFUSE_RETURN_IF_ERROR(check_cpu_weight_memory(s, available_memory_gib()));
@@ -112,26 +161,181 @@ absl::Status Engine::init() {
             ? cfg_.swa_num_pages
             : std::min<int64_t>(cfg_.num_pages, KvPool::max_swa_pages_held(pc) * cfg_.max_running_seqs);
   }
-  auto pool = KvPool::create(*backend_, pc);
-  if (!pool.ok()) return pool.status();
-  pool_ = std::move(*pool);
-
-  ModelLimits limits;
-  limits.max_tokens = cfg_.max_batch_tokens;
-  limits.max_seqs = cfg_.max_running_seqs;
-  limits.max_pages_per_seq = ceil_div(cfg_.max_seq_len, cfg_.page_size);
   if (ckpt) {
     KVFUSE_RETURN_IF_ERROR(ckpt->check_shapes(s));
   }
   const std::unique_ptr<HostWeightSource> weights =
       ckpt ? ckpt->weights() : make_synthetic_weights(s, cfg_.seed);
+  if (cfg_.tensor_parallel > 1) {
+    KVFUSE_RETURN_IF_ERROR(init_ranks(s, pc));
+    return load_weights(*weights);
+  }
+  auto pool = KvPool::create(*backend_, pc);
+  if (!pool.ok()) return pool.status();
+  pool_ = std::move(*pool);
+
   auto model = Model::create(*backend_, s, *weights);
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
-  auto runner = ModelRunner::create(*backend_, *model_, limits);
+  auto runner = ModelRunner::create(*backend_, *model_, model_limits(cfg_));
   if (!runner.ok()) return runner.status();
   runner_ = std::move(*runner);
   return absl::OkStatus();
+}
+
+absl::Status Engine::for_each_rank(const std::function<absl::Status(int32_t)>& f, bool abort_on_error) {
+  if (!group_failed_.ok()) return group_failed_;
+  auto abort_group = [this] {
+    if (comm_) comm_->abort();
+    for (auto& r : ranks_) {
+      if (r->comm) r->comm->abort();
+    }
+  };
+  auto run = [&](int32_t rank) -> absl::Status {
+    absl::Status st = f(rank);
+    if (!st.ok() && abort_on_error) abort_group();  // at once: the others may wait on this rank
+    return st;
+  };
+  std::vector<std::future<absl::Status>> done;
+  done.reserve(ranks_.size());
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    done.push_back(ranks_[i]->thread->post([&run, i] { return run(int32_t(i) + 1); }));
+  }
+  absl::Status first = backend_->bind_thread();
+  if (first.ok()) first = run(0);
+  for (size_t i = 0; i < done.size(); ++i) {
+    const absl::Status st = done[i].get();
+    if (first.ok() && !st.ok()) first = absl::Status(st.code(), absl::StrCat("rank ", i + 1, ": ", st.message()));
+  }
+  if (!first.ok() && abort_on_error) {
+    group_failed_ = absl::FailedPreconditionError(absl::StrCat(
+        "the tensor-parallel group was aborted after a rank failed mid-step (", first.message(),
+        "); restart the engine"));
+  }
+  return first;
+}
+
+absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
+  const int32_t tp = cfg_.tensor_parallel;
+  auto shard = tensor_parallel_shard(s, tp);
+  if (!shard.ok()) return shard.status();
+  {
+    // The kernels see one rank's heads: check that shape too.
+    ModelSpec per_rank = s;
+    per_rank.num_q_heads = shard->num_q_heads;
+    per_rank.num_kv_heads = shard->num_kv_heads;
+    KVFUSE_RETURN_IF_ERROR(backend_->check_supported(per_rank, pc.format));
+  }
+  for (int32_t r = 1; r < tp; ++r) ranks_.push_back(std::make_unique<Rank>());
+  // Every rank's backend on its own thread, so that a GPU rank's device is current there.
+  for (int32_t r = 1; r < tp; ++r) {
+    Rank& rank = *ranks_[size_t(r - 1)];
+    rank.thread = std::make_unique<RankThread>();
+    const Device device = backend_->device();
+    const int32_t ordinal = cfg_.tp_device(r);
+    KVFUSE_RETURN_IF_ERROR(rank.thread
+                               ->post([&rank, device, ordinal]() -> absl::Status {
+                                 auto b = make_backend(device, ordinal);
+                                 if (!b.ok()) return b.status();
+                                 rank.backend = std::move(*b);
+                                 return rank.backend->bind_thread();
+                               })
+                               .get());
+  }
+  // The communicators: every rank's made at once (NCCL's init waits for the whole group).
+  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(tp));
+  if (backend_->device() == Device::cpu) {
+    auto group = CpuCommGroup::create(tp, std::chrono::seconds(cfg_.tp_rendezvous_timeout_s));
+    if (!group.ok()) return group.status();
+    comm_group_ = *group;
+    for (int32_t r = 0; r < tp; ++r) {
+      auto c = CpuCommunicator::create(*group, r);
+      if (!c.ok()) return c.status();
+      comms[size_t(r)] = std::move(*c);
+    }
+  } else {
+#if defined(KVFUSE_HAVE_GPU)
+    auto lib = nccl::NcclLibrary::load();
+    if (!lib.ok()) return lib.status();
+    auto id = NcclCommunicator::unique_id(**lib);
+    if (!id.ok()) return id.status();
+    KVFUSE_RETURN_IF_ERROR(for_each_rank(
+        [&](int32_t r) -> absl::Status {
+          auto c = NcclCommunicator::create(**lib, *id, r, tp, cfg_.tp_device(r), rank_backend(r).native_stream());
+          if (!c.ok()) return c.status();
+          comms[size_t(r)] = std::move(*c);
+          return absl::OkStatus();
+        },
+        false));
+#else
+    return absl::FailedPreconditionError("tensor parallelism on a GPU needs a GPU build");
+#endif
+  }
+  comm_ = std::move(comms[0]);
+  for (int32_t r = 1; r < tp; ++r) ranks_[size_t(r - 1)]->comm = std::move(comms[size_t(r)]);
+
+  // One pool of pages; each rank's storage holds its KV heads.
+  pc.num_kv_heads = shard->num_kv_heads;
+  auto pool = KvPool::create_shared(pc, tp);
+  if (!pool.ok()) return pool.status();
+  pool_ = std::move(*pool);
+  std::vector<std::unique_ptr<Model>> models(static_cast<size_t>(tp));
+  KVFUSE_RETURN_IF_ERROR(for_each_rank(
+      [&](int32_t r) -> absl::Status {
+        Backend& be = rank_backend(r);
+        KVFUSE_RETURN_IF_ERROR(pool_->add_storage(r, be));
+        ModelShard ms;
+        ms.shard = *shard;
+        ms.rank = r;
+        ms.local_rank = r;
+        ms.comm = r == 0 ? comm_.get() : ranks_[size_t(r - 1)]->comm.get();
+        auto m = Model::create_shard(be, s, ms);
+        if (!m.ok()) return m.status();
+        models[size_t(r)] = std::move(*m);
+        return absl::OkStatus();
+      },
+      false));
+  model_ = std::move(models[0]);
+  for (int32_t r = 1; r < tp; ++r) ranks_[size_t(r - 1)]->model = std::move(models[size_t(r)]);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::load_weights(HostWeightSource& weights) {
+  // The host weights are read once, piece by piece; every rank uploads its slices at once.
+  auto model_of = [this](int32_t r) -> Model& { return r == 0 ? *model_ : *ranks_[size_t(r - 1)]->model; };
+  {
+    HostGlobalWeights g;
+    KVFUSE_RETURN_IF_ERROR(weights.globals(g));
+    KVFUSE_RETURN_IF_ERROR(for_each_rank([&](int32_t r) { return model_of(r).load_globals(g); }, false));
+  }
+  for (int32_t l = 0; l < model_->spec().num_layers; ++l) {
+    HostLayerWeights h;
+    KVFUSE_RETURN_IF_ERROR(weights.layer(l, h));
+    KVFUSE_RETURN_IF_ERROR(for_each_rank([&](int32_t r) { return model_of(r).load_layer(l, h); }, false));
+  }
+  std::vector<std::unique_ptr<ModelRunner>> runners(static_cast<size_t>(num_ranks()));
+  KVFUSE_RETURN_IF_ERROR(for_each_rank(
+      [&](int32_t r) -> absl::Status {
+        auto runner = ModelRunner::create(rank_backend(r), model_of(r), model_limits(cfg_));
+        if (!runner.ok()) return runner.status();
+        runners[size_t(r)] = std::move(*runner);
+        return absl::OkStatus();
+      },
+      false));
+  runner_ = std::move(runners[0]);
+  for (size_t r = 1; r < runners.size(); ++r) ranks_[r - 1]->runner = std::move(runners[r]);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::forward(const ForwardOptions& opts) {
+  if (ranks_.empty()) return runner_->run(batch_, *pool_, opts, fwd_);
+  // Every rank runs the same batch; rank 0's result has the tokens.
+  return for_each_rank(
+      [&](int32_t r) {
+        return r == 0 ? runner_->run(batch_, *pool_, opts, fwd_)
+                      : ranks_[size_t(r - 1)]->runner->run(batch_, *pool_, opts, ranks_[size_t(r - 1)]->fwd);
+      },
+      true);
 }
 
 absl::Status Engine::check_tokens(const std::vector<int32_t>& tokens) const {
@@ -230,7 +434,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
   timings_.prepare_ms = ms_since(t0);
 
   const auto t1 = Clock::now();
-  if (auto st = runner_->run(batch_, *pool_, opts, fwd_); !st.ok()) {
+  if (auto st = forward(opts); !st.ok()) {
     return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
   }
   timings_.forward_ms = ms_since(t1);

@@ -5,6 +5,7 @@
 // scheduler's choice.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -13,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "src/backends/backend.h"
 #include "src/loading/config.h"
+#include "src/parallel/communicator.h"
 #include "src/runtime/kv_pool.h"
 #include "src/runtime/model.h"
 #include "src/runtime/model_runner.h"
@@ -88,10 +90,16 @@ class Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg);
   // For tests: an engine on a given backend.
   static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg, std::unique_ptr<Backend> backend);
+  ~Engine();
 
   const Config& config() const { return cfg_; }
   const ModelSpec& spec() const { return model_->spec(); }
+  // Rank 0's backend (the only one at tensor_parallel 1).
   Backend& backend() { return *backend_; }
+  // Tensor parallelism: the ranks this engine runs (1, or tensor_parallel), each with its
+  // backend and its storage in the pool (KvPool::layer_view(layer, rank)).
+  int32_t num_ranks() const { return 1 + int32_t(ranks_.size()); }
+  Backend& rank_backend(int32_t rank);
   KvPool& pool() { return *pool_; }
   const KvPool& pool() const { return *pool_; }
   KvFormat kv_format() const { return pool_->config().format; }
@@ -144,8 +152,17 @@ class Engine {
   const StepTimings& last_timings() const { return timings_; }
 
  private:
-  Engine(Config cfg, std::unique_ptr<Backend> backend) : cfg_(std::move(cfg)), backend_(std::move(backend)) {}
+  Engine(Config cfg, std::unique_ptr<Backend> backend);
   absl::Status init();
+  // Tensor parallelism: ranks 1.. (their backends, communicators, models, runners), set up
+  // by init_ranks; rank 0's are the members below. model_weights loads every rank's slices.
+  absl::Status init_ranks(const ModelSpec& spec, KvPoolConfig& pc);
+  absl::Status load_weights(HostWeightSource& weights);
+  // Runs f(rank) for every rank at once, rank 0 on the calling thread, the others on their
+  // threads; the first error. With abort_on_error, a failing rank aborts the group so that
+  // no rank waits on it in a collective, and the engine refuses later steps.
+  absl::Status for_each_rank(const std::function<absl::Status(int32_t)>& f, bool abort_on_error);
+  absl::Status forward(const ForwardOptions& opts);
   absl::Status check_tokens(const std::vector<int32_t>& tokens) const;
   // The phases of a step: bad items reject it; a sequence whose pages cannot be
   // reserved drops out alone (the indices of the items that run are returned); the
@@ -161,6 +178,11 @@ class Engine {
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<ModelRunner> runner_;
+  struct Rank;  // ranks 1 .. tensor_parallel - 1 (engine.cc)
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<Communicator> comm_;  // rank 0's, at tensor_parallel > 1
+  std::shared_ptr<void> comm_group_;    // what the communicators share (CPU group)
+  absl::Status group_failed_;           // a rank failed mid-step: the group is aborted
   std::unordered_map<SeqId, SequenceState> seqs_;
   ForwardResult fwd_;
   StepTimings timings_;

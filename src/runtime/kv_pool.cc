@@ -136,104 +136,129 @@ void PageAllocator::share(int32_t page) {
 
 // ---- KvPool: creation and device state ----------------------------------------------
 
-KvPool::KvPool(Backend& backend, KvPoolConfig cfg) : backend_(backend), cfg_(std::move(cfg)) {}
+KvPool::KvPool(KvPoolConfig cfg) : cfg_(std::move(cfg)) {}
 
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::create(Backend& backend, const KvPoolConfig& cfg) {
+  auto pool = create_shared(cfg, 1);
+  if (!pool.ok()) return pool.status();
+  KVFUSE_RETURN_IF_ERROR((*pool)->add_storage(0, backend));
+  return pool;
+}
+
+absl::StatusOr<std::unique_ptr<KvPool>> KvPool::create_shared(const KvPoolConfig& cfg, int32_t num_storages) {
   KVFUSE_RETURN_IF_ERROR(validate(cfg));
-  std::unique_ptr<KvPool> pool(new KvPool(backend, cfg));
+  if (num_storages < 1) return absl::InvalidArgumentError("kv pool: at least one storage");
+  std::unique_ptr<KvPool> pool(new KvPool(cfg));
   const bool any_swa =
       std::find(cfg.layer_is_swa.begin(), cfg.layer_is_swa.end(), true) != cfg.layer_is_swa.end();
   pool->full_alloc_ = std::make_unique<PageAllocator>(cfg.num_pages);
-  if (any_swa) pool->swa_alloc_ = std::make_unique<PageAllocator>(cfg.swa_num_pages);
+  if (any_swa) {
+    pool->swa_alloc_ = std::make_unique<PageAllocator>(cfg.swa_num_pages);
+    pool->swa_table_host_.assign(size_t(cfg.num_pages * cfg.page_size), -1);
+  }
+  pool->storages_.resize(size_t(num_storages));
+  return pool;
+}
 
+absl::Status KvPool::add_storage(int32_t index, Backend& backend) {
+  if (index < 0 || index >= num_storages() || storages_[size_t(index)] != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("kv pool: storage ", index, " is taken or out of range"));
+  }
+  auto st = std::make_unique<Storage>();
+  st->backend = &backend;
   // Zeroed so that a read of a never-written slot (a bug elsewhere) gives 0, not garbage
   // that might be NaN in FP8.
-  const int64_t page_bytes = pool->page_bytes_per_layer() / 2;
+  const int64_t page_bytes = page_bytes_per_layer() / 2;
   auto alloc_zeroed = [&](int64_t bytes) -> absl::StatusOr<DeviceBuffer> {
     absl::StatusOr<DeviceBuffer> buf = backend.alloc(size_t(bytes));
     if (!buf.ok()) return buf.status();
     KVFUSE_RETURN_IF_ERROR(backend.memset(buf->get(), 0, size_t(bytes)));
     return buf;
   };
-  for (int32_t l = 0; l < cfg.num_layers; ++l) {
-    const int64_t pages = cfg.layer_is_swa[size_t(l)] ? cfg.swa_num_pages : cfg.num_pages;
-    for (auto* bufs : {&pool->k_bufs_, &pool->v_bufs_}) {
+  for (int32_t l = 0; l < cfg_.num_layers; ++l) {
+    const int64_t pages = cfg_.layer_is_swa[size_t(l)] ? cfg_.swa_num_pages : cfg_.num_pages;
+    for (auto* bufs : {&st->k_bufs, &st->v_bufs}) {
       absl::StatusOr<DeviceBuffer> buf = alloc_zeroed(pages * page_bytes);
       if (!buf.ok()) return buf.status();
       bufs->push_back(*std::move(buf));
     }
   }
 
-  std::vector<float> scales(cfg.k_scale);
-  scales.insert(scales.end(), cfg.v_scale.begin(), cfg.v_scale.end());
+  std::vector<float> scales(cfg_.k_scale);
+  scales.insert(scales.end(), cfg_.v_scale.begin(), cfg_.v_scale.end());
   absl::StatusOr<DeviceBuffer> sbuf = backend.alloc(scales.size() * sizeof(float));
   if (!sbuf.ok()) return sbuf.status();
-  pool->scales_ = *std::move(sbuf);
-  if (absl::Status st =
-          backend.copy_to_device(pool->scales_.get(), scales.data(), scales.size() * sizeof(float));
-      !st.ok()) {
-    return st;
-  }
+  st->scales = *std::move(sbuf);
+  KVFUSE_RETURN_IF_ERROR(backend.copy_to_device(st->scales.get(), scales.data(), scales.size() * sizeof(float)));
 
-  if (any_swa) {
-    pool->swa_table_host_.assign(size_t(cfg.num_pages * cfg.page_size), -1);
-    const size_t bytes = pool->swa_table_host_.size() * sizeof(int64_t);
+  if (has_swa()) {
+    const size_t bytes = swa_table_host_.size() * sizeof(int64_t);
     absl::StatusOr<DeviceBuffer> tbuf = backend.alloc(bytes);
     if (!tbuf.ok()) return tbuf.status();
-    pool->swa_table_dev_ = *std::move(tbuf);
-    if (absl::Status st =
-            backend.copy_to_device(pool->swa_table_dev_.get(), pool->swa_table_host_.data(), bytes);
-        !st.ok()) {
-      return st;
-    }
+    st->swa_table = *std::move(tbuf);
+    KVFUSE_RETURN_IF_ERROR(backend.copy_to_device(st->swa_table.get(), swa_table_host_.data(), bytes));
   }
-  return pool;
+  storages_[size_t(index)] = std::move(st);
+  return absl::OkStatus();
+}
+
+const KvPool::Storage& KvPool::storage(int32_t index) const {
+  if (index < 0 || index >= num_storages() || storages_[size_t(index)] == nullptr) {
+    die(absl::StrCat("kv pool: storage ", index, " does not exist"));
+  }
+  return *storages_[size_t(index)];
 }
 
 int64_t KvPool::page_bytes_per_layer() const {
   return 2 * int64_t(cfg_.page_size) * cfg_.num_kv_heads * cfg_.head_dim * kv_format_bytes(cfg_.format);
 }
 
-PagedKvView KvPool::layer_view(int32_t layer) const {
+PagedKvView KvPool::layer_view(int32_t layer, int32_t index) const {
   if (layer < 0 || layer >= cfg_.num_layers) die(absl::StrCat("layer_view: layer ", layer, " out of range"));
+  const Storage& st = storage(index);
   const bool swa = cfg_.layer_is_swa[size_t(layer)];
   PagedKvView v;
-  v.k = k_bufs_[size_t(layer)].get();
-  v.v = v_bufs_[size_t(layer)].get();
+  v.k = st.k_bufs[size_t(layer)].get();
+  v.v = st.v_bufs[size_t(layer)].get();
   v.num_pages = swa ? cfg_.swa_num_pages : cfg_.num_pages;
   v.page_size = cfg_.page_size;
   v.num_kv_heads = cfg_.num_kv_heads;
   v.head_dim = cfg_.head_dim;
   v.format = cfg_.format;
-  v.k_scale = scales_.as<float>() + layer;
-  v.v_scale = scales_.as<float>() + cfg_.num_layers + layer;
+  v.k_scale = st.scales.as<float>() + layer;
+  v.v_scale = st.scales.as<float>() + cfg_.num_layers + layer;
   return v;
 }
 
-SwaSlotTable KvPool::swa_table() const {
+SwaSlotTable KvPool::swa_table(int32_t index) const {
   if (!has_swa()) return {};
-  return {swa_table_dev_.as<const int64_t>(), int64_t(swa_table_host_.size())};
+  return {storage(index).swa_table.as<const int64_t>(), int64_t(swa_table_host_.size())};
 }
 
 absl::Status KvPool::sync_swa_table() {
-  if (swa_dirty_pages_.empty()) return absl::OkStatus();
-  std::sort(swa_dirty_pages_.begin(), swa_dirty_pages_.end());
-  swa_dirty_pages_.erase(std::unique(swa_dirty_pages_.begin(), swa_dirty_pages_.end()),
-                         swa_dirty_pages_.end());
+  for (int32_t i = 0; i < num_storages(); ++i) KVFUSE_RETURN_IF_ERROR(sync_swa_table(i));
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::sync_swa_table(int32_t index) {
+  Storage& st = const_cast<Storage&>(storage(index));
+  std::vector<int32_t>& dirty = st.swa_dirty_pages;
+  if (dirty.empty()) return absl::OkStatus();
+  std::sort(dirty.begin(), dirty.end());
+  dirty.erase(std::unique(dirty.begin(), dirty.end()), dirty.end());
   // One copy per run of consecutive pages: fewer transfers when pages come out in order.
   const int64_t ps = cfg_.page_size;
-  for (size_t i = 0; i < swa_dirty_pages_.size();) {
+  for (size_t i = 0; i < dirty.size();) {
     size_t j = i + 1;
-    while (j < swa_dirty_pages_.size() && swa_dirty_pages_[j] == swa_dirty_pages_[j - 1] + 1) ++j;
-    const int64_t first = int64_t(swa_dirty_pages_[i]) * ps;
+    while (j < dirty.size() && dirty[j] == dirty[j - 1] + 1) ++j;
+    const int64_t first = int64_t(dirty[i]) * ps;
     const int64_t count = int64_t(j - i) * ps;
-    absl::Status st =
-        backend_.copy_to_device(swa_table_dev_.as<int64_t>() + first, swa_table_host_.data() + first,
-                                size_t(count) * sizeof(int64_t));
-    if (!st.ok()) return st;  // the dirty list is kept: a retry uploads everything again
+    absl::Status s = st.backend->copy_to_device(st.swa_table.as<int64_t>() + first, swa_table_host_.data() + first,
+                                                size_t(count) * sizeof(int64_t));
+    if (!s.ok()) return s;  // the dirty list is kept: a retry uploads everything again
     i = j;
   }
-  swa_dirty_pages_.clear();
+  dirty.clear();
   return absl::OkStatus();
 }
 
@@ -248,11 +273,11 @@ absl::Status KvPool::set_scales(int32_t layer, float k_scale, float v_scale) {
           absl::StrCat("set_scales: layer ", layer, " scale must be finite and > 0 (got ", s, ")"));
     }
   }
-  float* dev = scales_.as<float>();
-  KVFUSE_RETURN_IF_ERROR(backend_.copy_to_device(dev + layer, &k_scale, sizeof(float)));
-  if (absl::Status st = backend_.copy_to_device(dev + cfg_.num_layers + layer, &v_scale, sizeof(float));
-      !st.ok()) {
-    return st;
+  for (int32_t i = 0; i < num_storages(); ++i) {
+    const Storage& st = storage(i);
+    float* dev = st.scales.as<float>();
+    KVFUSE_RETURN_IF_ERROR(st.backend->copy_to_device(dev + layer, &k_scale, sizeof(float)));
+    KVFUSE_RETURN_IF_ERROR(st.backend->copy_to_device(dev + cfg_.num_layers + layer, &v_scale, sizeof(float)));
   }
   cfg_.k_scale[size_t(layer)] = k_scale;
   cfg_.v_scale[size_t(layer)] = v_scale;
@@ -445,15 +470,21 @@ const std::vector<int32_t>& KvPool::page_table(SeqId id, PoolKind kind) const {
 void KvPool::map_swa_page(int32_t full_page, int32_t swa_page) {
   const int64_t ps = cfg_.page_size;
   for (int64_t o = 0; o < ps; ++o) swa_table_host_[size_t(full_page * ps + o)] = swa_page * ps + o;
-  swa_dirty_pages_.push_back(full_page);
-  compact_dirty(swa_dirty_pages_, cfg_.num_pages);
+  mark_dirty(full_page);
+}
+
+void KvPool::mark_dirty(int32_t full_page) {
+  for (auto& st : storages_) {
+    if (st == nullptr) continue;
+    st->swa_dirty_pages.push_back(full_page);
+    compact_dirty(st->swa_dirty_pages, cfg_.num_pages);
+  }
 }
 
 void KvPool::unmap_swa_page(int32_t full_page) {
   const int64_t ps = cfg_.page_size;
   std::fill_n(swa_table_host_.begin() + full_page * ps, ps, int64_t(-1));
-  swa_dirty_pages_.push_back(full_page);
-  compact_dirty(swa_dirty_pages_, cfg_.num_pages);
+  mark_dirty(full_page);
 }
 
 // ---- KvPool: invariants -------------------------------------------------------------

@@ -83,9 +83,20 @@ struct PagesNeeded {
   int64_t swa = 0;
 };
 
+// One allocator and one set of page tables serve every tensor-parallel rank of a process:
+// a sequence has the same pages on each rank. Each rank has its own storage — its KV
+// heads' K/V buffers, the scales and the SWA slot table, in its backend's memory — and
+// `storage` below picks it (0 with one rank). cfg.num_kv_heads is the heads of one rank.
 class KvPool {
  public:
+  // A pool with one storage, on `backend`.
   static absl::StatusOr<std::unique_ptr<KvPool>> create(Backend& backend, const KvPoolConfig& cfg);
+  // A pool of `num_storages` ranks whose storage add_storage makes, one call per rank.
+  static absl::StatusOr<std::unique_ptr<KvPool>> create_shared(const KvPoolConfig& cfg, int32_t num_storages);
+  // Allocates storage `index` on `backend` (zeroed K/V, the scales, the SWA table). Calls
+  // for different indices may run at once, each on its rank's thread; before any step.
+  absl::Status add_storage(int32_t index, Backend& backend);
+  int32_t num_storages() const { return int32_t(storages_.size()); }
 
   const KvPoolConfig& config() const { return cfg_; }
   bool has_swa() const { return swa_alloc_ != nullptr; }
@@ -132,12 +143,14 @@ class KvPool {
   const std::vector<int32_t>& page_table(SeqId id, PoolKind kind) const;
 
   // Device views of one layer's cache, and of the SWA slot table for SWA layers.
-  PagedKvView layer_view(int32_t layer) const;
+  PagedKvView layer_view(int32_t layer, int32_t storage = 0) const;
   bool layer_is_swa(int32_t layer) const { return cfg_.layer_is_swa[size_t(layer)]; }
-  SwaSlotTable swa_table() const;
-  // Uploads the SWA slot-table entries changed since the last sync. Call before a step.
+  SwaSlotTable swa_table(int32_t storage = 0) const;
+  // Uploads the SWA slot-table entries changed since the last sync of that storage. Call
+  // before a step: each rank for its own storage (concurrently), or for all of them.
+  absl::Status sync_swa_table(int32_t storage);
   absl::Status sync_swa_table();
-  // Sets the scales of a layer (written to device memory).
+  // Sets the scales of a layer (written to the device memory of every storage).
   absl::Status set_scales(int32_t layer, float k_scale, float v_scale);
 
   PoolUsage usage(PoolKind kind) const;
@@ -152,20 +165,26 @@ class KvPool {
     std::vector<int32_t> full;
     std::vector<int32_t> swa;
   };
-  KvPool(Backend& backend, KvPoolConfig cfg);
+  // One rank's device memory.
+  struct Storage {
+    Backend* backend = nullptr;
+    std::vector<DeviceBuffer> k_bufs, v_bufs;  // per layer
+    DeviceBuffer scales;                       // [2, num_layers] fp32: k then v
+    DeviceBuffer swa_table;                    // [full slots] int64
+    std::vector<int32_t> swa_dirty_pages;      // full pages whose table entries changed since its sync
+  };
+  explicit KvPool(KvPoolConfig cfg);
   void map_swa_page(int32_t full_page, int32_t swa_page);
   void unmap_swa_page(int32_t full_page);
+  void mark_dirty(int32_t full_page);
+  const Storage& storage(int32_t index) const;
 
-  Backend& backend_;
   KvPoolConfig cfg_;
   std::unique_ptr<PageAllocator> full_alloc_;
   std::unique_ptr<PageAllocator> swa_alloc_;
   std::unordered_map<SeqId, SeqPages> seqs_;
-  std::vector<DeviceBuffer> k_bufs_, v_bufs_;  // per layer
-  DeviceBuffer scales_;                        // [2, num_layers] fp32: k then v
-  std::vector<int64_t> swa_table_host_;        // [full slots]
-  std::vector<int32_t> swa_dirty_pages_;       // full pages whose table entries changed
-  DeviceBuffer swa_table_dev_;
+  std::vector<int64_t> swa_table_host_;  // [full slots]
+  std::vector<std::unique_ptr<Storage>> storages_;
 };
 
 }  // namespace kvfuse

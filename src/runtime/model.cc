@@ -18,82 +18,215 @@ absl::Status check_size(const std::vector<bf16_t>& v, int64_t want, const std::s
       absl::StrCat("model weights: ", what, " has ", v.size(), " values, expected ", want));
 }
 
+// Host slices of the whole model's weights for one rank (Megatron-style sharding).
+std::vector<bf16_t> rows_of(const std::vector<bf16_t>& w, int64_t k, int64_t first, int64_t n) {
+  return std::vector<bf16_t>(w.begin() + first * k, w.begin() + (first + n) * k);
+}
+std::vector<bf16_t> cols_of(const std::vector<bf16_t>& w, int64_t rows, int64_t k, int64_t first, int64_t n) {
+  std::vector<bf16_t> out(size_t(rows * n));
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(w.begin() + r * k + first, n, out.begin() + r * n);
+  }
+  return out;
+}
+void append(std::vector<bf16_t>& dst, const std::vector<bf16_t>& src) { dst.insert(dst.end(), src.begin(), src.end()); }
+
 }  // namespace
+
+Model::Model(Backend& backend, ModelSpec spec, ModelShard shard)
+    : backend_(backend), spec_(std::move(spec)), shard_(shard) {
+  const TensorParallelShard& t = shard_.shard;
+  dims_.q_heads = t.num_q_heads;
+  dims_.kv_heads = t.num_kv_heads;
+  dims_.head_dim = spec_.head_dim;
+  dims_.intermediate = t.intermediate;
+  dims_.vocab = t.vocab;
+}
 
 absl::StatusOr<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelSpec& spec,
                                                      HostWeightSource& weights) {
-  std::unique_ptr<Model> m(new Model(backend, spec));
-  KVFUSE_RETURN_IF_ERROR(m->init_weights(weights));
-  return m;
-}
-
-absl::Status Model::init_weights(HostWeightSource& weights) {
-  const ModelSpec& s = spec_;
-  auto upload_vec = [&](const std::vector<bf16_t>& v, DeviceBuffer& dst) -> absl::Status {
-    auto b = backend_.alloc(v.size() * sizeof(bf16_t));
-    if (!b.ok()) return b.status();
-    dst = std::move(*b);
-    return backend_.copy_to_device(dst.get(), v.data(), v.size() * sizeof(bf16_t));
-  };
-  auto upload_linear = [&](const HostLinear& h, int64_t n, int64_t k, bool bias, const std::string& what,
-                           LinearWeight& dst) -> absl::Status {
-    KVFUSE_RETURN_IF_ERROR(check_size(h.w, n * k, what));
-    KVFUSE_RETURN_IF_ERROR(check_size(h.bias, bias ? n : 0, what + " bias"));
-    auto lw = backend_.upload_linear(h.w.data(), n, k, bias ? h.bias.data() : nullptr);
-    if (!lw.ok()) return lw.status();
-    dst = std::move(*lw);
-    return absl::OkStatus();
-  };
-
-  {
-    // RoPE's frequency table, scaled as the config says, uploaded once.
-    auto rope = rope_table(s);
-    if (!rope.ok()) return rope.status();
-    const size_t bytes = rope->inv_freq.size() * sizeof(float);
-    auto b = backend_.alloc(bytes);
-    if (!b.ok()) return b.status();
-    rope_inv_freq_ = std::move(*b);
-    KVFUSE_RETURN_IF_ERROR(backend_.copy_to_device(rope_inv_freq_.get(), rope->inv_freq.data(), bytes));
-    rope_attention_scaling_ = rope->attention_scaling;
-  }
+  auto m = create_shard(backend, spec, ModelShard{});
+  if (!m.ok()) return m.status();
   {
     HostGlobalWeights g;
     KVFUSE_RETURN_IF_ERROR(weights.globals(g));
-    KVFUSE_RETURN_IF_ERROR(check_size(g.embed, int64_t(s.vocab) * s.hidden, "embedding"));
-    KVFUSE_RETURN_IF_ERROR(check_size(g.final_norm, s.hidden, "final norm"));
-    KVFUSE_RETURN_IF_ERROR(upload_vec(g.embed, embed_));
-    KVFUSE_RETURN_IF_ERROR(upload_vec(g.final_norm, final_norm_));
-    if (s.tie_embeddings) g.lm_head.w = std::move(g.embed);
-    KVFUSE_RETURN_IF_ERROR(upload_linear(g.lm_head, s.vocab, s.hidden, false, "lm_head", lm_head_));
+    KVFUSE_RETURN_IF_ERROR((*m)->load_globals(g));
   }
-  layers_.resize(size_t(s.num_layers));
-  for (int32_t l = 0; l < s.num_layers; ++l) {
-    Layer& L = layers_[size_t(l)];
+  for (int32_t l = 0; l < spec.num_layers; ++l) {
     HostLayerWeights h;
     KVFUSE_RETURN_IF_ERROR(weights.layer(l, h));
-    const std::string at = absl::StrCat("layer ", l, " ");
-    KVFUSE_RETURN_IF_ERROR(check_size(h.attn_norm, s.hidden, at + "attention norm"));
-    KVFUSE_RETURN_IF_ERROR(check_size(h.ffn_norm, s.hidden, at + "ffn norm"));
-    KVFUSE_RETURN_IF_ERROR(upload_vec(h.attn_norm, L.attn_norm));
-    KVFUSE_RETURN_IF_ERROR(upload_vec(h.ffn_norm, L.ffn_norm));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(h.qkv, s.qkv_dim(), s.hidden, s.qkv_bias, at + "qkv", L.qkv));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(h.o, s.hidden, s.q_dim(), false, at + "o", L.o));
-    KVFUSE_RETURN_IF_ERROR(
-        upload_linear(h.gate_up, 2 * int64_t(s.intermediate), s.hidden, false, at + "gate_up", L.gate_up));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(h.down, s.hidden, s.intermediate, false, at + "down", L.down));
+    KVFUSE_RETURN_IF_ERROR((*m)->load_layer(l, h));
+  }
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::create_shard(Backend& backend, const ModelSpec& spec,
+                                                           const ModelShard& shard) {
+  ModelShard sh = shard;
+  if (sh.shard.tp <= 1) {
+    auto whole = tensor_parallel_shard(spec, 1);
+    if (!whole.ok()) return whole.status();
+    sh.shard = *whole;
+    sh.rank = 0;
+  } else {
+    auto want = tensor_parallel_shard(spec, sh.shard.tp);
+    if (!want.ok()) return want.status();
+    if (sh.rank < 0 || sh.rank >= sh.shard.tp || sh.comm == nullptr || sh.comm->size() != sh.shard.tp ||
+        sh.comm->rank() != sh.rank) {
+      return absl::InvalidArgumentError(absl::StrCat("model shard: rank ", sh.rank, " of tensor_parallel ",
+                                                     sh.shard.tp, " needs a communicator of that rank and size"));
+    }
+    sh.shard = *want;
+  }
+  std::unique_ptr<Model> m(new Model(backend, spec, sh));
+  m->layers_.resize(size_t(spec.num_layers));
+  KVFUSE_RETURN_IF_ERROR(m->init_rope());
+  return m;
+}
+
+absl::Status Model::init_rope() {
+  // RoPE's frequency table, scaled as the config says, uploaded once.
+  auto rope = rope_table(spec_);
+  if (!rope.ok()) return rope.status();
+  const size_t bytes = rope->inv_freq.size() * sizeof(float);
+  auto b = backend_.alloc(bytes);
+  if (!b.ok()) return b.status();
+  rope_inv_freq_ = std::move(*b);
+  KVFUSE_RETURN_IF_ERROR(backend_.copy_to_device(rope_inv_freq_.get(), rope->inv_freq.data(), bytes));
+  rope_attention_scaling_ = rope->attention_scaling;
+  return absl::OkStatus();
+}
+
+namespace {
+absl::Status upload_vec(Backend& backend, const std::vector<bf16_t>& v, DeviceBuffer& dst) {
+  auto b = backend.alloc(v.size() * sizeof(bf16_t));
+  if (!b.ok()) return b.status();
+  dst = std::move(*b);
+  return backend.copy_to_device(dst.get(), v.data(), v.size() * sizeof(bf16_t));
+}
+absl::Status upload_linear(Backend& backend, const std::vector<bf16_t>& w, const std::vector<bf16_t>& bias,
+                           int64_t n, int64_t k, LinearWeight& dst) {
+  auto lw = backend.upload_linear(w.data(), n, k, bias.empty() ? nullptr : bias.data());
+  if (!lw.ok()) return lw.status();
+  dst = std::move(*lw);
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::Status Model::load_globals(const HostGlobalWeights& g) {
+  const ModelSpec& s = spec_;
+  const TensorParallelShard& t = shard_.shard;
+  KVFUSE_RETURN_IF_ERROR(check_size(g.embed, int64_t(s.vocab) * s.hidden, "embedding"));
+  KVFUSE_RETURN_IF_ERROR(check_size(g.final_norm, s.hidden, "final norm"));
+  const std::vector<bf16_t>& head = s.tie_embeddings ? g.embed : g.lm_head.w;
+  KVFUSE_RETURN_IF_ERROR(check_size(head, int64_t(s.vocab) * s.hidden, "lm_head"));
+  KVFUSE_RETURN_IF_ERROR(check_size(g.lm_head.bias, 0, "lm_head bias"));
+  KVFUSE_RETURN_IF_ERROR(upload_vec(backend_, g.embed, embed_));
+  KVFUSE_RETURN_IF_ERROR(upload_vec(backend_, g.final_norm, final_norm_));
+  if (t.tp == 1) {
+    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, head, {}, s.vocab, s.hidden, lm_head_));
+  } else {
+    // This rank's vocabulary rows; the last rank's rows past the vocabulary are zero.
+    const int64_t first = t.vocab_begin(shard_.rank);
+    const int64_t real = std::clamp<int64_t>(int64_t(s.vocab) - first, 0, t.vocab);
+    std::vector<bf16_t> w = rows_of(head, s.hidden, first, real);
+    w.resize(size_t(int64_t(t.vocab) * s.hidden), bf16_t{});
+    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, w, {}, t.vocab, s.hidden, lm_head_));
+  }
+  globals_loaded_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Model::load_layer(int32_t l, const HostLayerWeights& h) {
+  const ModelSpec& s = spec_;
+  const TensorParallelShard& t = shard_.shard;
+  if (l < 0 || l >= s.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("model weights: layer ", l, " out of range"));
+  }
+  Layer& L = layers_[size_t(l)];
+  const std::string at = absl::StrCat("layer ", l, " ");
+  const int64_t H = s.hidden, D = s.head_dim, I = s.intermediate;
+  KVFUSE_RETURN_IF_ERROR(check_size(h.attn_norm, H, at + "attention norm"));
+  KVFUSE_RETURN_IF_ERROR(check_size(h.ffn_norm, H, at + "ffn norm"));
+  KVFUSE_RETURN_IF_ERROR(check_size(h.qkv.w, s.qkv_dim() * H, at + "qkv"));
+  KVFUSE_RETURN_IF_ERROR(check_size(h.qkv.bias, s.qkv_bias ? s.qkv_dim() : 0, at + "qkv bias"));
+  KVFUSE_RETURN_IF_ERROR(check_size(h.o.w, H * s.q_dim(), at + "o"));
+  KVFUSE_RETURN_IF_ERROR(check_size(h.o.bias, 0, at + "o bias"));
+  KVFUSE_RETURN_IF_ERROR(check_size(h.gate_up.w, 2 * I * H, at + "gate_up"));
+  KVFUSE_RETURN_IF_ERROR(check_size(h.gate_up.bias, 0, at + "gate_up bias"));
+  KVFUSE_RETURN_IF_ERROR(check_size(h.down.w, H * I, at + "down"));
+  KVFUSE_RETURN_IF_ERROR(check_size(h.down.bias, 0, at + "down bias"));
+  KVFUSE_RETURN_IF_ERROR(upload_vec(backend_, h.attn_norm, L.attn_norm));
+  KVFUSE_RETURN_IF_ERROR(upload_vec(backend_, h.ffn_norm, L.ffn_norm));
+  if (t.tp == 1) {
+    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, h.qkv.w, h.qkv.bias, s.qkv_dim(), H, L.qkv));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, h.o.w, {}, H, s.q_dim(), L.o));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, h.gate_up.w, {}, 2 * I, H, L.gate_up));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, h.down.w, {}, H, I, L.down));
+  } else {
+    // Column-parallel QKV: this rank's query heads, then its KV heads' K rows and V rows.
+    const int64_t r = shard_.rank;
+    const int64_t q0 = t.q_head_begin(int32_t(r)) * D, nq = dims_.q_dim();
+    const int64_t kv0 = t.kv_head_begin(int32_t(r)) * D, nkv = dims_.kv_dim();
+    const int64_t k_rows = s.q_dim(), v_rows = s.q_dim() + s.kv_dim();
+    std::vector<bf16_t> w = rows_of(h.qkv.w, H, q0, nq);
+    append(w, rows_of(h.qkv.w, H, k_rows + kv0, nkv));
+    append(w, rows_of(h.qkv.w, H, v_rows + kv0, nkv));
+    std::vector<bf16_t> bias;
+    if (s.qkv_bias) {
+      bias = rows_of(h.qkv.bias, 1, q0, nq);
+      append(bias, rows_of(h.qkv.bias, 1, k_rows + kv0, nkv));
+      append(bias, rows_of(h.qkv.bias, 1, v_rows + kv0, nkv));
+    }
+    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, w, bias, dims_.qkv_dim(), H, L.qkv));
+    // Row-parallel O: the input columns of this rank's query heads.
+    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, cols_of(h.o.w, H, s.q_dim(), q0, nq), {}, H, nq, L.o));
+    // Column-parallel gate_up (this rank's gate rows, then the same up rows); row-parallel down.
+    const int64_t i0 = t.intermediate_begin(int32_t(r)), ni = dims_.intermediate;
+    w = rows_of(h.gate_up.w, H, i0, ni);
+    append(w, rows_of(h.gate_up.w, H, I + i0, ni));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, w, {}, 2 * ni, H, L.gate_up));
+    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, cols_of(h.down.w, H, I, i0, ni), {}, H, ni, L.down));
+  }
+  ++layers_loaded_;
+  return absl::OkStatus();
+}
+
+absl::Status Model::logits_rows(const DecoderPass& p, int64_t rows, float* logits) {
+  const TensorParallelShard& t = shard_.shard;
+  if (t.tp == 1) return backend_.linear_logits(p.last, rows, lm_head_, logits);
+  // Vocab-parallel lm_head: each rank's [rows, vocab / tp] slice, gathered rank-major, then
+  // laid out as [rows, vocab] with the padding columns dropped.
+  const int64_t v = t.vocab;
+  KVFUSE_RETURN_IF_ERROR(backend_.linear_logits(p.last, rows, lm_head_, p.logits_shard));
+  KVFUSE_RETURN_IF_ERROR(shard_.comm->all_gather(p.logits_shard, p.logits_gathered, rows * v, DType::f32));
+  if (shard_.rank != 0) return absl::OkStatus();
+  for (int32_t q = 0; q < t.tp; ++q) {
+    const int64_t first = t.vocab_begin(q);
+    const int64_t width = std::min<int64_t>(v, int64_t(spec_.vocab) - first);
+    if (width <= 0) continue;
+    KVFUSE_RETURN_IF_ERROR(backend_.copy_2d(logits + first, spec_.vocab * sizeof(float),
+                                            p.logits_gathered + q * rows * v, v * sizeof(float),
+                                            width * sizeof(float), rows));
   }
   return absl::OkStatus();
 }
 
 absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath write, AttentionPath attention) {
   const ModelSpec& s = spec_;
+  const RankDims& d = dims_;
+  if (!globals_loaded_ || layers_loaded_ < s.num_layers) {
+    return absl::FailedPreconditionError("model: forward before every weight was loaded");
+  }
   const int64_t T = p.batch.num_tokens;
-  const int64_t qkv_dim = s.qkv_dim();
+  const int64_t qkv_dim = d.qkv_dim();
+  const int32_t store = shard_.local_rank;  // this rank's KV storage in the pool
+  Communicator* comm = shard_.shard.tp > 1 ? shard_.comm : nullptr;
   bf16_t* x = p.x;
   bf16_t* h = p.h;
   bf16_t* q = p.qkv;
-  bf16_t* k = p.qkv + s.q_dim();
-  bf16_t* v = p.qkv + s.q_dim() + s.kv_dim();
+  bf16_t* k = p.qkv + d.q_dim();
+  bf16_t* v = p.qkv + d.q_dim() + d.kv_dim();
 
   KVFUSE_RETURN_IF_ERROR(backend_.embedding(p.token_ids, T, embed_.as<bf16_t>(), s.hidden, x));
   for (int32_t l = 0; l < s.num_layers; ++l) {
@@ -106,9 +239,8 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
       KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     }
     KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.qkv, p.qkv));
-    KVFUSE_RETURN_IF_ERROR(backend_.rope(q, qkv_dim, s.num_q_heads, k, qkv_dim, s.num_kv_heads, s.head_dim,
-                                         p.positions, T, rope_inv_freq_.as<float>(),
-                                         rope_attention_scaling_));
+    KVFUSE_RETURN_IF_ERROR(backend_.rope(q, qkv_dim, d.q_heads, k, qkv_dim, d.kv_heads, s.head_dim, p.positions,
+                                         T, rope_inv_freq_.as<float>(), rope_attention_scaling_));
 
     // K and V are strided views into the fused QKV rows: the write reads them in place.
     KvWriteArgs w;
@@ -118,16 +250,16 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     w.v_token_stride = qkv_dim;
     w.num_tokens = T;
     w.slot_mapping = p.slot_mapping;
-    w.swa = swa ? pool.swa_table() : SwaSlotTable{};
-    w.cache = pool.layer_view(l);
+    w.swa = swa ? pool.swa_table(store) : SwaSlotTable{};
+    w.cache = pool.layer_view(l, store);
     KVFUSE_RETURN_IF_ERROR(backend_.kv_write(w, write));
 
     AttnArgs a;
     a.q = q;
     a.q_token_stride = qkv_dim;
     a.out = p.attn;
-    a.out_token_stride = s.q_dim();
-    a.num_q_heads = s.num_q_heads;
+    a.out_token_stride = d.q_dim();
+    a.num_q_heads = d.q_heads;
     a.softmax_scale = 1.0f / std::sqrt(float(s.head_dim));
     a.window = swa ? s.sliding_window : 0;
     a.batch = p.batch;
@@ -135,27 +267,34 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     a.cache = w.cache;
     KVFUSE_RETURN_IF_ERROR(backend_.attention(a, attention));
 
+    // Row-parallel O and down: each rank's partial sums, all-reduced.
     KVFUSE_RETURN_IF_ERROR(backend_.linear(p.attn, T, L.o, h));
+    if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
     KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.gate_up, p.gate_up));
-    KVFUSE_RETURN_IF_ERROR(backend_.silu_mul(p.gate_up, T, s.intermediate, p.act));
+    KVFUSE_RETURN_IF_ERROR(backend_.silu_mul(p.gate_up, T, d.intermediate, p.act));
     KVFUSE_RETURN_IF_ERROR(backend_.linear(p.act, T, L.down, h));
+    if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
   }
   KVFUSE_RETURN_IF_ERROR(backend_.residual_add(x, h, T * s.hidden));  // the last layer's MLP output
 
+  // Tokens and logprobs are picked on rank 0 only; the other ranks take part in the gathers.
+  const bool picks = shard_.rank == 0;
   const int64_t n = p.num_logits_rows;
   for (int64_t e = 0; e < p.num_extra_rows; e += p.logits_capacity) {
     const int64_t c = std::min(p.logits_capacity, p.num_extra_rows - e);
     KVFUSE_RETURN_IF_ERROR(backend_.gather_rows(x, s.hidden, p.extra_rows + e, c, p.last));
     KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(p.last, final_norm_.as<bf16_t>(), c, s.hidden, s.rms_eps, p.last));
-    KVFUSE_RETURN_IF_ERROR(backend_.linear_logits(p.last, c, lm_head_, p.logits));
+    KVFUSE_RETURN_IF_ERROR(logits_rows(p, c, p.logits));
+    if (!picks) continue;
     KVFUSE_RETURN_IF_ERROR(backend_.logprobs_rows(p.logits, c, s.vocab, p.extra_logprobs + e, nullptr, nullptr,
                                                   nullptr, p.logprob_out + n + e));
   }
   if (n == 0) return absl::OkStatus();
   KVFUSE_RETURN_IF_ERROR(backend_.gather_rows(x, s.hidden, p.logits_rows, n, p.last));
   KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(p.last, final_norm_.as<bf16_t>(), n, s.hidden, s.rms_eps, p.last));
-  KVFUSE_RETURN_IF_ERROR(backend_.linear_logits(p.last, n, lm_head_, p.logits));
+  KVFUSE_RETURN_IF_ERROR(logits_rows(p, n, p.logits));
+  if (!picks) return absl::OkStatus();
   // Greedy tokens, then the finiteness flags, then the sampled tokens.
   KVFUSE_RETURN_IF_ERROR(backend_.argmax_rows(p.logits, n, s.vocab, p.tokens, p.tokens + n));
   KVFUSE_RETURN_IF_ERROR(backend_.sample_rows(p.logits, n, s.vocab, p.sampling, p.tokens + 2 * n));

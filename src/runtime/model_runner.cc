@@ -23,6 +23,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::create(Backend& backen
 
 absl::Status ModelRunner::init_workspace() {
   const ModelSpec& s = model_.spec();
+  const RankDims& d = model_.dims();
   const int64_t T = limits_.max_tokens;
   const int64_t S = limits_.max_seqs;
   const int64_t P = limits_.max_pages_per_seq;
@@ -33,10 +34,10 @@ absl::Status ModelRunner::init_workspace() {
   const Want wants[] = {
       {&x_, size_t(T * s.hidden) * 2},
       {&h_, size_t(T * s.hidden) * 2},
-      {&qkv_, size_t(T * s.qkv_dim()) * 2},
-      {&attn_, size_t(T * s.q_dim()) * 2},
-      {&gate_up_, size_t(T * 2 * s.intermediate) * 2},
-      {&act_, size_t(T * s.intermediate) * 2},
+      {&qkv_, size_t(T * d.qkv_dim()) * 2},
+      {&attn_, size_t(T * d.q_dim()) * 2},
+      {&gate_up_, size_t(T * 2 * d.intermediate) * 2},
+      {&act_, size_t(T * d.intermediate) * 2},
       {&last_, size_t(S * s.hidden) * 2},
       {&logits_, size_t(S * s.vocab) * 4},
       {&ids_, size_t(T) * 4},
@@ -59,8 +60,16 @@ absl::Status ModelRunner::init_workspace() {
     if (!b.ok()) return b.status();
     *w.buf = std::move(*b);
   }
+  if (model_.tp() > 1) {
+    // The vocab-parallel lm_head's slice and the gathered slices of every rank.
+    for (auto [buf, rows] : {std::pair{&logits_shard_, S}, std::pair{&logits_gathered_, S * model_.tp()}}) {
+      auto b = backend_.alloc(size_t(rows * d.vocab) * 4);
+      if (!b.ok()) return b.status();
+      *buf = std::move(*b);
+    }
+  }
   // The unfused KV write's intermediates are the backend's scratch, sized here for T.
-  return backend_.reserve_kv_write(T, s.kv_dim());
+  return backend_.reserve_kv_write(T, d.kv_dim());
 }
 
 absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
@@ -228,6 +237,8 @@ absl::Status ModelRunner::run_model(const ForwardBatch& b, KvPool& pool, const F
   p.act = act_.as<bf16_t>();
   p.last = last_.as<bf16_t>();
   p.logits = logits_.as<float>();
+  p.logits_shard = logits_shard_.as<float>();
+  p.logits_gathered = logits_gathered_.as<float>();
   p.tokens = argmax_.as<int32_t>();
   p.logprobs = b.logprobs.empty() ? nullptr : lp_rows_.as<LogprobRow>();
   p.extra_rows = extra_rows_.as<int32_t>();
@@ -286,7 +297,7 @@ absl::Status ModelRunner::run(const ForwardBatch& in, KvPool& pool, const Forwar
     b = &padded_;
   }
   KVFUSE_RETURN_IF_ERROR(upload_batch(*b));
-  KVFUSE_RETURN_IF_ERROR(pool.sync_swa_table());
+  KVFUSE_RETURN_IF_ERROR(pool.sync_swa_table(model_.shard().local_rank));
   if (pad && replay) {
     KVFUSE_RETURN_IF_ERROR(run_graph(*b, pool, opts));
     out.graph = true;
@@ -299,6 +310,13 @@ absl::Status ModelRunner::run(const ForwardBatch& in, KvPool& pool, const Forwar
 
 absl::Status ModelRunner::read_back(const ForwardBatch& in, const ForwardBatch& ran, bool padded,
                                     ForwardResult& out) {
+  if (model_.shard().rank != 0) {
+    // Tokens, logits and logprobs are rank 0's; the others only report their own errors.
+    const bool graph = out.graph;
+    out = ForwardResult{};
+    out.graph = graph;
+    return backend_.synchronize();
+  }
   // Every computed row's token and flag in one copy, then the logits rows the caller
   // wants. Padded passes computed row r for token row r; others, row k for k.
   const int64_t computed = int64_t(ran.logits_rows.size());

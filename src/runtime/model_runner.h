@@ -89,7 +89,9 @@ class ModelRunner {
 
   // Runs the batch, writes the new K/V of every layer into `pool`, and returns for each
   // of `batch.logits_rows` the greedy token, a finiteness flag and, where
-  // `batch.logits_host` asks, the fp32 logits.
+  // `batch.logits_host` asks, the fp32 logits. Tensor parallelism: every rank's runner
+  // runs the same batch at once (each on its thread, into its storage of the pool); rank
+  // 0's result has the tokens, the others' is empty.
   //
   // With opts.graphs, a decode-only batch (one token per sequence) on a backend with
   // graphs is padded to its bucket — sequences to graph_batch_bucket(), keys to
@@ -142,6 +144,7 @@ class ModelRunner {
 
   // Working memory, sized for limits_.
   DeviceBuffer x_, h_, qkv_, attn_, gate_up_, act_, last_, logits_;
+  DeviceBuffer logits_shard_, logits_gathered_;  // tensor parallelism only
   DeviceBuffer ids_, pos_, slots_, qstart_, ctx_, bt_full_, bt_swa_, rows_;
   DeviceBuffer argmax_;    // [3, rows] int32: greedy tokens, finiteness flags, sampled tokens
   DeviceBuffer sampling_;  // [max_seqs] RowSampling

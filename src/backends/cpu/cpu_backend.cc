@@ -63,6 +63,14 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status synchronize() override { return absl::OkStatus(); }
+  absl::Status copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes,
+                       int64_t rows) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(static_cast<char*>(dst) + size_t(r) * dst_pitch,
+                  static_cast<const char*>(src) + size_t(r) * src_pitch, width_bytes);
+    }
+    return absl::OkStatus();
+  }
 
   absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
                                              const bf16_t* bias) override {
@@ -205,6 +213,10 @@ absl::StatusOr<std::unique_ptr<Backend>> make_cpu_backend_from_env() {
 }
 
 #if !defined(KVFUSE_HAVE_GPU)
+absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device, int /*gpu_ordinal*/) {
+  return make_backend(device);
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
   switch (device) {
     case Device::auto_:

@@ -92,6 +92,7 @@ class GpuBackend final : public Backend {
   }
 
   absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
+    KVFUSE_RETURN_IF_ERROR(bind_if_needed());
     void* p = nullptr;
     const cudaError_t err = cudaMalloc(&p, bytes ? bytes : 1);
     if (err != cudaSuccess) {
@@ -103,25 +104,51 @@ class GpuBackend final : public Backend {
     return DeviceBuffer(p, bytes, [](void* q) { (void)cudaFree(q); });  // a deleter cannot report
   }
   absl::Status memset(void* dst, int value, size_t bytes) override {
+    KVFUSE_RETURN_IF_ERROR(bind_if_needed());
     KVFUSE_CUDA(cudaMemsetAsync(dst, value, bytes, stream_));
     return absl::OkStatus();
   }
   absl::Status copy_to_device(void* dst, const void* src, size_t bytes) override {
     // From pageable host memory the copy has taken the source by the time it returns,
     // so the caller may reuse its buffer at once.
+    KVFUSE_RETURN_IF_ERROR(bind_if_needed());
     if (bytes) KVFUSE_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     return absl::OkStatus();
   }
   absl::Status copy_to_host(void* dst, const void* src, size_t bytes) override {
+    KVFUSE_RETURN_IF_ERROR(bind_if_needed());
     if (bytes) KVFUSE_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     KVFUSE_CUDA(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   }
   absl::Status synchronize() override {
+    KVFUSE_RETURN_IF_ERROR(bind_if_needed());
     KVFUSE_CUDA(cudaStreamSynchronize(stream_));
     KVFUSE_CUDA(cudaGetLastError());
     return absl::OkStatus();
   }
+
+  absl::Status copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width_bytes,
+                       int64_t rows) override {
+    if (rows > 0 && width_bytes > 0) {
+      KVFUSE_CUDA(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, size_t(rows),
+                                    cudaMemcpyDeviceToDevice, stream_));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status bind_thread() override {
+    KVFUSE_CUDA(cudaSetDevice(device_));
+    return absl::OkStatus();
+  }
+  // Memory management and copies work from any thread (a tensor-parallel engine sets up
+  // every rank's memory from one): they make the device current first when it is not.
+  absl::Status bind_if_needed() {
+    int current = -1;
+    KVFUSE_CUDA(cudaGetDevice(&current));
+    if (current != device_) KVFUSE_CUDA(cudaSetDevice(device_));
+    return absl::OkStatus();
+  }
+  void* native_stream() const override { return static_cast<void*>(stream_); }
 
   absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
                                              const bf16_t* bias) override {
@@ -506,7 +533,9 @@ class GpuBackend final : public Backend {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
+absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) { return make_backend(device, 0); }
+
+absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device, int gpu_ordinal) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -529,7 +558,11 @@ absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
                                                       "' but no ", KVFUSE_GPU_VENDOR, " device is visible (",
                                                       cudaGetErrorString(err), "); use cpu or auto"));
   }
-  return GpuBackend::create(0);
+  if (gpu_ordinal < 0 || gpu_ordinal >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("config key 'devices': GPU ", gpu_ordinal, " does not exist (",
+                                                   count, " ", KVFUSE_GPU_VENDOR, " device(s) visible)"));
+  }
+  return GpuBackend::create(gpu_ordinal);
 }
 
 }  // namespace kvfuse
