@@ -300,6 +300,7 @@ absl::Status EngineLoop::warm_up() {
   if (spec.bos_token_id >= 0) info_.set_bos_token_id(spec.bos_token_id);
   if (spec.pad_token_id >= 0) info_.set_pad_token_id(spec.pad_token_id);
   info_.set_max_position(uint32_t(spec.max_position));
+  info_.set_tensor_parallel(uint32_t(engine_->num_ranks()));
   info_.set_max_batch_tokens(uint32_t(cfg.max_batch_tokens));
   info_.set_max_running_seqs(uint32_t(cfg.max_running_seqs));
   info_.set_max_decode_steps(uint32_t(limits_.max_decode_steps));
@@ -315,9 +316,9 @@ absl::Status EngineLoop::warm_up() {
                      {"version", info_.version()}});
   spdlog::info(
       "event=engine_ready model={} device=\"{}\" kv_cache_dtype={} kv_format={} kv_write={} attention={} "
-      "pages={} page_size={}",
+      "pages={} page_size={} tensor_parallel={}",
       info_.model(), info_.device(), info_.kv_cache_dtype(), info_.kv_format(), info_.kv_write(),
-      info_.attention(), info_.num_pages(), info_.page_size());
+      info_.attention(), info_.num_pages(), info_.page_size(), info_.tensor_parallel());
   return absl::OkStatus();
 }
 

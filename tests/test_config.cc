@@ -103,6 +103,12 @@ TEST_CASE("config: overrides and model-dependent checks", "[config]") {
   REQUIRE(l.ok());
   CHECK(l->num_params() > 7'900'000'000);
   CHECK(l->num_params() < 8'100'000'000);
+  auto big = model_preset("llama3-70b");  // Llama 3.1 70B: 70.6 B parameters
+  REQUIRE(big.ok());
+  CHECK(big->num_params() > 70'000'000'000);
+  CHECK(big->num_params() < 71'000'000'000);
+  CHECK(check_tensor_parallel(*big, 2).ok());
+  CHECK(check_tensor_parallel(*big, 8).ok());
 }
 
 TEST_CASE("config: every shipped config/*.json loads", "[config]") {

@@ -631,3 +631,32 @@ TEST_CASE("server: prefix_reuse shares a live sequence's prompt pages: cached_to
   REQUIRE(t.release({701}).ok());
   CHECK(t.wait_all_pages_free());
 }
+
+TEST_CASE("server: tensor_parallel 2 on the CPU serves the sharded engine's tokens; bad input leaks nothing",
+          "[server][tp]") {
+  const std::vector<std::string> keys = {"tensor_parallel=2", "num_pages=200"};
+  auto t = TestServer::start(keys);
+  {
+    grpc::ClientContext ctx;
+    v1::GetInfoResponse info;
+    REQUIRE(t.stub->GetInfo(&ctx, {}, &info).ok());
+    CHECK(info.tensor_parallel() == 2);
+  }
+  const std::vector<std::vector<int32_t>> prompts = {test_prompt(1, 23), test_prompt(2, 40)};
+  const auto want = expected_tokens(test_config(keys), prompts, 12);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const StreamResult r = generate(*t.stub, generate_request(prompts[i], 12));
+    REQUIRE(r.status.ok());
+    CHECK(r.tokens == want[i]);
+  }
+  // A bad request: refused, and the server goes on serving with no page held.
+  v1::GenerateRequest bad = generate_request(prompts[0], 4);
+  bad.mutable_logprobs()->set_enabled(true);
+  bad.mutable_logprobs()->set_top_n(21);
+  const StreamResult refused = generate(*t.stub, bad);
+  CHECK(refused.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  const StreamResult again = generate(*t.stub, generate_request(prompts[1], 12));
+  REQUIRE(again.status.ok());
+  CHECK(again.tokens == want[1]);
+  CHECK(t.wait_all_pages_free());
+}

@@ -155,9 +155,14 @@ int main(int argc, char** argv) {
   auto spec_or = resolve_model_spec(*base);
   if (!spec_or.ok()) return fail(std::string(spec_or.status().message()));
   const ModelSpec spec = *spec_or;
+  // Byte counts and KV footprints are one GPU's: its rank's shapes under tensor parallelism.
+  const int tp = base->tensor_parallel;
+  auto rank_or = rank_shapes(spec, tp);
+  if (!rank_or.ok()) return fail(std::string(rank_or.status().message()));
+  const ModelSpec rank_spec = *rank_or;
   const int elem = base->kv_cache_dtype == KvCacheDtype::bf16 ? 2 : 1;
   const int ps = base->page_size;
-  auto backend = make_backend(base->device);
+  auto backend = make_backend(base->device, base->tp_device(0));
   if (!backend.ok()) return fail(std::string(backend.status().message()));
   const bool gpu = (*backend)->device() != Device::cpu;
   if (max_kv_gib <= 0) max_kv_gib = gpu ? 100 : 2;
@@ -176,7 +181,7 @@ int main(int argc, char** argv) {
       Cell cell;
       cell.batch = b;
       cell.context = c;
-      cell.fp = kv_footprint(spec, ps, elem, b, int64_t(c) + grow, mbt);
+      cell.fp = kv_footprint(rank_spec, ps, elem, b, int64_t(c) + grow, mbt);
       if (int64_t(c) + grow > max_len_limit)
         cell.skip = absl::StrFormat("skipped: context %d + %d decode steps exceeds %s's max position %d", c,
                                     total_steps, spec.name, max_len_limit);
@@ -225,7 +230,7 @@ int main(int argc, char** argv) {
                  "kvfuse-bench-engine: building engine (%s, %s KV, %.3f GiB of KV pages, weights generated: "
                  "this can take a while)...\n",
                  spec.name.c_str(), to_string(cfg->kv_cache_dtype),
-                 double(kv_pool_bytes(spec, ps, elem, used["num_pages"].get<int64_t>(),
+                 double(kv_pool_bytes(rank_spec, ps, elem, used["num_pages"].get<int64_t>(),
                                       spec.any_swa() ? used["swa_num_pages"].get<int64_t>() : 0)) /
                      double(int64_t(1) << 30));
     const auto t0 = std::chrono::steady_clock::now();
@@ -243,12 +248,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "kvfuse-bench-engine: engine creation failed (%s); retrying with a KV budget of %.2f GiB\n",
                  std::string(e.status().message()).c_str(), budget / double(int64_t(1) << 30));
-    backend = make_backend(base->device);
+    backend = make_backend(base->device, base->tp_device(0));
     if (!backend.ok()) return fail(std::string(backend.status().message()));
   }
   Engine& e = *engine;
   const KvWritePath kv_write = e.config().kv_write;
-  const int64_t weight_bytes = decode_weight_bytes(spec);
+  const int64_t weight_bytes = decode_weight_bytes(rank_spec);
   // The backend's description names the device ("cuda NVIDIA H200 (sm_90, 140 GiB)").
   const PeakBandwidth peak = resolve_peak_by_name(
       e.backend().description(), app.count("--peak-gbs") ? std::optional<double>(peak_flag) : std::nullopt);
@@ -260,6 +265,12 @@ int main(int argc, char** argv) {
       to_string(kv_write), reps, warmup, steps);
   std::printf("roofline: (%.3f GB of bf16 weights + KV attended) per step at a peak of %.0f GB/s (%s)\n",
               double(weight_bytes) / 1e9, peak_gbs, peak.source.c_str());
+  if (tp > 1) {
+    std::printf(
+        "tensor_parallel %d: %d ranks; byte counts and the roofline are one GPU's (its shard of the weights, its "
+        "KV heads); each step runs %d all-reduces of batch x %d bf16 and one all-gather of the logits\n",
+        tp, e.num_ranks(), 2 * spec.num_layers, spec.hidden);
+  }
   for (const Cell& cell : cells) {
     if (!cell.skip.empty())
       std::printf("batch %d context %d: %s\n", cell.batch, cell.context, cell.skip.c_str());
@@ -302,13 +313,19 @@ int main(int argc, char** argv) {
         Sample smp;
         smp.step_ms = *ms / steps;
         for (int t = 0; t < steps; ++t) {
-          const double kv = double(b) * double(decode_kv_bytes_per_seq(spec, ctx0 + t, elem));
+          const double kv = double(b) * double(decode_kv_bytes_per_seq(rank_spec, ctx0 + t, elem));
           smp.kv_bytes += kv / steps;
           smp.bytes += (double(weight_bytes) + kv) / steps;
         }
         smp.context = double(ctx0) + (steps - 1) / 2.0;
         cell.s[size_t(v)].push_back(smp);
       }
+    }
+    if (tp > 1) {
+      // The same collectives alone, as the step's graphs run them.
+      auto cm = e.collectives_ms(b, std::max(reps * steps, 10));
+      if (!cm.ok()) return fail(absl::StrFormat("batch %d: timing the collectives: %s", b, cm.status().ToString()));
+      cell.collectives_ms = *cm;
     }
     for (int i = 0; i < b; ++i) {
       if (auto st = e.release(next_id + SeqId(i)); !st.ok()) return fail(std::string(st.message()));
@@ -365,6 +382,21 @@ int main(int argc, char** argv) {
         "ratio, < 1: split faster; ± is the 95%% interval over paired repetitions)\n");
   }
 
+  if (tp > 1) {
+    std::printf("\n%6s %8s  %18s  %s\n", "batch", "context", "collectives ms", "share of each variant's step");
+    for (const Cell& cell : cells) {
+      if (!cell.skip.empty()) continue;
+      std::printf("%6d %8d  %18.3f ", cell.batch, cell.context, cell.collectives_ms);
+      for (int v = 0; v < V; ++v) {
+        const Figures f = figures(cell.s[size_t(v)], cell.batch, peak_gbs);
+        std::printf(" %s %.1f%%", vars[size_t(v)].name().c_str(), 100 * cell.collectives_ms / f.step_ms);
+      }
+      std::printf("\n");
+    }
+    std::printf("(collectives: the step's %d all-reduces and logits gather alone, back to back%s)\n",
+                2 * spec.num_layers, gpu ? " in a graph" : "");
+  }
+
   const std::string device = e.backend().description();
   if (!json_path.empty()) {
     json out;
@@ -380,6 +412,7 @@ int main(int argc, char** argv) {
                    {"peak_source", peak.source},
                    {"max_kv_gib", max_kv_gib},
                    {"weight_bytes", weight_bytes},
+                   {"tensor_parallel", tp},
                    {"date", now_iso8601()},
                    {"command_line", cmdline},
                    {"config", used}};
@@ -397,6 +430,7 @@ int main(int argc, char** argv) {
       json jc = {{"batch", cell.batch},
                  {"context", cell.context},
                  {"kv_pool_gib", double(cell.fp.bytes) / double(int64_t(1) << 30)}};
+      if (cell.collectives_ms >= 0) jc["collectives_ms"] = cell.collectives_ms;
       for (int v = 0; v < V; ++v) {
         const Figures f = figures(cell.s[size_t(v)], cell.batch, peak_gbs);
         json jv = {{"variant", vars[size_t(v)].name()}, {"attention", to_string(vars[size_t(v)].attention)},

@@ -30,6 +30,7 @@ struct Cell {
   KvFootprint fp;
   std::string skip;                    // why it did not run; empty if it ran
   std::vector<std::vector<Sample>> s;  // [variant][repetition]
+  double collectives_ms = -1;          // tensor parallelism: the step's collectives alone
 };
 
 struct Figures {

@@ -10,6 +10,19 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
+absl::StatusOr<ModelSpec> rank_shapes(const ModelSpec& spec, int tp) {
+  auto shard = tensor_parallel_shard(spec, tp);
+  if (!shard.ok()) return shard.status();
+  if (tp == 1) return spec;
+  ModelSpec r = spec;
+  r.num_q_heads = shard->num_q_heads;
+  r.num_kv_heads = shard->num_kv_heads;
+  r.intermediate = shard->intermediate;
+  r.vocab = shard->vocab;  // the lm_head's rows; the (replicated) embedding is read by rows only
+  r.tie_embeddings = false;
+  return r;
+}
+
 int64_t decode_weight_bytes(const ModelSpec& spec) {
   // num_params() counts the embedding table and, untied, the lm_head beside it; the
   // untied table is not read as a whole.

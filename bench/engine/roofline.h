@@ -5,9 +5,15 @@
 
 #include <cstdint>
 
+#include "absl/status/statusor.h"
 #include "src/loading/model_spec.h"
 
 namespace kvfuse::bench {
+
+// The shapes one rank of a tensor-parallel group of `tp` ranks holds (heads, intermediate
+// and lm_head rows divided, KV heads split or replicated; src/loading/model_spec.h): the
+// byte counts below of this spec are one GPU's. tp 1: `spec` itself.
+absl::StatusOr<ModelSpec> rank_shapes(const ModelSpec& spec, int tp);
 
 // bf16 weight bytes one decode step reads: every layer, the final norm and the lm_head
 // (the embedding table when tied). An untied embedding table is left out: a step reads

@@ -72,6 +72,15 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
     s.eos_token_ids = {128001, 128008, 128009};
     return s;
   }
+  if (name == "llama3-70b") {
+    // Llama 3.1 70B's shapes: ~141 GB of bf16 weights, for tensor parallelism (one H200 or
+    // MI300X cannot hold them with room for KV).
+    ModelSpec s = make("llama3-70b", "llama", 128256, 8192, 28672, 80, 64, 8, 128, 500000.0f, 1e-5f);
+    s.max_position = 131072;
+    s.bos_token_id = 128000;
+    s.eos_token_ids = {128001, 128008, 128009};
+    return s;
+  }
   if (name == "qwen2.5-7b") {
     ModelSpec s = make("qwen2.5-7b", "qwen2", 152064, 3584, 18944, 28, 28, 4, 128, 1000000.0f, 1e-6f);
     s.qkv_bias = true;
@@ -103,7 +112,7 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("config key 'model': unknown preset '", name,
-                   "'; allowed: tiny, llama3-8b, qwen2.5-7b, mistral-7b, hybrid-swa"));
+                   "'; allowed: tiny, llama3-8b, llama3-70b, qwen2.5-7b, mistral-7b, hybrid-swa"));
 }
 
 absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg) {

@@ -327,6 +327,54 @@ absl::Status Engine::load_weights(HostWeightSource& weights) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<double> Engine::collectives_ms(int32_t tokens, int reps) {
+  if (ranks_.empty()) return absl::FailedPreconditionError("collectives_ms: tensor_parallel is 1");
+  if (tokens < 1 || reps < 1) return absl::InvalidArgumentError("collectives_ms: tokens and reps must be >= 1");
+  const ModelSpec& s = model_->spec();
+  const int64_t vocab_shard = model_->dims().vocab;
+  std::vector<double> ms(static_cast<size_t>(num_ranks()), 0.0);
+  KVFUSE_RETURN_IF_ERROR(for_each_rank(
+      [&](int32_t r) -> absl::Status {
+        Backend& be = rank_backend(r);
+        Communicator& comm = r == 0 ? *comm_ : *ranks_[size_t(r - 1)]->comm;
+        auto act = be.alloc(size_t(tokens) * size_t(s.hidden) * 2);
+        auto shard = be.alloc(size_t(tokens) * size_t(vocab_shard) * 4);
+        auto gathered = be.alloc(size_t(tokens) * size_t(vocab_shard) * 4 * size_t(comm.size()));
+        for (auto* b : {&act, &shard, &gathered}) {
+          if (!b->ok()) return b->status();
+        }
+        KVFUSE_RETURN_IF_ERROR(be.memset(act->get(), 0, act->bytes()));
+        KVFUSE_RETURN_IF_ERROR(be.memset(shard->get(), 0, shard->bytes()));
+        auto step = [&]() -> absl::Status {
+          for (int32_t l = 0; l < 2 * s.num_layers; ++l) {
+            KVFUSE_RETURN_IF_ERROR(comm.all_reduce_sum(act->get(), int64_t(tokens) * s.hidden, DType::bf16));
+          }
+          return comm.all_gather(shard->get(), gathered->get(), int64_t(tokens) * vocab_shard, DType::f32);
+        };
+        KVFUSE_RETURN_IF_ERROR(step());  // warm-up (and NCCL's lazy setup) outside the capture
+        std::unique_ptr<BackendGraph> graph;
+        if (be.supports_graphs()) {
+          KVFUSE_RETURN_IF_ERROR(be.synchronize());
+          KVFUSE_RETURN_IF_ERROR(be.begin_capture());
+          const absl::Status recorded = step();
+          auto g = be.end_capture();
+          if (!recorded.ok()) return recorded;
+          if (!g.ok()) return g.status();
+          graph = std::move(*g);
+          KVFUSE_RETURN_IF_ERROR(graph->replay());
+        }
+        KVFUSE_RETURN_IF_ERROR(be.synchronize());
+        KVFUSE_RETURN_IF_ERROR(comm.barrier());
+        const auto t0 = Clock::now();
+        for (int i = 0; i < reps; ++i) KVFUSE_RETURN_IF_ERROR(graph ? graph->replay() : step());
+        KVFUSE_RETURN_IF_ERROR(be.synchronize());
+        ms[size_t(r)] = ms_since(t0) / reps;
+        return absl::OkStatus();
+      },
+      true));
+  return ms[0];
+}
+
 absl::Status Engine::forward(const ForwardOptions& opts) {
   if (ranks_.empty()) return runner_->run(batch_, *pool_, opts, fwd_);
   // Every rank runs the same batch; rank 0's result has the tokens.

@@ -144,6 +144,13 @@ class Engine {
   // size (their timing is what is measured, not their tokens).
   absl::Status assume_computed(SeqId id, int32_t n);
 
+  // Tensor parallelism, for benchmarks: the milliseconds of one decode step's collectives
+  // alone — two all-reduces per layer of `tokens` rows of the hidden size (bf16) and the
+  // logits gather of `tokens` rows — replayed `reps` times back to back after one warm-up
+  // (captured in a graph per rank where the backend has graphs, as a step's are), on this
+  // engine's communicators. FAILED_PRECONDITION at tensor_parallel 1.
+  absl::StatusOr<double> collectives_ms(int32_t tokens, int reps);
+
   // Logits of the last step, [rows, vocab]: one row per item that asked for logits
   // (StepItem::logits) or sampled with temperature > 0; StepResult::logits_row indexes it.
   // Greedy tokens are chosen on the device and bring no logits to the host.
