@@ -9,6 +9,9 @@
 // Caveat printed with the table: up to T = 4096 everything fits in the 50 MB L2 of an
 // H200 and stays there across replays, so small-T bandwidth can exceed HBM peak; those
 // rows measure launch cost and latency, the large-T rows measure HBM.
+// At T <= kKvWriteBlockTeamMaxTokens the fused write runs a block per token row; the
+// "fused fp8, warp/row" rows are the same write with a warp per row (the mapping used
+// above that T), the A/B of that choice.
 //
 //   bench_kv_write [--json PATH] [--rounds N] [--peak-gbs GBS]
 //
@@ -46,10 +49,10 @@ __global__ void empty_kernel() {
   gpu::launch_dependents();
 }
 
-enum class Kernel { fused, unfused, bf16_store, empty };
+enum class Kernel { fused, fused_warp_rows, unfused, bf16_store, empty };
 const char* kernel_name(Kernel k) {
-  static constexpr const char* kNames[] = {"fused fp8", "unfused fp8 (5 launches)", "bf16 store",
-                                           "empty kernel"};
+  static constexpr const char* kNames[] = {"fused fp8", "fused fp8, warp/row", "unfused fp8 (5 launches)",
+                                           "bf16 store", "empty kernel"};
   return enum_name(k, kNames);
 }
 
@@ -90,6 +93,12 @@ void call(Kernel k, const Buffers& b, int64_t T, cudaStream_t s, const gpu::KvWr
     case Kernel::fused:
       BENCH_GPU(gpu::launch_kv_write_fused(make_args(b, T, false), s, l));
       break;
+    case Kernel::fused_warp_rows: {
+      gpu::KvWriteLaunch warp_rows = l;
+      warp_rows.block_team_max_tokens = 0;
+      BENCH_GPU(gpu::launch_kv_write_fused(make_args(b, T, false), s, warp_rows));
+      break;
+    }
     case Kernel::unfused:
       BENCH_GPU(gpu::launch_kv_write_unfused(make_args(b, T, false), b.scratch, s, l));
       break;
@@ -141,12 +150,24 @@ struct Row {
   int block;
 };
 
+// The fused write's thread mapping in a row ("-" for the other kernels); block_threads
+// applies to the warp-per-row mapping only.
+const char* mapping(const Row& r) {
+  if (r.kernel == Kernel::fused_warp_rows) return "warp/row";
+  if (r.kernel != Kernel::fused) return "-";
+  return r.T <= gpu::kKvWriteBlockTeamMaxTokens ? "block/row" : "warp/row";
+}
+
 void print_row(const Row& r, const PeakBandwidth& peak) {
   const double gbs = r.useful > 0 ? r.useful / (r.us * 1e3) : 0.0;
   std::printf("%6lld  %-25s %-4s %-6s %10.3f %10.3f %10.1f %7.1f%%", (long long)r.T, kernel_name(r.kernel),
               r.pdl ? "pdl" : "-", r.mode, r.us, r.useful / 1e6, gbs, 100.0 * fraction_of_peak(gbs, peak));
   if (r.moved > r.useful) std::printf("   moved %.1f GB/s", r.moved / (r.us * 1e3));
-  if (r.block != gpu::kKvWriteBlockThreads && r.kernel == Kernel::fused) std::printf("   block %d", r.block);
+  if (r.kernel == Kernel::fused && !std::strcmp(mapping(r), "block/row")) {
+    std::printf("   block per row");
+  } else if (r.block != gpu::kKvWriteBlockThreads && r.kernel == Kernel::fused) {
+    std::printf("   block %d", r.block);
+  }
   std::printf("\n");
 }
 
@@ -159,6 +180,7 @@ std::vector<std::string> json_rows(const std::vector<Row>& rs, const PeakBandwid
                                {"pdl", r.pdl},
                                {"mode", r.mode},
                                {"block", r.block},
+                               {"mapping", mapping(r)},
                                {"us_per_call", Fixed{r.us, 4}},
                                {"useful_bytes", Fixed{r.useful, 0}},
                                {"moved_bytes", Fixed{r.moved, 0}},
@@ -214,7 +236,9 @@ int main(int argc, char** argv) {
 
   const int64_t Ts[] = {1, 8, 64, 256, 1024, 4096, 16384, 65536};
   const int block = gpu::kKvWriteBlockThreads;
-  const gpu::KvWriteLaunch plain{block, false}, pdl{block, true};
+  gpu::KvWriteLaunch plain, pdl;
+  plain.block_threads = pdl.block_threads = block;
+  pdl.pdl = true;
   std::vector<Row> rows;
   const auto measure = [&](int64_t T, Kernel k, const gpu::KvWriteLaunch& l, const char* mode) {
     const bool graph = !std::strcmp(mode, "graph");
@@ -233,6 +257,10 @@ int main(int argc, char** argv) {
     for (const char* mode : {"graph", "eager"}) {
       measure(T, Kernel::fused, plain, mode);
       measure(T, Kernel::fused, pdl, mode);
+      if (T <= gpu::kKvWriteBlockTeamMaxTokens) {
+        measure(T, Kernel::fused_warp_rows, plain, mode);
+        measure(T, Kernel::fused_warp_rows, pdl, mode);
+      }
       measure(T, Kernel::unfused, plain, mode);
       measure(T, Kernel::unfused, pdl, mode);
       measure(T, Kernel::bf16_store, plain, mode);
@@ -247,7 +275,9 @@ int main(int argc, char** argv) {
     for (int bt : {32, 64, 128, 256}) {
       if (bt % gpu::kWarpSize || bt > gpu::kKvWriteMaxBlockThreads) continue;
       for (bool p : {false, true}) {
-        const gpu::KvWriteLaunch l{bt, p};
+        gpu::KvWriteLaunch l;
+        l.block_threads = bt;
+        l.pdl = p;
         const double us = time_graph(Kernel::fused, b, T, timer, rounds, l);
         sweep.push_back({T, Kernel::fused, p, "graph", us, useful_bytes(Kernel::fused, T), 0, bt});
         std::printf("  block %4d: ", bt);

@@ -9,19 +9,32 @@
 //   with kvfuse::f16_to_f32 (exact, NaN payload kept, as the reference does; the
 //   hardware conversion may canonicalise NaN) and rounded with kvfuse::f32_to_bf16.
 //
-// Thread mapping of the fused write: one warp (wavefront) per token row. A row is all
+// Thread mapping of the fused write: a row team writes one token row. A row is all
 // heads of one token, H * D contiguous elements in the source and, because the cache
 // is NHD, H * D contiguous elements at the slot in the cache, so head_dim only matters
-// through H * D. Each lane takes 16-element chunks (two 16-byte loads, one 16-byte FP8
-// store; one load and one store for bf16) of the K row and the same chunks of the V row,
-// kUnroll chunks at a time so that 4 * kUnroll 16-byte loads are in flight per lane.
-// The source loads of the first chunks are issued before the slot is resolved: at
-// decode sizes the write is latency-bound, and this overlaps the slot-mapping (and SWA
-// table) round trip with the data round trip. The grid covers num_tokens rows (the
-// slot mapping's length) with a grid-stride loop, so any T and graph padding work.
+// through H * D. Each lane of the team takes 16-element chunks (two 16-byte loads, one
+// 16-byte FP8 store; one load and one store for bf16) of the K row and the same chunks
+// of the V row, kUnroll chunks at a time so that 4 * kUnroll 16-byte loads are in
+// flight per lane. The source loads of the first chunks are issued before the slot is
+// resolved: at decode sizes the write is latency-bound, and this overlaps the
+// slot-mapping (and SWA table) round trip with the data round trip. The grid covers
+// num_tokens rows (the slot mapping's length) with a grid-stride loop, so any T and
+// graph padding work.
+// The team (RowTeam) is chosen at launch from T:
+// - warp: one warp (wavefront) per row, several rows per block. For large T: every
+//   lane streams kUnroll chunk pairs at a time, 86% of HBM peak on the H200 at T = 65536.
+// - block: one block per row, as many lanes as the row has chunks (up to
+//   kKvWriteMaxBlockThreads). For small T (decode), where the write is one round trip
+//   of latency: a lane converts and stores at most one chunk of K and one of V (rows of
+//   up to 256 chunks, 4096 FP8 or 2048 bf16 elements), all its loads issued before the
+//   slot and the scales arrive, and T rows run on T multiprocessors instead of
+//   T / rows-per-block. With 8 heads x 128 that is 2 warps per FP8 row on NVIDIA (64
+//   chunks) where one warp did 2 chunk pairs per lane, one after the other.
 // gpu.h first: on HIP the vendor runtime header defines __forceinline__, which
 // kernels/host_device.h (reached through the other headers) uses in KVFUSE_HD.
 #include "kernels/gpu.h"
+
+#include <algorithm>
 
 #include "kernels/cpu/kv_write.h"
 #include "kernels/dispatch.cuh"
@@ -130,15 +143,17 @@ struct Bf16RowOp {
 
 // --- Fused write -------------------------------------------------------------------
 
+// The chunks c0, c0 + lanes, ... (kUnroll of them) of a K row and a V row, in registers
+// between load and store; `lanes` is the row team's size.
 template <class Op, bool kVec>
 struct RowGroup {
   uint4 k[kUnroll][Op::kLoads];
   uint4 v[kUnroll][Op::kLoads];
 
-  KVFUSE_DEVICE void load(const uint16_t* ks, const uint16_t* vs, int c0, int chunks) {
+  KVFUSE_DEVICE void load(const uint16_t* ks, const uint16_t* vs, int c0, int chunks, int lanes) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * kWarpSize;
+      const int c = c0 + u * lanes;
       if (c < chunks) {
 #pragma unroll
         for (int l = 0; l < Op::kLoads; ++l) {
@@ -149,11 +164,12 @@ struct RowGroup {
     }
   }
 
-  KVFUSE_DEVICE void store(uint8_t* kd, uint8_t* vd, int c0, int chunks, float inv_k, float inv_v) const {
+  KVFUSE_DEVICE void store(uint8_t* kd, uint8_t* vd, int c0, int chunks, int lanes, float inv_k,
+                           float inv_v) const {
     constexpr int kOutChunkBytes = Op::kChunkElems * Op::kOutBytesPerElem;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u * kWarpSize;
+      const int c = c0 + u * lanes;
       if (c < chunks) {
         store_16B(kd + c * kOutChunkBytes, Op::convert(k[u], inv_k));
         store_16B(vd + c * kOutChunkBytes, Op::convert(v[u], inv_v));
@@ -162,31 +178,38 @@ struct RowGroup {
   }
 };
 
+// Who writes one row (see the thread mapping above).
+enum class RowTeam { warp, block };
+
 // Launch bounds: every block size the launch options allow (up to
 // kKvWriteMaxBlockThreads) must fit, and kKvWriteMinBlocks of the largest must be
 // resident on a multiprocessor.
-template <class Op, bool kVec>
+template <class Op, bool kVec, RowTeam kTeam>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
     kv_write_fused_kernel(KvWriteArgs a) {
+  constexpr bool kBlockTeam = kTeam == RowTeam::block;
   const PagedKvView& cache = a.cache;
   const int64_t row_elems = cache.row_elems();
   const int64_t row_bytes = row_elems * Op::kOutBytesPerElem;
   const int chunks = int(row_elems / Op::kChunkElems);
   const int64_t num_slots = cache.num_slots();
-  const int rows_per_block = int(blockDim.x) / kWarpSize;
-  const int lane = lane_id();
+  // A warp team's size is a constant, so that path compiles as if there were no other.
+  const int lanes = kBlockTeam ? int(blockDim.x) : kWarpSize;
+  const int rows_per_block = kBlockTeam ? 1 : int(blockDim.x) / kWarpSize;
+  const int lane = kBlockTeam ? int(threadIdx.x) : lane_id();
+  const int team = kBlockTeam ? 0 : warp_id();
   grid_dependency_wait();  // PDL: inputs come from the previous kernel
   launch_dependents();
   const uint16_t* k_src = static_cast<const uint16_t*>(a.k);
   const uint16_t* v_src = static_cast<const uint16_t*>(a.v);
 
-  for (int64_t t = int64_t(blockIdx.x) * rows_per_block + warp_id(); t < a.num_tokens;
+  for (int64_t t = int64_t(blockIdx.x) * rows_per_block + team; t < a.num_tokens;
        t += int64_t(gridDim.x) * rows_per_block) {
     const int64_t raw_slot = a.slot_mapping[t];
     const uint16_t* ks = k_src + t * a.k_token_stride;
     const uint16_t* vs = v_src + t * a.v_token_stride;
     RowGroup<Op, kVec> g;
-    g.load(ks, vs, lane, chunks);  // independent of the slot: overlaps its round trip
+    g.load(ks, vs, lane, chunks, lanes);  // independent of the slot: overlaps its round trip
     // Scales are read through device pointers (no host sync in a step); bf16 caches may
     // come without them. Read per row, after the row's loads are issued: taken once
     // before the loop, rcp.rn (whose slow path is a branch) held those loads back until
@@ -207,10 +230,10 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
     uint8_t* kd = static_cast<uint8_t*>(cache.k) + slot * row_bytes;
     uint8_t* vd = static_cast<uint8_t*>(cache.v) + slot * row_bytes;
     for (int c0 = lane;;) {
-      g.store(kd, vd, c0, chunks, inv_k, inv_v);
-      c0 += kUnroll * kWarpSize;
+      g.store(kd, vd, c0, chunks, lanes, inv_k, inv_v);
+      c0 += kUnroll * lanes;
       if (c0 >= chunks) break;
-      g.load(ks, vs, c0, chunks);
+      g.load(ks, vs, c0, chunks, lanes);
     }
   }
 }
@@ -307,16 +330,16 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
     const uint16_t* ks = reinterpret_cast<const uint16_t*>(k_rows + t * row_bytes);
     const uint16_t* vs = reinterpret_cast<const uint16_t*>(v_rows + t * row_bytes);
     RowGroup<Copy, true> g;
-    g.load(ks, vs, lane, chunks);
+    g.load(ks, vs, lane, chunks, kWarpSize);
     const int64_t slot = resolve_write_slot(raw_slot, a.swa, num_slots);
     if (slot < 0) continue;
     uint8_t* kd = static_cast<uint8_t*>(a.cache.k) + slot * row_bytes;
     uint8_t* vd = static_cast<uint8_t*>(a.cache.v) + slot * row_bytes;
     for (int c0 = lane;;) {
-      g.store(kd, vd, c0, chunks, 1.0f, 1.0f);
+      g.store(kd, vd, c0, chunks, kWarpSize, 1.0f, 1.0f);
       c0 += kUnroll * kWarpSize;
       if (c0 >= chunks) break;
-      g.load(ks, vs, c0, chunks);
+      g.load(ks, vs, c0, chunks, kWarpSize);
     }
   }
 }
@@ -333,12 +356,28 @@ bool src_vectorizable(const KvWriteArgs& a) {
   return is_aligned(a.k, 16) && is_aligned(a.v, 16) && a.k_token_stride % 8 == 0 && a.v_token_stride % 8 == 0;
 }
 
+template <class Op, RowTeam kTeam>
+cudaError_t launch_fused_team(const KvWriteArgs& a, unsigned grid, unsigned block, cudaStream_t stream,
+                              bool pdl) {
+  return src_vectorizable(a)
+             ? launch_kernel(kv_write_fused_kernel<Op, true, kTeam>, grid, block, stream, pdl, a)
+             : launch_kernel(kv_write_fused_kernel<Op, false, kTeam>, grid, block, stream, pdl, a);
+}
+
+// Block teams up to launch.block_team_max_tokens tokens, warp teams above. A block team
+// has a lane per chunk of the row, whole warps, at most kKvWriteMaxBlockThreads (wider
+// rows loop).
 template <class Op>
 cudaError_t launch_fused_op(const KvWriteArgs& a, cudaStream_t stream, const KvWriteLaunch& l) {
-  const unsigned grid = grid_blocks(a.num_tokens, l.block_threads / kWarpSize);
-  return src_vectorizable(a)
-             ? launch_kernel(kv_write_fused_kernel<Op, true>, grid, l.block_threads, stream, l.pdl, a)
-             : launch_kernel(kv_write_fused_kernel<Op, false>, grid, l.block_threads, stream, l.pdl, a);
+  if (a.num_tokens <= l.block_team_max_tokens) {
+    const int64_t chunks = a.cache.row_elems() / Op::kChunkElems;
+    const int64_t warps = (chunks + kWarpSize - 1) / kWarpSize;
+    const int64_t block = std::min<int64_t>(warps * kWarpSize, kKvWriteMaxBlockThreads);
+    return launch_fused_team<Op, RowTeam::block>(a, grid_blocks(a.num_tokens, 1), unsigned(block), stream,
+                                                 l.pdl);
+  }
+  return launch_fused_team<Op, RowTeam::warp>(a, grid_blocks(a.num_tokens, l.block_threads / kWarpSize),
+                                              l.block_threads, stream, l.pdl);
 }
 
 template <KvSrcDtype S>

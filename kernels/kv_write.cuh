@@ -35,14 +35,23 @@ constexpr int kKvWriteBlockThreads = 64;
 // blocks were slower on the H200 at every size, and a bound of 1024 capped the
 // registers so low that the CDNA kernels spilled.
 constexpr int kKvWriteMaxBlockThreads = 256;
+// Up to this many tokens the fused write gives each token row a block of its own, a
+// lane per 16-byte chunk of the row (decode: latency-bound, one chunk of K and one of V
+// per lane); above, a warp per row (bandwidth-bound: each lane streams several chunks).
+// Decode batches of 1 .. 8 sequences; see kernels/kv_write.cu for the mapping.
+constexpr int kKvWriteBlockTeamMaxTokens = 8;
 struct KvWriteLaunch {
-  // Threads per block of the fused write (a multiple of the warp size, at most
-  // kKvWriteMaxBlockThreads); each warp writes one token row.
+  // Threads per block of the fused write with a warp per row (a multiple of the warp
+  // size, at most kKvWriteMaxBlockThreads); each warp writes one token row. Block-per-row
+  // launches size their blocks from the row instead.
   int block_threads = kKvWriteBlockThreads;
   // Programmatic dependent launch (CUDA sm_90+, ignored on HIP): the kernels may be
   // scheduled while the previous kernel in the stream runs, and wait for it in-kernel
   // before their first memory access. Hides launch latency between graph nodes.
   bool pdl = false;
+  // The largest T written with a block per row (kKvWriteBlockTeamMaxTokens); 0: a warp
+  // per row at every T (the benchmark's A/B).
+  int block_team_max_tokens = kKvWriteBlockTeamMaxTokens;
 };
 
 // One kernel writes K and V: FP8 caches get x * (1/scale) converted with saturation;

@@ -84,6 +84,7 @@ def short_name(demangled):
     s = re.sub(r"\(Fp8Format\)(\d)", lambda m: FORMATS[m.group(1)], s)
     s = re.sub(r"\(KvKind\)(\d)", lambda m: ["bf16", "e4m3fn_hw", "e4m3fn_bits", "e4m3fnuz", "e5m2"][int(m.group(1))], s)
     s = s.replace("Fp8RowOp", "fp8").replace("Bf16RowOp", "bf16copy")
+    s = re.sub(r"\(RowTeam\)(\d)", lambda m: ["warp_rows", "block_rows"][int(m.group(1))], s)
     return re.sub(r"\(.*\)$", "", s).replace(" ", "")
 
 

@@ -4,9 +4,12 @@
 // source dtypes, head_dim 64/128/256, page sizes 1/3/16/64, with and without an SWA
 // table, k_scale != v_scale != 1, values beyond the format's range, +-inf, NaN,
 // negative, out-of-range and SWA-unmapped slots, strided, padded and misaligned source
-// rows; and the inputs unchanged afterwards. Also: every bf16 value through the
-// kernels at scale 1 against the H200 instruction's files, a CUDA-graph replay with
-// padding slots, and the unsupported-argument path. Without a GPU it skips.
+// rows; and the inputs unchanged afterwards. Decode sizes (T = 1 .. 8) through both
+// thread mappings of the fused write (a block per row and a warp per row), with row
+// widths that leave lanes, warps or loop passes partly used. Also: every bf16 value
+// through the kernels at scale 1 against the H200 instruction's files, CUDA-graph
+// replays with padding slots (T = 64, 8 and 1), and the unsupported-argument path.
+// Without a GPU it skips.
 #include "kernels/gpu.h"
 
 #include <algorithm>
@@ -45,8 +48,14 @@ struct Case {
   float v_scale = 2.9f;
   bool swa = false;
   bool pdl = false;  // programmatic dependent launch (CUDA sm_90+)
+  // KvWriteLaunch::block_team_max_tokens: which thread mapping the fused write uses.
+  int block_team_max_tokens = gpu::kKvWriteBlockTeamMaxTokens;
   uint64_t seed = 1;
 };
+
+// The fused write's mapping for a case: a block per row or a warp per row.
+constexpr int kBlockTeamAlways = std::numeric_limits<int>::max();
+constexpr int kWarpTeamAlways = 0;
 
 std::string describe(const Case& c, Path p) {
   return std::string(p == Path::fused ? "fused " : "unfused ") + kv_format_name(c.dtype) +
@@ -54,7 +63,8 @@ std::string describe(const Case& c, Path p) {
          " D=" + std::to_string(c.head_dim) + " page=" + std::to_string(c.page_size) +
          " T=" + std::to_string(c.num_tokens) + " pad=" + std::to_string(c.stride_pad) +
          " off=" + std::to_string(c.src_offset) + " ks=" + std::to_string(c.k_scale) +
-         " vs=" + std::to_string(c.v_scale) + (c.swa ? " swa" : "") + (c.pdl ? " pdl" : "");
+         " vs=" + std::to_string(c.v_scale) + (c.swa ? " swa" : "") + (c.pdl ? " pdl" : "") +
+         (p == Path::fused ? (c.num_tokens <= c.block_team_max_tokens ? " block/row" : " warp/row") : "");
 }
 
 uint16_t narrow(float x, KvSrcDtype s) { return s == KvSrcDtype::bf16 ? f32_to_bf16(x) : f32_to_f16(x); }
@@ -182,7 +192,8 @@ bool expect_cache(const std::vector<uint8_t>& got, const std::vector<uint8_t>& w
 }
 
 // Runs one case on the CPU reference and on the GPU path; compares caches and inputs.
-void run_case(const Case& c, Path path, cudaStream_t stream) {
+// Returns how many rows the write stores (tokens whose slot resolves into the cache).
+int64_t run_case(const Case& c, Path path, cudaStream_t stream) {
   const std::string what = describe(c, path);
   const HostInputs in = make_inputs(c);
   const int64_t row_bytes = int64_t(c.num_kv_heads) * c.head_dim * kv_format_bytes(c.dtype);
@@ -212,10 +223,11 @@ void run_case(const Case& c, Path path, cudaStream_t stream) {
   d_scales.upload(scales, 8);
   const KvWriteArgs dev = make_args(c, in, d_k.get(), d_v.get(), d_slots.get<int64_t>(), d_swa.get<int64_t>(),
                                     d_kc.get(), d_vc.get(), d_scales.get<float>(), d_scales.get<float>() + 1);
-  if (!check(gpu::kv_write_unsupported(dev).empty(), what + ": supported")) return;
+  if (!check(gpu::kv_write_unsupported(dev).empty(), what + ": supported")) return 0;
   cudaError_t err;
   gpu::KvWriteLaunch launch;
   launch.pdl = c.pdl;
+  launch.block_team_max_tokens = c.block_team_max_tokens;
   if (path == Path::fused) {
     err = gpu::launch_kv_write_fused(dev, stream, launch);
   } else {
@@ -234,6 +246,11 @@ void run_case(const Case& c, Path path, cudaStream_t stream) {
                          (!c.swa || d_swa.download<int64_t>(in.swa_table.size()) == in.swa_table) &&
                          d_scales.download<float>(2) == std::vector<float>{ks, vs};
   check(unchanged, what + ": inputs unchanged");
+  int64_t stored = 0;
+  for (int64_t slot : in.slots) {
+    stored += resolve_write_slot(slot, host.swa, host.cache.num_slots()) >= 0 ? 1 : 0;
+  }
+  return stored;
 }
 
 // quick: page sizes 3 and 16 only and no large cases (for runs under compute-sanitizer).
@@ -296,6 +313,63 @@ void test_matrix(cudaStream_t stream, bool quick) {
   }
 }
 
+// Decode sizes, T = 1 .. 8, through both mappings of the fused write at every T (the
+// launch picks one from T; here each is forced): a block per row, and a warp per row.
+// Row shapes: 8 x 128 (64 FP8 / 128 bf16 chunks: whole warps), 3 x 64 (12 / 24 chunks:
+// part of one warp), 9 x 128 (72 / 144 chunks: a partly used last warp), 32 x 256 (512
+// / 1024 chunks, more than the largest block has lanes: a lane takes 2 FP8 chunk pairs
+// in one pass, or 4 bf16 ones in two passes of the row loop).
+// Every case rotates dtype-independent knobs: source layout (tight, padded QKV view,
+// misaligned: the scalar-load path), SWA table, page size, PDL, scales. Slots include
+// padding (-1 and other negatives at t = 3 and 7), and with SWA slots beyond the table
+// and table entries beyond the cache. T = 37 once more per shape for the block mapping
+// on more rows than the launch would give it.
+void test_small_t(cudaStream_t stream, bool quick) {
+  const KvFormat dtypes[] = {KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2,
+                             KvFormat::bf16};
+  const int shapes[][2] = {{8, 128}, {3, 64}, {9, 128}, {32, 256}};
+  const int pages[] = {16, 3, 64, 1};
+  const float scale_pairs[][2] = {{0.37f, 2.9f}, {1.0f / 64.0f, 3.0f}, {1.7f, 0.05f}};
+  uint64_t seed = 5000;
+  int rotation = 0;
+  int64_t stored = 0, skipped = 0;
+  for (const auto& shape : shapes) {
+    if (quick && shape[0] == 32) continue;
+    for (int64_t T : {1, 2, 3, 4, 5, 6, 7, 8, 37}) {
+      for (KvFormat dt : dtypes) {
+        // r walks the dtypes, q the (shape, T) pairs: every dtype meets every
+        // combination of source dtype, SWA and PDL, and every layout and page size.
+        const int r = rotation++, q = r / 4;
+        Case c;
+        c.dtype = dt;
+        c.src = (r + q) % 2 == 0 ? KvSrcDtype::bf16 : KvSrcDtype::f16;
+        c.num_kv_heads = shape[0];
+        c.head_dim = shape[1];
+        c.num_tokens = T;
+        c.page_size = pages[(r / 2 + q) % 4];
+        c.stride_pad = r % 3 == 0 ? 0 : 24;
+        c.src_offset = r % 3 == 2 ? 1 : 0;
+        c.k_scale = scale_pairs[r % 3][0];
+        c.v_scale = scale_pairs[r % 3][1];
+        c.swa = (r / 2 + q / 2) % 2 == 1;
+        c.pdl = ((r + q / 2) / 2) % 2 == 1;
+        c.seed = seed++;
+        for (int team : {kBlockTeamAlways, kWarpTeamAlways}) {
+          // A warp per row at T = 37 is test_matrix's.
+          if (T > gpu::kKvWriteBlockTeamMaxTokens && team == kWarpTeamAlways) continue;
+          c.block_team_max_tokens = team;
+          const int64_t n = run_case(c, Path::fused, stream);
+          stored += n;
+          skipped += T - n;
+        }
+      }
+    }
+  }
+  // The slots must exercise both sides: rows stored and rows skipped.
+  check(stored > 0 && skipped > 0,
+        "small T: " + std::to_string(stored) + " rows stored, " + std::to_string(skipped) + " skipped");
+}
+
 // Every bf16 value through the kernels at scale 1 (T=64 rows of 4 x 256; V holds the
 // values in reverse): bytes must equal the H200 instruction's files for e4m3fn and e5m2
 // and fp8_encode for e4m3fnuz, for the fused and the unfused path.
@@ -354,13 +428,14 @@ void test_all_bf16_sweep(cudaStream_t stream) {
 }
 
 // The fused write captured in a graph with padded slots (as a decode step with graph
-// batch padding) and replayed twice: same bytes as the reference.
-void test_graph_replay(cudaStream_t stream, bool pdl) {
+// batch padding: tokens from first_pad on) and replayed twice: same bytes as the
+// reference. T <= kKvWriteBlockTeamMaxTokens captures the block-per-row mapping.
+void test_graph_replay(cudaStream_t stream, bool pdl, int64_t num_tokens, int64_t first_pad) {
   Case c;
-  c.num_tokens = 64;
-  c.seed = 777;
+  c.num_tokens = num_tokens;
+  c.seed = 777 + uint64_t(num_tokens);
   HostInputs in = make_inputs(c);
-  for (int64_t t = 40; t < 64; ++t) in.slots[size_t(t)] = -1;  // padding tail
+  for (int64_t t = first_pad; t < num_tokens; ++t) in.slots[size_t(t)] = -1;  // padding tail
   const int64_t row_bytes = int64_t(c.num_kv_heads) * c.head_dim;
   const size_t cache_bytes = size_t(in.num_pages * c.page_size * row_bytes);
   std::vector<uint8_t> k_ref(cache_bytes, 0x5a), v_ref(cache_bytes, 0x5a);
@@ -393,7 +468,8 @@ void test_graph_replay(cudaStream_t stream, bool pdl) {
   KVFUSE_TEST_GPU(cudaGraphLaunch(exec, stream));
   KVFUSE_TEST_GPU(cudaGraphLaunch(exec, stream));
   KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
-  const std::string what = std::string("graph replay with padding") + (pdl ? ", pdl" : "");
+  const std::string what = "graph replay, T=" + std::to_string(num_tokens) + ", padding from " +
+                           std::to_string(first_pad) + (pdl ? ", pdl" : "");
   expect_cache(d_kc.download<uint8_t>(cache_bytes), k_ref, c, "K", what);
   expect_cache(d_vc.download<uint8_t>(cache_bytes), v_ref, c, "V", what);
   KVFUSE_TEST_GPU(cudaGraphExecDestroy(exec));
@@ -439,9 +515,14 @@ int main() {
   test_unsupported();
   const char* quick = std::getenv("KVFUSE_GPU_TEST_QUICK");
   test_matrix(stream, quick != nullptr && quick[0] == '1');
+  test_small_t(stream, quick != nullptr && quick[0] == '1');
   test_all_bf16_sweep(stream);
-  test_graph_replay(stream, false);
-  test_graph_replay(stream, true);
+  for (bool pdl : {false, true}) {
+    test_graph_replay(stream, pdl, 64, 40);
+    test_graph_replay(stream, pdl, 8, 5);
+    test_graph_replay(stream, pdl, 1, 1);  // one sequence, itself padding
+    test_graph_replay(stream, pdl, 1, 2);  // one sequence, written
+  }
   KVFUSE_TEST_GPU(cudaStreamDestroy(stream));
   return gpu_test::tally().report("test_kv_write_gpu");
 }
