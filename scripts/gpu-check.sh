@@ -147,6 +147,12 @@ if [[ -x $bundle/test_gpu_backend ]]; then
   grep -E "skipped|passed|failed" "$out/engine.log" | tail -3
   note "test_gpu_nccl: exit $rc ($(elapsed))"
   ((rc == 0)) || status=1
+  # The sharded engine on two GPUs against one (it skips, saying why, likewise).
+  NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} "$bundle/test_gpu_tp" >>"$out/engine.log" 2>&1
+  rc=$?
+  grep -E "^gpu tp|skipped|passed|failed" "$out/engine.log" | tail -8
+  note "test_gpu_tp: exit $rc ($(elapsed))"
+  ((rc == 0)) || status=1
   "$bundle/kvfuse-run" --set device=cuda -n 8 -m 32 -q >>"$out/engine.log" 2>&1
   rc=$?
   tail -3 "$out/engine.log"

@@ -20,7 +20,11 @@
 #include <vector>
 #include "tests/catch.h"
 
+#include <atomic>
+#include <chrono>
+
 #include "kernels/bf16.h"
+#include "src/backends/cpu/cpu_backend.h"
 #include "src/loading/calibration.h"
 #include "tests/engine_test_util.h"
 
@@ -58,7 +62,108 @@ Run run_model(Engine& e) {
 
 
 
+// The CPU backend, except that attention fails while `fail` is set: a device error in
+// one rank in the middle of a step, after the ranks have met in collectives.
+class FailingBackend final : public Backend {
+ public:
+  std::atomic<bool> fail{false};
+  FailingBackend() : in_(make_cpu_backend()) {}
+  Device device() const override { return in_->device(); }
+  std::string description() const override { return in_->description(); }
+  KvFormat resolve_kv_format(KvCacheDtype d) const override { return in_->resolve_kv_format(d); }
+  absl::Status check_supported(const ModelSpec& s, KvFormat f) const override { return in_->check_supported(s, f); }
+  absl::StatusOr<DeviceBuffer> alloc(size_t b) override { return in_->alloc(b); }
+  absl::Status memset(void* d, int v, size_t b) override { return in_->memset(d, v, b); }
+  absl::Status copy_to_device(void* d, const void* s, size_t b) override { return in_->copy_to_device(d, s, b); }
+  absl::Status copy_to_host(void* d, const void* s, size_t b) override { return in_->copy_to_host(d, s, b); }
+  absl::Status synchronize() override { return in_->synchronize(); }
+  absl::Status copy_2d(void* d, size_t dp, const void* s, size_t sp, size_t w, int64_t rows) override {
+    return in_->copy_2d(d, dp, s, sp, w, rows);
+  }
+  absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k, const bf16_t* b) override {
+    return in_->upload_linear(w, n, k, b);
+  }
+  absl::Status embedding(const int32_t* i, int64_t n, const bf16_t* t, int64_t h, bf16_t* o) override {
+    return in_->embedding(i, n, t, h, o);
+  }
+  absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t r, int64_t c, float e, bf16_t* o) override {
+    return in_->rmsnorm(x, w, r, c, e, o);
+  }
+  absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* o) override {
+    return in_->linear(x, m, w, o);
+  }
+  absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* o) override {
+    return in_->linear_logits(x, m, w, o);
+  }
+  absl::Status rope(bf16_t* q, int64_t qs, int32_t qh, bf16_t* k, int64_t ks, int32_t kh, int32_t d,
+                    const int32_t* p, int64_t n, const float* f, float a) override {
+    return in_->rope(q, qs, qh, k, ks, kh, d, p, n, f, a);
+  }
+  absl::Status silu_mul(const bf16_t* g, int64_t n, int64_t i, bf16_t* o) override { return in_->silu_mul(g, n, i, o); }
+  absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t c) override { return in_->residual_add(x, y, c); }
+  absl::Status add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t r, int64_t c, float e,
+                           bf16_t* o) override {
+    return in_->add_rmsnorm(x, y, w, r, c, e, o);
+  }
+  absl::Status gather_rows(const bf16_t* x, int64_t c, const int32_t* r, int64_t n, bf16_t* o) override {
+    return in_->gather_rows(x, c, r, n, o);
+  }
+  absl::Status kv_write(const KvWriteArgs& a, KvWritePath p) override { return in_->kv_write(a, p); }
+  absl::Status reserve_kv_write(int64_t t, int64_t r) override { return in_->reserve_kv_write(t, r); }
+  absl::Status attention(const AttnArgs& a, AttentionPath p) override {
+    if (fail) return absl::InternalError("injected device failure");
+    return in_->attention(a, p);
+  }
+  absl::Status argmax_rows(const float* l, int64_t r, int64_t v, int32_t* t, int32_t* f) override {
+    return in_->argmax_rows(l, r, v, t, f);
+  }
+  absl::Status sample_rows(const float* l, int64_t r, int64_t v, const RowSampling* p, int32_t* t) override {
+    return in_->sample_rows(l, r, v, p, t);
+  }
+  absl::Status logprobs_rows(const float* l, int64_t r, int64_t v, const LogprobRow* q, const int32_t* g,
+                             const int32_t* s, const RowSampling* p, LogprobOut* o) override {
+    return in_->logprobs_rows(l, r, v, q, g, s, p, o);
+  }
+
+ private:
+  std::unique_ptr<Backend> in_;
+};
+
 }  // namespace
+
+TEST_CASE("tensor parallel (cpu): a rank that fails mid-step aborts the group; nobody waits forever",
+          "[tp][engine][errors]") {
+  nlohmann::json j = {{"model", "tiny"}, {"device", "cpu"}, {"num_pages", 64}, {"tensor_parallel", 2},
+                      {"tp_rendezvous_timeout_s", 600}};
+  auto cfg = config_from_json(j);
+  REQUIRE(cfg.ok());
+  auto owned = std::make_unique<FailingBackend>();
+  FailingBackend* rank0 = owned.get();
+  auto e = Engine::create(*cfg, std::move(owned));
+  REQUIRE(e.ok());
+  Engine& eng = **e;
+  REQUIRE(eng.add_sequence(1, prompt_of(20, 1, 1024), SamplingParams{}).ok());
+  REQUIRE(eng.step({StepItem{1, 20, true}}).ok());
+  // Rank 0 fails in layer 0's attention, after the ranks passed no collective yet this
+  // step; rank 1 reaches the O projection's all-reduce and must not wait there for ever
+  // (the group's timeout here is ten minutes: the abort is what ends the wait).
+  rank0->fail = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto failed = eng.step({StepItem{1, 1, true}});
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(s < 60);
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.status().code() == absl::StatusCode::kInternal);
+  CHECK_THAT(std::string(failed.status().message()), ContainsSubstring("injected device failure"));
+  // The group is gone: later steps say so instead of running a rank alone.
+  rank0->fail = false;
+  auto later = eng.step({StepItem{1, 1, true}});
+  REQUIRE_FALSE(later.ok());
+  CHECK_THAT(std::string(later.status().message()), ContainsSubstring("aborted"));
+  // Pages are still accounted for and freed.
+  REQUIRE(eng.release(1).ok());
+  CHECK(eng.pool().usage(PoolKind::full).used_pages == 0);
+}
 
 TEST_CASE("tensor parallel (cpu): tp 2 and 4 against tp 1, tiny and hybrid, fp8 and bf16 KV",
           "[tp][engine]") {
