@@ -33,6 +33,11 @@ using blasStatus_t = hipblasStatus_t;
 #define blasLtMatmulPreferenceSetAttribute hipblasLtMatmulPreferenceSetAttribute
 #define blasLtMatmulAlgoGetHeuristic hipblasLtMatmulAlgoGetHeuristic
 #define blasLtMatmul hipblasLtMatmul
+// The library's version, for the GEMM cache's key (an algorithm is the library's own).
+inline int blaslt_version(blasLtHandle_t h) {
+  int v = 0;
+  return hipblasLtGetVersion(h, &v) == HIPBLAS_STATUS_SUCCESS ? v : 0;
+}
 #else
 #include <cublasLt.h>
 #define KVFUSE_BLASLT_NAME "cuBLASLt"
@@ -64,4 +69,5 @@ using blasStatus_t = cublasStatus_t;
 #define blasLtMatmulPreferenceSetAttribute cublasLtMatmulPreferenceSetAttribute
 #define blasLtMatmulAlgoGetHeuristic cublasLtMatmulAlgoGetHeuristic
 #define blasLtMatmul cublasLtMatmul
+inline int blaslt_version(blasLtHandle_t) { return int(cublasLtGetVersion()); }
 #endif

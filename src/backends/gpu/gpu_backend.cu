@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -22,6 +23,7 @@
 #include "kernels/sampling.cuh"
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
+#include "src/backends/gemm_cache.h"
 #include "src/backends/gpu/blaslt.h"
 #include "src/common/status_macros.h"
 
@@ -337,6 +339,12 @@ class GpuBackend final : public Backend {
 #endif
     KVFUSE_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KVFUSE_BLAS(blasLtCreate(&blas_));
+#if defined(KVFUSE_HIP)
+    algo_device_ = absl::StrCat(prop.name, " ", prop.gcnArchName, " ", KVFUSE_BLASLT_NAME, " ", blaslt_version(blas_));
+#else
+    algo_device_ = absl::StrCat(prop.name, " sm_", prop.major, prop.minor, " ", KVFUSE_BLASLT_NAME, " ",
+                                blaslt_version(blas_));
+#endif
     auto ws = alloc(kBlasWorkspace);
     if (!ws.ok()) return ws.status();
     blas_workspace_ = std::move(*ws);
@@ -367,15 +375,33 @@ class GpuBackend final : public Backend {
   };
   // Decode-sized GEMMs (m <= kTuneMaxRows) are memory bound, and the library's first
   // heuristic choice is often not its fastest there: each such shape is timed once over
-  // the heuristic's candidates and the fastest kept. The choice is shared by every
-  // backend in the process (two engines A/B-ed side by side must run the same kernels
-  // to produce the same bytes). KVFUSE_GEMM_TUNE=0 keeps the first heuristic choice;
+  // the heuristic's candidates and the fastest kept. KVFUSE_GEMM_TUNE picks how:
+  // - graph (default): as a step runs it, kTuneCalls calls back to back in a CUDA/HIP
+  //   graph, each reading its own copy of the weights (as every layer of a step reads its
+  //   own), so they come from device memory and no launch gap or cache flush is counted;
+  // - isolated: each call alone after a write larger than the last-level cache (the older
+  //   method: the flush's tail and the launch land in the timing, and it ranked some
+  //   shapes wrongly — a gate/up choice 13% slower inside a graph);
+  // - 0: the heuristic's first choice, untimed.
+  // Choices are shared by every backend in the process and kept in the GEMM cache file
+  // (src/backends/gemm_cache.h: KVFUSE_GEMM_CACHE, default ~/.cache/kvfuse/gemm-algos.json),
+  // keyed by device, library version and shape, so that every process on the machine (two
+  // servers A/B-ed side by side) runs the same kernels and a restart does not tune again.
   // KVFUSE_GEMM_TUNE_LOG=1 prints each decision to stderr.
   static constexpr int64_t kTuneMaxRows = 512;
   static constexpr int kTuneCandidates = 8;
+  static constexpr int kTuneCalls = 16;
   // Twice the largest last-level cache kvfuse runs on: MI300X and MI355X have a 256 MB
   // Infinity Cache behind their L2 (an H200's L2 is 60 MB).
   static constexpr size_t kL2FlushBytes = size_t(512) << 20;
+  enum class TuneMode { off, graph, isolated };
+  static TuneMode tune_mode() {
+    const char* v = std::getenv("KVFUSE_GEMM_TUNE");
+    const std::string s = v == nullptr ? "" : v;
+    if (s == "0" || s == "off") return TuneMode::off;
+    if (s == "isolated") return TuneMode::isolated;
+    return TuneMode::graph;
+  }
   static std::mutex& tuned_mutex() {
     static std::mutex m;
     return m;
@@ -384,9 +410,77 @@ class GpuBackend final : public Backend {
     static auto* m = new std::map<std::pair<int, GemmKey>, blasLtMatmulAlgo_t>();
     return *m;
   }
+  static GemmAlgoCache& algo_cache() {
+    static auto* c = new GemmAlgoCache(GemmAlgoCache::default_path());
+    return *c;
+  }
   static bool env_flag(const char* name, bool dflt) {
     const char* v = std::getenv(name);
     return v == nullptr || *v == '\0' ? dflt : std::string(v) != "0";
+  }
+  GemmCacheKey cache_key(const GemmKey& k) const {
+    return GemmCacheKey{algo_device_, k.m, k.n, k.k, k.out_type == int(BLAS_R_32F) ? "f32" : "bf16"};
+  }
+
+  // Milliseconds per call of `algo`, timed as TuneMode::graph says; negative when the
+  // candidate cannot run. `weights` are the copies to rotate over.
+  float time_in_graph(GemmPlan& plan, const bf16_t* x, void* out, const blasLtMatmulAlgo_t& algo,
+                      const std::vector<const void*>& weights, cudaEvent_t e0, cudaEvent_t e1) {
+    const float alpha = 1.0f, beta = 0.0f;
+    auto call = [&](const void* w) {
+      return blasLtMatmul(blas_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.d, out, plan.d, &algo,
+                          blas_workspace_.get(), blas_workspace_.bytes(), stream_);
+    };
+    // Once eagerly: the candidate runs at all, and its kernel is loaded before the capture.
+    if (call(weights[0]) != BLAS_STATUS_SUCCESS || cudaStreamSynchronize(stream_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1.0f;
+    }
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1.0f;
+    bool ok = true;
+    for (int i = 0; i < kTuneCalls; ++i) ok = ok && call(weights[size_t(i) % weights.size()]) == BLAS_STATUS_SUCCESS;
+    cudaGraph_t graph = nullptr;
+    ok = cudaStreamEndCapture(stream_, &graph) == cudaSuccess && ok;
+    cudaGraphExec_t exec = nullptr;
+    ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    if (graph) (void)cudaGraphDestroy(graph);
+    float best = -1.0f;
+    // One warm replay, then the fastest of three: the others are the machine's noise.
+    for (int r = 0; r < 4 && ok; ++r) {
+      ok = cudaEventRecord(e0, stream_) == cudaSuccess && cudaGraphLaunch(exec, stream_) == cudaSuccess &&
+           cudaEventRecord(e1, stream_) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess;
+      float t_ms = 0.0f;
+      ok = ok && cudaEventElapsedTime(&t_ms, e0, e1) == cudaSuccess;
+      if (ok && r > 0 && (best < 0 || t_ms < best)) best = t_ms;
+    }
+    if (exec) (void)cudaGraphExecDestroy(exec);
+    if (!ok) {
+      (void)cudaGetLastError();
+      return -1.0f;
+    }
+    return best / float(kTuneCalls);
+  }
+
+  // The older method (TuneMode::isolated): each call alone after a cache flush.
+  float time_isolated(GemmPlan& plan, const bf16_t* x, void* out, const void* w, const blasLtMatmulAlgo_t& algo,
+                      cudaEvent_t e0, cudaEvent_t e1) {
+    const float alpha = 1.0f, beta = 0.0f;
+    auto launch = [&] {
+      return blasLtMatmul(blas_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.d, out, plan.d, &algo,
+                          blas_workspace_.get(), blas_workspace_.bytes(), stream_);
+    };
+    if (launch() != BLAS_STATUS_SUCCESS) return -1.0f;
+    float total = 0.0f;
+    bool ok = true;
+    for (int r = 0; r < 3 && ok; ++r) {
+      ok = cudaMemsetAsync(l2_flush_.get(), r, l2_flush_.bytes(), stream_) == cudaSuccess &&
+           cudaEventRecord(e0, stream_) == cudaSuccess && launch() == BLAS_STATUS_SUCCESS &&
+           cudaEventRecord(e1, stream_) == cudaSuccess;
+      float t_ms = 0.0f;
+      ok = ok && cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&t_ms, e0, e1) == cudaSuccess;
+      total += t_ms;
+    }
+    return ok ? total / 3.0f : -1.0f;
   }
 
   absl::StatusOr<GemmPlan*> gemm_plan(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
@@ -403,13 +497,26 @@ class GpuBackend final : public Backend {
     KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->b, BLAS_R_16BF, uint64_t(w.k), uint64_t(m), int64_t(w.k)));
     KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->d, out_type, uint64_t(w.n), uint64_t(m), int64_t(w.n)));
 
+    const TuneMode mode = capturing_ || m > kTuneMaxRows ? TuneMode::off : tune_mode();
     const std::pair<int, GemmKey> tuned_key{device_, key};
-    {
+    if (mode != TuneMode::off) {
       std::lock_guard<std::mutex> lock(tuned_mutex());
       auto it = tuned_algos().find(tuned_key);
       if (it != tuned_algos().end()) {
         plan->algo = it->second;
         return plans_.emplace(key, std::move(plan)).first->second.get();
+      }
+      // Another process's choice for this device, library and shape.
+      if (auto cached = algo_cache().find(cache_key(key)); cached && cached->algo.size() == sizeof(blasLtMatmulAlgo_t)) {
+        std::memcpy(&plan->algo, cached->algo.data(), sizeof(blasLtMatmulAlgo_t));
+        const float alpha = 1.0f, beta = 0.0f;
+        // It must run here (the file could come from another build of the same version).
+        if (blasLtMatmul(blas_, plan->desc, &alpha, w.w.get(), plan->a, x, plan->b, &beta, out, plan->d, out, plan->d,
+                         &plan->algo, blas_workspace_.get(), blas_workspace_.bytes(), stream_) == BLAS_STATUS_SUCCESS) {
+          tuned_algos().emplace(tuned_key, plan->algo);
+          return plans_.emplace(key, std::move(plan)).first->second.get();
+        }
+        (void)cudaGetLastError();
       }
     }
     struct Pref {
@@ -424,46 +531,37 @@ class GpuBackend final : public Backend {
         blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     blasLtMatmulHeuristicResult_t heur[kTuneCandidates] = {};
     int found_n = 0;
-    const bool tune = !capturing_ && m <= kTuneMaxRows && env_flag("KVFUSE_GEMM_TUNE", true);
     KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p,
-                                             tune ? kTuneCandidates : 1, heur, &found_n));
+                                             mode != TuneMode::off ? kTuneCandidates : 1, heur, &found_n));
     if (found_n == 0) {
       return absl::InternalError(
           absl::StrCat(KVFUSE_BLASLT_NAME, ": no algorithm for a ", m, "x", w.n, "x", w.k, " bf16 GEMM"));
     }
     int best = 0;
-    if (tune && found_n > 1) {
-      // Time each candidate on the real operands (the output is rewritten by the call
-      // that follows): one untimed run, then the mean of three, each after a write of
-      // more bytes than the L2 holds, so that the weights come from device memory as
-      // they do in a model step (a warm L2 favours other kernels for the small shapes).
+    std::vector<float> ms(size_t(found_n), -1.0f);
+    if (mode != TuneMode::off && found_n > 1) {
+      // Timed on the real operands (the output is rewritten by the call that follows).
       if (l2_flush_.bytes() == 0) {
         auto f = alloc(kL2FlushBytes);
         if (!f.ok()) return f.status();
         l2_flush_ = std::move(*f);
       }
-      std::vector<float> ms(size_t(found_n), -1.0f);
+      // The graph method's weight copies: the weights themselves, then as many copies as
+      // fit in the flush buffer (none for weights of its size or more).
+      std::vector<const void*> weights = {w.w.get()};
+      const size_t wbytes = w.w.bytes();
+      for (size_t at = 0; mode == TuneMode::graph && at + wbytes <= l2_flush_.bytes() && weights.size() < size_t(kTuneCalls);
+           at += wbytes) {
+        char* dst = l2_flush_.as<char>() + at;
+        KVFUSE_CUDA(cudaMemcpyAsync(dst, w.w.get(), wbytes, cudaMemcpyDeviceToDevice, stream_));
+        weights.push_back(dst);
+      }
       cudaEvent_t e0 = nullptr, e1 = nullptr;
       KVFUSE_CUDA(cudaEventCreate(&e0));
       KVFUSE_CUDA(cudaEventCreate(&e1));
-      const float alpha = 1.0f, beta = 0.0f;
       for (int c = 0; c < found_n; ++c) {
-        auto launch = [&] {
-          return blasLtMatmul(blas_, plan->desc, &alpha, w.w.get(), plan->a, x, plan->b, &beta, out, plan->d, out,
-                              plan->d, &heur[c].algo, blas_workspace_.get(), ws, stream_);
-        };
-        if (launch() != BLAS_STATUS_SUCCESS) continue;
-        float total = 0.0f;
-        bool ok = true;
-        for (int r = 0; r < 3 && ok; ++r) {
-          ok = cudaMemsetAsync(l2_flush_.get(), r, l2_flush_.bytes(), stream_) == cudaSuccess &&
-               cudaEventRecord(e0, stream_) == cudaSuccess && launch() == BLAS_STATUS_SUCCESS &&
-               cudaEventRecord(e1, stream_) == cudaSuccess;
-          float t_ms = 0.0f;
-          ok = ok && cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&t_ms, e0, e1) == cudaSuccess;
-          total += t_ms;
-        }
-        if (ok) ms[size_t(c)] = total / 3.0f;
+        ms[size_t(c)] = mode == TuneMode::graph ? time_in_graph(*plan, x, out, heur[c].algo, weights, e0, e1)
+                                                : time_isolated(*plan, x, out, w.w.get(), heur[c].algo, e0, e1);
       }
       KVFUSE_CUDA(cudaEventDestroy(e0));
       KVFUSE_CUDA(cudaEventDestroy(e1));
@@ -473,16 +571,29 @@ class GpuBackend final : public Backend {
       }
       if (env_flag("KVFUSE_GEMM_TUNE_LOG", false)) {
         std::fprintf(stderr,
-                     "kvfuse gemm tune %lldx%lldx%lld %s: %d candidates, heuristic first %.4f ms, chosen #%d "
+                     "kvfuse gemm tune (%s) %lldx%lldx%lld %s: %d candidates, heuristic first %.4f ms, chosen #%d "
                      "%.4f ms\n",
-                     (long long)m, (long long)w.n, (long long)w.k, out_type == BLAS_R_32F ? "f32" : "bf16", found_n,
-                     double(ms[0]), best, double(ms[size_t(best)]));
+                     mode == TuneMode::graph ? "graph" : "isolated", (long long)m, (long long)w.n, (long long)w.k,
+                     out_type == BLAS_R_32F ? "f32" : "bf16", found_n, double(ms[0]), best,
+                     double(ms[size_t(best)]));
       }
     }
     plan->algo = heur[best].algo;
-    if (tune) {
+    if (mode != TuneMode::off) {
       std::lock_guard<std::mutex> lock(tuned_mutex());
       tuned_algos().emplace(tuned_key, plan->algo);
+      if (mode == TuneMode::graph && found_n > 1 && ms[size_t(best)] >= 0) {
+        GemmCacheEntry e;
+        e.algo.resize(sizeof(blasLtMatmulAlgo_t));
+        std::memcpy(e.algo.data(), &plan->algo, sizeof(blasLtMatmulAlgo_t));
+        e.us = double(ms[size_t(best)]) * 1e3;
+        e.method = "graph";
+        if (absl::Status st = algo_cache().store(cache_key(key), e); !st.ok() && !cache_warned_) {
+          cache_warned_ = true;  // once: the choice still holds for this process
+          std::fprintf(stderr, "kvfuse: %s (GEMM choices are not shared with other processes)\n",
+                       std::string(st.message()).c_str());
+        }
+      }
     }
     return plans_.emplace(key, std::move(plan)).first->second.get();
   }
@@ -516,6 +627,8 @@ class GpuBackend final : public Backend {
   };
 
   std::string description_;
+  std::string algo_device_;  // the GEMM cache's device key: name, architecture, library and version
+  bool cache_warned_ = false;
   int device_ = 0;
   std::map<GemmKey, std::unique_ptr<GemmPlan>> plans_;
   bool fnuz_ = false;
