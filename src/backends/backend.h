@@ -3,7 +3,9 @@
 // handed to ops are in the backend's memory, allocated by alloc().
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -57,6 +59,20 @@ class DeviceBuffer {
   std::function<void(void*)> free_;
 };
 
+// Owned host memory from Backend::alloc_host: page-locked (pinned) on GPU backends, so a
+// copy_to_device from it is an asynchronous DMA. Move-only; frees through the backend
+// that made it. Deliberately not a DeviceBuffer: ops never take it.
+class HostBuffer : private DeviceBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(void* ptr, size_t bytes, std::function<void(void*)> free_fn)
+      : DeviceBuffer(ptr, bytes, std::move(free_fn)) {}
+  using DeviceBuffer::as;
+  using DeviceBuffer::bytes;
+  using DeviceBuffer::get;
+  using DeviceBuffer::reset;
+};
+
 // A recorded sequence of backend ops (a CUDA/HIP graph) that replays with the
 // arguments and buffers it was captured with; only the contents of those buffers change.
 class BackendGraph {
@@ -88,8 +104,23 @@ class Backend {
   virtual absl::Status check_supported(const ModelSpec& spec, KvFormat format) const = 0;
 
   virtual absl::StatusOr<DeviceBuffer> alloc(size_t bytes) = 0;
+  // Host memory for staging copies to the device, aligned to kHostAlign: page-locked on
+  // GPU backends; plain memory here (the CPU's "device" memory is host memory, so its
+  // copy_to_device is a memcpy either way).
+  static constexpr size_t kHostAlign = 256;
+  virtual absl::StatusOr<HostBuffer> alloc_host(size_t bytes) {
+    const size_t rounded = (std::max<size_t>(bytes, 1) + kHostAlign - 1) / kHostAlign * kHostAlign;
+    void* p = std::aligned_alloc(kHostAlign, rounded);
+    if (p == nullptr) return absl::ResourceExhaustedError("cannot allocate host staging memory");
+    return HostBuffer(p, bytes, [](void* q) { std::free(q); });
+  }
   virtual absl::Status memset(void* dst, int value, size_t bytes) = 0;
+  // Ordered on the backend's stream. From ordinary (pageable) host memory the copy has
+  // taken `src` by the time it returns. From alloc_host memory it may still be reading
+  // `src` after it returns, until the next synchronize() or copy_to_host(): the caller
+  // must not write those bytes before then.
   virtual absl::Status copy_to_device(void* dst, const void* src, size_t bytes) = 0;
+  // Waits for the stream: every op queued before it, and the copy, are done on return.
   virtual absl::Status copy_to_host(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status synchronize() = 0;
   // `rows` rows of `width_bytes` from src (rows `src_pitch` bytes apart) to dst (rows

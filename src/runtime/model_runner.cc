@@ -1,6 +1,7 @@
 #include "src/runtime/model_runner.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
@@ -9,7 +10,50 @@ namespace kvfuse {
 
 namespace {
 int32_t ceil_div(int64_t a, int64_t b) { return int32_t((a + b - 1) / b); }
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
+
+BatchMetaLayout BatchMetaLayout::for_limits(const ModelLimits& limits) {
+  const size_t T = size_t(std::max<int64_t>(limits.max_tokens, 0));
+  const size_t S = size_t(std::max<int32_t>(limits.max_seqs, 0));
+  const size_t P = size_t(std::max<int32_t>(limits.max_pages_per_seq, 0));
+  BatchMetaLayout m;
+  size_t at = 0;
+  auto place = [&](Slice& s, size_t bytes) {
+    s.offset = at;
+    s.capacity = bytes;
+    at = align_up(at + bytes, kAlign);
+  };
+  place(m.query_start, (S + 1) * sizeof(int32_t));
+  place(m.context_len, S * sizeof(int32_t));
+  place(m.logits_rows, S * sizeof(int32_t));
+  place(m.sampling, S * sizeof(RowSampling));
+  place(m.logprobs, S * sizeof(LogprobRow));
+  place(m.token_ids, T * sizeof(int32_t));
+  place(m.positions, T * sizeof(int32_t));
+  place(m.slot_mapping, T * sizeof(int64_t));
+  place(m.block_table_full, S * P * sizeof(int32_t));
+  place(m.block_table_swa, S * P * sizeof(int32_t));
+  place(m.extra_rows, T * sizeof(int32_t));
+  place(m.extra_logprobs, T * sizeof(LogprobRow));
+  m.total = std::max(at, kAlign);
+  return m;
+}
+
+std::vector<std::pair<const char*, BatchMetaLayout::Slice>> BatchMetaLayout::slices() const {
+  return {{"query_start", query_start},
+          {"context_len", context_len},
+          {"logits_rows", logits_rows},
+          {"sampling", sampling},
+          {"logprobs", logprobs},
+          {"token_ids", token_ids},
+          {"positions", positions},
+          {"slot_mapping", slot_mapping},
+          {"block_table_full", block_table_full},
+          {"block_table_swa", block_table_swa},
+          {"extra_rows", extra_rows},
+          {"extra_logprobs", extra_logprobs}};
+}
 
 absl::StatusOr<std::unique_ptr<ModelRunner>> ModelRunner::create(Backend& backend, Model& model,
                                                                  const ModelLimits& limits) {
@@ -26,7 +70,6 @@ absl::Status ModelRunner::init_workspace() {
   const RankDims& d = model_.dims();
   const int64_t T = limits_.max_tokens;
   const int64_t S = limits_.max_seqs;
-  const int64_t P = limits_.max_pages_per_seq;
   struct Want {
     DeviceBuffer* buf;
     size_t bytes;
@@ -40,26 +83,22 @@ absl::Status ModelRunner::init_workspace() {
       {&act_, size_t(T * d.intermediate) * 2},
       {&last_, size_t(S * s.hidden) * 2},
       {&logits_, size_t(S * s.vocab) * 4},
-      {&ids_, size_t(T) * 4},
-      {&pos_, size_t(T) * 4},
-      {&slots_, size_t(T) * 8},
-      {&qstart_, size_t(S + 1) * 4},
-      {&ctx_, size_t(S) * 4},
-      {&bt_full_, size_t(S * P) * 4},
-      {&bt_swa_, size_t(S * P) * 4},
-      {&rows_, size_t(S) * 4},
       {&argmax_, size_t(3 * S) * 4},
-      {&sampling_, size_t(S) * sizeof(RowSampling)},
-      {&lp_rows_, size_t(S) * sizeof(LogprobRow)},
-      {&extra_rows_, size_t(T) * 4},
-      {&extra_lp_, size_t(T) * sizeof(LogprobRow)},
       {&lp_out_, size_t(S + T) * sizeof(LogprobOut)},
+      {&meta_, meta_layout_.total},
   };
   for (const Want& w : wants) {
     auto b = backend_.alloc(w.bytes);
     if (!b.ok()) return b.status();
     *w.buf = std::move(*b);
   }
+  // Zeroed once, so the bytes of a slice a step does not fill (which the one copy of the
+  // used span may carry along) are never uninitialised memory.
+  auto staging = backend_.alloc_host(meta_layout_.total);
+  if (!staging.ok()) return staging.status();
+  meta_host_ = std::move(*staging);
+  std::memset(meta_host_.get(), 0, meta_layout_.total);
+  KVFUSE_RETURN_IF_ERROR(backend_.memset(meta_.get(), 0, meta_layout_.total));
   if (model_.tp() > 1) {
     // The vocab-parallel lm_head's slice and the gathered slices of every rank.
     for (auto [buf, rows] : {std::pair{&logits_shard_, S}, std::pair{&logits_gathered_, S * model_.tp()}}) {
@@ -85,9 +124,12 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
     return absl::InvalidArgumentError(absl::StrCat("forward: ", b.max_pages_per_seq,
                                                    " pages per sequence, limit ", limits_.max_pages_per_seq));
   }
+  // The SWA block table, when there is one, has the full one's shape (it lands in a slice
+  // sized like the full one's).
   if (b.positions.size() != size_t(T) || b.slot_mapping.size() != size_t(T) ||
       b.query_start.size() != size_t(S) + 1 ||
-      b.block_table_full.size() != size_t(S) * size_t(b.max_pages_per_seq)) {
+      b.block_table_full.size() != size_t(S) * size_t(b.max_pages_per_seq) ||
+      (!b.block_table_swa.empty() && b.block_table_swa.size() != b.block_table_full.size())) {
     return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
   }
   for (int32_t id : b.token_ids) {
@@ -96,25 +138,11 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
           absl::StrCat("forward: token id ", id, " outside the vocabulary [0, ", model_.spec().vocab, ")"));
     }
   }
-  auto up = [&](DeviceBuffer& dst, const auto& v) {
-    return backend_.copy_to_device(dst.get(), v.data(), v.size() * sizeof(v[0]));
-  };
-  KVFUSE_RETURN_IF_ERROR(up(ids_, b.token_ids));
-  KVFUSE_RETURN_IF_ERROR(up(pos_, b.positions));
-  KVFUSE_RETURN_IF_ERROR(up(slots_, b.slot_mapping));
-  KVFUSE_RETURN_IF_ERROR(up(qstart_, b.query_start));
-  KVFUSE_RETURN_IF_ERROR(up(ctx_, b.context_len));
-  KVFUSE_RETURN_IF_ERROR(up(bt_full_, b.block_table_full));
-  if (!b.block_table_swa.empty()) KVFUSE_RETURN_IF_ERROR(up(bt_swa_, b.block_table_swa));
-  KVFUSE_RETURN_IF_ERROR(up(rows_, b.logits_rows));
   if (!b.sampling.empty() && b.sampling.size() != b.logits_rows.size()) {
     return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
   }
-  if (!b.logprobs.empty()) {
-    if (b.logprobs.size() != b.logits_rows.size()) {
-      return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
-    }
-    KVFUSE_RETURN_IF_ERROR(up(lp_rows_, b.logprobs));
+  if (!b.logprobs.empty() && b.logprobs.size() != b.logits_rows.size()) {
+    return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
   }
   if (!b.extra_rows.empty()) {
     if (b.extra_logprobs.size() != b.extra_rows.size() || int64_t(b.extra_rows.size()) > T) {
@@ -127,16 +155,50 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
             absl::StrCat("forward: logprobs row ", row, " with target ", target, " is out of range"));
       }
     }
-    KVFUSE_RETURN_IF_ERROR(up(extra_rows_, b.extra_rows));
-    KVFUSE_RETURN_IF_ERROR(up(extra_lp_, b.extra_logprobs));
   }
-  if (b.sampling.empty()) {
-    // Every row greedy.
-    sampling_host_.assign(b.logits_rows.size(), RowSampling{});
-    KVFUSE_RETURN_IF_ERROR(up(sampling_, sampling_host_));
-  } else {
-    KVFUSE_RETURN_IF_ERROR(up(sampling_, b.sampling));
+
+  // The previous step's copy may still be reading the staging buffer only if that step
+  // failed before read_back synchronised (see meta_in_flight_).
+  if (meta_in_flight_) {
+    KVFUSE_RETURN_IF_ERROR(backend_.synchronize());
+    meta_in_flight_ = false;
   }
+  char* host = meta_host_.as<char>();
+  size_t used_end = 0;
+  auto put = [&](const BatchMetaLayout::Slice& s, const void* src, size_t bytes) -> absl::Status {
+    if (bytes > s.capacity) {  // the checks above bound every size by the limits
+      return absl::InternalError(
+          absl::StrCat("forward: ", bytes, " bytes of metadata for a slice of ", s.capacity));
+    }
+    if (bytes == 0) return absl::OkStatus();
+    std::memcpy(host + s.offset, src, bytes);
+    used_end = std::max(used_end, s.offset + bytes);
+    return absl::OkStatus();
+  };
+  auto put_vec = [&](const BatchMetaLayout::Slice& s, const auto& v) {
+    return put(s, v.data(), v.size() * sizeof(v[0]));
+  };
+  const BatchMetaLayout& L = meta_layout_;
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.query_start, b.query_start));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.context_len, b.context_len));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.logits_rows, b.logits_rows));
+  if (b.sampling.empty()) sampling_host_.assign(b.logits_rows.size(), RowSampling{});  // every row greedy
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.sampling, b.sampling.empty() ? sampling_host_ : b.sampling));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.logprobs, b.logprobs));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.token_ids, b.token_ids));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.positions, b.positions));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.slot_mapping, b.slot_mapping));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.block_table_full, b.block_table_full));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.block_table_swa, b.block_table_swa));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.extra_rows, b.extra_rows));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.extra_logprobs, b.extra_logprobs));
+
+  // One copy, offset 0 (query_start, always used) to the last used byte; the unused
+  // tails of the slices inside that span carry whatever the staging buffer holds there,
+  // which no kernel reads.
+  last_upload_bytes_ = used_end;
+  KVFUSE_RETURN_IF_ERROR(backend_.copy_to_device(meta_.get(), host, used_end));
+  meta_in_flight_ = true;
   return absl::OkStatus();
 }
 
@@ -213,22 +275,23 @@ void ModelRunner::pad_for_graph(const ForwardBatch& in, int32_t ps, ForwardBatch
 }
 
 absl::Status ModelRunner::run_model(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts) {
+  const BatchMetaLayout& L = meta_layout_;
   DecoderPass p;
-  p.token_ids = ids_.as<int32_t>();
-  p.positions = pos_.as<int32_t>();
-  p.slot_mapping = slots_.as<int64_t>();
+  p.token_ids = meta<int32_t>(L.token_ids);
+  p.positions = meta<int32_t>(L.positions);
+  p.slot_mapping = meta<int64_t>(L.slot_mapping);
   p.batch.num_seqs = b.num_seqs();
   p.batch.num_tokens = b.num_tokens();
-  p.batch.query_start = qstart_.as<int32_t>();
-  p.batch.context_len = ctx_.as<int32_t>();
+  p.batch.query_start = meta<int32_t>(L.query_start);
+  p.batch.context_len = meta<int32_t>(L.context_len);
   p.batch.max_pages_per_seq = b.max_pages_per_seq;
   p.batch.max_query_len = b.max_query_len;
   p.batch.max_context_len = b.max_context_len;
-  p.block_table_full = bt_full_.as<int32_t>();
-  p.block_table_swa = bt_swa_.as<int32_t>();
-  p.logits_rows = rows_.as<int32_t>();
+  p.block_table_full = meta<int32_t>(L.block_table_full);
+  p.block_table_swa = meta<int32_t>(L.block_table_swa);
+  p.logits_rows = meta<int32_t>(L.logits_rows);
   p.num_logits_rows = int64_t(b.logits_rows.size());
-  p.sampling = sampling_.as<RowSampling>();
+  p.sampling = meta<RowSampling>(L.sampling);
   p.x = x_.as<bf16_t>();
   p.h = h_.as<bf16_t>();
   p.qkv = qkv_.as<bf16_t>();
@@ -240,9 +303,9 @@ absl::Status ModelRunner::run_model(const ForwardBatch& b, KvPool& pool, const F
   p.logits_shard = logits_shard_.as<float>();
   p.logits_gathered = logits_gathered_.as<float>();
   p.tokens = argmax_.as<int32_t>();
-  p.logprobs = b.logprobs.empty() ? nullptr : lp_rows_.as<LogprobRow>();
-  p.extra_rows = extra_rows_.as<int32_t>();
-  p.extra_logprobs = extra_lp_.as<LogprobRow>();
+  p.logprobs = b.logprobs.empty() ? nullptr : meta<LogprobRow>(L.logprobs);
+  p.extra_rows = meta<int32_t>(L.extra_rows);
+  p.extra_logprobs = meta<LogprobRow>(L.extra_logprobs);
   p.num_extra_rows = int64_t(b.extra_rows.size());
   p.logits_capacity = limits_.max_seqs;
   p.logprob_out = lp_out_.as<LogprobOut>();
@@ -305,11 +368,16 @@ absl::Status ModelRunner::run(const ForwardBatch& in, KvPool& pool, const Forwar
     KVFUSE_RETURN_IF_ERROR(run_model(*b, pool, opts));
     if (pad) ++graph_stats_.padded_eager;
   }
-  return read_back(in, *b, pad, out);
+  KVFUSE_RETURN_IF_ERROR(read_back(in, *b, pad, out));
+  // read_back succeeds only after the stream is synchronised: the metadata copy is done.
+  meta_in_flight_ = false;
+  return absl::OkStatus();
 }
 
 absl::Status ModelRunner::read_back(const ForwardBatch& in, const ForwardBatch& ran, bool padded,
                                     ForwardResult& out) {
+  // Every successful return below has synchronised the stream (synchronize, or
+  // copy_to_host, which waits): run() relies on it to reuse the metadata staging buffer.
   if (model_.shard().rank != 0) {
     // Tokens, logits and logprobs are rank 0's; the others only report their own errors.
     const bool graph = out.graph;

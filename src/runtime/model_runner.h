@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -79,6 +80,41 @@ struct ModelLimits {
   int32_t max_pages_per_seq = 0;
 };
 
+// Where each piece of a step's batch metadata lives: byte offsets into the runner's one
+// device buffer of metadata and into its host staging buffer, which is laid out the same
+// so that a step uploads with one copy. Fixed by the limits (each slice sized for the
+// largest step) and never moved, since captured graphs hold the slices' addresses; every
+// slice starts on a kAlign boundary. A slice's bytes in a step are its prefix.
+//
+// Order: what every step uses first, smallest first — the per-sequence slices, then the
+// per-token ones, then the block tables (the SWA one only on models with SWA layers) —
+// and last the extra rows that only prompt-logprob steps use, so the used span of a
+// decode step (offset 0 to its last used byte) skips the slices it does not use at the end.
+struct BatchMetaLayout {
+  static constexpr size_t kAlign = 256;
+  struct Slice {
+    size_t offset = 0;
+    size_t capacity = 0;  // bytes
+  };
+  Slice query_start;       // [max_seqs + 1] int32
+  Slice context_len;       // [max_seqs] int32
+  Slice logits_rows;       // [max_seqs] int32
+  Slice sampling;          // [max_seqs] RowSampling
+  Slice logprobs;          // [max_seqs] LogprobRow
+  Slice token_ids;         // [max_tokens] int32
+  Slice positions;         // [max_tokens] int32
+  Slice slot_mapping;      // [max_tokens] int64
+  Slice block_table_full;  // [max_seqs * max_pages_per_seq] int32
+  Slice block_table_swa;   // [max_seqs * max_pages_per_seq] int32
+  Slice extra_rows;        // [max_tokens] int32
+  Slice extra_logprobs;    // [max_tokens] LogprobRow
+  size_t total = 0;        // bytes of the whole buffer, a multiple of kAlign
+
+  static BatchMetaLayout for_limits(const ModelLimits& limits);
+  // Every slice with its name, in buffer order.
+  std::vector<std::pair<const char*, Slice>> slices() const;
+};
+
 class ModelRunner {
  public:
   // Allocates the working memory of a pass for `limits` (all positive).
@@ -101,6 +137,9 @@ class ModelRunner {
   absl::Status run(const ForwardBatch& batch, KvPool& pool, const ForwardOptions& opts, ForwardResult& out);
 
   const GraphStats& graph_stats() const { return graph_stats_; }
+  const BatchMetaLayout& meta_layout() const { return meta_layout_; }
+  // Bytes the last step's one metadata copy moved (its used span of the layout).
+  size_t last_upload_bytes() const { return last_upload_bytes_; }
   // Buckets: up to 4 sequences a power of two, then multiples of 8 up to 64, of 32 up to
   // 256, of 64 beyond; never above the limits. Context: a power of two from 512 to
   // 4096 keys, then a multiple of 4096; at most max_pages_per_seq pages.
@@ -109,9 +148,19 @@ class ModelRunner {
 
  private:
   ModelRunner(Backend& backend, Model& model, ModelLimits limits)
-      : backend_(backend), model_(model), limits_(limits) {}
+      : backend_(backend),
+        model_(model),
+        limits_(limits),
+        meta_layout_(BatchMetaLayout::for_limits(limits)) {}
   absl::Status init_workspace();
+  // Validates the batch, packs its metadata into the staging buffer and queues the one
+  // copy of the used span to the device.
   absl::Status upload_batch(const ForwardBatch& b);
+  // A slice of the device metadata buffer.
+  template <class T>
+  T* meta(const BatchMetaLayout::Slice& s) const {
+    return reinterpret_cast<T*>(meta_.as<char>() + s.offset);
+  }
   // The pass over the uploaded batch `b`: every op after the upload, what a graph holds.
   absl::Status run_model(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts);
   void pad_for_graph(const ForwardBatch& in, int32_t page_size, ForwardBatch& out) const;
@@ -142,15 +191,26 @@ class ModelRunner {
   std::vector<int32_t> host_rows_;          // tokens, finite flags, sampled tokens of every computed row
   std::vector<RowSampling> sampling_host_;  // all-greedy parameters when a batch brings none
 
+  // The step's metadata: one device buffer, sliced by meta_layout_, and its host staging
+  // copy (pinned on GPUs), each this runner's own (tensor-parallel ranks run their
+  // runners at once, on their threads). The copy from the staging buffer is asynchronous
+  // on GPUs, so the buffer must not be rewritten while it may be in flight: every
+  // successful step ends in read_back, which synchronises the stream, so the next step
+  // finds it free; a step that failed after queueing its copy leaves meta_in_flight_
+  // set, and the next upload synchronises first. A path that skips that synchronisation
+  // (overlapping the next step's packing with this step's kernels) would need two
+  // staging buffers used in turn.
+  BatchMetaLayout meta_layout_;
+  DeviceBuffer meta_;
+  HostBuffer meta_host_;
+  bool meta_in_flight_ = false;
+  size_t last_upload_bytes_ = 0;
+
   // Working memory, sized for limits_.
   DeviceBuffer x_, h_, qkv_, attn_, gate_up_, act_, last_, logits_;
   DeviceBuffer logits_shard_, logits_gathered_;  // tensor parallelism only
-  DeviceBuffer ids_, pos_, slots_, qstart_, ctx_, bt_full_, bt_swa_, rows_;
-  DeviceBuffer argmax_;    // [3, rows] int32: greedy tokens, finiteness flags, sampled tokens
-  DeviceBuffer sampling_;  // [max_seqs] RowSampling
-  DeviceBuffer lp_rows_;   // [max_seqs] LogprobRow
-  DeviceBuffer extra_rows_, extra_lp_;  // [max_tokens] int32, LogprobRow
-  DeviceBuffer lp_out_;    // [max_seqs + max_tokens] LogprobOut
+  DeviceBuffer argmax_;  // [3, rows] int32: greedy tokens, finiteness flags, sampled tokens
+  DeviceBuffer lp_out_;  // [max_seqs + max_tokens] LogprobOut
   std::vector<LogprobOut> lp_host_;
 };
 

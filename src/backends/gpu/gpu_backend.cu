@@ -105,6 +105,21 @@ class GpuBackend final : public Backend {
     }
     return DeviceBuffer(p, bytes, [](void* q) { (void)cudaFree(q); });  // a deleter cannot report
   }
+  // Page-locked, so that a copy_to_device from it is a true asynchronous DMA (from
+  // pageable memory the runtime stages the bytes through its own pinned buffer first,
+  // on the host's time). Portable: pinned for every device's context, not only this one.
+  absl::StatusOr<HostBuffer> alloc_host(size_t bytes) override {
+    KVFUSE_RETURN_IF_ERROR(bind_if_needed());
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("%s: cannot allocate %.1f KiB of pinned host memory (%s)", KVFUSE_GPU_VENDOR,
+                          double(bytes) / 1024.0, cudaGetErrorString(err)));
+    }
+    return HostBuffer(p, bytes, [](void* q) { (void)cudaFreeHost(q); });  // a deleter cannot report
+  }
   absl::Status memset(void* dst, int value, size_t bytes) override {
     KVFUSE_RETURN_IF_ERROR(bind_if_needed());
     KVFUSE_CUDA(cudaMemsetAsync(dst, value, bytes, stream_));
@@ -112,7 +127,8 @@ class GpuBackend final : public Backend {
   }
   absl::Status copy_to_device(void* dst, const void* src, size_t bytes) override {
     // From pageable host memory the copy has taken the source by the time it returns,
-    // so the caller may reuse its buffer at once.
+    // so the caller may reuse its buffer at once; from pinned memory (alloc_host) it has
+    // not: the source must stay untouched until the stream is synchronised.
     KVFUSE_RETURN_IF_ERROR(bind_if_needed());
     if (bytes) KVFUSE_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     return absl::OkStatus();
