@@ -189,7 +189,16 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
   KVFUSE_RETURN_IF_ERROR(put_vec(L.positions, b.positions));
   KVFUSE_RETURN_IF_ERROR(put_vec(L.slot_mapping, b.slot_mapping));
   KVFUSE_RETURN_IF_ERROR(put_vec(L.block_table_full, b.block_table_full));
-  KVFUSE_RETURN_IF_ERROR(put_vec(L.block_table_swa, b.block_table_swa));
+  // The SWA block table goes right after the full one's used part, not at its own slice's
+  // start: a decode step then copies the two tables' used bytes, not the full table's
+  // unused tail (megabytes at large limits). Its offset depends only on the full table's
+  // size (sequences x pages), which a graph's key fixes, so a replay finds it where the
+  // capture did. It stays inside the two tables' slices.
+  swa_table_offset_ = L.block_table_full.offset + align_up(b.block_table_full.size() * sizeof(int32_t),
+                                                           BatchMetaLayout::kAlign);
+  const BatchMetaLayout::Slice swa{swa_table_offset_,
+                                   L.block_table_swa.offset + L.block_table_swa.capacity - swa_table_offset_};
+  KVFUSE_RETURN_IF_ERROR(put_vec(swa, b.block_table_swa));
   KVFUSE_RETURN_IF_ERROR(put_vec(L.extra_rows, b.extra_rows));
   KVFUSE_RETURN_IF_ERROR(put_vec(L.extra_logprobs, b.extra_logprobs));
 
@@ -288,7 +297,7 @@ absl::Status ModelRunner::run_model(const ForwardBatch& b, KvPool& pool, const F
   p.batch.max_query_len = b.max_query_len;
   p.batch.max_context_len = b.max_context_len;
   p.block_table_full = meta<int32_t>(L.block_table_full);
-  p.block_table_swa = meta<int32_t>(L.block_table_swa);
+  p.block_table_swa = reinterpret_cast<int32_t*>(meta_.as<char>() + swa_table_offset_);  // upload_batch's
   p.logits_rows = meta<int32_t>(L.logits_rows);
   p.num_logits_rows = int64_t(b.logits_rows.size());
   p.sampling = meta<RowSampling>(L.sampling);

@@ -105,7 +105,8 @@ struct BatchMetaLayout {
   Slice positions;         // [max_tokens] int32
   Slice slot_mapping;      // [max_tokens] int64
   Slice block_table_full;  // [max_seqs * max_pages_per_seq] int32
-  Slice block_table_swa;   // [max_seqs * max_pages_per_seq] int32
+  Slice block_table_swa;   // [max_seqs * max_pages_per_seq] int32 of room: a step's SWA table starts
+                           // right after the full table's used part, inside these two slices
   Slice extra_rows;        // [max_tokens] int32
   Slice extra_logprobs;    // [max_tokens] LogprobRow
   size_t total = 0;        // bytes of the whole buffer, a multiple of kAlign
@@ -204,6 +205,7 @@ class ModelRunner {
   DeviceBuffer meta_;
   HostBuffer meta_host_;
   bool meta_in_flight_ = false;
+  size_t swa_table_offset_ = 0;  // this step's SWA block table (after the full table's used part)
   size_t last_upload_bytes_ = 0;
 
   // Working memory, sized for limits_.
