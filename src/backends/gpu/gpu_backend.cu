@@ -109,6 +109,10 @@ class GpuBackend final : public Backend {
   // pageable memory the runtime stages the bytes through its own pinned buffer first,
   // on the host's time). Portable: pinned for every device's context, not only this one.
   absl::StatusOr<HostBuffer> alloc_host(size_t bytes) override {
+    // KVFUSE_PINNED_HOST=0: ordinary memory instead (an A/B of the staging copy: the
+    // runtime may carry a small pageable copy inside its command stream, where a pinned
+    // one takes the copy engine).
+    if (!env_flag("KVFUSE_PINNED_HOST", true)) return Backend::alloc_host(bytes);
     KVFUSE_RETURN_IF_ERROR(bind_if_needed());
     void* p = nullptr;
     const cudaError_t err = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
