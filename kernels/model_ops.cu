@@ -33,6 +33,8 @@ KVFUSE_DEVICE float block_inv_rms(float ss, int64_t cols, float eps, float* part
 // One block per row: fp32 sum of squares, then x * rsqrt(mean + eps) * w.
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     rmsnorm_kernel(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps, bf16_t* out) {
+  grid_dependency_wait();  // PDL: the inputs come from the kernel before
+  launch_dependents();
   __shared__ float partial[kThreads / kWarpSize + 1];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const bf16_t* xr = x + row * cols;
@@ -60,6 +62,8 @@ KVFUSE_DEVICE bool aligned_16B(const void* p) { return (reinterpret_cast<uintptr
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     add_rmsnorm_kernel(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                        bf16_t* out) {
+  grid_dependency_wait();  // PDL: the inputs come from the kernel before
+  launch_dependents();
   __shared__ float partial[kThreads / kWarpSize + 1];
   const bool vec = cols % 8 == 0 && cols <= int64_t(8) * kNormVec * blockDim.x && aligned_16B(x) &&
                    aligned_16B(y) && aligned_16B(w) && aligned_16B(out);
@@ -130,6 +134,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     rope_kernel(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride, int32_t kv_heads,
                 int32_t head_dim, const int32_t* positions, int64_t n, const float* __restrict__ inv_freq,
                 float attention_scaling) {
+  grid_dependency_wait();  // PDL: the inputs come from the kernel before
+  launch_dependents();
   const int32_t half = head_dim / 2;
   const int64_t heads = int64_t(q_heads) + kv_heads;
   const int64_t total = n * heads * half;
@@ -149,6 +155,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
 
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     silu_mul_kernel(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) {
+  grid_dependency_wait();  // PDL: the inputs come from the kernel before
+  launch_dependents();
   const int64_t total = n * inter;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -161,6 +169,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
 
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     residual_add_kernel(bf16_t* x, const bf16_t* y, int64_t count) {
+  grid_dependency_wait();  // PDL: the inputs come from the kernel before
+  launch_dependents();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
     x[i] = f32_to_bf16(ld(x, i) + ld(y, i));
@@ -171,6 +181,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
 // rows the token ids).
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     gather_rows_kernel(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out) {
+  grid_dependency_wait();  // PDL: the inputs come from the kernel before
+  launch_dependents();
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const bf16_t* src = x + int64_t(rows[r]) * cols;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) out[r * cols + c] = src[c];
@@ -179,6 +191,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
 
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     bias_round_kernel(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out) {
+  grid_dependency_wait();  // PDL: the inputs come from the kernel before
+  launch_dependents();
   const int64_t total = m * n;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
@@ -188,6 +202,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
 
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     bf16_to_f32_kernel(const bf16_t* x, int64_t count, float* out) {
+  grid_dependency_wait();  // PDL: the inputs come from the kernel before
+  launch_dependents();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += int64_t(gridDim.x) * blockDim.x) {
     out[i] = ld(x, i);
@@ -206,6 +222,8 @@ KVFUSE_DEVICE void argmax_merge(float& v, int32_t& i, float ov, int32_t oi) {
 }
 __global__ void KVFUSE_LAUNCH_BOUNDS(kArgmaxThreads, 1)
     argmax_rows_kernel(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, int32_t* finite) {
+  grid_dependency_wait();  // PDL: the inputs come from the kernel before
+  launch_dependents();
   __shared__ float sv[kArgmaxThreads / kWarpSize];
   __shared__ int32_t si[kArgmaxThreads / kWarpSize];
   __shared__ int32_t snan;
@@ -253,69 +271,69 @@ unsigned row_blocks(int64_t rows) { return rows < 65535 ? unsigned(rows < 1 ? 1 
 }  // namespace
 
 cudaError_t launch_embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool pdl) {
   if (n <= 0) return cudaSuccess;
-  return launch_kernel(gather_rows_kernel, row_blocks(n), kThreads, stream, false, table, hidden, ids, n, out);
+  return launch_kernel(gather_rows_kernel, row_blocks(n), kThreads, stream, pdl, table, hidden, ids, n, out);
 }
 
 cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
-                           bf16_t* out, cudaStream_t stream) {
+                           bf16_t* out, cudaStream_t stream, bool pdl) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(rmsnorm_kernel, row_blocks(rows), kThreads, stream, false, x, w, rows, cols, eps, out);
+  return launch_kernel(rmsnorm_kernel, row_blocks(rows), kThreads, stream, pdl, x, w, rows, cols, eps, out);
 }
 
 cudaError_t launch_add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
-                               bf16_t* out, cudaStream_t stream) {
+                               bf16_t* out, cudaStream_t stream, bool pdl) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(add_rmsnorm_kernel, row_blocks(rows), kThreads, stream, false, x, y, w, rows, cols, eps,
+  return launch_kernel(add_rmsnorm_kernel, row_blocks(rows), kThreads, stream, pdl, x, y, w, rows, cols, eps,
                        out);
 }
 
 cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
                              int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
-                             const float* inv_freq, float attention_scaling, cudaStream_t stream) {
+                             const float* inv_freq, float attention_scaling, cudaStream_t stream, bool pdl) {
   const int64_t total = n * (int64_t(q_heads) + kv_heads) * (head_dim / 2);
   if (total <= 0) return cudaSuccess;
-  return launch_kernel(rope_kernel, elementwise_blocks(total), kThreads, stream, false, q, q_stride, q_heads,
+  return launch_kernel(rope_kernel, elementwise_blocks(total), kThreads, stream, pdl, q, q_stride, q_heads,
                        k, k_stride, kv_heads, head_dim, positions, n, inv_freq, attention_scaling);
 }
 
 cudaError_t launch_silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool pdl) {
   if (n * inter <= 0) return cudaSuccess;
-  return launch_kernel(silu_mul_kernel, elementwise_blocks(n * inter), kThreads, stream, false, gate_up, n,
+  return launch_kernel(silu_mul_kernel, elementwise_blocks(n * inter), kThreads, stream, pdl, gate_up, n,
                        inter, out);
 }
 
-cudaError_t launch_residual_add(bf16_t* x, const bf16_t* y, int64_t count, cudaStream_t stream) {
+cudaError_t launch_residual_add(bf16_t* x, const bf16_t* y, int64_t count, cudaStream_t stream, bool pdl) {
   if (count <= 0) return cudaSuccess;
-  return launch_kernel(residual_add_kernel, elementwise_blocks(count), kThreads, stream, false, x, y, count);
+  return launch_kernel(residual_add_kernel, elementwise_blocks(count), kThreads, stream, pdl, x, y, count);
 }
 
 cudaError_t launch_gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, bool pdl) {
   if (n <= 0) return cudaSuccess;
-  return launch_kernel(gather_rows_kernel, row_blocks(n), kThreads, stream, false, x, cols, rows, n, out);
+  return launch_kernel(gather_rows_kernel, row_blocks(n), kThreads, stream, pdl, x, cols, rows, n, out);
 }
 
 cudaError_t launch_bias_round(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, bool pdl) {
   if (m * n <= 0) return cudaSuccess;
-  return launch_kernel(bias_round_kernel, elementwise_blocks(m * n), kThreads, stream, false, y, bias, m, n,
+  return launch_kernel(bias_round_kernel, elementwise_blocks(m * n), kThreads, stream, pdl, y, bias, m, n,
                        out);
 }
 
 cudaError_t launch_argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
-                               int32_t* finite, cudaStream_t stream) {
+                               int32_t* finite, cudaStream_t stream, bool pdl) {
   if (rows <= 0 || vocab <= 0) return cudaSuccess;
   if (vocab > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_kernel(argmax_rows_kernel, row_blocks(rows), kArgmaxThreads, stream, false, logits, rows, vocab,
+  return launch_kernel(argmax_rows_kernel, row_blocks(rows), kArgmaxThreads, stream, pdl, logits, rows, vocab,
                        tokens, finite);
 }
 
-cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream) {
+cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream, bool pdl) {
   if (count <= 0) return cudaSuccess;
-  return launch_kernel(bf16_to_f32_kernel, elementwise_blocks(count), kThreads, stream, false, x, count, out);
+  return launch_kernel(bf16_to_f32_kernel, elementwise_blocks(count), kThreads, stream, pdl, x, count, out);
 }
 
 }  // namespace kvfuse::gpu

@@ -3,6 +3,10 @@
 // one bf16 rounding per result. Results differ from the CPU only by summation order
 // (rmsnorm's reduction) and by the device's sin/cos/exp (rope, silu): within one bf16
 // ulp of the reference, which tests/gpu checks.
+//
+// `pdl`: launch as a programmatic dependent of the kernel before (CUDA sm_90+; ignored
+// on HIP). Every kernel here waits for its predecessor's completion before it touches
+// memory, so any predecessor is safe; the gain is the launch overlapping its tail.
 #pragma once
 
 #include "kernels/bf16.h"
@@ -11,31 +15,31 @@
 namespace kvfuse::gpu {
 
 cudaError_t launch_embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out,
-                             cudaStream_t stream);
+                             cudaStream_t stream, bool pdl = false);
 cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
-                           bf16_t* out, cudaStream_t stream);
+                           bf16_t* out, cudaStream_t stream, bool pdl = false);
 // x = bf16(x + y) (the residual add), then out = rmsnorm(x) * w: launch_residual_add and
 // launch_rmsnorm in one kernel, with x's bytes exactly theirs. out may alias y.
 cudaError_t launch_add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
-                               bf16_t* out, cudaStream_t stream);
+                               bf16_t* out, cudaStream_t stream, bool pdl = false);
 cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
                              int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
-                             const float* inv_freq, float attention_scaling, cudaStream_t stream);
+                             const float* inv_freq, float attention_scaling, cudaStream_t stream, bool pdl = false);
 cudaError_t launch_silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out,
-                            cudaStream_t stream);
-cudaError_t launch_residual_add(bf16_t* x, const bf16_t* y, int64_t count, cudaStream_t stream);
+                            cudaStream_t stream, bool pdl = false);
+cudaError_t launch_residual_add(bf16_t* x, const bf16_t* y, int64_t count, cudaStream_t stream, bool pdl = false);
 // out[i, :] = x[rows[i], :]
 cudaError_t launch_gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out,
-                               cudaStream_t stream);
+                               cudaStream_t stream, bool pdl = false);
 // out[m, n] = bf16(y[m, n] + bias[n]) from an fp32 GEMM result: one rounding, as the
 // CPU reference's linear does (sgemm, add the bias, round).
 cudaError_t launch_bias_round(const float* y, const float* bias, int64_t m, int64_t n, bf16_t* out,
-                              cudaStream_t stream);
+                              cudaStream_t stream, bool pdl = false);
 // Per row of fp32 logits [rows, vocab]: tokens[row] = the first index of the maximum
 // (greedy sampling, kvfuse::argmax's rule), finite[row] = 1 if every value is finite.
 cudaError_t launch_argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
-                               int32_t* finite, cudaStream_t stream);
+                               int32_t* finite, cudaStream_t stream, bool pdl = false);
 // bf16 <-> fp32 conversions.
-cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream);
+cudaError_t launch_bf16_to_f32(const bf16_t* x, int64_t count, float* out, cudaStream_t stream, bool pdl = false);
 
 }  // namespace kvfuse::gpu

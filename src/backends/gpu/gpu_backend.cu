@@ -196,11 +196,11 @@ class GpuBackend final : public Backend {
 
   absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
                          bf16_t* out) override {
-    return cuda_status(gpu::launch_embedding(ids, n, table, hidden, out, stream_), "embedding");
+    return cuda_status(gpu::launch_embedding(ids, n, table, hidden, out, stream_, ops_pdl_), "embedding");
   }
   absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                        bf16_t* out) override {
-    return cuda_status(gpu::launch_rmsnorm(x, w, rows, cols, eps, out, stream_), "rmsnorm");
+    return cuda_status(gpu::launch_rmsnorm(x, w, rows, cols, eps, out, stream_, ops_pdl_), "rmsnorm");
   }
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
     if (!w.bias.get()) return gemm(x, m, w, out, BLAS_R_16BF);
@@ -208,7 +208,7 @@ class GpuBackend final : public Backend {
     KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(m * w.n) * sizeof(float), "linear: fp32"));
     KVFUSE_RETURN_IF_ERROR(gemm(x, m, w, gemm_f32_.get(), BLAS_R_32F));
     return cuda_status(
-        gpu::launch_bias_round(gemm_f32_.as<float>(), w.bias.as<float>(), m, w.n, out, stream_),
+        gpu::launch_bias_round(gemm_f32_.as<float>(), w.bias.as<float>(), m, w.n, out, stream_, ops_pdl_),
         "bias_round");
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
@@ -218,22 +218,22 @@ class GpuBackend final : public Backend {
                     int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
                     const float* inv_freq, float attention_scaling) override {
     return cuda_status(gpu::launch_rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions,
-                                             n, inv_freq, attention_scaling, stream_),
+                                             n, inv_freq, attention_scaling, stream_, ops_pdl_),
                        "rope");
   }
   absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
-    return cuda_status(gpu::launch_silu_mul(gate_up, n, inter, out, stream_), "silu_mul");
+    return cuda_status(gpu::launch_silu_mul(gate_up, n, inter, out, stream_, ops_pdl_), "silu_mul");
   }
   absl::Status add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                            bf16_t* out) override {
-    return cuda_status(gpu::launch_add_rmsnorm(x, y, w, rows, cols, eps, out, stream_), "add_rmsnorm");
+    return cuda_status(gpu::launch_add_rmsnorm(x, y, w, rows, cols, eps, out, stream_, ops_pdl_), "add_rmsnorm");
   }
   absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) override {
-    return cuda_status(gpu::launch_residual_add(x, y, count, stream_), "residual_add");
+    return cuda_status(gpu::launch_residual_add(x, y, count, stream_, ops_pdl_), "residual_add");
   }
   absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
                            bf16_t* out) override {
-    return cuda_status(gpu::launch_gather_rows(x, cols, rows, n, out, stream_), "gather_rows");
+    return cuda_status(gpu::launch_gather_rows(x, cols, rows, n, out, stream_, ops_pdl_), "gather_rows");
   }
 
   absl::Status kv_write(const KvWriteArgs& args, KvWritePath path) override {
@@ -263,19 +263,20 @@ class GpuBackend final : public Backend {
         args.batch.max_query_len == 1 &&
         int64_t(gpu::attention_split_partition(args, kSplitPartition)) < int64_t(args.batch.max_context_len);
     if (path == AttentionPath::unified && !small_decode) {
-      return cuda_status(gpu::launch_attention_unified(args, stream_), "attention_unified");
+      return cuda_status(gpu::launch_attention_unified(args, stream_, attn_launch_), "attention_unified");
     }
     KVFUSE_RETURN_IF_ERROR(reserve_scratch(
         split_scratch_,
         gpu::attention_split_scratch_bytes(args.batch.num_tokens, args.num_q_heads, args.cache.head_dim,
                                            args.batch.max_context_len, kSplitPartition),
         "attention: split"));
-    return cuda_status(gpu::launch_attention_split(args, split_scratch_.get(), kSplitPartition, stream_),
-                       "attention_split");
+    return cuda_status(
+        gpu::launch_attention_split(args, split_scratch_.get(), kSplitPartition, stream_, attn_launch_),
+        "attention_split");
   }
   absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
                            int32_t* finite) override {
-    return cuda_status(gpu::launch_argmax_rows(logits, rows, vocab, tokens, finite, stream_), "argmax_rows");
+    return cuda_status(gpu::launch_argmax_rows(logits, rows, vocab, tokens, finite, stream_, ops_pdl_), "argmax_rows");
   }
 
   absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
@@ -354,6 +355,10 @@ class GpuBackend final : public Backend {
     // (about 0.3 us a call on an H200, bench/results/kv_write_h200.txt); the kernels wait
     // in-kernel before touching memory, so it is safe after any kernel.
     kv_launch_.pdl = prop.major >= 9;
+    // The other kernels of a step too (each waits for the kernel before it in-kernel);
+    // KVFUSE_PDL_OPS=0 leaves them as plain launches, for the A/B.
+    ops_pdl_ = kv_launch_.pdl && env_flag("KVFUSE_PDL_OPS", true);
+    attn_launch_.pdl = ops_pdl_;
     description_ = absl::StrFormat("cuda %s (sm_%d%d, %.0f GiB)", prop.name, prop.major, prop.minor,
                                    double(prop.totalGlobalMem) / (1 << 30));
 #endif
@@ -655,6 +660,8 @@ class GpuBackend final : public Backend {
   bool capturing_ = false;
   uint64_t graph_epoch_ = 0;
   gpu::KvWriteLaunch kv_launch_;
+  gpu::AttnLaunch attn_launch_;
+  bool ops_pdl_ = false;  // model ops and attention launched as programmatic dependents
   cudaStream_t stream_ = nullptr;
   blasLtHandle_t blas_ = nullptr;
   DeviceBuffer blas_workspace_;
