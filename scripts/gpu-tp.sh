@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Tensor parallelism on a machine with two GPUs, in one run, from the bundle that
+# scripts/gpu-bundle.sh packs (carry .device-bundle along):
+#   1. tests/test_gpu_tp: tp 2 against tp 1 (logits, greedy tokens, graphs on and off,
+#      layer-0 KV bytes per rank) and test_gpu_nccl;
+#   2. kvfuse-bench-engine, llama3-8b at tp 1 and tp 2, batch 1/8/64 x context 512/8192,
+#      split attention, graphs on; the tp 2 run times the step's collectives alone too;
+#   3. llama3-70b (synthetic weights, 141 GB in bf16) at tp 2: kvfuse-run with a KV pool of
+#      $TP_70B_PAGES pages per GPU (default 25000: 30.5 GiB of fp8 KV per GPU), then the
+#      engine benchmark at batch 1/8/64 x 512.
+# NCCL comes from the loader's path, KVFUSE_NCCL_LIBRARY, or a pip-installed
+# libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
+# build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build-gpu-tp}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+t0=$(date +%s)
+note() { echo "gpu-tp: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
+bundle=.device-bundle
+[[ -x $bundle/test_gpu_tp ]] || { note "FAIL: no $bundle (scripts/gpu-bundle.sh)"; exit 1; }
+gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+((gpus >= 2)) || { note "FAIL: $gpus GPU(s) visible, tensor parallelism needs 2"; exit 1; }
+cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
+if [[ -z ${KVFUSE_NCCL_LIBRARY:-} ]] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
+  nccl_lib=$(find /opt /usr -name libnccl.so.2 2>/dev/null | head -1)
+  [[ -n $nccl_lib ]] && export KVFUSE_NCCL_LIBRARY=$nccl_lib
+fi
+note "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x $gpus, $(date -u +%FT%TZ), NCCL ${KVFUSE_NCCL_LIBRARY:-from the loader path}"
+status=0
+run() {  # name, command...
+  local name=$1
+  shift
+  "$@" >"$out/$name.txt" 2>&1
+  local rc=$?
+  note "$name: exit $rc"
+  ((rc == 0)) || status=1
+  return $rc
+}
+
+run test_gpu_nccl "$bundle/test_gpu_nccl"
+run test_gpu_tp "$bundle/test_gpu_tp"
+grep -E "^gpu tp" "$out/test_gpu_tp.txt" | tee -a "$summary"
+
+bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
+for tp in 1 2; do
+  run "engine-llama3-8b-tp$tp" "${bench[@]}" --set model=llama3-8b --set tensor_parallel=$tp --batch 1,8,64 \
+    --context 512,8192 --max-kv-gib 60 --json "$out/engine-llama3-8b-tp$tp.json"
+  grep -E "^ +(1|8|64) " "$out/engine-llama3-8b-tp$tp.txt" | tee -a "$summary"
+done
+
+pages=${TP_70B_PAGES:-25000}
+run run-llama3-70b-tp2 "$bundle/kvfuse-run" --set model=llama3-70b --set tensor_parallel=2 --set num_pages="$pages" \
+  --set max_seq_len=4096 -n 8 -m 32 -q
+tail -3 "$out/run-llama3-70b-tp2.txt" | tee -a "$summary"
+run engine-llama3-70b-tp2 "${bench[@]}" --set model=llama3-70b --set tensor_parallel=2 --batch 1,8,64 --context 512 \
+  --max-kv-gib 30 --json "$out/engine-llama3-70b-tp2.json"
+grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-70b-tp2.txt" | tee -a "$summary"
+
+note "$( ((status == 0)) && echo PASS || echo FAIL)"
+exit $status
