@@ -78,11 +78,20 @@ int main(int argc, char** argv) {
   const double init_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   Engine& e = **engine;
+  double kv_gib = 0;  // one rank's K/V buffers, every layer (SWA layers hold their smaller pool)
+  for (int32_t l = 0; l < e.spec().num_layers; ++l) {
+    const PagedKvView v = e.pool().layer_view(l);
+    kv_gib += double(v.num_pages) * double(e.pool().page_bytes_per_layer()) / double(int64_t(1) << 30);
+  }
   std::printf(
-      "kvfuse-run: model %s on %s, kv %s (%s write), %s attention, %lld pages x %d tokens, init %.0f ms\n",
-      e.spec().name.c_str(), e.backend().description().c_str(), kv_format_name(e.kv_format()),
-      to_string(cfg->kv_write), to_string(cfg->attention), (long long)cfg->num_pages, cfg->page_size,
-      init_ms);
+      "kvfuse-run: model %s on %s%s, kv %s (%s write), %s attention, %lld pages x %d tokens%s (%.2f GiB of KV per "
+      "rank), init %.0f ms\n",
+      e.spec().name.c_str(), e.backend().description().c_str(),
+      e.num_ranks() > 1 ? absl::StrCat(" and ", e.num_ranks() - 1, " more rank(s), tensor_parallel ", e.num_ranks()).c_str()
+                        : "",
+      kv_format_name(e.kv_format()), to_string(cfg->kv_write), to_string(cfg->attention), (long long)cfg->num_pages,
+      cfg->page_size, e.num_ranks() > 1 ? " per rank" : "",
+      kv_gib, init_ms);
 
   auto ids = parse_int_list(prompt_ids);
   if (!ids.ok()) {
