@@ -298,3 +298,63 @@ TEST_CASE("tensor parallel (cpu): calibration reads every rank's heads", "[tp][c
     CHECK(std::fabs(a2->v[l] - a1->v[l]) <= 0.02f * a1->v[l]);
   }
 }
+
+TEST_CASE("tensor parallel (cpu): logprobs, prompt logprobs in chunks, and prefix reuse", "[tp][engine][logprobs]") {
+  // Prompt logprobs go through the lm_head in chunks of max_running_seqs rows, each chunk
+  // gathered across ranks; a second sequence shares the first one's prefix pages. Bound:
+  // the logits' 0.25, doubled for the log-sum-exp (as the GPU engine's test states it).
+  const nlohmann::json keys = {{"max_running_seqs", 4}, {"prefix_reuse", "on"}};
+  auto one = make_engine(keys);
+  auto two = make_engine(with(keys, {{"tensor_parallel", 2}}));
+  const std::vector<int32_t> prompt = prompt_of(37, 4, 1024);
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(5);
+  longer.push_back(9);
+  struct Got {
+    std::vector<TokenLogprob> prompt_lp;
+    std::optional<TokenLogprob> token_lp;
+    int32_t cached = 0;
+  };
+  auto run = [&](Engine& e) {
+    std::vector<Got> out;
+    for (const auto& [id, p] : {std::pair<SeqId, const std::vector<int32_t>*>{1, &prompt}, {2, &longer}}) {
+      REQUIRE(e.add_sequence(id, *p, SamplingParams{}).ok());
+      Got g;
+      g.cached = e.sequence(id)->num_cached;
+      StepItem it{id, e.sequence(id)->num_pending(), true};
+      it.logprobs = true;
+      it.prompt_logprobs = id == 1;  // prompt logprobs do not combine with prefix reuse
+      it.top_logprobs = 3;
+      auto r = e.step({it});
+      REQUIRE(r.ok());
+      REQUIRE((*r)[0].status.ok());
+      g.prompt_lp = (*r)[0].prompt_logprobs;
+      g.token_lp = (*r)[0].logprob;
+      out.push_back(std::move(g));
+    }
+    return out;
+  };
+  const auto a = run(*one);
+  const auto b = run(*two);
+  REQUIRE(a.size() == 2);
+  REQUIRE(b.size() == 2);
+  CHECK(b[1].cached == a[1].cached);  // the same pages shared at tp 2
+  CHECK(b[1].cached == 32);           // two pages of 16 of the first sequence's prompt
+  REQUIRE(a[0].prompt_lp.size() == prompt.size() - 1);
+  REQUIRE(b[0].prompt_lp.size() == a[0].prompt_lp.size());
+  float worst = 0;
+  for (size_t i = 0; i < a[0].prompt_lp.size(); ++i) {
+    CHECK(b[0].prompt_lp[i].token == a[0].prompt_lp[i].token);
+    worst = std::max(worst, std::fabs(b[0].prompt_lp[i].logprob - a[0].prompt_lp[i].logprob));
+    REQUIRE(b[0].prompt_lp[i].top.size() == 3);
+  }
+  for (size_t s = 0; s < 2; ++s) {
+    REQUIRE(a[s].token_lp.has_value());
+    REQUIRE(b[s].token_lp.has_value());
+    worst = std::max(worst, std::fabs(b[s].token_lp->logprob - a[s].token_lp->logprob));
+  }
+  INFO("max |dlogprob| " << worst);
+  CHECK(worst < 2 * 0.25f);
+  for (SeqId id : {SeqId(1), SeqId(2)}) REQUIRE(two->release(id).ok());
+  CHECK(two->pool().usage(PoolKind::full).used_pages == 0);
+}
