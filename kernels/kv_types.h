@@ -45,6 +45,12 @@ struct PagedKvView {
   KvFormat format = KvFormat::bf16;
   const float* k_scale = nullptr;  // one float, device memory: read by kernels, never the host
   const float* v_scale = nullptr;
+  // Optional: 1 / k_scale and 1 / v_scale in fp32, correctly rounded (the bits recip_rn
+  // and the CPU reference compute), kept beside the scales by whoever sets them. When set,
+  // the fused write reads them instead of computing the reciprocal after the scale's load:
+  // one dependent step less on a decode write's critical path. Same bytes either way.
+  const float* k_inv_scale = nullptr;
+  const float* v_inv_scale = nullptr;
 
   KVFUSE_HD int64_t num_slots() const { return num_pages * int64_t(page_size); }
   KVFUSE_HD int64_t row_elems() const { return int64_t(num_kv_heads) * head_dim; }

@@ -220,10 +220,14 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
     // Both loads before either reciprocal, for the same reason (load_f32_pair).
     float inv_k = 1.0f, inv_v = 1.0f;
     if constexpr (Op::kScaled) {
-      float k_scale, v_scale;
-      load_f32_pair(cache.k_scale, cache.v_scale, k_scale, v_scale);
-      inv_k = recip_rn(k_scale);
-      inv_v = recip_rn(v_scale);
+      if (cache.k_inv_scale != nullptr && cache.v_inv_scale != nullptr) {
+        load_f32_pair(cache.k_inv_scale, cache.v_inv_scale, inv_k, inv_v);  // 1/scale, kept by the pool
+      } else {
+        float k_scale, v_scale;
+        load_f32_pair(cache.k_scale, cache.v_scale, k_scale, v_scale);
+        inv_k = recip_rn(k_scale);
+        inv_v = recip_rn(v_scale);
+      }
     }
     const int64_t slot = resolve_write_slot(raw_slot, a.swa, num_slots);
     if (slot < 0) continue;  // padding or SWA-unmapped: nothing is written

@@ -582,6 +582,13 @@ TEST_CASE("kv pool: create allocates zeroed per-layer buffers, views and device 
   REQUIRE(pool->set_scales(1, 0.125f, 8.0f).ok());
   CHECK(*pool->layer_view(1).k_scale == 0.125f);
   CHECK(*pool->layer_view(1).v_scale == 8.0f);
+  // The reciprocals beside them, as the CPU reference computes them (fp32 division).
+  CHECK(*pool->layer_view(1).k_inv_scale == 8.0f);
+  CHECK(*pool->layer_view(1).v_inv_scale == 0.125f);
+  CHECK(*pool->layer_view(0).v_inv_scale == 1.0f / 0.25f);
+  volatile float third = 3.0f;  // not folded: the division at run time, as the pool's
+  REQUIRE(pool->set_scales(2, third, 0.3f).ok());
+  CHECK(*pool->layer_view(2).k_inv_scale == 1.0f / third);
   CHECK(pool->config().k_scale[1] == 0.125f);
   CHECK(*pool->layer_view(0).v_scale == 0.25f);  // neighbours untouched
   CHECK(pool->set_scales(1, 0.0f, 1.0f).code() == absl::StatusCode::kInvalidArgument);

@@ -184,8 +184,12 @@ absl::Status KvPool::add_storage(int32_t index, Backend& backend) {
     }
   }
 
+  // [4, num_layers]: k, v, then 1/k and 1/v (fp32 division: the correctly rounded
+  // reciprocal the kernels and the CPU reference compute; PagedKvView::k_inv_scale).
   std::vector<float> scales(cfg_.k_scale);
   scales.insert(scales.end(), cfg_.v_scale.begin(), cfg_.v_scale.end());
+  for (float k : cfg_.k_scale) scales.push_back(1.0f / k);
+  for (float v : cfg_.v_scale) scales.push_back(1.0f / v);
   absl::StatusOr<DeviceBuffer> sbuf = backend.alloc(scales.size() * sizeof(float));
   if (!sbuf.ok()) return sbuf.status();
   st->scales = *std::move(sbuf);
@@ -227,6 +231,8 @@ PagedKvView KvPool::layer_view(int32_t layer, int32_t index) const {
   v.format = cfg_.format;
   v.k_scale = st.scales.as<float>() + layer;
   v.v_scale = st.scales.as<float>() + cfg_.num_layers + layer;
+  v.k_inv_scale = st.scales.as<float>() + 2 * cfg_.num_layers + layer;
+  v.v_inv_scale = st.scales.as<float>() + 3 * cfg_.num_layers + layer;
   return v;
 }
 
@@ -276,8 +282,11 @@ absl::Status KvPool::set_scales(int32_t layer, float k_scale, float v_scale) {
   for (int32_t i = 0; i < num_storages(); ++i) {
     const Storage& st = storage(i);
     float* dev = st.scales.as<float>();
+    const float inv_k = 1.0f / k_scale, inv_v = 1.0f / v_scale;
     KVFUSE_RETURN_IF_ERROR(st.backend->copy_to_device(dev + layer, &k_scale, sizeof(float)));
     KVFUSE_RETURN_IF_ERROR(st.backend->copy_to_device(dev + cfg_.num_layers + layer, &v_scale, sizeof(float)));
+    KVFUSE_RETURN_IF_ERROR(st.backend->copy_to_device(dev + 2 * cfg_.num_layers + layer, &inv_k, sizeof(float)));
+    KVFUSE_RETURN_IF_ERROR(st.backend->copy_to_device(dev + 3 * cfg_.num_layers + layer, &inv_v, sizeof(float)));
   }
   cfg_.k_scale[size_t(layer)] = k_scale;
   cfg_.v_scale[size_t(layer)] = v_scale;

@@ -169,7 +169,7 @@ class KvPool {
   struct Storage {
     Backend* backend = nullptr;
     std::vector<DeviceBuffer> k_bufs, v_bufs;  // per layer
-    DeviceBuffer scales;                       // [2, num_layers] fp32: k then v
+    DeviceBuffer scales;                       // [4, num_layers] fp32: k, v, 1/k, 1/v
     DeviceBuffer swa_table;                    // [full slots] int64
     std::vector<int32_t> swa_dirty_pages;      // full pages whose table entries changed since its sync
   };

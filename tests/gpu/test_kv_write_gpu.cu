@@ -48,6 +48,7 @@ struct Case {
   float v_scale = 2.9f;
   bool swa = false;
   bool pdl = false;  // programmatic dependent launch (CUDA sm_90+)
+  bool inv_scales = false;  // the view carries 1/scale (PagedKvView::k_inv_scale), as the pool's do
   // KvWriteLaunch::block_team_max_tokens: which thread mapping the fused write uses.
   int block_team_max_tokens = gpu::kKvWriteBlockTeamMaxTokens;
   uint64_t seed = 1;
@@ -62,7 +63,7 @@ std::string describe(const Case& c, Path p) {
          (c.src == KvSrcDtype::f16 ? " f16-src" : " bf16-src") + " H=" + std::to_string(c.num_kv_heads) +
          " D=" + std::to_string(c.head_dim) + " page=" + std::to_string(c.page_size) +
          " T=" + std::to_string(c.num_tokens) + " pad=" + std::to_string(c.stride_pad) +
-         " off=" + std::to_string(c.src_offset) + " ks=" + std::to_string(c.k_scale) +
+         " off=" + std::to_string(c.src_offset) + " ks=" + std::to_string(c.k_scale) + (c.inv_scales ? " inv" : "") +
          " vs=" + std::to_string(c.v_scale) + (c.swa ? " swa" : "") + (c.pdl ? " pdl" : "") +
          (p == Path::fused ? (c.num_tokens <= c.block_team_max_tokens ? " block/row" : " warp/row") : "");
 }
@@ -214,15 +215,20 @@ int64_t run_case(const Case& c, Path path, cudaStream_t stream) {
   cpu::kv_write_fused(host);
 
   DeviceMem d_k(in.k.size() * 2), d_v(in.v.size() * 2), d_slots(in.slots.size() * 8),
-      d_swa(in.swa_table.size() * 8), d_scales(8);
+      d_swa(in.swa_table.size() * 8), d_scales(16);
   d_k.upload(in.k.data(), in.k.size() * 2);
   d_v.upload(in.v.data(), in.v.size() * 2);
   d_slots.upload(in.slots.data(), in.slots.size() * 8);
   if (c.swa) d_swa.upload(in.swa_table.data(), in.swa_table.size() * 8);
-  const float scales[2] = {ks, vs};
-  d_scales.upload(scales, 8);
-  const KvWriteArgs dev = make_args(c, in, d_k.get(), d_v.get(), d_slots.get<int64_t>(), d_swa.get<int64_t>(),
-                                    d_kc.get(), d_vc.get(), d_scales.get<float>(), d_scales.get<float>() + 1);
+  // The reciprocals as the pool computes them on the host: fp32 division, correctly rounded.
+  const float scales[4] = {ks, vs, 1.0f / ks, 1.0f / vs};
+  d_scales.upload(scales, 16);
+  KvWriteArgs dev = make_args(c, in, d_k.get(), d_v.get(), d_slots.get<int64_t>(), d_swa.get<int64_t>(),
+                              d_kc.get(), d_vc.get(), d_scales.get<float>(), d_scales.get<float>() + 1);
+  if (c.inv_scales) {
+    dev.cache.k_inv_scale = d_scales.get<float>() + 2;
+    dev.cache.v_inv_scale = d_scales.get<float>() + 3;
+  }
   if (!check(gpu::kv_write_unsupported(dev).empty(), what + ": supported")) return 0;
   cudaError_t err;
   gpu::KvWriteLaunch launch;
@@ -244,7 +250,7 @@ int64_t run_case(const Case& c, Path path, cudaStream_t stream) {
                          d_v.download<uint16_t>(in.v.size()) == in.v &&
                          d_slots.download<int64_t>(in.slots.size()) == in.slots &&
                          (!c.swa || d_swa.download<int64_t>(in.swa_table.size()) == in.swa_table) &&
-                         d_scales.download<float>(2) == std::vector<float>{ks, vs};
+                         d_scales.download<float>(4) == std::vector<float>(scales, scales + 4);
   check(unchanged, what + ": inputs unchanged");
   int64_t stored = 0;
   for (int64_t slot : in.slots) {
@@ -283,6 +289,7 @@ void test_matrix(cudaStream_t stream, bool quick) {
             c.k_scale = scale_pairs[rotation % 3][0];
             c.v_scale = scale_pairs[rotation % 3][1];
             c.pdl = rotation % 2 == 1;
+            c.inv_scales = rotation % 3 == 1;
             c.seed = seed++;
             ++rotation;
             run_case(c, Path::fused, stream);
@@ -353,6 +360,7 @@ void test_small_t(cudaStream_t stream, bool quick) {
         c.v_scale = scale_pairs[r % 3][1];
         c.swa = (r / 2 + q / 2) % 2 == 1;
         c.pdl = ((r + q / 2) / 2) % 2 == 1;
+        c.inv_scales = (r + q) % 3 != 0;
         c.seed = seed++;
         for (int team : {kBlockTeamAlways, kWarpTeamAlways}) {
           // A warp per row at T = 37 is test_matrix's.
