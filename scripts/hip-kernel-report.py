@@ -7,7 +7,8 @@ kernel library (kernels/*.cu) it takes the offload bundle out of the object's
   - the AMDHSA metadata (llvm-readelf --notes): VGPRs (arch + accumulation, as
     allocated), AGPRs, scratch (private segment bytes per lane), LDS (group segment
     bytes), the largest block the kernel allows;
-  - the disassembly (llvm-objdump -d): the packed FP8 conversions of each kernel.
+  - the disassembly (llvm-objdump -d): the packed FP8 conversions and the MFMA
+    (v_mfma_*) instructions of each kernel.
 
 Occupancy (waves per SIMD) is computed, not measured, for blocks of the largest size
 the kernel allows (its launch bounds; kernels launched smaller may fit more): gfx942
@@ -27,6 +28,10 @@ Gates (exit status 1 if any fails):
     each arch whose hardware has that format: gfx942 all three (FNUZ hardware, OCP
     through the halving recipe), gfx950 e4m3fn and e5m2 (e4m3fnuz is not a gfx950
     format: there it is the scalar reference encoding, listed, not gated);
+  - the MFMA probe kernels (kernels/mfma_probe.cu, one per wrapper of kernels/mfma.cuh):
+    no scratch, and the matrix instruction each wrapper promises in the ISA of each
+    arch (MFMA_PROBE below): 16x16x16 bf16/f16 on both, 16x16x32 bf16/f16 as one
+    instruction on gfx950 and as two 16x16x16 on gfx942;
   - attention kernels: recorded, not gated (the MFMA kernel brings their gate).
 
 Usage: hip-kernel-report.py BUILD_DIR TOOL_DIR
@@ -56,10 +61,23 @@ TARGETS = [
     ("norm", r"^(add_)?rmsnorm_kernel", 4),
     ("rope", r"^rope_kernel", 4),
     ("sampling", r"^(sample_rows|argmax_rows)_kernel", 4),
+    ("mfma", r"^mfma_probe_kernel<", 1),
     ("attention", r"^attention_", None),
     ("other", r"", None),
 ]
 FORMATS = {"0": "e4m3fn", "1": "e4m3fnuz", "2": "e5m2"}
+MFMA_INSTRS = ["bf16_16x16x16", "f16_16x16x16", "bf16_16x16x32", "f16_16x16x32"]  # kernels/mfma_probe.cuh
+# (probe, arch) -> (mnemonic, how many) the kernel's ISA must contain.
+MFMA_PROBE = {
+    ("bf16_16x16x16", "gfx942"): ("v_mfma_f32_16x16x16_bf16", 1),
+    ("bf16_16x16x16", "gfx950"): ("v_mfma_f32_16x16x16_bf16", 1),
+    ("f16_16x16x16", "gfx942"): ("v_mfma_f32_16x16x16_f16", 1),
+    ("f16_16x16x16", "gfx950"): ("v_mfma_f32_16x16x16_f16", 1),
+    ("bf16_16x16x32", "gfx942"): ("v_mfma_f32_16x16x16_bf16", 2),
+    ("bf16_16x16x32", "gfx950"): ("v_mfma_f32_16x16x32_bf16", 1),
+    ("f16_16x16x32", "gfx942"): ("v_mfma_f32_16x16x16_f16", 2),
+    ("f16_16x16x32", "gfx950"): ("v_mfma_f32_16x16x32_f16", 1),
+}
 
 
 def tool(tools, name, *fallbacks):
@@ -85,6 +103,7 @@ def short_name(demangled):
     s = re.sub(r"\(KvKind\)(\d)", lambda m: ["bf16", "e4m3fn_hw", "e4m3fn_bits", "e4m3fnuz", "e5m2"][int(m.group(1))], s)
     s = s.replace("Fp8RowOp", "fp8").replace("Bf16RowOp", "bf16copy")
     s = re.sub(r"\(RowTeam\)(\d)", lambda m: ["warp_rows", "block_rows"][int(m.group(1))], s)
+    s = re.sub(r"\(MfmaInstr\)(\d)", lambda m: MFMA_INSTRS[int(m.group(1))], s)
     return re.sub(r"\(.*\)$", "", s).replace(" ", "")
 
 
@@ -105,20 +124,25 @@ def kernels_of(code_object, tools):
     return out
 
 
-def cvt_counts(code_object, arch, tools):
-    """{symbol: (packed fp8 converts, packed bf8 converts)} from the disassembly."""
+def isa_counts(code_object, arch, tools):
+    """{symbol: [packed fp8 converts, packed bf8 converts, {v_mfma mnemonic: count}]}
+    from the disassembly."""
     asm = run(tool(tools, "llvm-objdump"), "-d", "--mcpu=" + arch, code_object)
     counts, cur = {}, None
     for line in asm.splitlines():
         m = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
         if m:
             cur = m.group(1)
-            counts[cur] = [0, 0]
+            counts[cur] = [0, 0, {}]
         elif cur is not None:
             if "v_cvt_pk_fp8_f32" in line:
                 counts[cur][0] += 1
             elif "v_cvt_pk_bf8_f32" in line:
                 counts[cur][1] += 1
+            else:
+                mfma = re.search(r"\b(v_mfma_\w+)", line)
+                if mfma:
+                    counts[cur][2][mfma.group(1)] = counts[cur][2].get(mfma.group(1), 0) + 1
     return counts
 
 
@@ -158,26 +182,28 @@ def main():
                 co = os.path.join(tmp, arch + ".co")
                 run(tool(tools, "clang-offload-bundler"), "--unbundle", "--type=o", "--input=" + fatbin,
                     "--targets=" + target, "--output=" + co)
-                cvts = cvt_counts(co, arch, tools)
+                isa = isa_counts(co, arch, tools)
                 names = [k["name"] for k in kernels_of(co, tools)]
                 demangled = run(tool(tools, "llvm-cxxfilt", "c++filt"), *names).splitlines() if names else []
                 for k, dm in zip(kernels_of(co, tools), demangled):
                     name = short_name(dm)
                     family, target_occ = next((f, t) for f, p, t in TARGETS if re.search(p, name))
-                    fp8, bf8 = cvts.get(k["name"], [0, 0])
+                    fp8, bf8, mfma = isa.get(k["name"], [0, 0, {}])
                     rows.append(dict(arch=arch, src=os.path.basename(obj).replace(".o", ""), name=name, family=family,
                                      target=target_occ, vgpr=int(k["vgpr_count"]), agpr=int(k["agpr_count"]),
                                      scratch=int(k["private_segment_fixed_size"]),
                                      lds=int(k["group_segment_fixed_size"]),
                                      block=int(k["max_flat_workgroup_size"]), occ=occupancy(k, arch),
-                                     dyn=k.get("uses_dynamic_stack") == "true", fp8=fp8, bf8=bf8, sym=k["name"]))
+                                     dyn=k.get("uses_dynamic_stack") == "true", fp8=fp8, bf8=bf8, mfma=mfma,
+                                     sym=k["name"]))
 
     rows.sort(key=lambda r: (r["src"], r["name"], r["arch"]))
     w = max(len(r["name"]) for r in rows)
     print("hip-kernel-report: %d kernels x arch from %d objects (machine code, AMDHSA metadata)" %
           (len(rows), len(objs)))
-    hdr = "%-6s  %-*s  %5s %5s %7s %6s %5s %4s/%-4s %5s  %s" % ("arch", w, "kernel", "VGPR", "AGPR", "scratch",
-                                                             "LDS", "block", "occ", "tgt", "pkcvt", "gate")
+    hdr = "%-6s  %-*s  %5s %5s %7s %6s %5s %4s/%-4s %5s %4s  %s" % ("arch", w, "kernel", "VGPR", "AGPR", "scratch",
+                                                                 "LDS", "block", "occ", "tgt", "pkcvt", "mfma",
+                                                                 "gate")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
@@ -198,21 +224,38 @@ def main():
                 verdict = (verdict + " " if verdict != "ok" else "") + "FAIL no packed cvt"
             elif not need:
                 verdict += " (scalar: not a gfx950 format)"
+        probe = re.match(r"^mfma_probe_kernel<(\w+)>", r["name"])
+        if probe:
+            mnemonic, need = MFMA_PROBE[(probe.group(1), r["arch"])]
+            have = r["mfma"].get(mnemonic, 0)
+            if have != need:
+                verdict = (verdict + " " if verdict != "ok" else "") + "FAIL %s x%d, want x%d" % (mnemonic, have, need)
+            else:
+                verdict += " (%s x%d)" % (mnemonic, have)
         if "FAIL" in verdict:
             failures.append("%s %s: %s" % (r["arch"], r["name"], verdict))
-        print("%-6s  %-*s  %5d %5d %7d %6d %5d %4g/%-4s %5s  %s" %
+        print("%-6s  %-*s  %5d %5d %7d %6d %5d %4g/%-4s %5s %4s  %s" %
               (r["arch"], w, r["name"], r["vgpr"], r["agpr"], r["scratch"], r["lds"], r["block"], r["occ"],
-               "-" if r["target"] is None else r["target"], r["fp8"] + r["bf8"] or "", verdict or "recorded"))
+               "-" if r["target"] is None else r["target"], r["fp8"] + r["bf8"] or "",
+               sum(r["mfma"].values()) or "", verdict or "recorded"))
     for arch in ARCH:
         n = sum(r["fp8"] + r["bf8"] for r in rows if r["arch"] == arch and r["name"].startswith("kv_write_fused"))
         fused = sum(1 for r in rows if r["arch"] == arch and r["name"].startswith("kv_write_fused_kernel<fp8"))
         print("hip-kernel-report: %s: %d packed FP8 conversions in %d fused FP8 KV-write kernels" % (arch, n, fused))
     for arch in ARCH:
+        probes = [r for r in rows if r["arch"] == arch and r["name"].startswith("mfma_probe_kernel<")]
+        print("hip-kernel-report: %s: MFMA probe: %s" % (arch, ", ".join(
+            "%s %s" % (r["name"][len("mfma_probe_kernel<"):-1],
+                       " ".join("%s x%d" % kv for kv in sorted(r["mfma"].items())) or "no v_mfma")
+            for r in probes) or "no probe kernels"))
+        if len(probes) != len(MFMA_INSTRS):
+            failures.append("%s: %d MFMA probe kernels, want %d" % (arch, len(probes), len(MFMA_INSTRS)))
+    for arch in ARCH:
         if not any(r["arch"] == arch for r in rows):
             failures.append("no code object for " + arch)
     print("hip-kernel-report: columns: VGPR = arch+acc registers allocated per lane, scratch = bytes per lane, "
           "LDS = bytes per block, block = largest block allowed, occ/tgt = waves per SIMD computed / gated minimum, "
-          "pkcvt = v_cvt_pk_{fp8,bf8}_f32 in the kernel")
+          "pkcvt = v_cvt_pk_{fp8,bf8}_f32 in the kernel, mfma = v_mfma_* in the kernel")
     if failures:
         for f in failures:
             print("hip-kernel-report: FAIL " + f)
