@@ -307,9 +307,11 @@ TEST_CASE("tensor parallel (cpu): logprobs, prompt logprobs in chunks, and prefi
   auto one = make_engine(keys);
   auto two = make_engine(with(keys, {{"tensor_parallel", 2}}));
   const std::vector<int32_t> prompt = prompt_of(37, 4, 1024);
-  std::vector<int32_t> longer = prompt;
-  longer.push_back(5);
-  longer.push_back(9);
+  // The prompt and two more tokens (sized up front: no reallocation for a compiler to misread).
+  std::vector<int32_t> longer(prompt.size() + 2);
+  std::copy(prompt.begin(), prompt.end(), longer.begin());
+  longer[prompt.size()] = 5;
+  longer[prompt.size() + 1] = 9;
   struct Got {
     std::vector<TokenLogprob> prompt_lp;
     std::optional<TokenLogprob> token_lp;
