@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "src/backends/cpu/cpu_backend.h"
+#include "tests/forwarding_backend.h"
 #include "tests/engine_test_util.h"
 
 using namespace kvfuse;
@@ -26,10 +27,10 @@ using json = nlohmann::json;
 
 // The CPU backend, with a log of the copies to the device and of the synchronisations,
 // and an injectable failure of one op (argmax_rows: after the step's upload).
-class RecordingBackend final : public Backend {
+class RecordingBackend final : public kvfuse::testing::ForwardingBackend {
  public:
   enum class Event { staged_copy, other_copy, sync };
-  explicit RecordingBackend(std::unique_ptr<Backend> inner) : in_(std::move(inner)) {}
+  explicit RecordingBackend(std::unique_ptr<Backend> inner) : ForwardingBackend(std::move(inner)) {}
 
   std::vector<Event> events;
   std::vector<size_t> staged_bytes;  // per staged copy
@@ -41,100 +42,34 @@ class RecordingBackend final : public Backend {
     staged_bytes.clear();
   }
 
-  Device device() const override { return in_->device(); }
-  std::string description() const override { return in_->description(); }
-  KvFormat resolve_kv_format(KvCacheDtype d) const override { return in_->resolve_kv_format(d); }
-  absl::Status check_supported(const ModelSpec& s, KvFormat f) const override {
-    return in_->check_supported(s, f);
-  }
-  absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override { return in_->alloc(bytes); }
   absl::StatusOr<HostBuffer> alloc_host(size_t bytes) override {
-    auto b = in_->alloc_host(bytes);
+    auto b = inner().alloc_host(bytes);
     if (b.ok()) staging_.emplace_back(b->as<const char>(), bytes);
     return b;
   }
-  absl::Status memset(void* dst, int value, size_t bytes) override { return in_->memset(dst, value, bytes); }
   absl::Status copy_to_device(void* dst, const void* src, size_t bytes) override {
     const char* p = static_cast<const char*>(src);
     bool staged = false;
     for (const auto& [base, n] : staging_) staged = staged || (p >= base && p + bytes <= base + n);
     events.push_back(staged ? Event::staged_copy : Event::other_copy);
     if (staged) staged_bytes.push_back(bytes);
-    return in_->copy_to_device(dst, src, bytes);
+    return inner().copy_to_device(dst, src, bytes);
   }
   absl::Status copy_to_host(void* dst, const void* src, size_t bytes) override {
     events.push_back(Event::sync);  // copy_to_host waits for the stream
-    return in_->copy_to_host(dst, src, bytes);
+    return inner().copy_to_host(dst, src, bytes);
   }
   absl::Status synchronize() override {
     events.push_back(Event::sync);
-    return in_->synchronize();
-  }
-  absl::Status copy_2d(void* dst, size_t dp, const void* src, size_t sp, size_t w, int64_t rows) override {
-    return in_->copy_2d(dst, dp, src, sp, w, rows);
-  }
-  absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
-                                             const bf16_t* bias) override {
-    return in_->upload_linear(w, n, k, bias);
-  }
-  absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
-                         bf16_t* out) override {
-    return in_->embedding(ids, n, table, hidden, out);
-  }
-  absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
-                       bf16_t* out) override {
-    return in_->rmsnorm(x, w, rows, cols, eps, out);
-  }
-  absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
-    return in_->linear(x, m, w, out);
-  }
-  absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
-    return in_->linear_logits(x, m, w, out);
-  }
-  absl::Status rope(bf16_t* q, int64_t qs, int32_t qh, bf16_t* k, int64_t ks, int32_t kh, int32_t hd,
-                    const int32_t* pos, int64_t n, const float* inv_freq, float scaling) override {
-    return in_->rope(q, qs, qh, k, ks, kh, hd, pos, n, inv_freq, scaling);
-  }
-  absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
-    return in_->silu_mul(gate_up, n, inter, out);
-  }
-  absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) override {
-    return in_->residual_add(x, y, count);
-  }
-  absl::Status add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
-                           bf16_t* out) override {
-    return in_->add_rmsnorm(x, y, w, rows, cols, eps, out);
-  }
-  absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
-                           bf16_t* out) override {
-    return in_->gather_rows(x, cols, rows, n, out);
-  }
-  absl::Status kv_write(const KvWriteArgs& args, KvWritePath path) override {
-    return in_->kv_write(args, path);
-  }
-  absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) override {
-    return in_->reserve_kv_write(max_tokens, row_elems);
-  }
-  absl::Status attention(const AttnArgs& args, AttentionPath path) override {
-    return in_->attention(args, path);
+    return inner().synchronize();
   }
   absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
                            int32_t* finite) override {
     if (std::exchange(fail_next_argmax, false)) return absl::InternalError("injected failure");
-    return in_->argmax_rows(logits, rows, vocab, tokens, finite);
-  }
-  absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
-                           int32_t* tokens) override {
-    return in_->sample_rows(logits, rows, vocab, params, tokens);
-  }
-  absl::Status logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
-                             const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
-                             LogprobOut* out) override {
-    return in_->logprobs_rows(logits, rows, vocab, req, greedy, sampled, params, out);
+    return inner().argmax_rows(logits, rows, vocab, tokens, finite);
   }
 
  private:
-  std::unique_ptr<Backend> in_;
   std::vector<std::pair<const char*, size_t>> staging_;
 };
 

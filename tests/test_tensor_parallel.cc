@@ -27,6 +27,7 @@
 #include "src/backends/cpu/cpu_backend.h"
 #include "src/loading/calibration.h"
 #include "tests/engine_test_util.h"
+#include "tests/forwarding_backend.h"
 
 using namespace kvfuse;
 using namespace kvfuse::testing;
@@ -64,69 +65,14 @@ Run run_model(Engine& e) {
 
 // The CPU backend, except that attention fails while `fail` is set: a device error in
 // one rank in the middle of a step, after the ranks have met in collectives.
-class FailingBackend final : public Backend {
+class FailingBackend final : public ForwardingBackend {
  public:
   std::atomic<bool> fail{false};
-  FailingBackend() : in_(make_cpu_backend()) {}
-  Device device() const override { return in_->device(); }
-  std::string description() const override { return in_->description(); }
-  KvFormat resolve_kv_format(KvCacheDtype d) const override { return in_->resolve_kv_format(d); }
-  absl::Status check_supported(const ModelSpec& s, KvFormat f) const override { return in_->check_supported(s, f); }
-  absl::StatusOr<DeviceBuffer> alloc(size_t b) override { return in_->alloc(b); }
-  absl::Status memset(void* d, int v, size_t b) override { return in_->memset(d, v, b); }
-  absl::Status copy_to_device(void* d, const void* s, size_t b) override { return in_->copy_to_device(d, s, b); }
-  absl::Status copy_to_host(void* d, const void* s, size_t b) override { return in_->copy_to_host(d, s, b); }
-  absl::Status synchronize() override { return in_->synchronize(); }
-  absl::Status copy_2d(void* d, size_t dp, const void* s, size_t sp, size_t w, int64_t rows) override {
-    return in_->copy_2d(d, dp, s, sp, w, rows);
-  }
-  absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k, const bf16_t* b) override {
-    return in_->upload_linear(w, n, k, b);
-  }
-  absl::Status embedding(const int32_t* i, int64_t n, const bf16_t* t, int64_t h, bf16_t* o) override {
-    return in_->embedding(i, n, t, h, o);
-  }
-  absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t r, int64_t c, float e, bf16_t* o) override {
-    return in_->rmsnorm(x, w, r, c, e, o);
-  }
-  absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* o) override {
-    return in_->linear(x, m, w, o);
-  }
-  absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* o) override {
-    return in_->linear_logits(x, m, w, o);
-  }
-  absl::Status rope(bf16_t* q, int64_t qs, int32_t qh, bf16_t* k, int64_t ks, int32_t kh, int32_t d,
-                    const int32_t* p, int64_t n, const float* f, float a) override {
-    return in_->rope(q, qs, qh, k, ks, kh, d, p, n, f, a);
-  }
-  absl::Status silu_mul(const bf16_t* g, int64_t n, int64_t i, bf16_t* o) override { return in_->silu_mul(g, n, i, o); }
-  absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t c) override { return in_->residual_add(x, y, c); }
-  absl::Status add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t r, int64_t c, float e,
-                           bf16_t* o) override {
-    return in_->add_rmsnorm(x, y, w, r, c, e, o);
-  }
-  absl::Status gather_rows(const bf16_t* x, int64_t c, const int32_t* r, int64_t n, bf16_t* o) override {
-    return in_->gather_rows(x, c, r, n, o);
-  }
-  absl::Status kv_write(const KvWriteArgs& a, KvWritePath p) override { return in_->kv_write(a, p); }
-  absl::Status reserve_kv_write(int64_t t, int64_t r) override { return in_->reserve_kv_write(t, r); }
+  FailingBackend() : ForwardingBackend(make_cpu_backend()) {}
   absl::Status attention(const AttnArgs& a, AttentionPath p) override {
     if (fail) return absl::InternalError("injected device failure");
-    return in_->attention(a, p);
+    return inner().attention(a, p);
   }
-  absl::Status argmax_rows(const float* l, int64_t r, int64_t v, int32_t* t, int32_t* f) override {
-    return in_->argmax_rows(l, r, v, t, f);
-  }
-  absl::Status sample_rows(const float* l, int64_t r, int64_t v, const RowSampling* p, int32_t* t) override {
-    return in_->sample_rows(l, r, v, p, t);
-  }
-  absl::Status logprobs_rows(const float* l, int64_t r, int64_t v, const LogprobRow* q, const int32_t* g,
-                             const int32_t* s, const RowSampling* p, LogprobOut* o) override {
-    return in_->logprobs_rows(l, r, v, q, g, s, p, o);
-  }
-
- private:
-  std::unique_ptr<Backend> in_;
 };
 
 }  // namespace
