@@ -247,7 +247,7 @@ absl::Status KvPool::sync_swa_table() {
 }
 
 absl::Status KvPool::sync_swa_table(int32_t index) {
-  Storage& st = const_cast<Storage&>(storage(index));
+  Storage& st = storage(index);
   std::vector<int32_t>& dirty = st.swa_dirty_pages;
   if (dirty.empty()) return absl::OkStatus();
   std::sort(dirty.begin(), dirty.end());

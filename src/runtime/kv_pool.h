@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -178,6 +179,7 @@ class KvPool {
   void unmap_swa_page(int32_t full_page);
   void mark_dirty(int32_t full_page);
   const Storage& storage(int32_t index) const;
+  Storage& storage(int32_t index) { return const_cast<Storage&>(std::as_const(*this).storage(index)); }
 
   KvPoolConfig cfg_;
   std::unique_ptr<PageAllocator> full_alloc_;
