@@ -28,14 +28,15 @@
 #include <cstddef>
 #include <string>
 
+#include "kernels/attention_params.h"
 #include "kernels/dispatch.h"
 #include "kernels/gpu.h"
 #include "kernels/kv_types.h"
 
 namespace kvfuse::gpu {
 
-// kAttnMaxGroup (query heads per KV head) and the head dims are kernels/dispatch.h's.
-constexpr int kAttnTileKeys = 16;  // keys per MMA tile; split partitions are multiples of it
+// kAttnMaxGroup (query heads per KV head) and the head dims are kernels/dispatch.h's;
+// kAttnTileKeys (split partitions are multiples of it) is kernels/attention_params.h's.
 
 // Launch options; the defaults are what the engine uses, the benchmark varies them.
 struct AttnLaunch {

@@ -35,38 +35,31 @@
 // zeroed. Keys inside the range but outside one row's window get probability 0.
 //
 // Vendor differences (the MMA, the FP8 and f16 conversions) live in
-// kernels/attention_mma.cuh; without the NVIDIA instructions (HIP) the MMA is emulated
-// with shuffles over the same fragment layouts: correct, not fast.
+// kernels/attention_mma.cuh. On CDNA (HIP) the blocks are not this kernel's but the MFMA
+// kernel's (kernels/attention_mfma.h): same Params, same modes, same numerics, tiles
+// shaped for 64-lane matrix instructions; launch_attention_blocks picks it.
 #pragma once
 
 #include <climits>
 #include <cstdint>
 
 #include "kernels/attention.cuh"
+#include "kernels/attention_mfma.h"
 #include "kernels/attention_mma.cuh"
+#include "kernels/attention_params.h"
 #include "kernels/gpu.h"
 
 namespace kvfuse::gpu::attention_detail {
 
-constexpr int kTileKeys = kAttnTileKeys;        // M of S^T
-constexpr int kRows = 8;                        // N: query rows (token x head) per block
-constexpr int kGroups = 4;                      // 32-lane groups per block
-constexpr int kThreads = kGroups * kMmaLanes;   // 128
+constexpr int kRows = 8;                       // N: query rows (token x head) per block
+constexpr int kGroups = 4;                     // 32-lane groups per block
+constexpr int kThreads = kGroups * kMmaLanes;  // 128
 constexpr int kEpiThreadsPerRow = kThreads / kRows;
-// Resident blocks per multiprocessor the kernels are built for (KVFUSE_LAUNCH_BOUNDS).
-// NVIDIA: at most 128 registers a thread for 4; D = 256 needs more. CDNA: the MMA is
-// emulated with shuffles (attention_mma.cuh), which needs more than the 256 registers a
-// lane that 2 waves per SIMD would leave at any head size; 2 blocks of 2 waves a CU are
-// one wave per SIMD with all 512 (VGPRs and AGPRs), the least scratch the compiler can
-// reach until the MFMA kernel replaces the emulation.
+// Resident blocks per multiprocessor the kernel is built for (KVFUSE_LAUNCH_BOUNDS):
+// at most 128 registers a thread for 4; D = 256 needs more. (The CDNA kernel has its
+// own, mfma_attn::kBlocksPerCu.)
 template <int D>
-constexpr int kBlocksPerSm = kWarpSize == 64 ? 2 : (D == 256 ? 2 : 4);
-
-enum Mode : int32_t {
-  kModeUnified = 0,  // token grid, every row; decode rows take their whole context
-  kModePrefill = 1,  // token grid, prefill rows only (split path)
-  kModeDecode = 2,   // sequence grid x partitions, decode rows only (split path)
-};
+constexpr int kBlocksPerSm = D == 256 ? 2 : 4;
 
 // ---- tile geometry -----------------------------------------------------------------------
 
@@ -74,11 +67,11 @@ template <int D, KvKind K>
 struct Geo {
   static constexpr bool kBf16 = K == KvKind::bf16;
   static constexpr int kElemBytes = kBf16 ? 2 : 1;
-  static constexpr int kPiece = 16 / kElemBytes;        // elements per 16-byte load
-  static constexpr int kKWords = D * kElemBytes / 16;   // per lane and K key: D/4 elements
-  static constexpr int kVWords = D * kElemBytes / 32;   // per lane and V key: D/8 elements
-  static constexpr int kChunks = D / 16;                // k16 steps of QK = m16 tiles of PV
-  static constexpr int kQElems = D / 4;                 // Q elements per lane (its row)
+  static constexpr int kPiece = 16 / kElemBytes;       // elements per 16-byte load
+  static constexpr int kKWords = D * kElemBytes / 16;  // per lane and K key: D/4 elements
+  static constexpr int kVWords = D * kElemBytes / 32;  // per lane and V key: D/8 elements
+  static constexpr int kChunks = D / 16;               // k16 steps of QK = m16 tiles of PV
+  static constexpr int kQElems = D / 4;                // Q elements per lane (its row)
   // Next tile's K loads issued right after QK (small tiles) or with the V loads after PV
   // (tiles above 128 bytes a lane, which keep enough bytes in flight on their own and
   // would not fit the registers twice).
@@ -101,35 +94,6 @@ struct Ent {
   int32_t inpage;
 };
 
-struct Params {
-  AttnArgs a;
-  float* part_o;       // split: [row][q head][partition][D] partial outputs (v scale applied)
-  float* part_ml;      // split: [row][q head][partition][2] max (log2 domain), sum
-  int32_t part_len;    // split: fewest keys per partition, a multiple of kTileKeys
-  int32_t num_parts;   // split: partitions in the grid
-  int32_t mode;
-  int32_t ps_shift;    // log2(page_size) for powers of two, else -1
-  int32_t page_tiles;  // page_size % kTileKeys == 0: a tile lies in one page
-};
-
-// Split path: a decode row's visible keys [lo, pos] are cut into partitions of `len`
-// keys from base = lo rounded down to a tile, len = the span over the grid's partitions
-// (at least min_len, a multiple of the tile): every sequence spreads over the grid by its
-// own length, so a graph captured for a longer context stays balanced. Partitions
-// 0 .. last are used; the decode kernel and the merge compute the same.
-struct SplitRange {
-  int32_t base, len, last;
-};
-KVFUSE_DEVICE SplitRange split_range(int32_t lo, int32_t pos, int32_t num_parts, int32_t min_len) {
-  SplitRange r;
-  r.base = lo & ~(kTileKeys - 1);
-  const int32_t span = pos + 1 - r.base;
-  const int32_t even = ((span + num_parts - 1) / num_parts + kTileKeys - 1) & ~(kTileKeys - 1);
-  r.len = max(min_len, even);
-  r.last = (pos - r.base) / r.len;
-  return r;
-}
-
 // Four cache words of a tile from one 16-byte load: w[at .. at + 4).
 template <int N>
 KVFUSE_DEVICE void put_words(uint32_t (&w)[N], int at, uint4 x) {
@@ -141,25 +105,21 @@ KVFUSE_DEVICE void put_words(uint32_t (&w)[N], int at, uint4 x) {
 
 // ---- host side ------------------------------------------------------------------------
 
-inline Params base_params(const AttnArgs& a) {
-  Params p{};
-  p.a = a;
-  const int32_t ps = a.cache.page_size;
-  p.ps_shift = -1;
-  if ((ps & (ps - 1)) == 0) {
-    p.ps_shift = 0;
-    while ((1 << p.ps_shift) < ps) ++p.ps_shift;
-  }
-  p.page_tiles = ps % kTileKeys == 0 ? 1 : 0;
-  p.part_len = INT32_MAX;
-  p.num_parts = 1;
-  return p;
-}
-
 // Launches `blocks` blocks of the block kernel with p (p.mode says which rows they take)
 // for the cache's head_dim and format: kernels/attention_unified.cu, the one place the
 // attention kernel is instantiated.
 cudaError_t launch_attention_blocks(const Params& p, int64_t blocks, const AttnLaunch& l,
                                     cudaStream_t stream);
+
+// On CDNA the blocks are the MFMA kernel's (kernels/attention_mfma.h, launched from
+// kernels/attention_mfma.cu); elsewhere this returns cudaErrorInvalidValue.
+cudaError_t launch_attention_mfma(const Params& p, int64_t blocks, cudaStream_t stream);
+
+// Blocks of the kernel that launch_attention_blocks runs resident on one multiprocessor:
+// the split path's partition choice sizes its waves with it.
+inline int32_t attention_blocks_per_sm(int32_t head_dim) {
+  if (kWarpSize == 64) return mfma_attn::kBlocksPerCu;
+  return head_dim == 256 ? kBlocksPerSm<256> : kBlocksPerSm<128>;
+}
 
 }  // namespace kvfuse::gpu::attention_detail

@@ -458,7 +458,9 @@ cudaError_t launch_attention_blocks(const Params& p, int64_t blocks, const AttnL
   return dispatch_head_dim_format(p.a.cache.head_dim, p.a.cache.format, [&](auto hd, auto fmt) {
     constexpr int D = decltype(hd)::value;
     constexpr KvFormat F = decltype(fmt)::value;
-    if constexpr (F == KvFormat::bf16) {
+    if constexpr (kWarpSize == 64) {
+      return launch_attention_mfma(p, blocks, stream);  // CDNA: the matrix-core kernel
+    } else if constexpr (F == KvFormat::bf16) {
       return launch_main<D, KvKind::bf16>(p, blocks, stream, l.pdl);
     } else if constexpr (F == KvFormat::fp8_e4m3fn) {
       return l.fp8_decode == 1 ? launch_main<D, KvKind::e4m3fn_bits>(p, blocks, stream, l.pdl)

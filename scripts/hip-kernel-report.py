@@ -32,7 +32,13 @@ Gates (exit status 1 if any fails):
     no scratch, and the matrix instruction each wrapper promises in the ISA of each
     arch (MFMA_PROBE below): 16x16x16 bf16/f16 on both, 16x16x32 bf16/f16 as one
     instruction on gfx950 and as two 16x16x16 on gfx942;
-  - attention kernels: recorded, not gated (the MFMA kernel brings their gate).
+  - the MFMA attention kernels (kernels/attention_mfma.cu, every head_dim x KV format x
+    page mapping): no scratch, at least 2 waves per SIMD (its launch bounds: 2 blocks of
+    4 waves a CU), matrix instructions in the ISA (MFMA_ATTENTION below: 16x16x16 on
+    gfx942, 16x16x32 on gfx950), and the hardware FP8 decode where the arch has the
+    format: v_cvt_pk_f32_fp8 for e4m3fnuz on gfx942, v_cvt_scalef32_pk_f16_fp8 for
+    e4m3fn on gfx950 (the other e4m3 decodes by bit manipulation, e5m2 by a byte move);
+  - every other attention kernel (the split path's merge): recorded.
 
 Usage: hip-kernel-report.py BUILD_DIR TOOL_DIR
   TOOL_DIR holds clang-offload-bundler, llvm-objcopy, llvm-readelf, llvm-objdump
@@ -62,10 +68,18 @@ TARGETS = [
     ("rope", r"^rope_kernel", 4),
     ("sampling", r"^(sample_rows|argmax_rows)_kernel", 4),
     ("mfma", r"^mfma_probe_kernel<", 1),
+    ("attention", r"^attention_mfma_kernel<", 2),
     ("attention", r"^attention_", None),
     ("other", r"", None),
 ]
 FORMATS = {"0": "e4m3fn", "1": "e4m3fnuz", "2": "e5m2"}
+KV_FORMATS = ["bf16", "e4m3fn", "e4m3fnuz", "e5m2"]  # kernels/kv_types.h KvFormat
+# MFMA attention, per arch: the matrix instructions its bf16 / f16 operands become, and the
+# hardware FP8 decode: (format, instruction) the kernels of that format must contain.
+MFMA_ATTENTION = {
+    "gfx942": (("v_mfma_f32_16x16x16_bf16", "v_mfma_f32_16x16x16_f16"), ("e4m3fnuz", "v_cvt_pk_f32_fp8")),
+    "gfx950": (("v_mfma_f32_16x16x32_bf16", "v_mfma_f32_16x16x32_f16"), ("e4m3fn", "v_cvt_scalef32_pk_f16_fp8")),
+}
 MFMA_INSTRS = ["bf16_16x16x16", "f16_16x16x16", "bf16_16x16x32", "f16_16x16x32"]  # kernels/mfma_probe.cuh
 # (probe, arch) -> (mnemonic, how many) the kernel's ISA must contain.
 MFMA_PROBE = {
@@ -96,10 +110,11 @@ def run(*cmd):
 def short_name(demangled):
     s = re.sub(r"^void ", "", demangled)
     s = s.replace("kvfuse::gpu::(anonymous namespace)::", "").replace("attention_detail::", "")
-    s = s.replace("kvfuse::gpu::", "").replace("kvfuse::", "")
+    s = s.replace("kvfuse::gpu::", "").replace("kvfuse::", "").replace("(anonymous namespace)::", "")
     s = re.sub(r"\(KvSrcDtype\)0", "bf16", s)
     s = re.sub(r"\(KvSrcDtype\)1", "f16", s)
     s = re.sub(r"\(Fp8Format\)(\d)", lambda m: FORMATS[m.group(1)], s)
+    s = re.sub(r"\(KvFormat\)(\d)", lambda m: KV_FORMATS[int(m.group(1))], s)
     s = re.sub(r"\(KvKind\)(\d)", lambda m: ["bf16", "e4m3fn_hw", "e4m3fn_bits", "e4m3fnuz", "e5m2"][int(m.group(1))], s)
     s = s.replace("Fp8RowOp", "fp8").replace("Bf16RowOp", "bf16copy")
     s = re.sub(r"\(RowTeam\)(\d)", lambda m: ["warp_rows", "block_rows"][int(m.group(1))], s)
@@ -125,15 +140,15 @@ def kernels_of(code_object, tools):
 
 
 def isa_counts(code_object, arch, tools):
-    """{symbol: [packed fp8 converts, packed bf8 converts, {v_mfma mnemonic: count}]}
-    from the disassembly."""
+    """{symbol: [packed fp8 converts, packed bf8 converts, {v_mfma mnemonic: count},
+    {FP8 decode mnemonic: count}]} from the disassembly."""
     asm = run(tool(tools, "llvm-objdump"), "-d", "--mcpu=" + arch, code_object)
     counts, cur = {}, None
     for line in asm.splitlines():
         m = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
         if m:
             cur = m.group(1)
-            counts[cur] = [0, 0, {}]
+            counts[cur] = [0, 0, {}, {}]
         elif cur is not None:
             if "v_cvt_pk_fp8_f32" in line:
                 counts[cur][0] += 1
@@ -143,6 +158,9 @@ def isa_counts(code_object, arch, tools):
                 mfma = re.search(r"\b(v_mfma_\w+)", line)
                 if mfma:
                     counts[cur][2][mfma.group(1)] = counts[cur][2].get(mfma.group(1), 0) + 1
+                dec = re.search(r"\b(v_cvt_pk_f32_fp8|v_cvt_scalef32_pk_f16_fp8)", line)
+                if dec:
+                    counts[cur][3][dec.group(1)] = counts[cur][3].get(dec.group(1), 0) + 1
     return counts
 
 
@@ -188,13 +206,14 @@ def main():
                 for k, dm in zip(kernels_of(co, tools), demangled):
                     name = short_name(dm)
                     family, target_occ = next((f, t) for f, p, t in TARGETS if re.search(p, name))
-                    fp8, bf8, mfma = isa.get(k["name"], [0, 0, {}])
+                    fp8, bf8, mfma, decode = isa.get(k["name"], [0, 0, {}, {}])
                     rows.append(dict(arch=arch, src=os.path.basename(obj).replace(".o", ""), name=name, family=family,
                                      target=target_occ, vgpr=int(k["vgpr_count"]), agpr=int(k["agpr_count"]),
                                      scratch=int(k["private_segment_fixed_size"]),
                                      lds=int(k["group_segment_fixed_size"]),
                                      block=int(k["max_flat_workgroup_size"]), occ=occupancy(k, arch),
                                      dyn=k.get("uses_dynamic_stack") == "true", fp8=fp8, bf8=bf8, mfma=mfma,
+                                     decode=decode,
                                      sym=k["name"]))
 
     rows.sort(key=lambda r: (r["src"], r["name"], r["arch"]))
@@ -232,6 +251,17 @@ def main():
                 verdict = (verdict + " " if verdict != "ok" else "") + "FAIL %s x%d, want x%d" % (mnemonic, have, need)
             else:
                 verdict += " (%s x%d)" % (mnemonic, have)
+        attn = re.match(r"^attention_mfma_kernel<(\d+),(\w+),(\w+)>", r["name"])
+        if attn:
+            (bf16_mfma, f16_mfma), (hw_fmt, hw_cvt) = MFMA_ATTENTION[r["arch"]]
+            want = bf16_mfma if attn.group(2) == "bf16" else f16_mfma
+            if r["mfma"].get(want, 0) == 0:
+                verdict = (verdict + " " if verdict != "ok" else "") + "FAIL no " + want
+            if attn.group(2) == hw_fmt:
+                if r["decode"].get(hw_cvt, 0) == 0:
+                    verdict = (verdict + " " if verdict != "ok" else "") + "FAIL no " + hw_cvt
+                else:
+                    verdict += " (%s x%d)" % (hw_cvt, r["decode"][hw_cvt])
         if "FAIL" in verdict:
             failures.append("%s %s: %s" % (r["arch"], r["name"], verdict))
         print("%-6s  %-*s  %5d %5d %7d %6d %5d %4g/%-4s %5s %4s  %s" %
@@ -250,6 +280,16 @@ def main():
             for r in probes) or "no probe kernels"))
         if len(probes) != len(MFMA_INSTRS):
             failures.append("%s: %d MFMA probe kernels, want %d" % (arch, len(probes), len(MFMA_INSTRS)))
+    for arch in ARCH:
+        attn = [r for r in rows if r["arch"] == arch and r["name"].startswith("attention_mfma_kernel<")]
+        print("hip-kernel-report: %s: MFMA attention: %d kernels, VGPR %s, scratch %s, occupancy %s waves/SIMD, "
+              "%d matrix instructions, %d hardware FP8 decodes" % (
+                  arch, len(attn), "%d..%d" % (min(r["vgpr"] for r in attn), max(r["vgpr"] for r in attn)) if attn
+                  else "-", max([r["scratch"] for r in attn] or [0]),
+                  "%g..%g" % (min(r["occ"] for r in attn), max(r["occ"] for r in attn)) if attn else "-",
+                  sum(sum(r["mfma"].values()) for r in attn), sum(sum(r["decode"].values()) for r in attn)))
+        if len(attn) != 3 * 4 * 2:  # head dims x KV formats x page mappings
+            failures.append("%s: %d MFMA attention kernels, want 24" % (arch, len(attn)))
     for arch in ARCH:
         if not any(r["arch"] == arch for r in rows):
             failures.append("no code object for " + arch)
