@@ -18,6 +18,10 @@
 //   contexts (fewer blocks than multiprocessors) belong on the split path (the GPU
 //   backend routes them there).
 //
+// The blocks are kernels/attention_tile.cuh's on NVIDIA (mma.sync, 32-lane warps) and
+// kernels/attention_mfma.h's on CDNA (MFMA, 64-lane waves, up to 16 query rows a block);
+// grids, modes, the split arithmetic and the numerics are the same.
+//
 // All launchers are asynchronous, never read device memory on the host, and are safe to
 // capture in a CUDA/HIP graph. Grids come from host fields of AttnBatch (num_seqs,
 // num_tokens, max_context_len, max_query_len), so a captured graph stays correct for any

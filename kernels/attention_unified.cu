@@ -21,7 +21,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // The last s with query_start[s] <= tok, found by the whole block in one round per
 // kThreads sequences (query_start is non-decreasing).
-KVFUSE_DEVICE int32_t block_find_seq(const int32_t* query_start, int32_t num_seqs, int64_t tok) {
+[[maybe_unused]] KVFUSE_DEVICE int32_t block_find_seq(const int32_t* query_start, int32_t num_seqs, int64_t tok) {
   int32_t count = 0;
   for (int32_t s0 = 0; s0 < num_seqs; s0 += kThreads) {
     const int32_t s = s0 + int32_t(threadIdx.x);

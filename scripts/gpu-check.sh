@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The one command that builds and runs the GPU parity tests and the kernel benchmarks
-# on a CUDA machine (the H200 of issues 3 and 5):
+# on a CUDA or ROCm machine:
 #
-#   scripts/gpu-check.sh
+#   scripts/gpu-check.sh                    # NVIDIA (nvcc), e.g. an H200
+#   KVFUSE_GPU=HIP scripts/gpu-check.sh     # AMD (ROCm clang), e.g. an MI300X or MI355X
 #
-# It needs only a CUDA toolkit, cmake (>= 3.22) and a host compiler: it configures the
+# KVFUSE_GPU defaults to CUDA where nvcc is found, else HIP where a ROCm clang is.
+# It needs only the vendor toolkit, cmake (>= 3.22) and a host compiler: it configures the
 # standalone GPU build of tests/gpu/CMakeLists.txt (kernels, the CPU KV-write and
 # attention references, the tests and bench/; no absl, gRPC or BLAS), builds it, runs
 # the parity programs, bench_kv_write and bench_attention, then (if compute-sanitizer
@@ -16,14 +18,20 @@
 # if unset, build-gpu-check/logs. Exit status: 0 if the build and every test passed (or
 # were skipped for lack of a GPU), 1 otherwise.
 #
-# Environment: KVFUSE_CUDA_ARCH (default 90a), KVFUSE_GPU_BUILD_DIR (default
-# build-gpu-check), KVFUSE_BENCH_ROUNDS (default 15), KVFUSE_ATTN_BENCH_ROUNDS (default 9),
-# KVFUSE_SANITIZER_TIMEOUT (s per memcheck run, 150).
+# On AMD it builds for the GPU's own arch (rocm_agent_enumerator or amdgpu-arch; else
+# gfx942 and gfx950), runs the same parity programs plus test_mfma_gpu (the matrix
+# instructions' lane layouts against the host emulator) and the benchmarks, whose tables
+# give the fraction of the device's HBM peak (MI300X 5.3 TB/s, MI325X 6, MI355X 8); there
+# is no memcheck and no engine bundle step on AMD.
+#
+# Environment: KVFUSE_GPU (CUDA or HIP), KVFUSE_CUDA_ARCH (default 90a), KVFUSE_HIP_ARCH
+# (default: the GPU's), KVFUSE_GPU_BUILD_DIR (default build-gpu-check), KVFUSE_BENCH_ROUNDS
+# (default 15), KVFUSE_ATTN_BENCH_ROUNDS (default 9), KVFUSE_SANITIZER_TIMEOUT (s per
+# memcheck run, 150).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${KVFUSE_GPU_BUILD_DIR:-build-gpu-check}
 out=${OUT:-$build/logs}
-arch=${KVFUSE_CUDA_ARCH:-90a}
 mkdir -p "$out"
 summary="$out/summary.txt"
 log="$out/build.log"
@@ -36,24 +44,55 @@ nvcc=$(command -v nvcc || true)
 if [[ -z $nvcc ]]; then
   nvcc=$(ls -d /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc 2>/dev/null | head -1 || true)
 fi
-if [[ -z $nvcc ]]; then
-  note "FAIL: no nvcc on PATH or under /usr/local/cuda*/bin"
+hipcxx=""
+for c in /opt/rocm/llvm/bin/clang++ "$(command -v clang++-21 || true)"; do
+  [[ -n $c && -x $c ]] && { hipcxx=$c; break; }
+done
+vendor=${KVFUSE_GPU:-$([[ -n $nvcc || -z $hipcxx ]] && echo CUDA || echo HIP)}
+generator=()
+if command -v ninja >/dev/null; then generator=(-G Ninja); fi
+if [[ $vendor == HIP ]]; then
+  if [[ -z $hipcxx ]]; then
+    note "FAIL: KVFUSE_GPU=HIP but no ROCm clang (/opt/rocm/llvm/bin/clang++ or clang++-21)"
+    exit 1
+  fi
+  arch=${KVFUSE_HIP_ARCH:-}
+  if [[ -z $arch ]]; then
+    for probe in rocm_agent_enumerator /opt/rocm/bin/rocm_agent_enumerator amdgpu-arch /opt/rocm/llvm/bin/amdgpu-arch; do
+      if command -v "$probe" >/dev/null 2>&1; then
+        arch=$("$probe" 2>/dev/null | grep -E '^gfx9(42|50)' | sort -u | paste -sd';' -)
+        [[ -n $arch ]] && break
+      fi
+    done
+  fi
+  arch=${arch:-gfx942;gfx950}
+  prefix=()
+  [[ -d /opt/rocm ]] && prefix=(-DCMAKE_PREFIX_PATH=/opt/rocm)
+  configure=(-DKVFUSE_GPU=HIP -DCMAKE_HIP_COMPILER="$hipcxx" -DCMAKE_HIP_ARCHITECTURES="$arch" "${prefix[@]}")
+  tool="$hipcxx"
+elif [[ -z $nvcc ]]; then
+  note "FAIL: no nvcc on PATH or under /usr/local/cuda*/bin (KVFUSE_GPU=HIP for AMD)"
   exit 1
+else
+  arch=${KVFUSE_CUDA_ARCH:-90a}
+  configure=(-DKVFUSE_GPU=CUDA -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch")
+  tool="$nvcc"
 fi
 {
   date -u
-  nvidia-smi 2>&1 || echo "nvidia-smi unavailable"
-  "$nvcc" --version
+  if [[ $vendor == HIP ]]; then
+    rocm-smi 2>&1 || rocminfo 2>&1 | grep -E "Marketing Name|gfx" | head -8 || echo "rocm-smi unavailable"
+  else
+    nvidia-smi 2>&1 || echo "nvidia-smi unavailable"
+  fi
+  "$tool" --version
   cmake --version | head -1
   c++ --version 2>&1 | head -1
   echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(git status --porcelain 2>/dev/null | wc -l) changed"
 } >"$log" 2>&1
-note "nvcc $nvcc, arch sm_$arch, logs in $out"
+note "$vendor: $tool, arch $arch, logs in $out"
 
-generator=()
-if command -v ninja >/dev/null; then generator=(-G Ninja); fi
-if ! cmake -S tests/gpu -B "$build" "${generator[@]}" -DKVFUSE_GPU=CUDA -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" >>"$log" 2>&1; then
+if ! cmake -S tests/gpu -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "${configure[@]}" >>"$log" 2>&1; then
   tail -30 "$log"
   note "FAIL: configure (see build.log) after $(elapsed)"
   exit 1
@@ -68,7 +107,9 @@ note "built in $(elapsed)"
 status=0
 tests_log="$out/gpu_tests.log"
 : >"$tests_log"
-for t in test_fp8_convert_gpu test_kv_write_gpu test_attention_gpu; do
+tests=(test_fp8_convert_gpu test_kv_write_gpu test_attention_gpu)
+[[ $vendor == HIP ]] && tests+=(test_mfma_gpu)
+for t in "${tests[@]}"; do
   echo "=== $t" >>"$tests_log"
   "$build/$t" >"$build/$t.log" 2>&1
   rc=$?
@@ -91,8 +132,11 @@ done
 # Out-of-bounds accesses would not always change the values compared above: memcheck
 # the KV-write and attention tests (reduced matrices), output appended to
 # gpu_tests.log. "Device not supported" (gVisor) is a skip.
-san=$(command -v compute-sanitizer || ls -d /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-if [[ -n $san ]]; then
+san=""
+[[ $vendor == CUDA ]] && san=$(command -v compute-sanitizer || ls -d /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [[ $vendor == HIP ]]; then
+  note "compute-sanitizer: SKIP (NVIDIA only)"
+elif [[ -n $san ]]; then
   for t in test_kv_write_gpu test_attention_gpu; do
     KVFUSE_GPU_TEST_QUICK=1 timeout "${KVFUSE_SANITIZER_TIMEOUT:-150}" "$san" --tool memcheck --error-exitcode 3 \
       "$build/$t" >"$build/$t.memcheck.log" 2>&1
@@ -117,7 +161,9 @@ fi
 # bundle scripts/gpu-bundle.sh builds on a machine with the Debian libraries (the device
 # machine has none of them). Skipped when no bundle was carried along.
 bundle=.device-bundle
-if [[ -x $bundle/test_gpu_backend ]]; then
+if [[ $vendor == HIP ]]; then
+  note "engine tests: SKIP (the device bundle is CUDA's; on AMD run the HIP build's test_gpu_backend and test_gpu_engine)"
+elif [[ -x $bundle/test_gpu_backend ]]; then
   cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
   export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   : >"$out/engine.log"
