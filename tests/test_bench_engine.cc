@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "bench/common/device_info.h"
 #include "bench/common/json_writer.h"
 #include "bench/common/peak_bandwidth.h"
+#include "bench/engine/engine_cells.h"
 #include "bench/engine/roofline.h"
 #include "src/loading/model_spec.h"
 
@@ -272,4 +274,20 @@ TEST_CASE("bench/common: kernel benchmark arguments", "[bench]") {
   CHECK(parse({"--peak-gbs", "-1"}, false, a) == 2);
   CHECK(parse({"--peak-gbs", "abc"}, false, a) == 2);
   CHECK(parse({"--bogus"}, false, a) == 2);
+}
+
+TEST_CASE("bench-engine plot: y ticks fit the data's range") {
+  // Step / roofline ratios of a typical run (1.2 .. 1.8, the roofline at 1 in range).
+  const std::vector<double> t = y_ticks(0.98, 1.85);
+  REQUIRE(t.size() >= 3);
+  CHECK(t.size() <= 8);
+  CHECK(t.front() == 1.0);
+  for (double v : t) CHECK((v >= 0.98 && v <= 1.85));
+  // Several decades: coarse 1-2-5 ticks.
+  const std::vector<double> wide = y_ticks(0.5, 300);
+  CHECK(wide.size() <= 8);
+  CHECK(wide.size() >= 3);
+  CHECK(std::find(wide.begin(), wide.end(), 100.0) != wide.end());
+  // A narrow range still gets at least one tick.
+  CHECK(!y_ticks(1.0, 1.06).empty());
 }

@@ -31,6 +31,27 @@ Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs) {
   return f;
 }
 
+std::vector<double> y_ticks(double lo, double hi) {
+  // Mantissas of each decade, finest first; the finest that puts at most 8 ticks in range wins.
+  static const std::vector<std::vector<double>> kSets = {
+      {1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9, 2.0, 2.2, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0},
+      {1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0},
+      {1.0, 2.0, 5.0},
+      {1.0}};
+  std::vector<double> t;
+  for (const std::vector<double>& set : kSets) {
+    t.clear();
+    for (int e = int(std::floor(std::log10(lo))); e <= int(std::ceil(std::log10(hi))); ++e) {
+      for (double m : set) {
+        const double v = m * std::pow(10.0, e);
+        if (v >= lo && v <= hi) t.push_back(v);
+      }
+    }
+    if (t.size() <= 8) break;
+  }
+  return t;
+}
+
 std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant>& vars,
                        const std::vector<int>& contexts, double peak_gbs, const std::string& title,
                        const std::string& subtitle) {
@@ -52,8 +73,11 @@ std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant
     }
     if (any) ctxs.push_back(c);
   }
-  const double ylo = std::pow(10.0, std::floor(std::log10(lo) * 4) / 4 - 0.05);
-  const double yhi = std::pow(10.0, std::ceil(std::log10(hi) * 4) / 4 + 0.05);
+  // The y range is the data's (and the roofline's, 1) with a margin of 4% of the span
+  // on each side, so cells a few percent apart stay apart on the page.
+  const double span = std::max(std::log10(hi / lo), 0.02);
+  const double ylo = lo / std::pow(10.0, 0.04 * span), yhi = hi * std::pow(10.0, 0.04 * span);
+  const std::vector<double> ticks = y_ticks(ylo, yhi);
   const double xlo = std::log2(std::max(1, bmin)) - 0.3, xhi = std::log2(std::max(bmin, bmax)) + 0.3;
   const int ncol = std::max<int>(1, std::min<int>(4, int(ctxs.size())));
   const int nrow = std::max<int>(1, (int(ctxs.size()) + ncol - 1) / ncol);
@@ -111,15 +135,10 @@ std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant
       << "' fill='none' stroke='#999'/>\n";
     s << "<text x='" << x0 + pw / 2 << "' y='" << y0 - 6
       << "' text-anchor='middle' font-weight='bold'>context " << ctxs[p] << "</text>\n";
-    for (int e = int(std::floor(std::log10(ylo))); e <= int(std::ceil(std::log10(yhi))); ++e) {
-      for (double m : {1.0, 2.0, 5.0}) {
-        const double v = m * std::pow(10.0, e);
-        if (v < ylo || v > yhi || (m != 1.0 && yhi / ylo > 300)) continue;  // 2 and 5 only over few decades
-        s << "<line x1='" << x0 << "' x2='" << x0 + pw << "' y1='" << Y(v) << "' y2='" << Y(v) << "' stroke='"
-          << (v == 1.0 ? "#333" : "#eee") << "'" << (v == 1.0 ? " stroke-dasharray='3 3'" : "")
-          << "/><text x='" << x0 - 5 << "' y='" << Y(v) + 4 << "' text-anchor='end'>" << fmt(v)
-          << "</text>\n";
-      }
+    for (double v : ticks) {
+      s << "<line x1='" << x0 << "' x2='" << x0 + pw << "' y1='" << Y(v) << "' y2='" << Y(v) << "' stroke='"
+        << (v == 1.0 ? "#333" : "#eee") << "'" << (v == 1.0 ? " stroke-dasharray='3 3'" : "")
+        << "/><text x='" << x0 - 5 << "' y='" << Y(v) + 4 << "' text-anchor='end'>" << fmt(v) << "</text>\n";
     }
     if (ylo <= 1.0 && 1.0 <= yhi)
       s << "<text x='" << x0 + pw - 4 << "' y='" << Y(1.0) - 4

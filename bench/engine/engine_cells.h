@@ -41,6 +41,10 @@ struct Figures {
 // A cell's figures for one variant's repetitions.
 Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs);
 
+// Tick values for a log axis over [lo, hi]: round values of each decade, as many as fit
+// (the finest of 1-2-5-like series with at most 8 in range).
+std::vector<double> y_ticks(double lo, double hi);
+
 // Small multiples, one panel per context: step time / roofline (log y) against batch size
 // (log2 x), a line per variant with 95% intervals, and the roofline at 1.
 std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant>& vars,
