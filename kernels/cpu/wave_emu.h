@@ -44,18 +44,7 @@ class BlockEmu {
     body_ = &body;
     for (WaveState& ws : wave_state_) ws.arrived = 0;
     block_arrived_ = 0;
-    for (int t = 0; t < n; ++t) {
-      Fiber& f = fibers_[size_t(t)];
-      if (stacks_.size() <= size_t(t)) stacks_.push_back(std::make_unique<char[]>(kStackBytes));
-      getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = stacks_[size_t(t)].get();
-      f.ctx.uc_stack.ss_size = kStackBytes;
-      f.ctx.uc_link = &main_;
-      // makecontext passes ints: the block and the thread index, as two halves.
-      const uintptr_t self = reinterpret_cast<uintptr_t>(this);
-      makecontext(&f.ctx, reinterpret_cast<void (*)()>(&BlockEmu::entry), 3, int(uint32_t(self)),
-                  int(uint32_t(uint64_t(self) >> 32)), t);
-    }
+    for (int t = 0; t < n; ++t) make_fiber(t);
     int done = 0;
     while (done < n) {
       bool progressed = false;
@@ -165,6 +154,21 @@ class BlockEmu {
     // The operands as matrices: A[row][k] and B^T[col][k], fp32.
     std::array<std::array<std::array<float, 32>, 16>, 2> ma{}, mb{};
   };
+
+  // getcontext returns twice; kept out of run() so that run's locals need no care
+  // (-Wclobbered).
+  [[gnu::noinline]] void make_fiber(int t) {
+    Fiber& f = fibers_[size_t(t)];
+    if (stacks_.size() <= size_t(t)) stacks_.push_back(std::make_unique<char[]>(kStackBytes));
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = stacks_[size_t(t)].get();
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = &main_;
+    // makecontext passes ints: the emulator's address in two halves, and the thread.
+    const uint64_t self = uint64_t(reinterpret_cast<uintptr_t>(this));
+    makecontext(&f.ctx, reinterpret_cast<void (*)()>(&BlockEmu::entry), 3, int(uint32_t(self)),
+                int(uint32_t(self >> 32)), t);
+  }
 
   static void entry(int lo, int hi, int t) {
     auto* self = reinterpret_cast<BlockEmu*>(uintptr_t(uint32_t(lo)) | (uintptr_t(uint32_t(hi)) << 32));
