@@ -107,7 +107,7 @@ note "built in $(elapsed)"
 status=0
 tests_log="$out/gpu_tests.log"
 : >"$tests_log"
-tests=(test_fp8_convert_gpu test_kv_write_gpu test_attention_gpu)
+tests=(test_fp8_convert_gpu test_kv_write_gpu test_attention_gpu test_gemv_gpu)
 [[ $vendor == HIP ]] && tests+=(test_mfma_gpu)
 for t in "${tests[@]}"; do
   echo "=== $t" >>"$tests_log"

@@ -25,7 +25,7 @@ GemmCacheKey key(int64_t m, const char* device = "NVIDIA H200 sm_90 cuBLASLt 130
 }
 
 GemmCacheEntry entry(uint8_t fill, double us) {
-  return GemmCacheEntry{std::vector<uint8_t>(64, fill), us, "graph"};
+  return GemmCacheEntry{std::vector<uint8_t>(64, fill), us, "graph", ""};
 }
 
 }  // namespace
@@ -49,6 +49,29 @@ TEST_CASE("gemm cache: one process's choices are another's, per device and shape
   CHECK(c.find(key(1)).has_value());
   CHECK(c.find(key(8)).has_value());
   CHECK(a.find(key(8)).has_value());
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("gemm cache: a shape that runs kvfuse's own GEMV keeps that, with no library algorithm",
+          "[gemm_cache]") {
+  const std::string dir = temp_dir();
+  const std::string path = dir + "/gemm-algos.json";
+  GemmAlgoCache a(path);
+  GemmCacheEntry e;
+  e.us = 9.5;
+  e.method = "graph";
+  e.kernel = "kvfuse-gemv";
+  REQUIRE(a.store(key(1), e).ok());
+  REQUIRE(a.store(key(8), entry(0x22, 30.0)).ok());
+  GemmAlgoCache b(path);
+  auto got = b.find(key(1));
+  REQUIRE(got.has_value());
+  CHECK(got->kernel == "kvfuse-gemv");
+  CHECK(got->algo.empty());
+  CHECK(got->us == 9.5);
+  auto lib = b.find(key(8));
+  REQUIRE(lib.has_value());
+  CHECK(lib->kernel.empty());  // the library's: no "kernel" in the file
   std::filesystem::remove_all(dir);
 }
 

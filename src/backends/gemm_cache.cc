@@ -112,6 +112,7 @@ std::optional<std::map<GemmCacheKey, GemmCacheEntry>> GemmAlgoCache::parse(const
     entry.algo = std::move(*algo);
     entry.us = e.value("us", 0.0);
     entry.method = e.value("method", "");
+    entry.kernel = e.value("kernel", "");
     out[key] = std::move(entry);
   }
   return out;
@@ -130,6 +131,7 @@ std::string GemmAlgoCache::serialize(const std::map<GemmCacheKey, GemmCacheEntry
                             {"algo", to_hex(e.algo)},
                             {"us", e.us},
                             {"method", e.method}});
+    if (!e.kernel.empty()) j["entries"].back()["kernel"] = e.kernel;
   }
   return j.dump(1) + "\n";
 }

@@ -23,6 +23,7 @@
 #include "kernels/sampling.cuh"
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
+#include "kernels/gemv.cuh"
 #include "src/backends/gemm_cache.h"
 #include "src/backends/gpu/blaslt.h"
 #include "src/common/status_macros.h"
@@ -388,6 +389,7 @@ class GpuBackend final : public Backend {
     blasLtMatmulDesc_t desc = nullptr;
     blasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     blasLtMatmulAlgo_t algo{};
+    bool gemv = false;  // kvfuse's GEMV (kernels/gemv.cuh) instead of the library
     GemmPlan() = default;
     GemmPlan(const GemmPlan&) = delete;
     GemmPlan& operator=(const GemmPlan&) = delete;
@@ -412,7 +414,9 @@ class GpuBackend final : public Backend {
   // (src/backends/gemm_cache.h: KVFUSE_GEMM_CACHE, default ~/.cache/kvfuse/gemm-algos.json),
   // keyed by device, library version and shape, so that every process on the machine (two
   // servers A/B-ed side by side) runs the same kernels and a restart does not tune again.
-  // KVFUSE_GEMM_TUNE_LOG=1 prints each decision to stderr.
+  // KVFUSE_GEMM_TUNE_LOG=1 prints each decision to stderr. Shapes of at most
+  // gpu::kGemvMaxRows rows also time kvfuse's GEMV (kernels/gemv.cuh) the same way, and
+  // run it where it is the fastest (KVFUSE_GEMV=0 leaves it out).
   static constexpr int64_t kTuneMaxRows = 512;
   static constexpr int kTuneCandidates = 8;
   static constexpr int kTuneCalls = 16;
@@ -431,8 +435,12 @@ class GpuBackend final : public Backend {
     static std::mutex m;
     return m;
   }
-  static std::map<std::pair<int, GemmKey>, blasLtMatmulAlgo_t>& tuned_algos() {
-    static auto* m = new std::map<std::pair<int, GemmKey>, blasLtMatmulAlgo_t>();
+  struct TunedChoice {
+    blasLtMatmulAlgo_t algo;
+    bool gemv;
+  };
+  static std::map<std::pair<int, GemmKey>, TunedChoice>& tuned_algos() {
+    static auto* m = new std::map<std::pair<int, GemmKey>, TunedChoice>();
     return *m;
   }
   static GemmAlgoCache& algo_cache() {
@@ -452,18 +460,38 @@ class GpuBackend final : public Backend {
   float time_in_graph(GemmPlan& plan, const bf16_t* x, void* out, const blasLtMatmulAlgo_t& algo,
                       const std::vector<const void*>& weights, cudaEvent_t e0, cudaEvent_t e1) {
     const float alpha = 1.0f, beta = 0.0f;
-    auto call = [&](const void* w) {
-      return blasLtMatmul(blas_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.d, out, plan.d, &algo,
-                          blas_workspace_.get(), blas_workspace_.bytes(), stream_);
-    };
+    return time_calls_in_graph(
+        [&](const void* w) {
+          return blasLtMatmul(blas_, plan.desc, &alpha, w, plan.a, x, plan.b, &beta, out, plan.d, out, plan.d, &algo,
+                              blas_workspace_.get(), blas_workspace_.bytes(), stream_) == BLAS_STATUS_SUCCESS;
+        },
+        weights, e0, e1);
+  }
+
+  // The same for kvfuse's GEMV.
+  float time_gemv_in_graph(const bf16_t* x, int64_t m, const LinearWeight& w, void* out, bool out_f32,
+                           const std::vector<const void*>& weights, cudaEvent_t e0, cudaEvent_t e1) {
+    return time_calls_in_graph(
+        [&](const void* wc) {
+          return gpu::launch_gemv_bf16(x, m, static_cast<const bf16_t*>(wc), w.n, w.k, out, out_f32, stream_,
+                                       ops_pdl_)
+              .ok();
+        },
+        weights, e0, e1);
+  }
+
+  // kTuneCalls calls of `call(weights)` captured back to back in a graph: one warm replay,
+  // then the fastest of three, per call; negative when a call fails.
+  template <class Call>
+  float time_calls_in_graph(Call&& call, const std::vector<const void*>& weights, cudaEvent_t e0, cudaEvent_t e1) {
     // Once eagerly: the candidate runs at all, and its kernel is loaded before the capture.
-    if (call(weights[0]) != BLAS_STATUS_SUCCESS || cudaStreamSynchronize(stream_) != cudaSuccess) {
+    if (!call(weights[0]) || cudaStreamSynchronize(stream_) != cudaSuccess) {
       (void)cudaGetLastError();
       return -1.0f;
     }
     if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1.0f;
     bool ok = true;
-    for (int i = 0; i < kTuneCalls; ++i) ok = ok && call(weights[size_t(i) % weights.size()]) == BLAS_STATUS_SUCCESS;
+    for (int i = 0; i < kTuneCalls; ++i) ok = call(weights[size_t(i) % weights.size()]) && ok;
     cudaGraph_t graph = nullptr;
     ok = cudaStreamEndCapture(stream_, &graph) == cudaSuccess && ok;
     cudaGraphExec_t exec = nullptr;
@@ -508,6 +536,11 @@ class GpuBackend final : public Backend {
     return ok ? total / 3.0f : -1.0f;
   }
 
+  // kvfuse's GEMV may run this call (it is a candidate and the operands suit it).
+  static bool gemv_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out) {
+    return env_flag("KVFUSE_GEMV", true) && gpu::gemv_unsupported(x, m, w.w.get(), w.n, w.k, out).empty();
+  }
+
   absl::StatusOr<GemmPlan*> gemm_plan(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
                                       decltype(BLAS_R_32F) out_type) {
     const GemmKey key{m, w.n, w.k, int(out_type)};
@@ -524,21 +557,27 @@ class GpuBackend final : public Backend {
 
     const TuneMode mode = capturing_ || m > kTuneMaxRows ? TuneMode::off : tune_mode();
     const std::pair<int, GemmKey> tuned_key{device_, key};
+    bool cached_gemv = false;
     if (mode != TuneMode::off) {
       std::lock_guard<std::mutex> lock(tuned_mutex());
       auto it = tuned_algos().find(tuned_key);
       if (it != tuned_algos().end()) {
-        plan->algo = it->second;
+        plan->algo = it->second.algo;
+        plan->gemv = it->second.gemv && gemv_usable(x, m, w, out);
         return plans_.emplace(key, std::move(plan)).first->second.get();
       }
       // Another process's choice for this device, library and shape.
-      if (auto cached = algo_cache().find(cache_key(key)); cached && cached->algo.size() == sizeof(blasLtMatmulAlgo_t)) {
+      auto cached = algo_cache().find(cache_key(key));
+      // kvfuse's GEMV: the library's first choice is still looked up below, for calls
+      // whose operands the GEMV does not take.
+      cached_gemv = cached && cached->kernel == "kvfuse-gemv" && gemv_usable(x, m, w, out);
+      if (cached && cached->kernel.empty() && cached->algo.size() == sizeof(blasLtMatmulAlgo_t)) {
         std::memcpy(&plan->algo, cached->algo.data(), sizeof(blasLtMatmulAlgo_t));
         const float alpha = 1.0f, beta = 0.0f;
         // It must run here (the file could come from another build of the same version).
         if (blasLtMatmul(blas_, plan->desc, &alpha, w.w.get(), plan->a, x, plan->b, &beta, out, plan->d, out, plan->d,
                          &plan->algo, blas_workspace_.get(), blas_workspace_.bytes(), stream_) == BLAS_STATUS_SUCCESS) {
-          tuned_algos().emplace(tuned_key, plan->algo);
+          tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, false});
           return plans_.emplace(key, std::move(plan)).first->second.get();
         }
         (void)cudaGetLastError();
@@ -556,15 +595,17 @@ class GpuBackend final : public Backend {
         blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     blasLtMatmulHeuristicResult_t heur[kTuneCandidates] = {};
     int found_n = 0;
+    const bool timed = mode != TuneMode::off && !cached_gemv;
     KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p,
-                                             mode != TuneMode::off ? kTuneCandidates : 1, heur, &found_n));
+                                             timed ? kTuneCandidates : 1, heur, &found_n));
     if (found_n == 0) {
       return absl::InternalError(
           absl::StrCat(KVFUSE_BLASLT_NAME, ": no algorithm for a ", m, "x", w.n, "x", w.k, " bf16 GEMM"));
     }
     int best = 0;
     std::vector<float> ms(size_t(found_n), -1.0f);
-    if (mode != TuneMode::off && found_n > 1) {
+    float gemv_ms = -1.0f;
+    if (timed && found_n > 1) {
       // Timed on the real operands (the output is rewritten by the call that follows).
       if (l2_flush_.bytes() == 0) {
         auto f = alloc(kL2FlushBytes);
@@ -588,30 +629,43 @@ class GpuBackend final : public Backend {
         ms[size_t(c)] = mode == TuneMode::graph ? time_in_graph(*plan, x, out, heur[c].algo, weights, e0, e1)
                                                 : time_isolated(*plan, x, out, w.w.get(), heur[c].algo, e0, e1);
       }
+      if (mode == TuneMode::graph && gemv_usable(x, m, w, out)) {
+        gemv_ms = time_gemv_in_graph(x, m, w, out, out_type == BLAS_R_32F, weights, e0, e1);
+      }
       KVFUSE_CUDA(cudaEventDestroy(e0));
       KVFUSE_CUDA(cudaEventDestroy(e1));
       KVFUSE_CUDA(cudaStreamSynchronize(stream_));
       for (int c = 0; c < found_n; ++c) {
         if (ms[size_t(c)] >= 0 && (ms[size_t(best)] < 0 || ms[size_t(c)] < ms[size_t(best)])) best = c;
       }
+      plan->gemv = gemv_ms >= 0 && (ms[size_t(best)] < 0 || gemv_ms < ms[size_t(best)]);
       if (env_flag("KVFUSE_GEMM_TUNE_LOG", false)) {
         std::fprintf(stderr,
-                     "kvfuse gemm tune (%s) %lldx%lldx%lld %s: %d candidates, heuristic first %.4f ms, chosen #%d "
-                     "%.4f ms\n",
+                     "kvfuse gemm tune (%s) %lldx%lldx%lld %s: %d candidates, heuristic first %.4f ms, best #%d "
+                     "%.4f ms, kvfuse gemv %.4f ms: %s\n",
                      mode == TuneMode::graph ? "graph" : "isolated", (long long)m, (long long)w.n, (long long)w.k,
                      out_type == BLAS_R_32F ? "f32" : "bf16", found_n, double(ms[0]), best,
-                     double(ms[size_t(best)]));
+                     double(ms[size_t(best)]), double(gemv_ms), plan->gemv ? "gemv" : "library");
       }
     }
     plan->algo = heur[best].algo;
+    if (cached_gemv) plan->gemv = true;
     if (mode != TuneMode::off) {
       std::lock_guard<std::mutex> lock(tuned_mutex());
-      tuned_algos().emplace(tuned_key, plan->algo);
-      if (mode == TuneMode::graph && found_n > 1 && ms[size_t(best)] >= 0) {
+      tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, plan->gemv});
+      // A choice made without the GEMV (KVFUSE_GEMV=0) stays in this process: the file is
+      // for choices among every candidate.
+      const bool every_candidate = env_flag("KVFUSE_GEMV", true) || m > gpu::kGemvMaxRows;
+      if (timed && every_candidate && mode == TuneMode::graph && found_n > 1 && ms[size_t(best)] >= 0) {
         GemmCacheEntry e;
-        e.algo.resize(sizeof(blasLtMatmulAlgo_t));
-        std::memcpy(e.algo.data(), &plan->algo, sizeof(blasLtMatmulAlgo_t));
-        e.us = double(ms[size_t(best)]) * 1e3;
+        if (plan->gemv) {
+          e.kernel = "kvfuse-gemv";
+          e.us = double(gemv_ms) * 1e3;
+        } else {
+          e.algo.resize(sizeof(blasLtMatmulAlgo_t));
+          std::memcpy(e.algo.data(), &plan->algo, sizeof(blasLtMatmulAlgo_t));
+          e.us = double(ms[size_t(best)]) * 1e3;
+        }
         e.method = "graph";
         if (absl::Status st = algo_cache().store(cache_key(key), e); !st.ok() && !cache_warned_) {
           cache_warned_ = true;  // once: the choice still holds for this process
@@ -631,6 +685,11 @@ class GpuBackend final : public Backend {
     auto plan = gemm_plan(x, m, w, out, out_type);
     if (!plan.ok()) return plan.status();
     GemmPlan& p = **plan;
+    if (p.gemv && gemv_usable(x, m, w, out)) {
+      return cuda_status(gpu::launch_gemv_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, out_type == BLAS_R_32F,
+                                               stream_, ops_pdl_),
+                         "gemv");
+    }
     const float alpha = 1.0f, beta = 0.0f;
     KVFUSE_BLAS(blasLtMatmul(blas_, p.desc, &alpha, w.w.get(), p.a, x, p.b, &beta, out, p.d, out, p.d, &p.algo,
                              blas_workspace_.get(), blas_workspace_.bytes(), stream_));

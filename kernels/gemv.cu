@@ -1,0 +1,127 @@
+// Decode-sized GEMM (kernels/gemv.cuh).
+#include "kernels/gemv.cuh"
+
+#include <climits>
+
+namespace kvfuse::gpu {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kRowsPerWarp = 2;
+constexpr int kRowsPerBlock = kThreads / kWarpSize * kRowsPerWarp;
+
+// a . b over the 8 bf16 of two 16-byte words, added to acc in element order.
+KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
+  const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    acc = fmaf(__uint_as_float(w[i] << 16), b[2 * i], acc);
+    acc = fmaf(__uint_as_float(w[i] & 0xffff0000u), b[2 * i + 1], acc);
+  }
+  return acc;
+}
+
+template <int M, bool kF32>
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
+    gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out) {
+  grid_dependency_wait();  // PDL: x comes from the kernel before
+  const int lane = lane_id();
+  const int64_t row0 = int64_t(blockIdx.x) * kRowsPerBlock + int64_t(warp_id()) * kRowsPerWarp;
+  const int64_t chunks = k / 8;
+  float acc[kRowsPerWarp][M];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r)
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
+  const bool full = row0 + kRowsPerWarp <= n;
+#pragma unroll 2
+  for (int64_t c = lane; c < chunks; c += kWarpSize) {
+    uint4 wv[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      wv[r] = (full || row0 + r < n) ? load_ro_16B(w + (row0 + r) * k + c * 8) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const uint4 xv = load_ro_16B(x + int64_t(i) * k + c * 8);
+      const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+      float xf[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        xf[2 * j] = __uint_as_float(xw[j] << 16);
+        xf[2 * j + 1] = __uint_as_float(xw[j] & 0xffff0000u);
+      }
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) acc[r][i] = dot8(wv[r], xf, acc[r][i]);
+    }
+  }
+  launch_dependents();
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = warp_reduce_sum(acc[r][i]);
+  }
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    if (row0 + r >= n) break;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const int64_t at = int64_t(i) * n + row0 + r;
+      if constexpr (kF32) {
+        static_cast<float*>(out)[at] = acc[r][i];
+      } else {
+        static_cast<bf16_t*>(out)[at] = f32_to_bf16(acc[r][i]);
+      }
+    }
+  }
+}
+
+template <int M>
+cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, bool out_f32,
+                     cudaStream_t stream, bool pdl) {
+  const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  return out_f32
+             ? launch_kernel(gemv_kernel<M, true>, unsigned(blocks), kThreads, stream, pdl, x, w, n, k, out)
+             : launch_kernel(gemv_kernel<M, false>, unsigned(blocks), kThreads, stream, pdl, x, w, n, k, out);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n, int64_t k, const void* out) {
+  if (m < 1 || m > kGemvMaxRows)
+    return "gemv: m " + std::to_string(m) + " outside 1.." + std::to_string(kGemvMaxRows);
+  if (n < 1 || k < 8 || k % 8 != 0)
+    return "gemv: n " + std::to_string(n) + ", k " + std::to_string(k) + " (k a positive multiple of 8)";
+  if (!aligned16(x) || !aligned16(w) || !aligned16(out)) return "gemv: x, w and out must be 16-byte aligned";
+  return {};
+}
+
+LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
+                              bool out_f32, cudaStream_t stream, bool pdl) {
+  if (std::string why = gemv_unsupported(x, m, w, n, k, out); !why.empty())
+    return LaunchStatus::refused(std::move(why));
+  switch (m) {
+    case 1:
+      return launch_m<1>(x, w, n, k, out, out_f32, stream, pdl);
+    case 2:
+      return launch_m<2>(x, w, n, k, out, out_f32, stream, pdl);
+    case 3:
+      return launch_m<3>(x, w, n, k, out, out_f32, stream, pdl);
+    case 4:
+      return launch_m<4>(x, w, n, k, out, out_f32, stream, pdl);
+    case 5:
+      return launch_m<5>(x, w, n, k, out, out_f32, stream, pdl);
+    case 6:
+      return launch_m<6>(x, w, n, k, out, out_f32, stream, pdl);
+    case 7:
+      return launch_m<7>(x, w, n, k, out, out_f32, stream, pdl);
+    default:
+      return launch_m<8>(x, w, n, k, out, out_f32, stream, pdl);
+  }
+}
+
+}  // namespace kvfuse::gpu

@@ -1,0 +1,31 @@
+// Decode-sized matrix products on the GPU (CUDA and HIP from one source): out[m, n] =
+// x[m, k] . w[n, k]^T for m <= kGemvMaxRows, bf16 operands, fp32 accumulation, the output
+// rounded to bf16 once (or kept in fp32). The GPU backend offers it to its GEMM tuner as
+// one more candidate beside the BLAS-Lt library's (src/backends/gpu/gpu_backend.cu), so it
+// runs only for the shapes where it measured faster; the CPU reference is the same math
+// (kernels/cpu/gemm.h) in another summation order.
+//
+// Memory bound at these sizes: each warp streams two rows of w with 16-byte loads, each
+// lane a strided run of 8-element chunks, x read through the cache (it is small and
+// every warp reads it); the lanes' partial sums meet in a butterfly at the end.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/bf16.h"
+#include "kernels/gpu.h"
+
+namespace kvfuse::gpu {
+
+constexpr int64_t kGemvMaxRows = 8;
+
+// Empty if launch_gemv_bf16 supports the call, else why not: 1 <= m <= kGemvMaxRows,
+// k a multiple of 8, x, w and out 16-byte aligned.
+std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n, int64_t k, const void* out);
+
+// out_f32: out is fp32 [m, n], else bf16 [m, n]. Asynchronous on `stream`, graph-safe.
+LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
+                              bool out_f32, cudaStream_t stream, bool pdl = false);
+
+}  // namespace kvfuse::gpu

@@ -1,0 +1,109 @@
+// The decode GEMM (kernels/gemv.cuh) against an exact reference: out = x . w^T for m = 1..8
+// rows over shapes from tiny to llama3-8b's (n not a multiple of the block's rows, k of
+// one 16-byte chunk up to 14336), fp32 and bf16 outputs, and the refusals. Without a GPU
+// it skips.
+//
+// Tolerance: the kernel sums k products in fp32 in its own order, each product exact
+// (bf16 x bf16 fits fp32), so |out - exact| <= gamma(k) * sum |x w| with gamma(k) = k u /
+// (1 - k u), u = 2^-24 (Higham (4.4), whatever the order); bf16 outputs add one rounding,
+// at most half an ulp of the result: the test allows one ulp. The exact value is computed
+// in double (products exact, sums of at most 14336 terms with 2^-53 rounding each).
+#include "kernels/gpu.h"
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/gemv.cuh"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace {
+
+using namespace kvfuse;
+using gpu_test::check;
+using gpu_test::DeviceMem;
+
+double bf16_ulp(double v) {
+  int e = 0;
+  std::frexp(std::max(std::fabs(v), 1e-30), &e);
+  return std::ldexp(1.0, e - 1 - 7);
+}
+
+void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<bf16_t> x(size_t(m * k)), w(size_t(n * k));
+  for (auto& v : x) v = f32_to_bf16(dist(rng));
+  for (auto& v : w) v = f32_to_bf16(dist(rng) * 0.05f);
+  DeviceMem dx(x.size() * 2), dw(w.size() * 2), df(size_t(m * n) * 4), db(size_t(m * n) * 2);
+  dx.upload(x.data(), x.size() * 2);
+  dw.upload(w.data(), w.size() * 2);
+  const std::string what = "gemv " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
+  const gpu::LaunchStatus sf =
+      gpu::launch_gemv_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, df.get(), true, stream);
+  check(sf.ok(), what + " f32: " + sf.message());
+  const gpu::LaunchStatus sb =
+      gpu::launch_gemv_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, db.get(), false, stream, true);
+  check(sb.ok(), what + " bf16: " + sb.message());
+  KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
+  const std::vector<float> of = df.download<float>(size_t(m * n));
+  const std::vector<bf16_t> ob = db.download<bf16_t>(size_t(m * n));
+  const double u = std::ldexp(1.0, -24), gamma = double(k) * u / (1.0 - double(k) * u);
+  int64_t bad_f = 0, bad_b = 0;
+  double worst = 0.0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double exact = 0.0, mag = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double p = double(bf16_to_f32(x[size_t(i * k + c)])) * double(bf16_to_f32(w[size_t(j * k + c)]));
+        exact += p;
+        mag += std::fabs(p);
+      }
+      const double tol = gamma * mag;
+      const double ef = std::fabs(double(of[size_t(i * n + j)]) - exact);
+      const double eb = std::fabs(double(bf16_to_f32(ob[size_t(i * n + j)])) - exact);
+      bad_f += !(ef <= tol);
+      bad_b += !(eb <= tol + bf16_ulp(exact));
+      if (tol > 0) worst = std::max(worst, ef / tol);
+    }
+  }
+  check(bad_f == 0 && bad_b == 0, what + ": " + std::to_string(bad_f) + " fp32 and " + std::to_string(bad_b) +
+                                      " bf16 outputs outside the bound (worst fp32 " + std::to_string(worst) +
+                                      " of it)");
+}
+
+void test_refusals(cudaStream_t stream) {
+  DeviceMem a(4096), b(4096), c(4096);
+  check(!gpu::launch_gemv_bf16(a.get<bf16_t>(), 9, b.get<bf16_t>(), 4, 8, c.get(), true, stream).ok(), "m = 9 refused");
+  check(!gpu::launch_gemv_bf16(a.get<bf16_t>(), 1, b.get<bf16_t>(), 4, 12, c.get(), true, stream).ok(),
+        "k = 12 refused");
+  check(!gpu::launch_gemv_bf16(a.get<bf16_t>() + 1, 1, b.get<bf16_t>(), 4, 8, c.get(), true, stream).ok(),
+        "unaligned x refused");
+  check(gpu::gemv_unsupported(a.get(), 8, b.get(), 4096, 4096, c.get()).empty(), "8 x 4096 x 4096 supported");
+}
+
+}  // namespace
+
+int main() {
+  if (!gpu_test::gpu_available("test_gemv_gpu")) return 0;
+  cudaStream_t stream;
+  KVFUSE_TEST_GPU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  test_refusals(stream);
+  uint64_t seed = 1;
+  for (int64_t m = 1; m <= gpu::kGemvMaxRows; ++m) {
+    for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {3, 136}, {130, 1000}, {4096, 4096}}) {
+      run_shape(m, n, k, ++seed, stream);
+    }
+  }
+  // llama3-8b's decode shapes at m = 1 and 8: qkv, o, gate/up, down (lm_head's n is the
+  // vocabulary, 128256: its 8 x 4096 row is the o shape's).
+  for (int64_t m : {1, 8}) {
+    for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{6144, 4096}, {28672, 4096}, {4096, 14336}}) {
+      run_shape(m, n, k, ++seed, stream);
+    }
+  }
+  KVFUSE_TEST_GPU(cudaStreamDestroy(stream));
+  return gpu_test::tally().report("test_gemv_gpu");
+}
