@@ -7,8 +7,6 @@ namespace kvfuse::gpu {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kRowsPerWarp = 2;
-constexpr int kRowsPerBlock = kThreads / kWarpSize * kRowsPerWarp;
 
 // a . b over the 8 bf16 of two 16-byte words, added to acc in element order.
 KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
@@ -21,49 +19,60 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
   return acc;
 }
 
-template <int M, bool kF32>
+// kRows rows of w per warp; each lane loads kUnroll 16-byte chunks of each of its rows
+// before it multiplies any (kRows x kUnroll loads in flight per lane).
+template <int M, bool kF32, int kRows, int kUnroll>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
     gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out) {
   grid_dependency_wait();  // PDL: x comes from the kernel before
   const int lane = lane_id();
-  const int64_t row0 = int64_t(blockIdx.x) * kRowsPerBlock + int64_t(warp_id()) * kRowsPerWarp;
+  const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / kWarpSize) + int64_t(warp_id())) * kRows;
   const int64_t chunks = k / 8;
-  float acc[kRowsPerWarp][M];
+  float acc[kRows][M];
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r)
+  for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
-  const bool full = row0 + kRowsPerWarp <= n;
-#pragma unroll 2
-  for (int64_t c = lane; c < chunks; c += kWarpSize) {
-    uint4 wv[kRowsPerWarp];
+  const bool full = row0 + kRows <= n;
+  for (int64_t c0 = lane; c0 < chunks; c0 += int64_t(kUnroll) * kWarpSize) {
+    uint4 wv[kUnroll][kRows];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      wv[r] = (full || row0 + r < n) ? load_ro_16B(w + (row0 + r) * k + c * 8) : make_uint4(0u, 0u, 0u, 0u);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + int64_t(u) * kWarpSize;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        wv[u][r] = c < chunks && (full || row0 + r < n) ? load_ro_16B(w + (row0 + r) * k + c * 8)
+                                                        : make_uint4(0u, 0u, 0u, 0u);
+      }
     }
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      const uint4 xv = load_ro_16B(x + int64_t(i) * k + c * 8);
-      const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-      float xf[8];
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + int64_t(u) * kWarpSize;
+      if (c >= chunks) break;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        xf[2 * j] = __uint_as_float(xw[j] << 16);
-        xf[2 * j + 1] = __uint_as_float(xw[j] & 0xffff0000u);
+      for (int i = 0; i < M; ++i) {
+        const uint4 xv = load_ro_16B(x + int64_t(i) * k + c * 8);
+        const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+        float xf[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          xf[2 * j] = __uint_as_float(xw[j] << 16);
+          xf[2 * j + 1] = __uint_as_float(xw[j] & 0xffff0000u);
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r][i] = dot8(wv[u][r], xf, acc[r][i]);
       }
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) acc[r][i] = dot8(wv[r], xf, acc[r][i]);
     }
   }
   launch_dependents();
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int r = 0; r < kRows; ++r) {
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = warp_reduce_sum(acc[r][i]);
   }
   if (lane != 0) return;
 #pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     if (row0 + r >= n) break;
 #pragma unroll
     for (int i = 0; i < M; ++i) {
@@ -77,19 +86,35 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
   }
 }
 
-template <int M>
-cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, bool out_f32,
-                     cudaStream_t stream, bool pdl) {
+template <int M, int kRows, int kUnroll>
+cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, bool out_f32,
+                         cudaStream_t stream, bool pdl) {
+  constexpr int64_t kRowsPerBlock = kThreads / kWarpSize * kRows;
   const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return out_f32
-             ? launch_kernel(gemv_kernel<M, true>, unsigned(blocks), kThreads, stream, pdl, x, w, n, k, out)
-             : launch_kernel(gemv_kernel<M, false>, unsigned(blocks), kThreads, stream, pdl, x, w, n, k, out);
+  return out_f32 ? launch_kernel(gemv_kernel<M, true, kRows, kUnroll>, unsigned(blocks), kThreads, stream,
+                                 pdl, x, w, n, k, out)
+                 : launch_kernel(gemv_kernel<M, false, kRows, kUnroll>, unsigned(blocks), kThreads, stream,
+                                 pdl, x, w, n, k, out);
+}
+
+// The variants (kGemvVariants): 0: 2 rows x 2 chunks; for m <= 2 also 1: 2 rows x 4
+// chunks, 2: 4 rows x 2 chunks (more bytes in flight for the latency-bound small shapes).
+template <int M>
+cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, bool out_f32,
+                     cudaStream_t stream, bool pdl, int variant) {
+  if constexpr (M <= 2) {
+    if (variant == 1) return launch_shape<M, 2, 4>(x, w, n, k, out, out_f32, stream, pdl);
+    if (variant == 2) return launch_shape<M, 4, 2>(x, w, n, k, out, out_f32, stream, pdl);
+  }
+  return launch_shape<M, 2, 2>(x, w, n, k, out, out_f32, stream, pdl);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
+
+int gemv_variants(int64_t m) { return m <= 2 ? kGemvVariants : 1; }
 
 std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n, int64_t k, const void* out) {
   if (m < 1 || m > kGemvMaxRows)
@@ -101,26 +126,31 @@ std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n,
 }
 
 LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
-                              bool out_f32, cudaStream_t stream, bool pdl) {
-  if (std::string why = gemv_unsupported(x, m, w, n, k, out); !why.empty())
+                              bool out_f32, cudaStream_t stream, bool pdl, int variant) {
+  if (std::string why = gemv_unsupported(x, m, w, n, k, out); !why.empty()) {
     return LaunchStatus::refused(std::move(why));
+  }
+  if (variant < 0 || variant >= gemv_variants(m)) {
+    return LaunchStatus::refused("gemv: variant " + std::to_string(variant) + " of " +
+                                 std::to_string(gemv_variants(m)) + " for m " + std::to_string(m));
+  }
   switch (m) {
     case 1:
-      return launch_m<1>(x, w, n, k, out, out_f32, stream, pdl);
+      return launch_m<1>(x, w, n, k, out, out_f32, stream, pdl, variant);
     case 2:
-      return launch_m<2>(x, w, n, k, out, out_f32, stream, pdl);
+      return launch_m<2>(x, w, n, k, out, out_f32, stream, pdl, variant);
     case 3:
-      return launch_m<3>(x, w, n, k, out, out_f32, stream, pdl);
+      return launch_m<3>(x, w, n, k, out, out_f32, stream, pdl, variant);
     case 4:
-      return launch_m<4>(x, w, n, k, out, out_f32, stream, pdl);
+      return launch_m<4>(x, w, n, k, out, out_f32, stream, pdl, variant);
     case 5:
-      return launch_m<5>(x, w, n, k, out, out_f32, stream, pdl);
+      return launch_m<5>(x, w, n, k, out, out_f32, stream, pdl, variant);
     case 6:
-      return launch_m<6>(x, w, n, k, out, out_f32, stream, pdl);
+      return launch_m<6>(x, w, n, k, out, out_f32, stream, pdl, variant);
     case 7:
-      return launch_m<7>(x, w, n, k, out, out_f32, stream, pdl);
+      return launch_m<7>(x, w, n, k, out, out_f32, stream, pdl, variant);
     default:
-      return launch_m<8>(x, w, n, k, out, out_f32, stream, pdl);
+      return launch_m<8>(x, w, n, k, out, out_f32, stream, pdl, variant);
   }
 }
 

@@ -5,9 +5,10 @@
 // runs only for the shapes where it measured faster; the CPU reference is the same math
 // (kernels/cpu/gemm.h) in another summation order.
 //
-// Memory bound at these sizes: each warp streams two rows of w with 16-byte loads, each
-// lane a strided run of 8-element chunks, x read through the cache (it is small and
-// every warp reads it); the lanes' partial sums meet in a butterfly at the end.
+// Memory bound at these sizes: each warp streams a few rows of w with 16-byte loads, each
+// lane a strided run of 8-element chunks, several in flight, x read through the cache (it
+// is small and every warp reads it); the lanes' partial sums meet in a butterfly at the
+// end.
 #pragma once
 
 #include <cstdint>
@@ -19,13 +20,19 @@
 namespace kvfuse::gpu {
 
 constexpr int64_t kGemvMaxRows = 8;
+// Tilings of the kernel (rows of w per warp, chunks in flight per row), for the tuner to
+// time: gemv_variants(m) of them are offered for m rows (several only where the kernel is
+// latency bound, m <= 2).
+constexpr int kGemvVariants = 3;
+int gemv_variants(int64_t m);
 
 // Empty if launch_gemv_bf16 supports the call, else why not: 1 <= m <= kGemvMaxRows,
 // k a multiple of 8, x, w and out 16-byte aligned.
 std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n, int64_t k, const void* out);
 
-// out_f32: out is fp32 [m, n], else bf16 [m, n]. Asynchronous on `stream`, graph-safe.
+// out_f32: out is fp32 [m, n], else bf16 [m, n]. variant: 0 .. gemv_variants(m) - 1.
+// Asynchronous on `stream`, graph-safe.
 LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
-                              bool out_f32, cudaStream_t stream, bool pdl = false);
+                              bool out_f32, cudaStream_t stream, bool pdl = false, int variant = 0);
 
 }  // namespace kvfuse::gpu

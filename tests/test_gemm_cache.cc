@@ -60,13 +60,13 @@ TEST_CASE("gemm cache: a shape that runs kvfuse's own GEMV keeps that, with no l
   GemmCacheEntry e;
   e.us = 9.5;
   e.method = "graph";
-  e.kernel = "kvfuse-gemv";
+  e.kernel = "kvfuse-gemv/1";
   REQUIRE(a.store(key(1), e).ok());
   REQUIRE(a.store(key(8), entry(0x22, 30.0)).ok());
   GemmAlgoCache b(path);
   auto got = b.find(key(1));
   REQUIRE(got.has_value());
-  CHECK(got->kernel == "kvfuse-gemv");
+  CHECK(got->kernel == "kvfuse-gemv/1");
   CHECK(got->algo.empty());
   CHECK(got->us == 9.5);
   auto lib = b.find(key(8));

@@ -7,8 +7,8 @@
 // "k", "out", "algo", "us", "method", "kernel"}, ...]}. "device" names the GPU, its
 // architecture and the BLAS-Lt library and version (an algorithm is only valid for the
 // library that made it); "algo" is the library's opaque algorithm struct in hex, or empty
-// when "kernel" names kvfuse's own kernel instead ("kvfuse-gemv", kernels/gemv.cuh; absent
-// for the library's). Writers take an advisory
+// when "kernel" names kvfuse's own kernel instead ("kvfuse-gemv/N", variant N of
+// kernels/gemv.cuh; absent for the library's). Writers take an advisory
 // lock (flock on "<file>.lock"), merge with what is there and replace the file by a
 // rename, so concurrent processes never leave a torn file and never lose each other's
 // entries. A file that cannot be parsed is ignored (and replaced at the next store).
@@ -39,7 +39,7 @@ struct GemmCacheEntry {
   std::vector<uint8_t> algo;  // the opaque algorithm struct's bytes
   double us = 0;              // its time per call when it was chosen
   std::string method;         // how it was timed ("graph")
-  std::string kernel;         // "" (the library's algorithm) or "kvfuse-gemv"
+  std::string kernel;         // "" (the library's algorithm) or "kvfuse-gemv/N"
 };
 
 class GemmAlgoCache {

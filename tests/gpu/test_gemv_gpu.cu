@@ -31,7 +31,7 @@ double bf16_ulp(double v) {
   return std::ldexp(1.0, e - 1 - 7);
 }
 
-void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream) {
+void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream, int variant = 0) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<bf16_t> x(size_t(m * k)), w(size_t(n * k));
@@ -40,12 +40,13 @@ void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stre
   DeviceMem dx(x.size() * 2), dw(w.size() * 2), df(size_t(m * n) * 4), db(size_t(m * n) * 2);
   dx.upload(x.data(), x.size() * 2);
   dw.upload(w.data(), w.size() * 2);
-  const std::string what = "gemv " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k);
-  const gpu::LaunchStatus sf =
-      gpu::launch_gemv_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, df.get(), true, stream);
+  const std::string what = "gemv " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                           " variant " + std::to_string(variant);
+  const gpu::LaunchStatus sf = gpu::launch_gemv_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, df.get(),
+                                                     true, stream, false, variant);
   check(sf.ok(), what + " f32: " + sf.message());
-  const gpu::LaunchStatus sb =
-      gpu::launch_gemv_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, db.get(), false, stream, true);
+  const gpu::LaunchStatus sb = gpu::launch_gemv_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, db.get(),
+                                                     false, stream, true, variant);
   check(sb.ok(), what + " bf16: " + sb.message());
   KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
   const std::vector<float> of = df.download<float>(size_t(m * n));
@@ -57,7 +58,8 @@ void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stre
     for (int64_t j = 0; j < n; ++j) {
       double exact = 0.0, mag = 0.0;
       for (int64_t c = 0; c < k; ++c) {
-        const double p = double(bf16_to_f32(x[size_t(i * k + c)])) * double(bf16_to_f32(w[size_t(j * k + c)]));
+        const double p =
+            double(bf16_to_f32(x[size_t(i * k + c)])) * double(bf16_to_f32(w[size_t(j * k + c)]));
         exact += p;
         mag += std::fabs(p);
       }
@@ -76,12 +78,17 @@ void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stre
 
 void test_refusals(cudaStream_t stream) {
   DeviceMem a(4096), b(4096), c(4096);
-  check(!gpu::launch_gemv_bf16(a.get<bf16_t>(), 9, b.get<bf16_t>(), 4, 8, c.get(), true, stream).ok(), "m = 9 refused");
+  check(!gpu::launch_gemv_bf16(a.get<bf16_t>(), 9, b.get<bf16_t>(), 4, 8, c.get(), true, stream).ok(),
+        "m = 9 refused");
   check(!gpu::launch_gemv_bf16(a.get<bf16_t>(), 1, b.get<bf16_t>(), 4, 12, c.get(), true, stream).ok(),
         "k = 12 refused");
   check(!gpu::launch_gemv_bf16(a.get<bf16_t>() + 1, 1, b.get<bf16_t>(), 4, 8, c.get(), true, stream).ok(),
         "unaligned x refused");
   check(gpu::gemv_unsupported(a.get(), 8, b.get(), 4096, 4096, c.get()).empty(), "8 x 4096 x 4096 supported");
+  check(!gpu::launch_gemv_bf16(a.get<bf16_t>(), 3, b.get<bf16_t>(), 4, 8, c.get(), true, stream, false,
+                               gpu::gemv_variants(3))
+             .ok(),
+        "a variant past gemv_variants(m) refused");
 }
 
 }  // namespace
@@ -93,15 +100,21 @@ int main() {
   test_refusals(stream);
   uint64_t seed = 1;
   for (int64_t m = 1; m <= gpu::kGemvMaxRows; ++m) {
-    for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {3, 136}, {130, 1000}, {4096, 4096}}) {
-      run_shape(m, n, k, ++seed, stream);
+    for (int v = 0; v < gpu::gemv_variants(m); ++v) {
+      for (const auto& [n, k] :
+           std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {3, 136}, {130, 1000}, {4096, 4096}, {7, 4104}}) {
+        run_shape(m, n, k, ++seed, stream, v);
+      }
     }
   }
   // llama3-8b's decode shapes at m = 1 and 8: qkv, o, gate/up, down (lm_head's n is the
   // vocabulary, 128256: its 8 x 4096 row is the o shape's).
   for (int64_t m : {1, 8}) {
-    for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{6144, 4096}, {28672, 4096}, {4096, 14336}}) {
-      run_shape(m, n, k, ++seed, stream);
+    for (int v = 0; v < gpu::gemv_variants(m); ++v) {
+      for (const auto& [n, k] :
+           std::vector<std::pair<int64_t, int64_t>>{{6144, 4096}, {28672, 4096}, {4096, 14336}}) {
+        run_shape(m, n, k, ++seed, stream, v);
+      }
     }
   }
   KVFUSE_TEST_GPU(cudaStreamDestroy(stream));

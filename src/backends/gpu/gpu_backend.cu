@@ -389,7 +389,7 @@ class GpuBackend final : public Backend {
     blasLtMatmulDesc_t desc = nullptr;
     blasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     blasLtMatmulAlgo_t algo{};
-    bool gemv = false;  // kvfuse's GEMV (kernels/gemv.cuh) instead of the library
+    int gemv = -1;  // >= 0: kvfuse's GEMV (kernels/gemv.cuh) of that variant instead of the library
     GemmPlan() = default;
     GemmPlan(const GemmPlan&) = delete;
     GemmPlan& operator=(const GemmPlan&) = delete;
@@ -437,7 +437,7 @@ class GpuBackend final : public Backend {
   }
   struct TunedChoice {
     blasLtMatmulAlgo_t algo;
-    bool gemv;
+    int gemv;  // as GemmPlan::gemv
   };
   static std::map<std::pair<int, GemmKey>, TunedChoice>& tuned_algos() {
     static auto* m = new std::map<std::pair<int, GemmKey>, TunedChoice>();
@@ -469,12 +469,12 @@ class GpuBackend final : public Backend {
   }
 
   // The same for kvfuse's GEMV.
-  float time_gemv_in_graph(const bf16_t* x, int64_t m, const LinearWeight& w, void* out, bool out_f32,
+  float time_gemv_in_graph(const bf16_t* x, int64_t m, const LinearWeight& w, void* out, bool out_f32, int variant,
                            const std::vector<const void*>& weights, cudaEvent_t e0, cudaEvent_t e1) {
     return time_calls_in_graph(
         [&](const void* wc) {
           return gpu::launch_gemv_bf16(x, m, static_cast<const bf16_t*>(wc), w.n, w.k, out, out_f32, stream_,
-                                       ops_pdl_)
+                                       ops_pdl_, variant)
               .ok();
         },
         weights, e0, e1);
@@ -536,6 +536,16 @@ class GpuBackend final : public Backend {
     return ok ? total / 3.0f : -1.0f;
   }
 
+  // The GEMV variant a cache entry's "kernel" names ("kvfuse-gemv/N"), or -1.
+  static int gemv_variant_of(const std::string& kernel, int64_t m) {
+    const std::string prefix = "kvfuse-gemv/";
+    if (kernel.rfind(prefix, 0) != 0) return -1;
+    const std::string rest = kernel.substr(prefix.size());
+    if (rest.empty() || rest.size() > 2 || rest.find_first_not_of("0123456789") != std::string::npos) return -1;
+    const int v = std::stoi(rest);
+    return v < gpu::gemv_variants(m) ? v : -1;
+  }
+
   // kvfuse's GEMV may run this call (it is a candidate and the operands suit it).
   static bool gemv_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out) {
     return env_flag("KVFUSE_GEMV", true) && gpu::gemv_unsupported(x, m, w.w.get(), w.n, w.k, out).empty();
@@ -557,27 +567,28 @@ class GpuBackend final : public Backend {
 
     const TuneMode mode = capturing_ || m > kTuneMaxRows ? TuneMode::off : tune_mode();
     const std::pair<int, GemmKey> tuned_key{device_, key};
-    bool cached_gemv = false;
+    int cached_gemv = -1;
     if (mode != TuneMode::off) {
       std::lock_guard<std::mutex> lock(tuned_mutex());
       auto it = tuned_algos().find(tuned_key);
       if (it != tuned_algos().end()) {
         plan->algo = it->second.algo;
-        plan->gemv = it->second.gemv && gemv_usable(x, m, w, out);
+        plan->gemv = it->second.gemv;
         return plans_.emplace(key, std::move(plan)).first->second.get();
       }
       // Another process's choice for this device, library and shape.
       auto cached = algo_cache().find(cache_key(key));
       // kvfuse's GEMV: the library's first choice is still looked up below, for calls
       // whose operands the GEMV does not take.
-      cached_gemv = cached && cached->kernel == "kvfuse-gemv" && gemv_usable(x, m, w, out);
+      cached_gemv = cached ? gemv_variant_of(cached->kernel, m) : -1;
+      if (!gemv_usable(x, m, w, out)) cached_gemv = -1;
       if (cached && cached->kernel.empty() && cached->algo.size() == sizeof(blasLtMatmulAlgo_t)) {
         std::memcpy(&plan->algo, cached->algo.data(), sizeof(blasLtMatmulAlgo_t));
         const float alpha = 1.0f, beta = 0.0f;
         // It must run here (the file could come from another build of the same version).
         if (blasLtMatmul(blas_, plan->desc, &alpha, w.w.get(), plan->a, x, plan->b, &beta, out, plan->d, out, plan->d,
                          &plan->algo, blas_workspace_.get(), blas_workspace_.bytes(), stream_) == BLAS_STATUS_SUCCESS) {
-          tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, false});
+          tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, -1});
           return plans_.emplace(key, std::move(plan)).first->second.get();
         }
         (void)cudaGetLastError();
@@ -595,7 +606,7 @@ class GpuBackend final : public Backend {
         blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     blasLtMatmulHeuristicResult_t heur[kTuneCandidates] = {};
     int found_n = 0;
-    const bool timed = mode != TuneMode::off && !cached_gemv;
+    const bool timed = mode != TuneMode::off && cached_gemv < 0;
     KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p,
                                              timed ? kTuneCandidates : 1, heur, &found_n));
     if (found_n == 0) {
@@ -605,6 +616,7 @@ class GpuBackend final : public Backend {
     int best = 0;
     std::vector<float> ms(size_t(found_n), -1.0f);
     float gemv_ms = -1.0f;
+    int gemv_best = -1;
     if (timed && found_n > 1) {
       // Timed on the real operands (the output is rewritten by the call that follows).
       if (l2_flush_.bytes() == 0) {
@@ -629,8 +641,12 @@ class GpuBackend final : public Backend {
         ms[size_t(c)] = mode == TuneMode::graph ? time_in_graph(*plan, x, out, heur[c].algo, weights, e0, e1)
                                                 : time_isolated(*plan, x, out, w.w.get(), heur[c].algo, e0, e1);
       }
-      if (mode == TuneMode::graph && gemv_usable(x, m, w, out)) {
-        gemv_ms = time_gemv_in_graph(x, m, w, out, out_type == BLAS_R_32F, weights, e0, e1);
+      for (int v = 0; mode == TuneMode::graph && gemv_usable(x, m, w, out) && v < gpu::gemv_variants(m); ++v) {
+        const float t_ms = time_gemv_in_graph(x, m, w, out, out_type == BLAS_R_32F, v, weights, e0, e1);
+        if (t_ms >= 0 && (gemv_ms < 0 || t_ms < gemv_ms)) {
+          gemv_ms = t_ms;
+          gemv_best = v;
+        }
       }
       KVFUSE_CUDA(cudaEventDestroy(e0));
       KVFUSE_CUDA(cudaEventDestroy(e1));
@@ -638,18 +654,18 @@ class GpuBackend final : public Backend {
       for (int c = 0; c < found_n; ++c) {
         if (ms[size_t(c)] >= 0 && (ms[size_t(best)] < 0 || ms[size_t(c)] < ms[size_t(best)])) best = c;
       }
-      plan->gemv = gemv_ms >= 0 && (ms[size_t(best)] < 0 || gemv_ms < ms[size_t(best)]);
+      plan->gemv = gemv_ms >= 0 && (ms[size_t(best)] < 0 || gemv_ms < ms[size_t(best)]) ? gemv_best : -1;
       if (env_flag("KVFUSE_GEMM_TUNE_LOG", false)) {
         std::fprintf(stderr,
                      "kvfuse gemm tune (%s) %lldx%lldx%lld %s: %d candidates, heuristic first %.4f ms, best #%d "
-                     "%.4f ms, kvfuse gemv %.4f ms: %s\n",
+                     "%.4f ms, kvfuse gemv %.4f ms (variant %d): %s\n",
                      mode == TuneMode::graph ? "graph" : "isolated", (long long)m, (long long)w.n, (long long)w.k,
                      out_type == BLAS_R_32F ? "f32" : "bf16", found_n, double(ms[0]), best,
-                     double(ms[size_t(best)]), double(gemv_ms), plan->gemv ? "gemv" : "library");
+                     double(ms[size_t(best)]), double(gemv_ms), gemv_best, plan->gemv >= 0 ? "gemv" : "library");
       }
     }
     plan->algo = heur[best].algo;
-    if (cached_gemv) plan->gemv = true;
+    if (cached_gemv >= 0) plan->gemv = cached_gemv;
     if (mode != TuneMode::off) {
       std::lock_guard<std::mutex> lock(tuned_mutex());
       tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, plan->gemv});
@@ -658,8 +674,8 @@ class GpuBackend final : public Backend {
       const bool every_candidate = env_flag("KVFUSE_GEMV", true) || m > gpu::kGemvMaxRows;
       if (timed && every_candidate && mode == TuneMode::graph && found_n > 1 && ms[size_t(best)] >= 0) {
         GemmCacheEntry e;
-        if (plan->gemv) {
-          e.kernel = "kvfuse-gemv";
+        if (plan->gemv >= 0) {
+          e.kernel = "kvfuse-gemv/" + std::to_string(plan->gemv);
           e.us = double(gemv_ms) * 1e3;
         } else {
           e.algo.resize(sizeof(blasLtMatmulAlgo_t));
@@ -685,9 +701,9 @@ class GpuBackend final : public Backend {
     auto plan = gemm_plan(x, m, w, out, out_type);
     if (!plan.ok()) return plan.status();
     GemmPlan& p = **plan;
-    if (p.gemv && gemv_usable(x, m, w, out)) {
+    if (p.gemv >= 0 && gemv_usable(x, m, w, out)) {
       return cuda_status(gpu::launch_gemv_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, out_type == BLAS_R_32F,
-                                               stream_, ops_pdl_),
+                                               stream_, ops_pdl_, p.gemv),
                          "gemv");
     }
     const float alpha = 1.0f, beta = 0.0f;
