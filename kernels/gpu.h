@@ -45,22 +45,34 @@ KVFUSE_DEVICE T warp_broadcast(T x, int src_lane) {
   return vendor_shfl(x, src_lane);
 }
 
-// Butterfly reductions over the whole warp; every lane gets the result.
+// op over all the lanes of the warp; every lane gets the same result. op(a, b) must be
+// commutative, and associative up to rounding: the tree that combines the lanes is the
+// vendor's (vendor/cuda.h: a butterfly over lane ^ 16, ..., ^ 1; vendor/hip.h: DPP steps
+// within and across rows of 16 lanes, then lane 63 read into every lane). Both trees
+// have depth log2(kWarpSize): a float sum rounds at most that often on the way from any
+// addend to the result, |error| <= log2(kWarpSize) * u * sum|x| (u = 2^-24), on either
+// vendor. T: a trivially copyable type of whole 32-bit words (a float, an integer, a
+// small struct such as a value and its index). Every lane of the warp must take part.
+template <class T, class Op>
+KVFUSE_DEVICE T warp_reduce(T x, Op op) {
+  return vendor_warp_reduce(x, op);
+}
+
 template <class T>
 KVFUSE_DEVICE T warp_reduce_sum(T x) {
-#pragma unroll
-  for (int off = kWarpSize / 2; off > 0; off /= 2) x += warp_shfl_xor(x, off);
-  return x;
+  return warp_reduce(x, [](T a, T b) { return a + b; });
 }
 
 template <class T>
 KVFUSE_DEVICE T warp_reduce_max(T x) {
-#pragma unroll
-  for (int off = kWarpSize / 2; off > 0; off /= 2) {
-    const T y = warp_shfl_xor(x, off);
-    x = y > x ? y : x;
-  }
-  return x;
+  return warp_reduce(x, [](T a, T b) { return b > a ? b : a; });
+}
+
+// Inclusive prefix sum over the lanes in lane order: lane i gets x(0) + ... + x(i).
+// Exact for integers; a float sum's order is the vendor's.
+template <class T>
+KVFUSE_DEVICE T warp_inclusive_sum(T x) {
+  return vendor_warp_inclusive_sum(x);
 }
 
 // 1/x rounded to nearest even: kernels compute a scale's reciprocal exactly as the CPU
