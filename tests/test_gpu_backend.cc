@@ -259,7 +259,7 @@ TEST_CASE("gpu backend: seeded temperature, top-k and top-p sampling picks the C
   // the count printed. Greedy rows are left unwritten by both.
   std::mt19937 gen(5);
   int64_t rows_total = 0, equal = 0;
-  for (int64_t vocab : {int64_t(3), int64_t(1000), int64_t(32000), int64_t(128256)}) {
+  for (int64_t vocab : {int64_t(3), int64_t(1000), int64_t(4099), int64_t(32000), int64_t(128256)}) {
     for (int coarse = 0; coarse < 2; ++coarse) {
       const int64_t rows = 48;
       std::normal_distribution<float> dist(0.0f, 3.0f);
@@ -316,7 +316,7 @@ TEST_CASE("gpu backend: logprobs and top-n match the CPU reference", "[gpu][samp
   // row's temperature is > 0, else the greedy one.
   std::mt19937 gen(11);
   int64_t checked = 0;
-  for (int64_t vocab : {int64_t(3), int64_t(1000), int64_t(32000), int64_t(128256)}) {
+  for (int64_t vocab : {int64_t(3), int64_t(1000), int64_t(4099), int64_t(32000), int64_t(128256)}) {
     for (int coarse = 0; coarse < 2; ++coarse) {
       const int64_t rows = 24;
       std::normal_distribution<float> dist(0.0f, 3.0f);
