@@ -45,22 +45,34 @@ KVFUSE_DEVICE T warp_broadcast(T x, int src_lane) {
   return vendor_shfl(x, src_lane);
 }
 
-// Butterfly reductions over the whole warp; every lane gets the result.
+// op over all the lanes of the warp; every lane gets the same result. op(a, b) must be
+// commutative, and associative up to rounding: the tree that combines the lanes is the
+// vendor's (vendor/cuda.h: a butterfly over lane ^ 16, ..., ^ 1; vendor/hip.h: DPP steps
+// within and across rows of 16 lanes, then lane 63 read into every lane). Both trees
+// have depth log2(kWarpSize): a float sum rounds at most that often on the way from any
+// addend to the result, |error| <= log2(kWarpSize) * u * sum|x| (u = 2^-24), on either
+// vendor. T: a trivially copyable type of whole 32-bit words (a float, an integer, a
+// small struct such as a value and its index). Every lane of the warp must take part.
+template <class T, class Op>
+KVFUSE_DEVICE T warp_reduce(T x, Op op) {
+  return vendor_warp_reduce(x, op);
+}
+
 template <class T>
 KVFUSE_DEVICE T warp_reduce_sum(T x) {
-#pragma unroll
-  for (int off = kWarpSize / 2; off > 0; off /= 2) x += warp_shfl_xor(x, off);
-  return x;
+  return warp_reduce(x, [](T a, T b) { return a + b; });
 }
 
 template <class T>
 KVFUSE_DEVICE T warp_reduce_max(T x) {
-#pragma unroll
-  for (int off = kWarpSize / 2; off > 0; off /= 2) {
-    const T y = warp_shfl_xor(x, off);
-    x = y > x ? y : x;
-  }
-  return x;
+  return warp_reduce(x, [](T a, T b) { return b > a ? b : a; });
+}
+
+// Inclusive prefix sum over the lanes in lane order: lane i gets x(0) + ... + x(i).
+// Exact for integers; a float sum's order is the vendor's.
+template <class T>
+KVFUSE_DEVICE T warp_inclusive_sum(T x) {
+  return vendor_warp_inclusive_sum(x);
 }
 
 // 1/x rounded to nearest even: kernels compute a scale's reciprocal exactly as the CPU
@@ -91,6 +103,61 @@ KVFUSE_DEVICE void load_f32x4s(const float* p, float (&x)[N]) {
     x[4 * j + 1] = q.y;
     x[4 * j + 2] = q.z;
     x[4 * j + 3] = q.w;
+  }
+}
+
+// A row of n fp32 values split for 16-byte loads: `head` elements (0-3) before the
+// row's first 16-byte boundary, `vecs` whole aligned float4s from there, and the 0-3
+// elements from tail() on. The row must be 4-byte aligned (any float*).
+struct F32Row {
+  const float* p;
+  int64_t n;
+  int64_t head;
+  int64_t vecs;
+
+  KVFUSE_DEVICE F32Row(const float* row, int64_t count) : p(row), n(count) {
+    const int64_t to_boundary = int64_t((4 - ((reinterpret_cast<uintptr_t>(row) >> 2) & 3)) & 3);
+    head = to_boundary < count ? to_boundary : count;
+    vecs = (count - head) / 4;
+  }
+  KVFUSE_DEVICE int64_t tail() const { return head + 4 * vecs; }
+  // x[0 .. 4) = p[head + 4v .. head + 4v + 4), one 16-byte load.
+  KVFUSE_DEVICE void load_vec(int64_t v, float (&x)[4]) const {
+    const uint4 q = load_ro_16B(p + head + 4 * v);
+    x[0] = __uint_as_float(q.x);
+    x[1] = __uint_as_float(q.y);
+    x[2] = __uint_as_float(q.z);
+    x[3] = __uint_as_float(q.w);
+  }
+};
+
+// f(i, row[i]) for every i in [0, n), split over the kThreads threads of the block: the
+// 0-6 elements outside F32Row's whole vectors one per thread, then thread t takes vectors
+// t, t + kThreads, ..., kUnroll of them loaded before any is used so that as many loads
+// are in flight. Each element is visited exactly once; which thread visits it, and in
+// what order a thread visits its elements, differ from a scalar `i += kThreads` walk, so
+// f must not depend on either beyond rounding (a float sum's order).
+template <int kThreads, int kUnroll, class F>
+KVFUSE_DEVICE void block_for_each_f32(const float* row, int64_t n, F&& f) {
+  const F32Row r(row, n);
+  const int64_t t = threadIdx.x;
+  if (t < r.head + (n - r.tail())) {
+    const int64_t i = t < r.head ? t : r.tail() + (t - r.head);
+    f(i, row[i]);
+  }
+  for (int64_t v0 = t; v0 < r.vecs; v0 += int64_t(kUnroll) * kThreads) {
+    float x[kUnroll][4];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (v0 + u * kThreads < r.vecs) r.load_vec(v0 + u * kThreads, x[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = v0 + u * kThreads;
+      if (v >= r.vecs) break;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) f(r.head + 4 * v + j, x[u][j]);
+    }
   }
 }
 

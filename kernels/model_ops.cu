@@ -12,10 +12,42 @@ constexpr int kThreads = 256;
 
 KVFUSE_DEVICE float ld(const bf16_t* p, int64_t i) { return bf16_bits_to_f32(p[i]); }
 
+// 8 bf16 in a 16-byte vector (element 2i in the low half of word i) widened exactly to
+// fp32, and 8 fp32 rounded back, one rounding each: what the scalar loops compute per
+// element, so a vector path gives the scalar path's bits.
+KVFUSE_DEVICE void unpack_bf16x8(uint4 v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = bf16_bits_to_f32(bf16_t(w[i]));
+    f[2 * i + 1] = bf16_bits_to_f32(bf16_t(w[i] >> 16));
+  }
+}
+
+KVFUSE_DEVICE uint4 pack_bf16x8(const float (&f)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    w[i] = uint32_t(f32_to_bf16(f[2 * i])) | (uint32_t(f32_to_bf16(f[2 * i + 1])) << 16);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// A 16-byte load from memory this kernel also writes (load_ro_16B is for inputs only).
+KVFUSE_DEVICE uint4 load_16B(const void* p) { return *static_cast<const uint4*>(p); }
+
 // 1 / sqrt(mean + eps) of a row from each thread's sum of squares `ss`, for every thread
 // of the block: warp sums, then thread 0 adds the warps in order. partial: the block's
 // kThreads / kWarpSize + 1 floats of shared memory, free again after the caller's next
 // __syncthreads.
+//
+// The order differs from the CPU's sequential sum, and between vendors (warp_reduce's
+// tree). All terms are >= 0, so each fp32 sum is within k * u of the exact one, k the
+// additions on its longest path: cols for the CPU; cols / kThreads + log2(kWarpSize) +
+// kThreads / kWarpSize here (45 for 8192 columns, on either vendor). So the two sums
+// differ by at most about (cols + 45) * u relative (5e-4 at 8192, typically far less),
+// the inverse root by half that, and out's values before their bf16 rounding by less
+// than bf16's relative half-ulp (2^-9, 2e-3): the rounded values are equal or one ulp
+// apart, the tolerance tests/gpu checks.
 KVFUSE_DEVICE float block_inv_rms(float ss, int64_t cols, float eps, float* partial) {
   ss = warp_reduce_sum(ss);
   const int warps = int(blockDim.x) / kWarpSize;
@@ -130,6 +162,14 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
 
 // One thread per rotated pair (i, i + D/2) of one head of one token. The frequency comes
 // from the model's table (the reference's values), the angle is the fp32 product.
+//
+// kVec: one thread per 8 consecutive pairs of one head, x_i and x_{i + D/2} each one
+// 16-byte load and store (head_dim % 16 == 0, q, k, inv_freq 16-byte aligned, strides
+// whole vectors), with the same arithmetic per pair. A thread then computes 8 angles'
+// sin and cos where the scalar kernel computes one: 8 times fewer threads for the same
+// work, which at decode sizes (a few thousand pairs) can leave the device emptier; see
+// kRopeVec for where it is used.
+template <bool kVec>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     rope_kernel(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride, int32_t kv_heads,
                 int32_t head_dim, const int32_t* positions, int64_t n, const float* __restrict__ inv_freq,
@@ -137,44 +177,98 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   grid_dependency_wait();  // PDL: the inputs come from the kernel before
   launch_dependents();
   const int32_t half = head_dim / 2;
+  constexpr int32_t kPairs = kVec ? 8 : 1;  // pairs per thread
+  const int32_t groups = half / kPairs;
   const int64_t heads = int64_t(q_heads) + kv_heads;
-  const int64_t total = n * heads * half;
+  const int64_t total = n * heads * groups;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
-    const int32_t i = int32_t(idx % half);
-    const int64_t h = (idx / half) % heads;
-    const int64_t t = idx / (half * heads);
+    const int32_t i = int32_t(idx % groups) * kPairs;
+    const int64_t h = (idx / groups) % heads;
+    const int64_t t = idx / (groups * heads);
     bf16_t* row = h < q_heads ? q + t * q_stride + h * head_dim : k + t * k_stride + (h - q_heads) * head_dim;
-    const float angle = float(positions[t]) * inv_freq[i];
-    const float c = cosf(angle) * attention_scaling, s = sinf(angle) * attention_scaling;
-    const float x0 = ld(row, i), x1 = ld(row, i + half);
-    row[i] = f32_to_bf16(x0 * c - x1 * s);
-    row[i + half] = f32_to_bf16(x1 * c + x0 * s);
+    if constexpr (kVec) {
+      const float pos = float(positions[t]);
+      float freq[8], x0[8], x1[8], y0[8], y1[8];
+      load_f32x4s(inv_freq + i, freq);
+      unpack_bf16x8(load_16B(row + i), x0);
+      unpack_bf16x8(load_16B(row + i + half), x1);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float angle = pos * freq[j];
+        const float c = cosf(angle) * attention_scaling, s = sinf(angle) * attention_scaling;
+        y0[j] = x0[j] * c - x1[j] * s;
+        y1[j] = x1[j] * c + x0[j] * s;
+      }
+      store_16B(row + i, pack_bf16x8(y0));
+      store_16B(row + i + half, pack_bf16x8(y1));
+    } else {
+      const float angle = float(positions[t]) * inv_freq[i];
+      const float c = cosf(angle) * attention_scaling, s = sinf(angle) * attention_scaling;
+      const float x0 = ld(row, i), x1 = ld(row, i + half);
+      row[i] = f32_to_bf16(x0 * c - x1 * s);
+      row[i + half] = f32_to_bf16(x1 * c + x0 * s);
+    }
   }
 }
 
+// The 16-byte RoPE kernel on CDNA only. There a bf16 load is a 64-lane instruction that
+// moves 128 bytes, and the kernel's memory instructions are 8 times as many as the
+// vector kernel's; on NVIDIA the scalar kernel, tuned there, stays: its threads' work is
+// the sin and cos, which the vector kernel only regroups.
+constexpr bool kRopeVec = kWarpSize == 64;
+
+// out = silu(gate) * up. kVec (inter % 8 == 0, gate_up and out 16-byte aligned): a thread
+// takes 8 consecutive columns, one 16-byte load of gate, one of up, one store; the same
+// arithmetic per element, so the same bits.
+template <bool kVec>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     silu_mul_kernel(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) {
   grid_dependency_wait();  // PDL: the inputs come from the kernel before
   launch_dependents();
-  const int64_t total = n * inter;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t t = idx / inter, j = idx % inter;
-    const float g = ld(gate_up, t * 2 * inter + j);
-    const float u = ld(gate_up, t * 2 * inter + inter + j);
-    out[idx] = f32_to_bf16(g / (1.0f + expf(-g)) * u);
+  const auto silu_mul = [](float g, float u) { return g / (1.0f + expf(-g)) * u; };
+  if constexpr (kVec) {
+    const int64_t per_row = inter / 8;
+    grid_stride_loop(n * per_row, [&](int64_t v) {
+      const int64_t t = v / per_row, j = v % per_row * 8;
+      const bf16_t* g = gate_up + t * 2 * inter + j;
+      float gf[8], uf[8];
+      unpack_bf16x8(load_ro_16B(g), gf);
+      unpack_bf16x8(load_ro_16B(g + inter), uf);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) gf[e] = silu_mul(gf[e], uf[e]);
+      store_16B(out + t * inter + j, pack_bf16x8(gf));
+    });
+  } else {
+    grid_stride_loop(n * inter, [&](int64_t idx) {
+      const int64_t t = idx / inter, j = idx % inter;
+      out[idx] =
+          f32_to_bf16(silu_mul(ld(gate_up, t * 2 * inter + j), ld(gate_up, t * 2 * inter + inter + j)));
+    });
   }
 }
 
+// x = bf16(x + y). kVec (x and y 16-byte aligned): a thread adds 8 elements with one
+// 16-byte load of each and one store, and the count % 8 elements past the last whole
+// vector go one per thread; the same bits as the scalar loop.
+template <bool kVec>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     residual_add_kernel(bf16_t* x, const bf16_t* y, int64_t count) {
   grid_dependency_wait();  // PDL: the inputs come from the kernel before
   launch_dependents();
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += int64_t(gridDim.x) * blockDim.x) {
+  const int64_t vecs = kVec ? count / 8 : 0;
+  grid_stride_loop(vecs, [&](int64_t v) {
+    float a[8], b[8];
+    unpack_bf16x8(load_16B(x + 8 * v), a);
+    unpack_bf16x8(load_16B(y + 8 * v), b);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) a[e] += b[e];
+    store_16B(x + 8 * v, pack_bf16x8(a));
+  });
+  grid_stride_loop(count - 8 * vecs, [&](int64_t i) {
+    i += 8 * vecs;
     x[i] = f32_to_bf16(ld(x, i) + ld(y, i));
-  }
+  });
 }
 
 // out[r, :] = x[rows[r], :], one block per row. Also the embedding lookup (x the table,
@@ -211,50 +305,46 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
 }
 
 // One block per row: the first index of the row's maximum (kvfuse::argmax's rule), and
-// whether every value is finite. A thread keeps its own first maximum over a strided
-// walk; the merge prefers the larger value, then the lower index.
+// whether every value is finite. A thread keeps its own first maximum over its elements
+// (block_for_each_f32: 16-byte loads); the merge prefers the larger value, then the
+// lower index. That is a total order on (value, index) for the values it can hold (NaN
+// never replaces a maximum, so a thread's value is never NaN), so every grouping and
+// every order of merges, the warp's tree included, gives the same index.
 constexpr int kArgmaxThreads = 1024;
-KVFUSE_DEVICE void argmax_merge(float& v, int32_t& i, float ov, int32_t oi) {
-  if (ov > v || (ov == v && oi < i)) {
-    v = ov;
-    i = oi;
-  }
+// Vectors in flight per thread: greedy decoding reads each row once, one block per row,
+// so at small batches the pass waits on memory rather than on its few compares.
+constexpr int kArgmaxUnroll = 4;
+struct ArgMax {
+  float v;
+  int32_t i;
+};
+KVFUSE_DEVICE ArgMax argmax_merge(ArgMax a, ArgMax b) {
+  return b.v > a.v || (b.v == a.v && b.i < a.i) ? b : a;
 }
+
 __global__ void KVFUSE_LAUNCH_BOUNDS(kArgmaxThreads, 1)
     argmax_rows_kernel(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens, int32_t* finite) {
   grid_dependency_wait();  // PDL: the inputs come from the kernel before
   launch_dependents();
-  __shared__ float sv[kArgmaxThreads / kWarpSize];
-  __shared__ int32_t si[kArgmaxThreads / kWarpSize];
+  __shared__ ArgMax sm[kArgmaxThreads / kWarpSize];
   __shared__ int32_t snan;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float* x = logits + row * vocab;
-    float bv = -INFINITY;
-    int32_t bi = INT32_MAX;
+    ArgMax best{-INFINITY, INT32_MAX};
     int bad = 0;
-    for (int64_t c = threadIdx.x; c < vocab; c += blockDim.x) {
-      const float v = x[c];
+    block_for_each_f32<kArgmaxThreads, kArgmaxUnroll>(logits + row * vocab, vocab, [&](int64_t c, float v) {
       if (!isfinite(v)) bad = 1;
-      if (v > bv || (v == bv && int32_t(c) < bi)) {
-        bv = v;
-        bi = int32_t(c);
-      }
-    }
+      best = argmax_merge(best, ArgMax{v, int32_t(c)});
+    });
     if (threadIdx.x == 0) snan = 0;
     __syncthreads();
     if (bad) snan = 1;
-    for (int off = kWarpSize / 2; off > 0; off /= 2) {
-      argmax_merge(bv, bi, warp_shfl_xor(bv, off), warp_shfl_xor(bi, off));
-    }
-    if (lane_id() == 0) {
-      sv[warp_id()] = bv;
-      si[warp_id()] = bi;
-    }
+    best = warp_reduce(best, [](ArgMax a, ArgMax b) { return argmax_merge(a, b); });
+    if (lane_id() == 0) sm[warp_id()] = best;
     __syncthreads();
     if (threadIdx.x == 0) {
-      for (int w = 1; w < int(blockDim.x) / kWarpSize; ++w) argmax_merge(bv, bi, sv[w], si[w]);
+      for (int w = 1; w < int(blockDim.x) / kWarpSize; ++w) best = argmax_merge(best, sm[w]);
       // A row of -inf or NaN only has no maximum: index 0, as the sequential rule gives.
-      tokens[row] = bi == INT32_MAX ? 0 : bi;
+      tokens[row] = best.i == INT32_MAX ? 0 : best.i;
       finite[row] = snan ? 0 : 1;
     }
     __syncthreads();  // shared state is reused by the next row
@@ -294,20 +384,36 @@ cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_
                              const float* inv_freq, float attention_scaling, cudaStream_t stream, bool pdl) {
   const int64_t total = n * (int64_t(q_heads) + kv_heads) * (head_dim / 2);
   if (total <= 0) return cudaSuccess;
-  return launch_kernel(rope_kernel, elementwise_blocks(total), kThreads, stream, pdl, q, q_stride, q_heads,
-                       k, k_stride, kv_heads, head_dim, positions, n, inv_freq, attention_scaling);
+  if (kRopeVec && head_dim % 16 == 0 && is_aligned(q, 16) && is_aligned(k, 16) && is_aligned(inv_freq, 16) &&
+      q_stride % 8 == 0 && k_stride % 8 == 0) {
+    return launch_kernel(rope_kernel<kRopeVec>, elementwise_blocks(total / 8), kThreads, stream, pdl, q,
+                         q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions, n, inv_freq,
+                         attention_scaling);
+  }
+  return launch_kernel(rope_kernel<false>, elementwise_blocks(total), kThreads, stream, pdl, q, q_stride,
+                       q_heads, k, k_stride, kv_heads, head_dim, positions, n, inv_freq, attention_scaling);
 }
 
 cudaError_t launch_silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out,
                             cudaStream_t stream, bool pdl) {
   if (n * inter <= 0) return cudaSuccess;
-  return launch_kernel(silu_mul_kernel, elementwise_blocks(n * inter), kThreads, stream, pdl, gate_up, n,
-                       inter, out);
+  if (inter % 8 == 0 && is_aligned(gate_up, 16) && is_aligned(out, 16)) {
+    return launch_kernel(silu_mul_kernel<true>, elementwise_blocks(n * inter / 8), kThreads, stream, pdl,
+                         gate_up, n, inter, out);
+  }
+  return launch_kernel(silu_mul_kernel<false>, elementwise_blocks(n * inter), kThreads, stream, pdl, gate_up,
+                       n, inter, out);
 }
 
 cudaError_t launch_residual_add(bf16_t* x, const bf16_t* y, int64_t count, cudaStream_t stream, bool pdl) {
   if (count <= 0) return cudaSuccess;
-  return launch_kernel(residual_add_kernel, elementwise_blocks(count), kThreads, stream, pdl, x, y, count);
+  if (is_aligned(x, 16) && is_aligned(y, 16)) {
+    // count / 8 vectors, and the tail's (at most 7) elements on the first threads.
+    return launch_kernel(residual_add_kernel<true>, elementwise_blocks((count + 7) / 8), kThreads, stream,
+                         pdl, x, y, count);
+  }
+  return launch_kernel(residual_add_kernel<false>, elementwise_blocks(count), kThreads, stream, pdl, x, y,
+                       count);
 }
 
 cudaError_t launch_gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n, bf16_t* out,

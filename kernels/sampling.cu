@@ -1,6 +1,8 @@
 // Sampling kernel; kernels/sampling.h has the rule, kernels/cpu/sampling.cc the same
 // steps sequentially. Every sum is an integer sum (counts, 40-bit fixed-point weights),
-// so the block's parallel order gives the CPU's result exactly.
+// so the block's parallel order gives the CPU's result exactly. The passes over a row
+// read it with 16-byte loads (block_for_each_f32, and first_reaching's quads): which
+// thread reads which logit changes no result, for the same reason.
 #include "kernels/gpu.h"
 
 #include "kernels/sampling.cuh"
@@ -37,13 +39,8 @@ KVFUSE_DEVICE unsigned long long block_sum(unsigned long long x, Shared& sh) {
 
 // Inclusive scan over the block (thread order = index order within a chunk).
 KVFUSE_DEVICE unsigned long long block_scan(unsigned long long x, Shared& sh, unsigned long long& total) {
-  const int lane = lane_id();
-#pragma unroll
-  for (int off = 1; off < kWarpSize; off *= 2) {
-    const unsigned long long y = warp_broadcast(x, lane >= off ? lane - off : lane);
-    if (lane >= off) x += y;
-  }
-  if (lane == kWarpSize - 1) sh.warp_u64[warp_id()] = x;
+  x = warp_inclusive_sum(x);
+  if (lane_id() == kWarpSize - 1) sh.warp_u64[warp_id()] = x;
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned long long run = 0;
@@ -70,11 +67,12 @@ KVFUSE_DEVICE uint32_t radix_threshold(const float* lg, int64_t vocab, In in, W 
     for (int i = int(threadIdx.x); i < 256; i += kThreads) sh.hist[i] = 0;
     __syncthreads();
     const uint32_t high_mask = shift == 24 ? 0u : ~((1u << (shift + 8)) - 1u);
-    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-      const uint32_t key = sampling_key(lg[i]);
-      if (!in(i, key) || (key & high_mask) != prefix) continue;
-      atomicAdd(&sh.hist[(key >> shift) & 0xffu], (unsigned long long)weight(i, lg[i]));
-    }
+    block_for_each_f32<kThreads, 1>(lg, vocab, [&](int64_t i, float l) {
+      const uint32_t key = sampling_key(l);
+      if (in(i, key) && (key & high_mask) == prefix) {
+        atomicAdd(&sh.hist[(key >> shift) & 0xffu], (unsigned long long)weight(i, l));
+      }
+    });
     __syncthreads();
     if (threadIdx.x == 0) {
       unsigned long long acc = 0;
@@ -96,23 +94,54 @@ KVFUSE_DEVICE uint32_t radix_threshold(const float* lg, int64_t vocab, In in, W 
 }
 
 // The first index (in id order) among `in` where the running weight reaches `need`.
+// The row is scanned in chunks of quads, thread order = quad order: quad q holds the
+// elements [head - 4 + 4q, head + 4q) that lie in the row (F32Row), so quad 0 is the
+// 0-3 elements before the first 16-byte boundary, the whole quads are one 16-byte load
+// each, and the last quad holds the 0-3 elements after them. A thread sums its quad's
+// weights in order, the block scan gives what precedes the quad, and the lowest index
+// whose running weight reaches `need` wins.
 template <class In, class W>
 KVFUSE_DEVICE int64_t first_reaching(const float* lg, int64_t vocab, In in, W weight, unsigned long long need,
                                      Shared& sh) {
+  const F32Row r(lg, vocab);
+  const int64_t quads = r.vecs + 2;
   unsigned long long run = 0;
-  for (int64_t base = 0; base < vocab; base += kThreads) {
-    const int64_t i = base + threadIdx.x;
-    unsigned long long x = 0;
-    if (i < vocab && in(i, sampling_key(lg[i]))) x = weight(i, lg[i]);
+  for (int64_t base = 0; base < quads; base += kThreads) {
+    const int64_t q = base + threadIdx.x;
+    const int64_t i0 = r.head - 4 + 4 * q;
+    float l[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (q >= 1 && q <= r.vecs) {
+      r.load_vec(q - 1, l);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (i0 + j >= 0 && i0 + j < vocab) l[j] = lg[i0 + j];
+      }
+    }
+    unsigned long long x[4];  // running weight within the quad
+    unsigned long long acc = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = i0 + j;
+      if (q < quads && i >= 0 && i < vocab && in(i, sampling_key(l[j]))) acc += weight(i, l[j]);
+      x[j] = acc;
+    }
     unsigned long long total = 0;
-    const unsigned long long incl = block_scan(x, sh, total);
-    if (threadIdx.x == 0) sh.bcast_i32 = kThreads;
+    const unsigned long long before = run + block_scan(x[3], sh, total) - x[3];
+    if (threadIdx.x == 0) sh.bcast_i32 = INT32_MAX;
     __syncthreads();
-    if (run + incl >= need) atomicMin(&sh.bcast_i32, int(threadIdx.x));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t i = i0 + j;
+      if (q < quads && i >= 0 && i < vocab && before + x[j] >= need) {
+        atomicMin(&sh.bcast_i32, int(i));
+        break;
+      }
+    }
     __syncthreads();
     const int hit = sh.bcast_i32;
     __syncthreads();
-    if (hit < kThreads) return base + hit;
+    if (hit < INT32_MAX) return hit;
     run += total;
   }
   return vocab - 1;
@@ -126,38 +155,15 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     const float* lg = logits + row * vocab;
     const RowSampling p = params[row];
     if (p.temperature == 0.0f) continue;  // greedy rows: argmax_rows gives their token
-    // The maximum logit (weights are relative to it).
+    // The maximum logit (weights are relative to it). NaN never replaces it, so a
+    // thread's value is never NaN and the max is the same in any order.
     float bv = -INFINITY;
-    int64_t bi = vocab;
-    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-      if (lg[i] > bv) {
-        bv = lg[i];
-        bi = i;
-      }
-    }
-    for (int off = kWarpSize / 2; off > 0; off /= 2) {
-      const float ov = warp_shfl_xor(bv, off);
-      const int64_t oi = warp_shfl_xor(bi, off);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (lane_id() == 0) {
-      sh.warp_f32[warp_id()] = bv;
-      sh.warp_u64[warp_id()] = (unsigned long long)bi;
-    }
+    block_for_each_f32<kThreads, 1>(lg, vocab, [&](int64_t, float l) { bv = l > bv ? l : bv; });
+    bv = warp_reduce_max(bv);
+    if (lane_id() == 0) sh.warp_f32[warp_id()] = bv;
     __syncthreads();
     if (threadIdx.x == 0) {
-      for (int w = 1; w < kWarps; ++w) {
-        const float ov = sh.warp_f32[w];
-        const int64_t oi = int64_t(sh.warp_u64[w]);
-        if (ov > bv || (ov == bv && oi < bi)) {
-          bv = ov;
-          bi = oi;
-        }
-      }
-      sh.bcast_i32 = int(bi >= vocab ? 0 : bi);
+      for (int w = 1; w < kWarps; ++w) bv = sh.warp_f32[w] > bv ? sh.warp_f32[w] : bv;
       sh.warp_f32[0] = bv;
     }
     __syncthreads();
@@ -175,7 +181,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     if (p.top_k > 0 && p.top_k < vocab) {
       tau_k = radix_threshold(lg, vocab, all, one, (unsigned long long)p.top_k, sh);
       unsigned long long above = 0;
-      for (int64_t i = threadIdx.x; i < vocab; i += kThreads) above += sampling_key(lg[i]) > tau_k ? 1 : 0;
+      block_for_each_f32<kThreads, 1>(lg, vocab,
+                                      [&](int64_t, float l) { above += sampling_key(l) > tau_k ? 1 : 0; });
       above = block_sum(above, sh);
       const uint32_t t = tau_k;
       cut_k = first_reaching(lg, vocab, [=](int64_t, uint32_t key) { return key == t; }, one,
@@ -189,17 +196,17 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     int64_t cut_p = vocab;
     if (p.top_p < 1.0f) {
       unsigned long long total = 0;
-      for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-        if (in_k(i, sampling_key(lg[i]))) total += mass(i, lg[i]);
-      }
+      block_for_each_f32<kThreads, 1>(lg, vocab, [&](int64_t i, float l) {
+        if (in_k(i, sampling_key(l))) total += mass(i, l);
+      });
       total = block_sum(total, sh);
       const unsigned long long target = sampling_top_p_target(p.top_p, total);
       tau_p = radix_threshold(lg, vocab, in_k, mass, target, sh);
       unsigned long long above = 0;
-      for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-        const uint32_t key = sampling_key(lg[i]);
-        if (in_k(i, key) && key > tau_p) above += mass(i, lg[i]);
-      }
+      block_for_each_f32<kThreads, 1>(lg, vocab, [&](int64_t i, float l) {
+        const uint32_t key = sampling_key(l);
+        if (in_k(i, key) && key > tau_p) above += mass(i, l);
+      });
       above = block_sum(above, sh);
       const uint32_t t = tau_p;
       cut_p = first_reaching(
@@ -212,9 +219,9 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
       return in_k(i, key) && (key > tp || (key == tp && i <= cp));
     };
     unsigned long long total = 0;
-    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-      if (kept(i, sampling_key(lg[i]))) total += mass(i, lg[i]);
-    }
+    block_for_each_f32<kThreads, 1>(lg, vocab, [&](int64_t i, float l) {
+      if (kept(i, sampling_key(l))) total += mass(i, l);
+    });
     total = block_sum(total, sh);
     const unsigned long long s = sampling_draw(p.u, total);
     const int64_t tok = first_reaching(lg, vocab, kept, mass, s + 1, sh);
@@ -262,6 +269,38 @@ KVFUSE_DEVICE void pick_better(float& v, int32_t& id, float ov, int32_t oid) {
   }
 }
 
+// Inserts (x, i) into a thread's top-n list (the first `have` entries of tv, ti, best
+// first) if it is among the n best the thread has seen (n <= kMaxTopLogprobs).
+KVFUSE_DEVICE void top_offer(float (&tv)[kMaxTopLogprobs], int32_t (&ti)[kMaxTopLogprobs], int32_t& have,
+                             int32_t n, float x, int32_t i) {
+  if (n == 0 || (have == n && !logprob_ranks_before(x, i, tv[n - 1], ti[n - 1]))) return;
+  int32_t at = have < n ? have++ : n - 1;
+  while (at > 0 && logprob_ranks_before(x, i, tv[at - 1], ti[at - 1])) {
+    tv[at] = tv[at - 1];
+    ti[at] = ti[at - 1];
+    --at;
+  }
+  tv[at] = x;
+  ti[at] = i;
+}
+
+// What the warps reduce: lse_combine is commutative (either order scales the smaller
+// maximum's sum and adds), pick_better a selection by a total order.
+struct LseAcc {
+  float m;
+  float s;
+};
+struct TopPick {
+  float v;
+  int32_t id;
+};
+
+// The row pass with 16-byte loads on CDNA only. It changes which thread sums which
+// exponentials, so the fp32 sum's rounding (not its error bound: each thread still adds
+// about vocab / kLpThreads terms) differs from the strided pass's; on NVIDIA the strided
+// pass stays, and its results stay bit for bit.
+constexpr bool kLpVec = kWarpSize == 64;
+
 __global__ void KVFUSE_LAUNCH_BOUNDS(kLpThreads, 1)
     logprobs_rows_kernel(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
                          const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
@@ -276,26 +315,25 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kLpThreads, 1)
     float tv[kMaxTopLogprobs];
     int32_t ti[kMaxTopLogprobs];
     int32_t have = 0;
-    for (int64_t i = threadIdx.x; i < vocab; i += kLpThreads) {
-      const float x = lg[i];
-      lse_combine(m, s, x, 1.0f);
-      if (n == 0 || (have == n && !logprob_ranks_before(x, int32_t(i), tv[n - 1], ti[n - 1]))) continue;
-      int32_t at = have < n ? have++ : n - 1;
-      while (at > 0 && logprob_ranks_before(x, int32_t(i), tv[at - 1], ti[at - 1])) {
-        tv[at] = tv[at - 1];
-        ti[at] = ti[at - 1];
-        --at;
+    if constexpr (kLpVec) {
+      block_for_each_f32<kLpThreads, 1>(lg, vocab, [&](int64_t i, float x) {
+        lse_combine(m, s, x, 1.0f);
+        top_offer(tv, ti, have, n, x, int32_t(i));
+      });
+    } else {
+      for (int64_t i = threadIdx.x; i < vocab; i += kLpThreads) {
+        const float x = lg[i];
+        lse_combine(m, s, x, 1.0f);
+        top_offer(tv, ti, have, n, x, int32_t(i));
       }
-      tv[at] = x;
-      ti[at] = int32_t(i);
     }
-    for (int off = kWarpSize / 2; off > 0; off /= 2) {
-      const float om = warp_shfl_xor(m, off), os = warp_shfl_xor(s, off);
-      lse_combine(m, s, om, os);
-    }
+    const LseAcc acc = warp_reduce(LseAcc{m, s}, [](LseAcc a, LseAcc b) {
+      lse_combine(a.m, a.s, b.m, b.s);
+      return a;
+    });
     if (lane_id() == 0) {
-      sh.m[warp_id()] = m;
-      sh.s[warp_id()] = s;
+      sh.m[warp_id()] = acc.m;
+      sh.s[warp_id()] = acc.s;
     }
     __syncthreads();
     m = sh.m[0];
@@ -313,14 +351,13 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kLpThreads, 1)
         v = tv[head];
         id = ti[head];
       }
-      for (int off = kWarpSize / 2; off > 0; off /= 2) {
-        const float ov = warp_shfl_xor(v, off);
-        const int32_t oid = warp_shfl_xor(id, off);
-        pick_better(v, id, ov, oid);
-      }
+      const TopPick best = warp_reduce(TopPick{v, id}, [](TopPick a, TopPick b) {
+        pick_better(a.v, a.id, b.v, b.id);
+        return a;
+      });
       if (lane_id() == 0) {
-        sh.v[warp_id()] = v;
-        sh.id[warp_id()] = id;
+        sh.v[warp_id()] = best.v;
+        sh.id[warp_id()] = best.id;
       }
       __syncthreads();
       v = sh.v[0];

@@ -38,7 +38,10 @@ Gates (exit status 1 if any fails):
     gfx942, 16x16x32 on gfx950), and the hardware FP8 decode where the arch has the
     format: v_cvt_pk_f32_fp8 for e4m3fnuz on gfx942, v_cvt_scalef32_pk_f16_fp8 for
     e4m3fn on gfx950 (the other e4m3 decodes by bit manipulation, e5m2 by a byte move);
-  - every other attention kernel (the split path's merge): recorded.
+  - every other attention kernel (the split path's merge): recorded;
+  - model ops (model_op_report below): the kernels of kernels/model_ops.cu and
+    kernels/sampling.cu reduce across lanes without ds_bpermute_b32 (DPP instead), take
+    16-byte global loads where they have a vector path, and use no scratch.
 
 Usage: hip-kernel-report.py BUILD_DIR TOOL_DIR
   TOOL_DIR holds clang-offload-bundler, llvm-objcopy, llvm-readelf, llvm-objdump
@@ -180,6 +183,92 @@ def occupancy(k, arch):
     return min(float(waves), blocks * block_waves / SIMDS_PER_CU)
 
 
+# ---- Model ops ---------------------------------------------------------------------
+# The row and elementwise kernels of kernels/model_ops.cu and kernels/sampling.cu. On
+# CDNA a __shfl_xor is a ds_bpermute_b32 (an LDS round trip per 32-bit word and step);
+# the warp reductions and scans of kernels/gpu.h use DPP there, so a reducing kernel
+# with a ds_bpermute has fallen back to shuffles. A bf16 or fp32 row read by 2- or
+# 4-byte loads moves 128 or 256 bytes per wave instruction: the kernels with a 16-byte
+# path must contain global_load_dwordx4. (name pattern, no ds_bpermute, wide loads,
+# scratch allowed). logprobs_rows keeps each thread's top-20 list in an array indexed at
+# run time, which lives in scratch: recorded, not gated.
+MODEL_OPS = [
+    (r"^add_rmsnorm_kernel$", True, True, False),
+    (r"^rmsnorm_kernel$", True, False, False),
+    (r"^(rope|silu_mul|residual_add)_kernel<true>$", False, True, False),
+    (r"^(argmax_rows|sample_rows)_kernel$", True, True, False),
+    (r"^logprobs_rows_kernel$", True, True, True),
+    (r"", False, False, False),
+]
+
+
+def model_op_report(build, tools):
+    """Prints the model-op kernels' table; returns its gate failures."""
+    failures, rows = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for src in ("model_ops", "sampling"):
+            obj = os.path.join(build, "CMakeFiles", "kvfuse_kernels_gpu.dir", "kernels", src + ".cu.o")
+            if not os.path.exists(obj):
+                failures.append("model ops: no object " + obj)
+                continue
+            fatbin = os.path.join(tmp, src + ".fatbin")
+            run(tool(tools, "llvm-objcopy", "objcopy"), "--dump-section=.hip_fatbin=" + fatbin, obj,
+                os.path.join(tmp, "copy.o"))
+            targets = run(tool(tools, "clang-offload-bundler"), "--list", "--type=o", "--input=" + fatbin)
+            for target in targets.split():
+                arch = target.rsplit("--", 1)[-1].split(":")[0]
+                if not target.startswith("hip") or arch not in ARCH:
+                    continue
+                co = os.path.join(tmp, src + "." + arch + ".co")
+                run(tool(tools, "clang-offload-bundler"), "--unbundle", "--type=o", "--input=" + fatbin,
+                    "--targets=" + target, "--output=" + co)
+                counts, cur = {}, None
+                for line in run(tool(tools, "llvm-objdump"), "-d", "--mcpu=" + arch, co).splitlines():
+                    m = re.match(r"^[0-9a-f]+ <(.+)>:$", line)
+                    if m:
+                        cur = m.group(1)
+                        counts[cur] = dict(bperm=0, dpp=0, readlane=0, x4=0, narrow=0)
+                    elif cur is not None:
+                        c = counts[cur]
+                        c["bperm"] += "ds_bpermute_b32" in line
+                        c["dpp"] += bool(re.search(r"\b(quad_perm|row_\w+)[:\s]", line))
+                        c["readlane"] += "v_readlane_b32" in line
+                        c["x4"] += bool(re.search(r"\bglobal_load_dwordx4\b", line))
+                        c["narrow"] += bool(re.search(r"\bglobal_load_(ushort|short_d16\w*|dword)\b", line))
+                ks = kernels_of(co, tools)
+                names = [k["name"] for k in ks]
+                demangled = run(tool(tools, "llvm-cxxfilt", "c++filt"), *names).splitlines() if names else []
+                for k, dm in zip(ks, demangled):
+                    name = short_name(dm)
+                    _, no_bperm, wide, scratch_ok = next(t for t in MODEL_OPS if re.search(t[0], name))
+                    c = counts.get(k["name"], dict(bperm=0, dpp=0, readlane=0, x4=0, narrow=0))
+                    scratch = int(k["private_segment_fixed_size"])
+                    bad = []
+                    if (scratch or k.get("uses_dynamic_stack") == "true") and not scratch_ok:
+                        bad.append("scratch")
+                    if no_bperm and c["bperm"]:
+                        bad.append("ds_bpermute")
+                    if wide and not c["x4"]:
+                        bad.append("no global_load_dwordx4")
+                    verdict = ("FAIL " + ",".join(bad)) if bad else ("ok" if no_bperm or wide else "recorded")
+                    if bad:
+                        failures.append("%s %s: %s" % (arch, name, verdict))
+                    rows.append((arch, name, int(k["vgpr_count"]), scratch, c, verdict))
+    rows.sort(key=lambda r: (r[1], r[0]))
+    w = max([len(r[1]) for r in rows] + [6])
+    hdr = "%-6s  %-*s  %5s %7s %6s %4s %8s %6s %6s  %s" % ("arch", w, "kernel", "VGPR", "scratch", "bperm", "dpp",
+                                                          "readlane", "ldx4", "ld<16", "gate")
+    print("hip-kernel-report: model ops (kernels/model_ops.cu, kernels/sampling.cu)")
+    print(hdr)
+    print("-" * len(hdr))
+    for arch, name, vgpr, scratch, c, verdict in rows:
+        print("%-6s  %-*s  %5d %7d %6d %4d %8d %6d %6d  %s" % (arch, w, name, vgpr, scratch, c["bperm"], c["dpp"],
+                                                              c["readlane"], c["x4"], c["narrow"], verdict))
+    print("hip-kernel-report: model-op columns: bperm = ds_bpermute_b32, dpp = instructions with a DPP control, "
+          "readlane = v_readlane_b32, ldx4 = global_load_dwordx4, ld<16 = global loads of 2 or 4 bytes")
+    return failures
+
+
 def main():
     build, tools = sys.argv[1], sys.argv[2]
     objs = sorted(glob.glob(os.path.join(build, "CMakeFiles", "kvfuse_kernels_gpu.dir", "kernels", "*.cu.o")))
@@ -298,6 +387,7 @@ def main():
     for arch in ARCH:
         if not any(r["arch"] == arch for r in rows):
             failures.append("no code object for " + arch)
+    failures += model_op_report(build, tools)
     print("hip-kernel-report: columns: VGPR = arch+acc registers allocated per lane, scratch = bytes per lane, "
           "LDS = bytes per block, block = largest block allowed, occ/tgt = waves per SIMD computed / gated minimum, "
           "pkcvt = v_cvt_pk_{fp8,bf8}_f32 in the kernel, mfma = v_mfma_* in the kernel")

@@ -106,21 +106,33 @@ TEST_CASE("gpu backend: row and elementwise ops match the CPU within one bf16 ul
   });
   CHECK((ec == eg));
 
-  const auto gu = random_bf16(size_t(rows * 2 * inter), 4, 2.0f);
-  auto [sc, sg] = both([&](Backend& b) {
-    Mirror<bf16_t> in(b, gu), out(b, size_t(rows * inter));
-    REQUIRE(b.silu_mul(in.ptr(), rows, inter, out.ptr()).ok());
-    return out.read(b);
-  });
-  check_close(sc, sg, 1, 1e-6f, "silu_mul");
+  // silu_mul: 384 columns take the 16-byte path, 100 (not a multiple of 8) the scalar one.
+  for (const int64_t cols : {inter, int64_t(100)}) {
+    CAPTURE(cols);
+    const auto gu = random_bf16(size_t(rows * 2 * cols), 4, 2.0f);
+    auto [sc, sg] = both([&](Backend& b) {
+      Mirror<bf16_t> in(b, gu), out(b, size_t(rows * cols));
+      REQUIRE(b.silu_mul(in.ptr(), rows, cols, out.ptr()).ok());
+      return out.read(b);
+    });
+    check_close(sc, sg, 1, 1e-6f, "silu_mul");
+  }
 
+  // residual_add: one fp32 add, one rounding: exact on both. The 16-byte path (aligned;
+  // whole vectors, and a tail of 5) and the scalar one (y one element off 16-byte
+  // alignment).
   const auto y = random_bf16(x.size(), 5);
-  auto [ac, ag] = both([&](Backend& b) {
-    Mirror<bf16_t> a(b, x), c(b, y);
-    REQUIRE(b.residual_add(a.ptr(), c.ptr(), int64_t(x.size())).ok());
-    return a.read(b);
-  });
-  CHECK((ac == ag));  // one fp32 add, one rounding: exact on both
+  for (const int64_t y_off : {int64_t(0), int64_t(1)}) {
+    for (const int64_t count : {int64_t(x.size()) - 8, int64_t(x.size()) - 11}) {
+      CAPTURE(y_off, count);
+      auto [ac, ag] = both([&](Backend& b) {
+        Mirror<bf16_t> a(b, x), c(b, y);
+        REQUIRE(b.residual_add(a.ptr(), c.ptr() + y_off, count).ok());
+        return a.read(b);
+      });
+      CHECK((ac == ag));
+    }
+  }
 
   // The residual add fused with the norm: x exactly residual_add's, out within an ulp of
   // the CPU's (residual_add then rmsnorm), out aliasing y as the decoder calls it. Rows
@@ -144,38 +156,42 @@ TEST_CASE("gpu backend: row and elementwise ops match the CPU within one bf16 ul
     }
   }
 
-  // RoPE on a fused QKV row layout: 8 q heads, 2 kv heads of 64, large positions.
-  const int32_t qh = 8, kvh = 2, d = 64;
-  const int64_t stride = int64_t(qh + 2 * kvh) * d;
-  const auto qkv = random_bf16(size_t(rows * stride), 6);
-  std::vector<int32_t> pos(static_cast<size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) pos[size_t(i)] = int32_t(i * 1000 + 3);
-  // Plain RoPE, Llama 3.1's llama3 table, and yarn (factor 4, attention factor 1.1386:
-  // cos and sin scaled) over an original context that the positions pass.
-  RopeScaling llama3;
-  llama3.type = RopeType::kLlama3;
-  llama3.factor = 8;
-  llama3.original_max_position = 8192;
-  RopeScaling yarn;
-  yarn.type = RopeType::kYarn;
-  yarn.factor = 4;
-  yarn.original_max_position = 1024;
-  for (const RopeScaling& sc : {RopeScaling{}, llama3, yarn}) {
-    CAPTURE(rope_type_name(sc.type));
-    auto table = rope_table(500000.0, d, sc);
-    REQUIRE(table.ok());
-    auto [pc, pg] = both([&](Backend& b) {
-      Mirror<bf16_t> t(b, qkv);
-      Mirror<int32_t> p(b, pos);
-      Mirror<float> inv(b, table->inv_freq);
-      REQUIRE(b.rope(t.ptr(), stride, qh, t.ptr() + qh * d, stride, kvh, d, p.ptr(), rows, inv.ptr(),
-                     table->attention_scaling)
-                  .ok());
-      return t.read(b);
-    });
-    // Device sinf/cosf are within 2 ulp of the libm's: the rotated pair may land one
-    // bf16 ulp apart, plus an absolute term for the cancellation in x0*c - x1*s.
-    check_close(pc, pg, 1, 2e-3f * table->attention_scaling, "rope");
+  // RoPE on a fused QKV row layout: 8 q heads, 2 kv heads of 64 (and of 72, whose half
+  // is not whole 16-byte vectors: the scalar kernel), large positions.
+  for (const int32_t d : {64, 72}) {
+    CAPTURE(d);
+    const int32_t qh = 8, kvh = 2;
+    const int64_t stride = int64_t(qh + 2 * kvh) * d;
+    const auto qkv = random_bf16(size_t(rows * stride), 6);
+    std::vector<int32_t> pos(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) pos[size_t(i)] = int32_t(i * 1000 + 3);
+    // Plain RoPE, Llama 3.1's llama3 table, and yarn (factor 4, attention factor 1.1386:
+    // cos and sin scaled) over an original context that the positions pass.
+    RopeScaling llama3;
+    llama3.type = RopeType::kLlama3;
+    llama3.factor = 8;
+    llama3.original_max_position = 8192;
+    RopeScaling yarn;
+    yarn.type = RopeType::kYarn;
+    yarn.factor = 4;
+    yarn.original_max_position = 1024;
+    for (const RopeScaling& sc : {RopeScaling{}, llama3, yarn}) {
+      CAPTURE(rope_type_name(sc.type));
+      auto table = rope_table(500000.0, d, sc);
+      REQUIRE(table.ok());
+      auto [pc, pg] = both([&](Backend& b) {
+        Mirror<bf16_t> t(b, qkv);
+        Mirror<int32_t> p(b, pos);
+        Mirror<float> inv(b, table->inv_freq);
+        REQUIRE(b.rope(t.ptr(), stride, qh, t.ptr() + qh * d, stride, kvh, d, p.ptr(), rows, inv.ptr(),
+                       table->attention_scaling)
+                    .ok());
+        return t.read(b);
+      });
+      // Device sinf/cosf are within 2 ulp of the libm's: the rotated pair may land one
+      // bf16 ulp apart, plus an absolute term for the cancellation in x0*c - x1*s.
+      check_close(pc, pg, 1, 2e-3f * table->attention_scaling, "rope");
+    }
   }
 }
 
@@ -186,8 +202,9 @@ TEST_CASE("gpu backend: greedy argmax and the finiteness flag equal the CPU's on
   auto cpu = make_cpu_backend();
   // Rows of random logits with planted cases: ties of the maximum (the lowest index
   // wins), the maximum in the first and last column, +inf, -inf, NaN (flagged not
-  // finite), all equal, and vocabularies that are not multiples of the block size.
-  for (int64_t vocab : {int64_t(1), int64_t(31), int64_t(1000), int64_t(128256)}) {
+  // finite), all equal, and vocabularies that are not multiples of the block size; 31 and
+  // 4099 (not multiples of 4) start rows at every offset from a 16-byte boundary.
+  for (int64_t vocab : {int64_t(1), int64_t(31), int64_t(1000), int64_t(4099), int64_t(128256)}) {
     CAPTURE(vocab);
     const int64_t rows = 12;
     std::mt19937 rng{uint32_t(vocab)};
@@ -242,7 +259,7 @@ TEST_CASE("gpu backend: seeded temperature, top-k and top-p sampling picks the C
   // the count printed. Greedy rows are left unwritten by both.
   std::mt19937 gen(5);
   int64_t rows_total = 0, equal = 0;
-  for (int64_t vocab : {int64_t(3), int64_t(1000), int64_t(32000), int64_t(128256)}) {
+  for (int64_t vocab : {int64_t(3), int64_t(1000), int64_t(4099), int64_t(32000), int64_t(128256)}) {
     for (int coarse = 0; coarse < 2; ++coarse) {
       const int64_t rows = 48;
       std::normal_distribution<float> dist(0.0f, 3.0f);
@@ -299,7 +316,7 @@ TEST_CASE("gpu backend: logprobs and top-n match the CPU reference", "[gpu][samp
   // row's temperature is > 0, else the greedy one.
   std::mt19937 gen(11);
   int64_t checked = 0;
-  for (int64_t vocab : {int64_t(3), int64_t(1000), int64_t(32000), int64_t(128256)}) {
+  for (int64_t vocab : {int64_t(3), int64_t(1000), int64_t(4099), int64_t(32000), int64_t(128256)}) {
     for (int coarse = 0; coarse < 2; ++coarse) {
       const int64_t rows = 24;
       std::normal_distribution<float> dist(0.0f, 3.0f);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #define KVFUSE_GPU_VENDOR "cuda"
 // Every NVIDIA warp is 32 lanes. Kernels use kvfuse::gpu::kWarpSize, never the literal.
@@ -30,6 +31,46 @@ __device__ __forceinline__ T vendor_shfl_xor(T x, int lane_xor) {
 template <class T>
 __device__ __forceinline__ T vendor_shfl(T x, int src_lane) {
   return __shfl_sync(kFullLaneMask, x, src_lane);
+}
+
+// ---- Cross-lane reductions and scans (kernels/gpu.h: warp_reduce, warp_inclusive_sum)
+
+// vendor_shfl_xor for any trivially copyable T of whole 32-bit words: a scalar in one
+// shuffle, a struct one shuffle per word (what shuffling its members one by one gives).
+template <class T>
+__device__ __forceinline__ T vendor_shfl_xor_words(T x, int lane_xor) {
+  if constexpr (std::is_arithmetic_v<T>) {
+    return vendor_shfl_xor(x, lane_xor);
+  } else {
+    static_assert(sizeof(T) % 4 == 0, "shuffles move whole 32-bit words");
+    struct Words {
+      int w[sizeof(T) / 4];
+    };
+    Words v = __builtin_bit_cast(Words, x);
+#pragma unroll
+    for (int i = 0; i < int(sizeof(T) / 4); ++i) v.w[i] = vendor_shfl_xor(v.w[i], lane_xor);
+    return __builtin_bit_cast(T, v);
+  }
+}
+
+// op over the warp as a butterfly: lane i meets lane i ^ 16, ^ 8, ... ^ 1.
+template <class T, class Op>
+__device__ __forceinline__ T vendor_warp_reduce(T x, Op op) {
+#pragma unroll
+  for (int off = KVFUSE_WARP_SIZE / 2; off > 0; off /= 2) x = op(x, vendor_shfl_xor_words(x, off));
+  return x;
+}
+
+// Inclusive prefix sum over the lanes (Hillis-Steele, shuffles up by 1, 2, ... 16).
+template <class T>
+__device__ __forceinline__ T vendor_warp_inclusive_sum(T x) {
+  const int lane = int(threadIdx.x) % KVFUSE_WARP_SIZE;
+#pragma unroll
+  for (int off = 1; off < KVFUSE_WARP_SIZE; off *= 2) {
+    const T y = vendor_shfl(x, lane >= off ? lane - off : lane);
+    if (lane >= off) x += y;
+  }
+  return x;
 }
 
 // Byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x (prmt).

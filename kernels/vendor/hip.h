@@ -98,6 +98,95 @@ __device__ __forceinline__ T vendor_shfl(T x, int src_lane) {
   return __shfl(x, src_lane, KVFUSE_WARP_SIZE);
 }
 
+// ---- Cross-lane reductions and scans (kernels/gpu.h: warp_reduce, warp_inclusive_sum)
+// __shfl_xor and __shfl compile to ds_bpermute_b32, a trip through the LDS crossbar
+// (address arithmetic, issue, s_waitcnt) per 32-bit word and step: six steps for 64
+// lanes. DPP (data-parallel primitives) has the VALU read an operand from another lane
+// instead, so a step is one or two VALU instructions (the compiler folds the move into
+// the op that uses it, v_add_f32_dpp, when it writes every lane). The lane patterns are
+// fixed. Within a row of 16 lanes: quad_perm (any permutation within 4 lanes),
+// row_half_mirror (7 - i within each 8), row_mirror (15 - i), row_shr:n (i - n). Across
+// rows: row_bcast:15 (lane 15 of each row to the whole next row) and row_bcast:31 (lane
+// 31 to rows 2 and 3), which only the GFX9 family has: CDNA does, RDNA does not (refused
+// above). Every lane must be active, as for the shuffles: kernels call these from whole
+// waves.
+namespace dpp {
+constexpr int kQuadPerm1032 = 0xb1;    // lane ^ 1
+constexpr int kQuadPerm2301 = 0x4e;    // lane ^ 2
+constexpr int kRowShr = 0x110;         // + n, 1 <= n <= 15: lane - n within the row
+constexpr int kRowMirror = 0x140;      // 15 - lane within the row
+constexpr int kRowHalfMirror = 0x141;  // 7 - lane within each half row
+constexpr int kRowBcast15 = 0x142;
+constexpr int kRowBcast31 = 0x143;
+}  // namespace dpp
+
+// x as read from the lane that DPP control kCtrl names, one v_mov_b32_dpp per 32-bit word
+// of a trivially copyable T. Lanes of rows outside kRowMask, and lanes whose source lies
+// outside their row (row_shr), get `old`. With every row written and old = 0 the
+// compiler folds the move into the op that uses it.
+template <int kCtrl, int kRowMask = 0xf, class T>
+__device__ __forceinline__ T vendor_dpp(T old, T x) {
+  static_assert(sizeof(T) % 4 == 0, "DPP moves whole 32-bit words");
+  struct Words {
+    int w[sizeof(T) / 4];
+  };
+  const Words o = __builtin_bit_cast(Words, old);
+  Words v = __builtin_bit_cast(Words, x);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(T) / 4); ++i) {
+    v.w[i] = __builtin_amdgcn_update_dpp(o.w[i], v.w[i], kCtrl, kRowMask, 0xf, false);
+  }
+  return __builtin_bit_cast(T, v);
+}
+
+// x of lane `lane` in every lane (v_readlane_b32 into a scalar register).
+template <class T>
+__device__ __forceinline__ T vendor_readlane(T x, int lane) {
+  struct Words {
+    int w[sizeof(T) / 4];
+  };
+  Words v = __builtin_bit_cast(Words, x);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(T) / 4); ++i) v.w[i] = __builtin_amdgcn_readlane(v.w[i], lane);
+  return __builtin_bit_cast(T, v);
+}
+
+// op over the wave: a tree of depth six, as the butterfly of __shfl_xor is, paired
+// differently. Within each row lane i meets i ^ 1, i ^ 2, then 7 - i, then 15 - i, after
+// which every lane of a row holds the row's reduction (the in-row steps read no lane
+// outside the row, so their `old` is never used; 0 lets the compiler fold them). Rows 1
+// and 3 then take in rows 0 and 2, row 3 takes in rows 0-1, and lane 63, which now holds
+// the whole wave's, is read into every lane: all lanes get the same bits whatever op
+// is. Lanes of rows masked out of a row_bcast combine x with itself and are not read
+// again.
+template <class T, class Op>
+__device__ __forceinline__ T vendor_warp_reduce(T x, Op op) {
+  const T zero{};
+  x = op(x, vendor_dpp<dpp::kQuadPerm1032>(zero, x));
+  x = op(x, vendor_dpp<dpp::kQuadPerm2301>(zero, x));
+  x = op(x, vendor_dpp<dpp::kRowHalfMirror>(zero, x));
+  x = op(x, vendor_dpp<dpp::kRowMirror>(zero, x));
+  x = op(x, vendor_dpp<dpp::kRowBcast15, 0xa>(x, x));
+  x = op(x, vendor_dpp<dpp::kRowBcast31, 0xc>(x, x));
+  return vendor_readlane(x, KVFUSE_WARP_SIZE - 1);
+}
+
+// Inclusive prefix sum over the lanes: lane i gets x(0) + ... + x(i). Hillis-Steele
+// within each row (row_shr 1, 2, 4, 8; lanes shifted in from outside the row add 0),
+// then rows 1 and 3 add the total of rows 0 and 2, rows 2 and 3 the total of rows 0-1.
+// Exact for integers (the kernels' only use); a float sum would be added in this order.
+template <class T>
+__device__ __forceinline__ T vendor_warp_inclusive_sum(T x) {
+  const T zero{};
+  x += vendor_dpp<dpp::kRowShr + 1>(zero, x);
+  x += vendor_dpp<dpp::kRowShr + 2>(zero, x);
+  x += vendor_dpp<dpp::kRowShr + 4>(zero, x);
+  x += vendor_dpp<dpp::kRowShr + 8>(zero, x);
+  x += vendor_dpp<dpp::kRowBcast15, 0xa>(zero, x);
+  x += vendor_dpp<dpp::kRowBcast31, 0xc>(zero, x);
+  return x;
+}
+
 // CUDA's __byte_perm (byte i of the result is byte (s >> 4i) & 7 of the 8 bytes y:x) as
 // one v_perm_b32. HIP's own __byte_perm indexes a byte array, which a selector known
 // only at run time puts in scratch memory (the attention kernel's P fragment shuffle).
