@@ -3,7 +3,8 @@
 // rope_neox leaves it, the cache as rope_neox followed by kv_write_fused leaves it, bit for
 // bit, for every KV format, head dims 64/128/256, grouped queries, SWA tables, padding and
 // out-of-range slots, plain and scaled RoPE tables, and values that saturate or are not
-// finite. Also: K and V read only (unless k_rotated asks for the rotated K).
+// finite. Also: K and V read only (unless k_rotated asks for the rotated K), and the CPU
+// backend's refusals.
 #include "tests/catch.h"
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 
 #include "kernels/cpu/kv_write.h"
 #include "kernels/cpu/ops.h"
+#include "src/backends/cpu/cpu_backend.h"
 #include "src/loading/rope.h"
 
 namespace {
@@ -293,4 +295,30 @@ TEST_CASE("kv write rope (cpu): a batch of padding rotates q and writes nothing"
   CHECK((v == untouched));
   CHECK((columns(in, got, 0, in.q_dim) == columns(in, ref, 0, in.q_dim)));
   CHECK((columns(in, got, in.q_dim, in.stride) == columns(in, in.qkv, in.q_dim, in.stride)));
+}
+
+TEST_CASE("kv write rope (cpu): the backend runs it, refuses f16 sources, and kv_write refuses fused_rope",
+          "[kv_write][rope][errors]") {
+  auto backend = make_cpu_backend();
+  RopeCase c;
+  const Inputs in = make_inputs(c);
+  const size_t cache_bytes = size_t(in.num_slots * in.kv_dim);
+  const float ks = c.k_scale, vs = c.v_scale;
+  std::vector<bf16_t> ref = in.qkv, got = in.qkv;
+  std::vector<uint8_t> ref_k(cache_bytes, kSentinel), ref_v(cache_bytes, kSentinel);
+  std::vector<uint8_t> k(cache_bytes, kSentinel), v(cache_bytes, kSentinel);
+  cpu::kv_write_rope(rope_args(in, ref.data(), ref_k, ref_v, &ks, &vs));
+  KvWriteRopeArgs r = rope_args(in, got.data(), k, v, &ks, &vs);
+  REQUIRE(backend->kv_write_rope(r).ok());
+  CHECK((got == ref));
+  CHECK((k == ref_k));
+  CHECK((v == ref_v));
+
+  r.kv.src_dtype = KvSrcDtype::f16;
+  const absl::Status f16 = backend->kv_write_rope(r);
+  CHECK(f16.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(f16.message()), Catch::Matchers::ContainsSubstring("bf16"));
+  const absl::Status wrong_op = backend->kv_write(r.kv, KvWritePath::fused_rope);
+  CHECK(wrong_op.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(wrong_op.message()), Catch::Matchers::ContainsSubstring("kv_write_rope"));
 }
