@@ -12,6 +12,11 @@
 // At T <= kKvWriteBlockTeamMaxTokens the fused write runs a block per token row; the
 // "fused fp8, warp/row" rows are the same write with a warp per row (the mapping used
 // above that T), the A/B of that choice.
+// The RoPE pair (llama3-8b's 32 query heads over the 8 KV heads, positions up to 131072):
+// "rope, fused fp8" is launch_rope_neox then the fused write, two launches as the fused
+// path runs them; "fused_rope fp8" is launch_kv_write_rope, the one launch of
+// kv_write=fused_rope. Both must move the query rows too (read and write), counted in
+// their bytes. Each call rotates q and K again (the values stay bounded: rotations).
 //
 //   bench_kv_write [--json PATH] [--rounds N] [--peak-gbs GBS]
 //
@@ -19,6 +24,7 @@
 #include "kernels/gpu.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -29,6 +35,8 @@
 #include "bench/common/gpu_bench.cuh"
 #include "kernels/enum_name.h"
 #include "kernels/kv_write.cuh"
+#include "kernels/kv_write_rope.cuh"
+#include "kernels/model_ops.cuh"
 
 namespace {
 
@@ -42,6 +50,8 @@ constexpr int kPage = 16;
 constexpr int64_t kMaxTokens = 65536;
 constexpr int64_t kCacheSlots = 2 * kMaxTokens;
 constexpr int kGraphCalls = 100;
+constexpr int kQHeads = 32;  // the RoPE arms' query heads (llama3-8b)
+constexpr int kQRow = kQHeads * kHeadDim;
 
 // The launch floor: a kernel that only does the PDL handshake of the real ones.
 __global__ void empty_kernel() {
@@ -49,10 +59,11 @@ __global__ void empty_kernel() {
   gpu::launch_dependents();
 }
 
-enum class Kernel { fused, fused_warp_rows, unfused, bf16_store, empty };
+enum class Kernel { fused, fused_warp_rows, unfused, bf16_store, empty, rope_then_fused, fused_rope };
 const char* kernel_name(Kernel k) {
-  static constexpr const char* kNames[] = {"fused fp8", "fused fp8, warp/row", "unfused fp8 (5 launches)",
-                                           "bf16 store", "empty kernel"};
+  static constexpr const char* kNames[] = {"fused fp8",     "fused fp8, warp/row", "unfused fp8 (5 launches)",
+                                           "bf16 store",    "empty kernel",        "rope, fused fp8",
+                                           "fused_rope fp8"};
   return enum_name(k, kNames);
 }
 
@@ -66,6 +77,9 @@ struct Buffers {
   void* bf16_v = nullptr;
   float* scales = nullptr;
   void* scratch = nullptr;
+  bf16_t* q = nullptr;  // [T, kQRow], the RoPE arms' queries
+  int32_t* positions = nullptr;
+  float* inv_freq = nullptr;  // [kHeadDim / 2]
 };
 
 KvWriteArgs make_args(const Buffers& b, int64_t T, bool bf16_cache) {
@@ -108,6 +122,22 @@ void call(Kernel k, const Buffers& b, int64_t T, cudaStream_t s, const gpu::KvWr
     case Kernel::empty:
       BENCH_GPU(gpu::launch_kernel(empty_kernel, 1, gpu::kWarpSize, s, l.pdl));
       break;
+    case Kernel::rope_then_fused:
+      BENCH_GPU(gpu::launch_rope_neox(b.q, kQRow, kQHeads, static_cast<bf16_t*>(b.k), kRow, kHeads, kHeadDim,
+                                      b.positions, T, b.inv_freq, 1.0f, s, l.pdl));
+      BENCH_GPU(gpu::launch_kv_write_fused(make_args(b, T, false), s, l));
+      break;
+    case Kernel::fused_rope: {
+      KvWriteRopeArgs r;
+      r.kv = make_args(b, T, false);
+      r.q = b.q;
+      r.q_token_stride = kQRow;
+      r.q_heads = kQHeads;
+      r.positions = b.positions;
+      r.inv_freq = b.inv_freq;
+      BENCH_GPU(gpu::launch_kv_write_rope(r, s, l));
+      break;
+    }
   }
 }
 
@@ -129,7 +159,10 @@ double useful_bytes(Kernel k, int64_t T) {
   if (k == Kernel::empty) return 0;
   const double elems = double(T) * kRow;
   const double out = k == Kernel::bf16_store ? 2.0 : 1.0;
-  return 2 * elems * 2 + double(T) * 8 + 2 * elems * out;
+  // The RoPE arms also read and write the query rows and read the positions.
+  const double rope =
+      k == Kernel::rope_then_fused || k == Kernel::fused_rope ? double(T) * (kQRow * 4.0 + 4) : 0.0;
+  return 2 * elems * 2 + double(T) * 8 + 2 * elems * out + rope;
 }
 
 // Bytes the unfused path really moves: scale (read 2, write 4), cast (read 4, write 1),
@@ -202,8 +235,14 @@ int main(int argc, char** argv) {
   const PeakBandwidth& peak = kb.peak;
   std::printf(
       "shape: %d KV heads x %d, page %d, bf16 source, e4m3fn cache, %lld cache slots, random distinct "
-      "slots\n",
-      kHeads, kHeadDim, kPage, (long long)kCacheSlots);
+      "slots; RoPE arms: %d query heads, fused_rope block %d\n",
+      kHeads, kHeadDim, kPage, (long long)kCacheSlots, kQHeads, [] {
+        KvWriteRopeArgs r;
+        r.kv.cache.num_kv_heads = kHeads;
+        r.kv.cache.head_dim = kHeadDim;
+        r.q_heads = kQHeads;
+        return gpu::kv_write_rope_block_threads(r);
+      }());
 
   // Buffers for the largest T, reused by every T.
   Buffers b;
@@ -217,6 +256,9 @@ int main(int argc, char** argv) {
   BENCH_GPU(cudaMalloc(&b.bf16_v, size_t(kCacheSlots) * kRow * 2));
   BENCH_GPU(cudaMalloc(&b.scales, 8));
   BENCH_GPU(cudaMalloc(&b.scratch, gpu::kv_write_scratch_bytes(kMaxTokens, kRow)));
+  BENCH_GPU(cudaMalloc(&b.q, size_t(kMaxTokens) * kQRow * 2));
+  BENCH_GPU(cudaMalloc(&b.positions, size_t(kMaxTokens) * 4));
+  BENCH_GPU(cudaMalloc(&b.inv_freq, kHeadDim / 2 * 4));
   {
     std::mt19937_64 rng(42);
     std::normal_distribution<float> normal(0.0f, 40.0f);
@@ -231,6 +273,16 @@ int main(int argc, char** argv) {
     BENCH_GPU(cudaMemcpy(b.slots, perm.data(), size_t(kMaxTokens) * 8, cudaMemcpyHostToDevice));
     const float scales[2] = {0.37f, 2.9f};
     BENCH_GPU(cudaMemcpy(b.scales, scales, 8, cudaMemcpyHostToDevice));
+    std::vector<uint16_t> q(size_t(kMaxTokens) * kQRow);
+    for (auto& x : q) x = f32_to_bf16(normal(rng) / 40.0f);
+    BENCH_GPU(cudaMemcpy(b.q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+    std::vector<int32_t> pos(static_cast<size_t>(kMaxTokens));
+    std::uniform_int_distribution<int32_t> any_pos(0, 131071);
+    for (auto& p : pos) p = any_pos(rng);
+    BENCH_GPU(cudaMemcpy(b.positions, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<float> freq(kHeadDim / 2);
+    for (int i = 0; i < kHeadDim / 2; ++i) freq[size_t(i)] = float(std::pow(500000.0, -2.0 * i / kHeadDim));
+    BENCH_GPU(cudaMemcpy(b.inv_freq, freq.data(), freq.size() * 4, cudaMemcpyHostToDevice));
   }
   GpuTimer timer;
 
@@ -264,6 +316,10 @@ int main(int argc, char** argv) {
       measure(T, Kernel::unfused, plain, mode);
       measure(T, Kernel::unfused, pdl, mode);
       measure(T, Kernel::bf16_store, plain, mode);
+      measure(T, Kernel::rope_then_fused, plain, mode);
+      measure(T, Kernel::rope_then_fused, pdl, mode);
+      measure(T, Kernel::fused_rope, plain, mode);
+      measure(T, Kernel::fused_rope, pdl, mode);
     }
   }
   std::printf("(T <= 4096: source, slots and cache rows stay in L2 across calls; GB/s there is not HBM)\n");
@@ -334,7 +390,8 @@ int main(int argc, char** argv) {
                   json_object(targets));
   }
   for (void* p : {b.k, b.v, static_cast<void*>(b.slots), b.fp8_k, b.fp8_v, b.bf16_k, b.bf16_v,
-                  static_cast<void*>(b.scales), b.scratch}) {
+                  static_cast<void*>(b.scales), b.scratch, static_cast<void*>(b.q),
+                  static_cast<void*>(b.positions), static_cast<void*>(b.inv_freq)}) {
     BENCH_GPU(cudaFree(p));
   }
   return 0;

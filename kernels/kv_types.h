@@ -93,6 +93,26 @@ struct KvWriteArgs {
   PagedKvView cache;
 };
 
+// Arguments of the KV write with the rotary embedding on the way (KvWritePath::fused_rope):
+// q is rotated in place and kv.k on its way into the cache, exactly as rope_neox
+// (kernels/cpu/ops.h) rotates them, then kv is written exactly as the fused write does —
+// the cache gets the bytes of rope followed by kv_write_fused, the write no launch of its
+// own. kv.k itself is left as it was (attention reads K from the cache) unless k_rotated
+// asks for the rotated rows. Sources are bf16 (kv.src_dtype), as rope's are.
+struct KvWriteRopeArgs {
+  KvWriteArgs kv;
+  bf16_t* q = nullptr;  // [kv.num_tokens, q_heads, cache.head_dim], rotated in place
+  int64_t q_token_stride = 0;
+  int32_t q_heads = 0;
+  const int32_t* positions = nullptr;  // [kv.num_tokens]
+  const float* inv_freq = nullptr;     // [cache.head_dim / 2], the model's frequency table
+  float attention_scaling = 1.0f;      // cos and sin are multiplied by it (yarn's mscale, else 1)
+  // Optional: where the rotated K rows go, kv.k_token_stride apart, for every token
+  // (padding included, as rope rotates every row). kv.k itself gives rope's in-place
+  // contract in full; tests use it to see the K the cache bytes came from.
+  bf16_t* k_rotated = nullptr;
+};
+
 // Batch metadata of one attention call over the paged cache (nano-vllm style: flat,
 // nothing but arrays). Sequence s owns query rows [query_start[s], query_start[s+1]);
 // its keys are positions 0 .. context_len[s]-1, the last (query_start[s+1] -

@@ -2,8 +2,8 @@
 # CI compile checks of the CUDA code on a machine without a GPU (issue 3, item 5): nvcc
 # compiles the kernels, GPU tests and benchmarks (the NCCL communicator included) for
 # sm_90a and sm_80 (objects only), -Werror on host and device code; the sm_90a PTX of the
-# KV write must use the packed saturating conversions (cvt.rn.satfinite.e4m3x2 /
-# e5m2x2). Skipped with a message
+# KV writes (kv_write.cu, and kv_write_rope.cu with RoPE in it) must use the packed
+# saturating conversions (cvt.rn.satfinite.e4m3x2 / e5m2x2). Skipped with a message
 # when nvcc is absent. The HIP side (the whole target, gfx942 and gfx950, as machine
 # code) is scripts/ci-hip-build.sh. Exit 1 on any failure.
 # Outputs (objects, PTX) go to build-ci-gpu/ (or $KVFUSE_CI_GPU_DIR).
@@ -44,15 +44,17 @@ else
     done
     say "nvcc $arch: ${#sources[@]} sources compiled ($(($(date +%s) - start)) s)"
   done
-  ptx="$out/kv_write.sm_90a.ptx"
-  if "$nvcc" "${common[@]}" -arch=sm_90a -ptx kernels/kv_write.cu -o "$ptx"; then
-    for ins in cvt.rn.satfinite.e4m3x2.f32 cvt.rn.satfinite.e5m2x2.f32; do
-      n=$(grep -c "$ins" "$ptx" || true)
-      ((n > 0)) && say "sm_90a PTX: $ins x$n" || bad "sm_90a PTX of kernels/kv_write.cu lacks $ins"
-    done
-  else
-    bad "nvcc -ptx kernels/kv_write.cu"
-  fi
+  for write in kv_write kv_write_rope; do
+    ptx="$out/$write.sm_90a.ptx"
+    if "$nvcc" "${common[@]}" -arch=sm_90a -ptx "kernels/$write.cu" -o "$ptx"; then
+      for ins in cvt.rn.satfinite.e4m3x2.f32 cvt.rn.satfinite.e5m2x2.f32; do
+        n=$(grep -c "$ins" "$ptx" || true)
+        ((n > 0)) && say "sm_90a PTX of $write: $ins x$n" || bad "sm_90a PTX of kernels/$write.cu lacks $ins"
+      done
+    else
+      bad "nvcc -ptx kernels/$write.cu"
+    fi
+  done
 fi
 
 say "$( ((fail == 0)) && echo OK || echo FAILED) in $(($(date +%s) - start)) s"

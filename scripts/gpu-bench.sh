@@ -11,6 +11,9 @@
 #                  unified/split x eager/graphs
 #   engine-hybrid  the same for hybrid-swa (engine-qwen: qwen2.5-7b, engine-mistral:
 #                  mistral-7b)
+#   engine-writes  kvfuse-bench-engine, llama3-8b: the three KV write paths (unfused, fused,
+#                  fused_rope) as variants of one engine, graphs on, unified/split,
+#                  batch 1,8,32,64 x context 512,2048,8192
 #   ab-target      kvfuse-ab, llama3-8b, split, graphs on: batch 32 x context 8192 (the
 #                  issue's cell), 10 repetitions
 #   ab-grid        kvfuse-ab grids: llama3-8b split and unified, hybrid-swa split and
@@ -55,13 +58,16 @@ run() {  # name, command...
   return $rc
 }
 
-engine_bench() {  # model
-  local model=$1
-  run "engine_$model" "$bundle/kvfuse-bench-engine" --set model="$model" --set device=cuda \
-    --set kv_cache_dtype=fp8_e4m3 --batch "${BENCH_BATCH:-1,8,32,64,128,256}" \
-    --context "${BENCH_CONTEXT:-512,2048,8192,32768}" --attention "${BENCH_ATTENTION:-unified,split}" --graphs off,on \
-    --json "$res/engine_$model.json" --svg "$res/engine_$model.svg"
-  grep -vE '^kvfuse-bench-engine: cell|\r' "$res/engine_$model.log" | tail -60 | tee -a "$summary"
+engine_bench() {  # model [name, batch, context, extra options...]
+  local model=$1 name=${2:-engine_$1} batch=${3:-1,8,32,64,128,256} context=${4:-512,2048,8192,32768}
+  shift $(($# < 4 ? $# : 4))
+  local extra=("$@")
+  ((${#extra[@]})) || extra=(--graphs off,on)
+  run "$name" "$bundle/kvfuse-bench-engine" --set model="$model" --set device=cuda \
+    --set kv_cache_dtype=fp8_e4m3 --batch "${BENCH_BATCH:-$batch}" \
+    --context "${BENCH_CONTEXT:-$context}" --attention "${BENCH_ATTENTION:-unified,split}" "${extra[@]}" \
+    --json "$res/$name.json" --svg "$res/$name.svg"
+  grep -vE '^kvfuse-bench-engine: cell|\r' "$res/$name.log" | tail -60 | tee -a "$summary"
 }
 
 ab() {  # name, model, attention, batch, context, reps
@@ -85,6 +91,10 @@ for job in "${jobs[@]}"; do
     engine-hybrid) engine_bench hybrid-swa ;;
     engine-qwen) engine_bench qwen2.5-7b ;;
     engine-mistral) engine_bench mistral-7b ;;
+    engine-writes)
+      engine_bench llama3-8b engine_writes_llama3-8b 1,8,32,64 512,2048,8192 --graphs on \
+        --kv-write unfused,fused,fused_rope
+      ;;
     ab-target) ab ab_target_llama3-8b_split llama3-8b split 32 8192 "${AB_REPS:-10}" ;;
     ab-grid)
       for run in llama3-8b:split llama3-8b:unified hybrid-swa:split hybrid-swa:unified; do

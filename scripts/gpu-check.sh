@@ -107,7 +107,7 @@ note "built in $(elapsed)"
 status=0
 tests_log="$out/gpu_tests.log"
 : >"$tests_log"
-tests=(test_fp8_convert_gpu test_kv_write_gpu test_attention_gpu test_gemv_gpu)
+tests=(test_fp8_convert_gpu test_kv_write_gpu test_kv_write_rope_gpu test_attention_gpu test_gemv_gpu)
 [[ $vendor == HIP ]] && tests+=(test_mfma_gpu)
 for t in "${tests[@]}"; do
   echo "=== $t" >>"$tests_log"
@@ -137,7 +137,7 @@ san=""
 if [[ $vendor == HIP ]]; then
   note "compute-sanitizer: SKIP (NVIDIA only)"
 elif [[ -n $san ]]; then
-  for t in test_kv_write_gpu test_attention_gpu; do
+  for t in test_kv_write_gpu test_kv_write_rope_gpu test_attention_gpu; do
     KVFUSE_GPU_TEST_QUICK=1 timeout "${KVFUSE_SANITIZER_TIMEOUT:-150}" "$san" --tool memcheck --error-exitcode 3 \
       "$build/$t" >"$build/$t.memcheck.log" 2>&1
     rc=$?

@@ -67,6 +67,7 @@ class ForwardingBackend : public Backend {
     return in_->gather_rows(x, cols, rows, n, out);
   }
   absl::Status kv_write(const KvWriteArgs& args, KvWritePath path) override { return in_->kv_write(args, path); }
+  absl::Status kv_write_rope(const KvWriteRopeArgs& args) override { return in_->kv_write_rope(args); }
   absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) override {
     return in_->reserve_kv_write(max_tokens, row_elems);
   }

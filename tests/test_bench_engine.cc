@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "tests/catch.h"
 #include "tests/checkpoint_test_util.h"
@@ -159,6 +160,53 @@ TEST_CASE("kvfuse-bench-engine: CPU smoke run writes every cell and variant", "[
   const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
   CHECK(text.find("<svg") != std::string::npos);
   CHECK(text.find("context 64") != std::string::npos);
+}
+
+TEST_CASE("kvfuse-bench-engine: --kv-write makes each write path a variant of one engine", "[bench][tools]") {
+  TempDir dir;
+  const std::filesystem::path json_path = dir / "out.json";
+  auto [rc, out] = run(std::string(KVFUSE_BENCH_ENGINE_BIN) +
+                       " --set device=cpu --batch 1,2 --context 32 --attention unified --graphs off "
+                       "--kv-write unfused,fused,fused_rope --steps 1 --reps 3 --warmup 1 --json " +
+                       json_path.string());
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(out.find("unfused,fused,fused_rope write") != std::string::npos);
+  CHECK(out.find("fused_rope/fused unified eager") != std::string::npos);
+  const nlohmann::json j = read_json(json_path);
+  CHECK(j["meta"]["kv_write"] == "unfused,fused,fused_rope");
+  REQUIRE(j["cells"].size() == 2);
+  for (const auto& c : j["cells"]) {
+    std::set<std::string> names, writes;
+    for (const auto& v : c["variants"]) {
+      names.insert(v["variant"].get<std::string>());
+      writes.insert(v["kv_write"].get<std::string>());
+      CHECK(v["step_ms"].get<double>() > 0);
+    }
+    CHECK(names ==
+          std::set<std::string>{"unified/eager/unfused", "unified/eager/fused", "unified/eager/fused_rope"});
+    CHECK(writes == std::set<std::string>{"unfused", "fused", "fused_rope"});
+    CHECK(c["comparisons"].contains("unfused/fused unified eager"));
+    CHECK(c["comparisons"].contains("fused_rope/fused unified eager"));
+  }
+
+  // One path: the engine's write, the variants named as without the option.
+  std::tie(rc, out) = run(std::string(KVFUSE_BENCH_ENGINE_BIN) +
+                          " --set device=cpu --batch 1 --context 32 --attention unified --graphs off "
+                          "--kv-write fused_rope --steps 1 --reps 3 --warmup 0 --json " +
+                          json_path.string());
+  INFO(out);
+  REQUIRE(rc == 0);
+  const nlohmann::json one = read_json(json_path);
+  CHECK(one["meta"]["kv_write"] == "fused_rope");
+  CHECK(one["meta"]["config"]["kv_write"] == "fused_rope");
+  CHECK(one["cells"][0]["variants"][0]["variant"] == "unified/eager");
+
+  // A name that is not a write path: the config key's message, with the allowed values.
+  std::tie(rc, out) = run(std::string(KVFUSE_BENCH_ENGINE_BIN) + " --set device=cpu --kv-write fused,rope");
+  CHECK(rc != 0);
+  CHECK(out.find("--kv-write") != std::string::npos);
+  CHECK(out.find("fused_rope") != std::string::npos);
 }
 
 TEST_CASE("kvfuse-bench-engine: cells beyond the KV budget or the model are skipped", "[bench][tools]") {

@@ -39,6 +39,10 @@ TEST_CASE("config: bad values name the key and the allowed values", "[config][er
   CHECK(contains(e, "kv_write"));
   CHECK(contains(e, "fused"));
   CHECK(contains(e, "unfused"));
+  CHECK(contains(e, "fused_rope"));
+  e = error_of({{"kv_write", "rope"}});
+  CHECK(contains(e, "'kv_write'"));
+  CHECK(contains(e, "\"rope\" is not one of fused, fused_rope, unfused"));
   e = error_of({{"kv_cache_dtype", "fp8"}});
   CHECK(contains(e, "kv_cache_dtype"));
   CHECK(contains(e, "fp8_e4m3"));
@@ -72,6 +76,15 @@ TEST_CASE("config: overrides and model-dependent checks", "[config]") {
   REQUIRE(c.ok());
   CHECK(c->kv_write == KvWritePath::unfused);
   CHECK(c->page_size == 32);
+  {
+    json r = j;
+    REQUIRE(apply_config_override(r, "kv_write=fused_rope").ok());
+    auto cr = config_from_json(r);
+    REQUIRE(cr.ok());
+    CHECK(cr->kv_write == KvWritePath::fused_rope);
+    CHECK(config_to_json(*cr)["kv_write"] == "fused_rope");
+    CHECK(std::string(to_string(KvWritePath::fused_rope)) == "fused_rope");
+  }
   CHECK(c->k_scale.size() == 4);
   CHECK(resolve_model_spec(*c).ok());
 

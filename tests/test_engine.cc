@@ -65,6 +65,40 @@ TEST_CASE("engine fused/unfused writes: byte-identical KV caches after 24 decode
   }
 }
 
+TEST_CASE("engine fused_rope write: the fused write's tokens and KV bytes, RoPE in the write's kernel",
+          "[engine][kv_write]") {
+  // On the CPU the path is rope_neox then kv_write_fused in one op with the same code
+  // (kernels/cpu/rope_rows.h): the queries, the cache and so every token are the same bits.
+  for (const char* dtype : {"bf16", "fp8_e4m3", "fp8_e5m2"}) {
+    for (bool hybrid : {false, true}) {
+      CAPTURE(dtype, hybrid);
+      json common = {{"kv_cache_dtype", dtype}, {"k_scale", 0.75}, {"v_scale", 1.5}};
+      if (hybrid) {
+        common["sliding_window"] = 24;
+        common["swa_layers"] = "alternate";
+      }
+      json a = common, b = common;
+      a["kv_write"] = "fused";
+      b["kv_write"] = "fused_rope";
+      auto ea = make_engine(a);
+      auto eb = make_engine(b);
+      CHECK(eb->config().kv_write == KvWritePath::fused_rope);
+      const auto ta = run_batch(*ea, 24);
+      const auto tb = run_batch(*eb, 24);
+      CHECK(ta == tb);
+      const auto ca = cache_bytes(*ea);
+      const auto cb = cache_bytes(*eb);
+      REQUIRE(ca.size() == cb.size());
+      CHECK(std::count_if(ca.begin(), ca.end(), [](uint8_t x) { return x != 0; }) > 1000);
+      CHECK(ca == cb);
+      // Logits too, teacher-forced over the same continuation (prefill and decode rows).
+      const auto prompt = prompt_of(70, 9, ea->spec().vocab);
+      const auto tokens = greedy(*ea, 7, prompt, 12);
+      CHECK(teacher_forced_logits(*ea, 8, prompt, tokens) == teacher_forced_logits(*eb, 8, prompt, tokens));
+    }
+  }
+}
+
 TEST_CASE("engine unified/split attention: teacher-forced logits agree within 0.1", "[engine][attention]") {
   // Both paths compute attention in fp32 and round the output to bf16 once; their
   // summation orders differ, so an output element can land on the neighbouring bf16

@@ -530,3 +530,78 @@ TEST_CASE("gpu backend: KV writes through the backend give the CPU's bytes", "[g
     }
   }
 }
+
+TEST_CASE("gpu backend: the KV write with RoPE gives rope's q and the CPU write's bytes of its K",
+          "[gpu][kv_write][rope]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend();
+  // A QKV row of llama3-8b's grouping (4 query heads per KV head), large positions.
+  const int32_t qh = 8, kvh = 2, D = 128, ps = 16, pages = 8, T = 40;
+  const int64_t stride = int64_t(qh + 2 * kvh) * D;
+  const auto src = random_bf16(size_t(T * stride), 31, 20.0f);
+  std::vector<int64_t> slots(static_cast<size_t>(T));
+  std::vector<int32_t> pos(static_cast<size_t>(T));
+  for (int32_t t = 0; t < T; ++t) {
+    slots[size_t(t)] = t % 7 == 3 ? -1 : int64_t((t * 37) % (pages * ps));
+    pos[size_t(t)] = t * 997 + 5;
+  }
+  auto table = rope_table(500000.0, D, RopeScaling{});
+  REQUIRE(table.ok());
+  for (KvFormat dtype : {KvFormat::bf16, KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2}) {
+    CAPTURE(kv_format_name(dtype));
+    const size_t bytes = size_t(pages * ps * kvh * D * kv_format_bytes(dtype));
+    // The GPU: q rotated in place, the rotated K into a copy of the rows (k_rotated).
+    Mirror<bf16_t> in(*gpu, src), rot(*gpu, src);
+    Mirror<int64_t> sl(*gpu, slots);
+    Mirror<int32_t> p(*gpu, pos);
+    Mirror<float> inv(*gpu, table->inv_freq), sc(*gpu, std::vector<float>{0.37f, 2.5f});
+    Mirror<uint8_t> kc(*gpu, bytes), vc(*gpu, bytes);
+    KvWriteRopeArgs r;
+    r.kv.k = in.ptr() + qh * D;
+    r.kv.v = in.ptr() + (qh + kvh) * D;
+    r.kv.k_token_stride = r.kv.v_token_stride = stride;
+    r.kv.num_tokens = T;
+    r.kv.slot_mapping = sl.ptr();
+    r.kv.cache = {kc.ptr(), vc.ptr(), pages, ps, kvh, D, dtype, sc.ptr(), sc.ptr() + 1};
+    r.q = in.ptr();
+    r.q_token_stride = stride;
+    r.q_heads = qh;
+    r.positions = p.ptr();
+    r.inv_freq = inv.ptr();
+    r.attention_scaling = table->attention_scaling;
+    r.k_rotated = rot.ptr() + qh * D;
+    REQUIRE(gpu->kv_write_rope(r).ok());
+    const auto g_qkv = in.read(*gpu), g_rot = rot.read(*gpu);
+    const auto g_k = kc.read(*gpu), g_v = vc.read(*gpu);
+
+    // The CPU: rope, then the fused write of the GPU's rotated K (and V as it stands).
+    std::vector<bf16_t> c_qkv = src;
+    REQUIRE(cpu->rope(c_qkv.data(), stride, qh, c_qkv.data() + qh * D, stride, kvh, D, pos.data(), T,
+                      table->inv_freq.data(), table->attention_scaling)
+                .ok());
+    // The source rows with columns [begin, end) of each row taken from the CPU's rope.
+    const auto rotated_cols = [&](int64_t begin, int64_t end) {
+      std::vector<bf16_t> want = src;
+      for (int64_t t = 0; t < T; ++t)
+        std::copy(c_qkv.begin() + t * stride + begin, c_qkv.begin() + t * stride + end,
+                  want.begin() + t * stride + begin);
+      return want;
+    };
+    // rope's tolerance (above), its absolute part scaled by the inputs' spread of 20.
+    check_close(g_qkv, rotated_cols(0, qh * D), 1, 2e-3f * 20.0f, "q (K and V unchanged)");
+    check_close(g_rot, rotated_cols(qh * D, (qh + kvh) * D), 1, 2e-3f * 20.0f, "k_rotated");
+    std::vector<uint8_t> want_k(bytes), want_v(bytes);
+    const float scales[2] = {0.37f, 2.5f};
+    KvWriteArgs w;
+    w.k = g_rot.data() + qh * D;
+    w.v = g_rot.data() + (qh + kvh) * D;
+    w.k_token_stride = w.v_token_stride = stride;
+    w.num_tokens = T;
+    w.slot_mapping = slots.data();
+    w.cache = {want_k.data(), want_v.data(), pages, ps, kvh, D, dtype, scales, scales + 1};
+    REQUIRE(cpu->kv_write(w, KvWritePath::fused).ok());
+    CHECK((g_k == want_k));
+    CHECK((g_v == want_v));
+  }
+}

@@ -40,7 +40,7 @@ std::unique_ptr<Engine> gpu_engine_or_skip(json overrides) {
 // agreement >= 95%; free-running greedy agreement is printed.
 TEST_CASE("gpu engine: tiny model logits and greedy tokens match the CPU engine", "[gpu][engine]") {
   for (const char* dtype : {"bf16", "fp8_e4m3", "fp8_e5m2"}) {
-    for (const char* write : {"fused", "unfused"}) {
+    for (const char* write : {"fused", "unfused", "fused_rope"}) {
       for (const char* attn : {"unified", "split"}) {
         CAPTURE(dtype, write, attn);
         const json cfg = {{"kv_cache_dtype", dtype}, {"kv_write", write}, {"attention", attn}};
@@ -73,23 +73,29 @@ TEST_CASE("gpu engine: tiny model logits and greedy tokens match the CPU engine"
   }
 }
 
-TEST_CASE("gpu engine: fused and unfused writes leave byte-identical caches", "[gpu][engine][kv_write]") {
+// fused_rope too: its kernel rotates with rope_kernel's expressions and converts with the
+// fused write's, so on one device its q and cache bits are those of the two kernels
+// (tests/gpu/test_kv_write_rope_gpu.cu checks the kernels alone).
+TEST_CASE("gpu engine: fused, unfused and fused_rope writes leave byte-identical caches",
+          "[gpu][engine][kv_write]") {
   for (const char* dtype : {"bf16", "fp8_e4m3", "fp8_e5m2"}) {
-    CAPTURE(dtype);
-    json a = {{"kv_cache_dtype", dtype}, {"kv_write", "fused"},  {"k_scale", 0.75},
-              {"v_scale", 1.5},          {"sliding_window", 24}, {"swa_layers", "alternate"}};
-    json b = a;
-    b["kv_write"] = "unfused";
-    auto ea = gpu_engine_or_skip(a);
-    if (!ea) return;
-    auto eb = gpu_engine_or_skip(b);
-    const auto prompt = prompt_of(90, 4, ea->spec().vocab);
-    CHECK(greedy(*ea, 1, prompt, 24) == greedy(*eb, 1, prompt, 24));
-    REQUIRE(ea->add_sequence(5, prompt, SamplingParams{}).ok());
-    REQUIRE(eb->add_sequence(5, prompt, SamplingParams{}).ok());
-    REQUIRE(ea->step({StepItem{5, 90, true}}).ok());
-    REQUIRE(eb->step({StepItem{5, 90, true}}).ok());
-    CHECK((cache_bytes(*ea) == cache_bytes(*eb)));
+    for (const char* other : {"unfused", "fused_rope"}) {
+      CAPTURE(dtype, other);
+      json a = {{"kv_cache_dtype", dtype}, {"kv_write", "fused"},  {"k_scale", 0.75},
+                {"v_scale", 1.5},          {"sliding_window", 24}, {"swa_layers", "alternate"}};
+      json b = a;
+      b["kv_write"] = other;
+      auto ea = gpu_engine_or_skip(a);
+      if (!ea) return;
+      auto eb = gpu_engine_or_skip(b);
+      const auto prompt = prompt_of(90, 4, ea->spec().vocab);
+      CHECK(greedy(*ea, 1, prompt, 24) == greedy(*eb, 1, prompt, 24));
+      REQUIRE(ea->add_sequence(5, prompt, SamplingParams{}).ok());
+      REQUIRE(eb->add_sequence(5, prompt, SamplingParams{}).ok());
+      REQUIRE(ea->step({StepItem{5, 90, true}}).ok());
+      REQUIRE(eb->step({StepItem{5, 90, true}}).ok());
+      CHECK((cache_bytes(*ea) == cache_bytes(*eb)));
+    }
   }
 }
 
@@ -101,7 +107,7 @@ TEST_CASE("gpu engine: fused and unfused writes leave byte-identical caches", "[
 // tokens wherever the top-2 margin exceeds twice that difference.
 TEST_CASE("gpu engine: graph replay equals the padded eager step bit for bit", "[gpu][engine][graphs]") {
   for (const char* dtype : {"bf16", "fp8_e4m3"}) {
-    for (const char* write : {"fused", "unfused"}) {
+    for (const char* write : {"fused", "unfused", "fused_rope"}) {
       for (const char* attention : {"unified", "split"}) {
         for (int window : {0, 40}) {
           CAPTURE(dtype, write, attention, window);
@@ -113,7 +119,9 @@ TEST_CASE("gpu engine: graph replay equals the padded eager step bit for bit", "
           auto e = gpu_engine_or_skip(cfg);
           if (!e) return;
           ForwardOptions replay;
-          replay.kv_write = std::string(write) == "fused" ? KvWritePath::fused : KvWritePath::unfused;
+          replay.kv_write = std::string(write) == "fused"     ? KvWritePath::fused
+                            : std::string(write) == "unfused" ? KvWritePath::unfused
+                                                              : KvWritePath::fused_rope;
           replay.attention = std::string(attention) == "split" ? AttentionPath::split : AttentionPath::unified;
           ForwardOptions padded = replay, eager = replay;
           padded.graph_replay = false;

@@ -89,6 +89,7 @@ class HostTestBackend final : public Backend {
   absl::Status residual_add(bf16_t*, const bf16_t*, int64_t) override { return no(); }
   absl::Status gather_rows(const bf16_t*, int64_t, const int32_t*, int64_t, bf16_t*) override { return no(); }
   absl::Status kv_write(const KvWriteArgs&, KvWritePath) override { return no(); }
+  absl::Status kv_write_rope(const KvWriteRopeArgs&) override { return no(); }
   absl::Status reserve_kv_write(int64_t, int64_t) override { return no(); }
   absl::Status attention(const AttnArgs&, AttentionPath) override { return no(); }
   absl::Status argmax_rows(const float*, int64_t, int64_t, int32_t*, int32_t*) override { return no(); }

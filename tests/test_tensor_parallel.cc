@@ -160,6 +160,31 @@ TEST_CASE("tensor parallel (cpu): a run is bit for bit reproducible (rank-ordere
   }
 }
 
+TEST_CASE("tensor parallel (cpu): fused_rope writes equal fused writes bit for bit on every rank",
+          "[tp][engine][kv_write]") {
+  // Each rank rotates its own query and KV heads inside its write (Backend::kv_write_rope):
+  // the same bits as its rope followed by the fused write, so nothing may move.
+  const nlohmann::json keys =
+      with(hybrid_keys(), {{"tensor_parallel", 2}, {"k_scale", 0.75}, {"v_scale", 1.5}});
+  auto a = make_engine(with(keys, {{"kv_write", "fused"}}));
+  auto b = make_engine(with(keys, {{"kv_write", "fused_rope"}}));
+  const Run ra = run_model(*a);
+  const Run rb = run_model(*b);
+  CHECK(ra.greedy == rb.greedy);
+  REQUIRE(ra.logits.size() == rb.logits.size());
+  for (size_t i = 0; i < ra.logits.size(); ++i) {
+    CHECK(std::memcmp(ra.logits[i].data(), rb.logits[i].data(), ra.logits[i].size() * sizeof(float)) == 0);
+  }
+  // The pages of the released sequences still hold what they were written.
+  for (int32_t rank = 0; rank < 2; ++rank) {
+    for (int32_t l = 0; l < a->spec().num_layers; ++l) {
+      CAPTURE(rank, l);
+      CHECK((storage_bytes(*a, l, rank, false) == storage_bytes(*b, l, rank, false)));
+      CHECK((storage_bytes(*a, l, rank, true) == storage_bytes(*b, l, rank, true)));
+    }
+  }
+}
+
 TEST_CASE("tensor parallel (cpu): each rank's layer-0 pages hold exactly tp 1's bytes of its KV heads",
           "[tp][engine][kv]") {
   for (const int tp : {2, 4}) {

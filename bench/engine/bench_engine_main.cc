@@ -1,7 +1,8 @@
 // kvfuse-bench-engine: the engine's decode step against batch size and context length,
 // for one model, with the achieved bandwidth and the ratio to the memory roofline
 // (bf16 weights + attended KV read once per step at a peak bandwidth). Every cell runs
-// each variant (attention unified | split x graphs off | on) interleaved, in rotating
+// each variant (attention unified | split x graphs off | on, and with --kv-write each KV
+// write path: the unfused / fused / fused_rope A/B in one engine) interleaved, in rotating
 // order, after a warm-up that covers graph capture; the output is a table, JSON and SVG.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -94,7 +95,7 @@ int main(int argc, char** argv) {
       "kvfuse-bench-engine: decode step time against batch size and context length, and its "
       "ratio to the memory roofline, for eager/graphs and unified/split attention"};
   std::string config_path, batches = "1,8,32,64,128,256", contexts = "512,2048,8192,32768";
-  std::string attn_list = "unified,split", graphs_list = "off,on", json_path, svg_path, title;
+  std::string attn_list = "unified,split", graphs_list = "off,on", write_list, json_path, svg_path, title;
   std::vector<std::string> overrides;
   int steps = 8, reps = 5, warmup = 2;
   double peak_flag = 0, max_kv_gib = -1;
@@ -104,6 +105,9 @@ int main(int argc, char** argv) {
   app.add_option("--context", contexts, "context lengths, comma-separated");
   app.add_option("--attention", attn_list, "attention paths: unified,split");
   app.add_option("--graphs", graphs_list, "graph modes: off,on (no effect on the CPU backend)");
+  app.add_option(
+      "--kv-write", write_list,
+      "KV write paths: unfused,fused,fused_rope, each a variant (default: the config's kv_write alone)");
   app.add_option("--steps", steps, "decode steps per repetition")->check(CLI::Range(1, 100000));
   app.add_option("--reps", reps, "measured repetitions per variant and cell (>= 3)")
       ->check(CLI::Range(3, 1000));
@@ -126,13 +130,30 @@ int main(int argc, char** argv) {
   if (bs.empty() || cs.empty()) return fail("--batch and --context need at least one value each");
   if (*std::min_element(bs.begin(), bs.end()) < 1) return fail("batch sizes must be >= 1");
   if (*std::min_element(cs.begin(), cs.end()) < 2) return fail("context lengths must be >= 2");
+  // Write paths: parsed as the config key is, so a bad name gets the key's message.
+  std::vector<KvWritePath> writes;
+  for (const auto& w : split_list(write_list)) {
+    auto c = config_from_json(json{{"kv_write", w}});
+    if (!c.ok()) return fail("--kv-write: " + std::string(c.status().message()));
+    if (std::find(writes.begin(), writes.end(), c->kv_write) == writes.end()) writes.push_back(c->kv_write);
+  }
+  if (!write_list.empty() && writes.empty()) return fail("--kv-write needs at least one value");
   std::vector<Variant> vars;
   for (const auto& a : split_list(attn_list)) {
     if (a != "unified" && a != "split")
       return fail("--attention takes unified and/or split, got '" + a + "'");
     for (const auto& g : split_list(graphs_list)) {
       if (g != "off" && g != "on") return fail("--graphs takes off and/or on, got '" + g + "'");
-      vars.push_back({a == "split" ? AttentionPath::split : AttentionPath::unified, g == "on"});
+      Variant v{a == "split" ? AttentionPath::split : AttentionPath::unified, g == "on"};
+      if (writes.empty()) {
+        vars.push_back(v);  // the config's write path, filled in below
+        continue;
+      }
+      for (KvWritePath w : writes) {
+        v.write = w;
+        v.name_write = writes.size() > 1;
+        vars.push_back(v);
+      }
     }
   }
   if (vars.empty()) return fail("--attention and --graphs need at least one value each");
@@ -150,8 +171,15 @@ int main(int argc, char** argv) {
   for (const auto& o : overrides) {
     if (auto st = apply_config_override(j, o); !st.ok()) return fail(std::string(st.message()));
   }
+  if (writes.size() == 1) {  // one path: the engine's own, as --set kv_write would make it
+    if (auto st = apply_config_override(j, std::string("kv_write=") + to_string(writes[0])); !st.ok())
+      return fail(std::string(st.message()));
+  }
   auto base = config_from_json(j);
   if (!base.ok()) return fail(std::string(base.status().message()));
+  if (writes.empty()) {
+    for (Variant& v : vars) v.write = base->kv_write;
+  }
   auto spec_or = resolve_model_spec(*base);
   if (!spec_or.ok()) return fail(std::string(spec_or.status().message()));
   const ModelSpec spec = *spec_or;
@@ -252,7 +280,14 @@ int main(int argc, char** argv) {
     if (!backend.ok()) return fail(std::string(backend.status().message()));
   }
   Engine& e = *engine;
-  const KvWritePath kv_write = e.config().kv_write;
+  // What the header, the JSON and the plot name as the write: the one path, or the list.
+  std::string write_names;
+  std::vector<KvWritePath> named;
+  for (const Variant& v : vars) {
+    if (std::find(named.begin(), named.end(), v.write) != named.end()) continue;
+    named.push_back(v.write);
+    write_names += (write_names.empty() ? "" : ",") + std::string(to_string(v.write));
+  }
   const int64_t weight_bytes = decode_weight_bytes(rank_spec);
   // The backend's description names the device ("cuda NVIDIA H200 (sm_90, 140 GiB)").
   const PeakBandwidth peak = resolve_peak_by_name(
@@ -262,7 +297,7 @@ int main(int argc, char** argv) {
       "kvfuse-bench-engine: model %s on %s, kv %s, %s write; %d reps (+%d warm-up) of %d decode steps "
       "per variant and cell\n",
       spec.name.c_str(), e.backend().description().c_str(), kv_format_name(e.kv_format()),
-      to_string(kv_write), reps, warmup, steps);
+      write_names.c_str(), reps, warmup, steps);
   std::printf("roofline: (%.3f GB of bf16 weights + KV attended) per step at a peak of %.0f GB/s (%s)\n",
               double(weight_bytes) / 1e9, peak_gbs, peak.source.c_str());
   if (tp > 1) {
@@ -287,7 +322,7 @@ int main(int argc, char** argv) {
     const int b = cell.batch;
     cell.s.assign(vars.size(), {});
     if (auto st = bench::start_synthetic_cell(e, b, cell.context, next_id,
-                                              ForwardOptions{kv_write, AttentionPath::unified, false});
+                                              ForwardOptions{vars[0].write, AttentionPath::unified, false});
         !st.ok()) {
       return fail(
           absl::StrFormat("batch %d context %d: starting the sequences: %s", b, cell.context, st.message()));
@@ -303,8 +338,8 @@ int main(int argc, char** argv) {
             absl::StrFormat("%-14s %s %d/%d", vars[size_t(v)].name(), r < warmup ? "warm-up" : "rep",
                             r < warmup ? r + 1 : r - warmup + 1, r < warmup ? warmup : reps));
         const int64_t ctx0 = e.sequence(next_id)->num_computed + 1;  // keys the first step attends
-        auto ms = decode_ms(e, items, steps,
-                            ForwardOptions{kv_write, vars[size_t(v)].attention, vars[size_t(v)].graphs});
+        const Variant& var = vars[size_t(v)];
+        auto ms = decode_ms(e, items, steps, ForwardOptions{var.write, var.attention, var.graphs});
         if (!ms.ok()) {
           return fail(absl::StrFormat("batch %d context %d %s: decode step failed: %s", b, cell.context,
                                       vars[size_t(v)].name(), ms.status().ToString()));
@@ -335,51 +370,74 @@ int main(int argc, char** argv) {
   progress.finish();
 
   // Comparisons: graphs speedup (eager / graphs step time) per attention path, and
-  // split / unified step time per graph mode, where both variants ran.
+  // split / unified step time per graph mode, where both variants ran (with several write
+  // paths, for the reference path, fused if it ran, named in the comparison); then each
+  // other write path's step time against the reference's per attention path and graph mode.
   std::vector<Comparison> comps;
-  auto find = [&](AttentionPath a, bool g) {
+  auto find = [&](AttentionPath a, bool g, KvWritePath w) {
     for (int v = 0; v < V; ++v) {
-      if (vars[size_t(v)].attention == a && vars[size_t(v)].graphs == g) return v;
+      const Variant& x = vars[size_t(v)];
+      if (x.attention == a && x.graphs == g && x.write == w) return v;
     }
     return -1;
   };
+  const KvWritePath ref_write = std::find(writes.begin(), writes.end(), KvWritePath::fused) != writes.end()
+                                    ? KvWritePath::fused
+                                    : vars[0].write;
+  const std::string of_ref = writes.size() > 1 ? std::string(" ") + to_string(ref_write) : "";
   for (AttentionPath a : {AttentionPath::unified, AttentionPath::split}) {
-    if (find(a, false) >= 0 && find(a, true) >= 0)
-      comps.push_back({std::string("graphs speedup ") + to_string(a), find(a, false), find(a, true)});
+    if (find(a, false, ref_write) >= 0 && find(a, true, ref_write) >= 0)
+      comps.push_back({std::string("graphs speedup ") + to_string(a) + of_ref, find(a, false, ref_write),
+                       find(a, true, ref_write)});
   }
   for (bool g : {false, true}) {
-    if (find(AttentionPath::split, g) >= 0 && find(AttentionPath::unified, g) >= 0)
-      comps.push_back({std::string("split/unified ") + (g ? "graphs" : "eager"),
-                       find(AttentionPath::split, g), find(AttentionPath::unified, g)});
+    if (find(AttentionPath::split, g, ref_write) >= 0 && find(AttentionPath::unified, g, ref_write) >= 0)
+      comps.push_back({std::string("split/unified ") + (g ? "graphs" : "eager") + of_ref,
+                       find(AttentionPath::split, g, ref_write), find(AttentionPath::unified, g, ref_write)});
+  }
+  for (KvWritePath w : writes) {
+    if (w == ref_write) continue;
+    for (AttentionPath a : {AttentionPath::unified, AttentionPath::split}) {
+      for (bool g : {false, true}) {
+        if (find(a, g, w) >= 0 && find(a, g, ref_write) >= 0)
+          comps.push_back({absl::StrFormat("%s/%s %s %s", to_string(w), to_string(ref_write), to_string(a),
+                                           g ? "graphs" : "eager"),
+                           find(a, g, w), find(a, g, ref_write)});
+      }
+    }
   }
 
-  std::printf("\n%6s %8s  %-15s %10s %9s %11s %9s %7s %11s %10s\n", "batch", "context", "variant", "step ms",
-              "ci95 ms", "tok/s", "GB/s", "%peak", "roofline ms", "x roofline");
+  int name_w = 15, comp_w = 22;
+  for (const Variant& v : vars) name_w = std::max(name_w, int(v.name().size()));
+  for (const auto& k : comps) comp_w = std::max(comp_w, int(k.name.size()));
+  std::printf("\n%6s %8s  %-*s %10s %9s %11s %9s %7s %11s %10s\n", "batch", "context", name_w, "variant",
+              "step ms", "ci95 ms", "tok/s", "GB/s", "%peak", "roofline ms", "x roofline");
   for (const Cell& cell : cells) {
     if (!cell.skip.empty()) continue;
     for (int v = 0; v < V; ++v) {
       const Figures f = figures(cell.s[size_t(v)], cell.batch, peak_gbs);
-      std::printf("%6d %8d  %-15s %10.3f %9.3f %11.1f %9.2f %7.3f %11.4f %10.2f\n", cell.batch, cell.context,
-                  vars[size_t(v)].name().c_str(), f.step_ms, f.ci_ms, f.tokens_per_s, f.gbs,
+      std::printf("%6d %8d  %-*s %10.3f %9.3f %11.1f %9.2f %7.3f %11.4f %10.2f\n", cell.batch, cell.context,
+                  name_w, vars[size_t(v)].name().c_str(), f.step_ms, f.ci_ms, f.tokens_per_s, f.gbs,
                   100 * f.frac_peak, f.roofline_ms, f.ratio);
     }
   }
   if (!comps.empty()) {
     std::printf("\n%6s %8s", "batch", "context");
-    for (const auto& k : comps) std::printf("  %22s", k.name.c_str());
+    for (const auto& k : comps) std::printf("  %*s", comp_w, k.name.c_str());
     std::printf("\n");
     for (const Cell& cell : cells) {
       if (!cell.skip.empty()) continue;
       std::printf("%6d %8d", cell.batch, cell.context);
       for (const auto& k : comps) {
         const MeanCi m = compare(cell, k);
-        std::printf("  %13.4f ± %6.4f", m.mean, m.half);
+        std::printf("  %*.4f ± %6.4f", comp_w - 9, m.mean, m.half);
       }
       std::printf("\n");
     }
     std::printf(
         "(graphs speedup: eager / graphs step time, > 1: graphs faster; split/unified: step time "
-        "ratio, < 1: split faster; ± is the 95%% interval over paired repetitions)\n");
+        "ratio, < 1: split faster; a/b of write paths: step time ratio, < 1: a faster; ± is the 95%% "
+        "interval over paired repetitions)\n");
   }
 
   if (tp > 1) {
@@ -404,7 +462,7 @@ int main(int argc, char** argv) {
                    {"model", spec.name},
                    {"device", device},
                    {"kv_dtype", kv_format_name(e.kv_format())},
-                   {"kv_write", to_string(kv_write)},
+                   {"kv_write", write_names},
                    {"steps", steps},
                    {"reps", reps},
                    {"warmup", warmup},
@@ -440,6 +498,7 @@ int main(int argc, char** argv) {
                    {"mean_context_len", f.context},     {"achieved_gbs", f.gbs},
                    {"fraction_of_peak", f.frac_peak},   {"roofline_ms", f.roofline_ms},
                    {"ratio_to_roofline", f.ratio},      {"ratio_to_roofline_ci95_half", f.ratio_ci}};
+        jv["kv_write"] = to_string(vars[size_t(v)].write);
         for (const Sample& x : cell.s[size_t(v)])
           jv["samples"].push_back(
               {{"step_ms", x.step_ms}, {"bytes_per_step", x.bytes}, {"mean_context_len", x.context}});
@@ -462,7 +521,7 @@ int main(int argc, char** argv) {
         "step time / ((bf16 weights + KV attended) at %.0f GB/s); KV %s, %s write; lower is better, 1 = at "
         "the "
         "roofline; bars: 95%% CI",
-        peak_gbs, kv_format_name(e.kv_format()), to_string(kv_write));
+        peak_gbs, kv_format_name(e.kv_format()), write_names);
     std::ofstream f(svg_path);
     f << render_svg(cells, vars, cs, peak_gbs, title, sub);
     if (!f) return fail("cannot write " + svg_path);

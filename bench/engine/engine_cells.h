@@ -14,7 +14,12 @@ namespace kvfuse::bench {
 struct Variant {
   AttentionPath attention = AttentionPath::unified;
   bool graphs = false;
-  std::string name() const { return std::string(to_string(attention)) + (graphs ? "/graphs" : "/eager"); }
+  KvWritePath write = KvWritePath::fused;
+  bool name_write = false;  // the run compares write paths: the name says which
+  std::string name() const {
+    return std::string(to_string(attention)) + (graphs ? "/graphs" : "/eager") +
+           (name_write ? std::string("/") + to_string(write) : "");
+  }
 };
 
 // One repetition of one variant: mean step time and the bytes a step had to read.

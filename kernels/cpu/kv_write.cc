@@ -10,6 +10,9 @@
 #include "kernels/cpu/kv_write.h"
 
 #include <cstring>
+#include <vector>
+
+#include "kernels/cpu/rope_rows.h"
 
 namespace kvfuse::cpu {
 namespace {
@@ -98,6 +101,41 @@ void kv_write_fused(const KvWriteArgs& args) {
     write_row_fused(src_row(args.k, t, args.k_token_stride), args.src_dtype, row_elems, cache.format, inv_k,
                     k_cache + slot * row_bytes);
     write_row_fused(src_row(args.v, t, args.v_token_stride), args.src_dtype, row_elems, cache.format, inv_v,
+                    v_cache + slot * row_bytes);
+  }
+}
+
+void kv_write_rope(const KvWriteRopeArgs& args) {
+  const KvWriteArgs& kv = args.kv;
+  const PagedKvView& cache = kv.cache;
+  const int64_t row_elems = cache.row_elems();
+  const int64_t row_bytes = row_elems * kv_format_bytes(cache.format);
+  const int64_t num_slots = cache.num_slots();
+  const bool fp8 = cache.format != KvFormat::bf16;
+  const float inv_k = fp8 ? 1.0f / *cache.k_scale : 1.0f;
+  const float inv_v = fp8 ? 1.0f / *cache.v_scale : 1.0f;
+  uint8_t* k_cache = static_cast<uint8_t*>(cache.k);
+  uint8_t* v_cache = static_cast<uint8_t*>(cache.v);
+  const int32_t half = cache.head_dim / 2;
+  std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
+  std::vector<bf16_t> k_row(static_cast<size_t>(row_elems));
+
+  for (int64_t t = 0; t < kv.num_tokens; ++t) {
+    rope_cos_sin(args.positions[t], args.inv_freq, half, args.attention_scaling, cos_t.data(), sin_t.data());
+    rope_rotate_heads(args.q + t * args.q_token_stride, args.q_heads, cache.head_dim, cos_t.data(),
+                      sin_t.data());
+    const int64_t slot = resolve_write_slot(kv.slot_mapping[t], kv.swa, num_slots);
+    if (slot < 0 && args.k_rotated == nullptr) continue;
+    // K is rotated in a copy of its row: the caller's rows are the input of the step.
+    memcpy(k_row.data(), src_row(kv.k, t, kv.k_token_stride), size_t(row_elems) * sizeof(bf16_t));
+    rope_rotate_heads(k_row.data(), cache.num_kv_heads, cache.head_dim, cos_t.data(), sin_t.data());
+    if (args.k_rotated != nullptr) {
+      memcpy(args.k_rotated + t * kv.k_token_stride, k_row.data(), size_t(row_elems) * sizeof(bf16_t));
+    }
+    if (slot < 0) continue;
+    write_row_fused(k_row.data(), KvSrcDtype::bf16, row_elems, cache.format, inv_k,
+                    k_cache + slot * row_bytes);
+    write_row_fused(src_row(kv.v, t, kv.v_token_stride), KvSrcDtype::bf16, row_elems, cache.format, inv_v,
                     v_cache + slot * row_bytes);
   }
 }

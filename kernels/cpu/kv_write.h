@@ -1,5 +1,6 @@
 // CPU reference of the KV write. It defines the cache bytes that every GPU path
-// (fused, unfused, CUDA, HIP) must reproduce exactly.
+// (fused, unfused, CUDA, HIP) must reproduce exactly; the GPU write with RoPE in it
+// (fused_rope) reproduces kv_write_fused's bytes of the K rows it rotated.
 #pragma once
 
 #include <cstddef>
@@ -30,5 +31,14 @@ KvWriteScratch kv_write_scratch_from(void* buffer, int64_t num_tokens, int64_t r
 // scale K into fp32 scratch, scale V, cast K to the cache dtype, cast V, scatter both
 // into their pages. The intermediate is fp32, so the bytes equal the fused write's.
 void kv_write_unfused(const KvWriteArgs& args, const KvWriteScratch& scratch);
+
+// The fused write with RoPE on the way (KvWritePath::fused_rope, KvWriteRopeArgs): per
+// token, q's heads rotated in place and K's rotated into a row of its own, then that row
+// and V written as kv_write_fused writes them. The rotation is rope_neox's own code
+// (kernels/cpu/rope_rows.h) and the write kv_write_fused's, so q, the cache (and
+// k_rotated) hold exactly the bits of rope_neox followed by kv_write_fused. Rows with a
+// skipped slot still rotate q (and k_rotated); args.kv.k is read only. Sources must be
+// bf16.
+void kv_write_rope(const KvWriteRopeArgs& args);
 
 }  // namespace kvfuse::cpu

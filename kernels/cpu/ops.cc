@@ -6,6 +6,8 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/rope_rows.h"
+
 namespace kvfuse::cpu {
 
 // size_t of a (non-negative) count; a function call, not a cast, so vector
@@ -37,39 +39,15 @@ void rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float
   }
 }
 
-namespace {
-
-// Rotates each head of one token's row: (x_i, x_{i+D/2}) by the pair's angle.
-void rotate_heads(bf16_t* row, int32_t heads, int32_t head_dim, const float* cos_t, const float* sin_t) {
-  const int32_t half = head_dim / 2;
-  for (int32_t h = 0; h < heads; ++h) {
-    bf16_t* x = row + int64_t(h) * head_dim;
-    for (int32_t i = 0; i < half; ++i) {
-      const float a = bf16_to_f32(x[i]), b = bf16_to_f32(x[i + half]);
-      x[i] = f32_to_bf16(a * cos_t[i] - b * sin_t[i]);
-      x[i + half] = f32_to_bf16(b * cos_t[i] + a * sin_t[i]);
-    }
-  }
-}
-
-}  // namespace
-
 void rope_neox(bf16_t* q, int64_t q_token_stride, int32_t q_heads, bf16_t* k, int64_t k_token_stride,
                int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n, const float* inv_freq,
                float attention_scaling) {
   const int32_t half = head_dim / 2;
-  // The angle is the fp32 product pos * inv_freq, as a GPU kernel computes it; the table
-  // itself was rounded once from double (src/loading/rope.h).
   std::vector<float> cos_t(sz(half)), sin_t(sz(half));
   for (int64_t t = 0; t < n; ++t) {
-    const float pos = float(positions[t]);
-    for (int32_t i = 0; i < half; ++i) {
-      const float angle = pos * inv_freq[i];
-      cos_t[i] = std::cos(angle) * attention_scaling;
-      sin_t[i] = std::sin(angle) * attention_scaling;
-    }
-    rotate_heads(q + t * q_token_stride, q_heads, head_dim, cos_t.data(), sin_t.data());
-    rotate_heads(k + t * k_token_stride, kv_heads, head_dim, cos_t.data(), sin_t.data());
+    rope_cos_sin(positions[t], inv_freq, half, attention_scaling, cos_t.data(), sin_t.data());
+    rope_rotate_heads(q + t * q_token_stride, q_heads, head_dim, cos_t.data(), sin_t.data());
+    rope_rotate_heads(k + t * k_token_stride, kv_heads, head_dim, cos_t.data(), sin_t.data());
   }
 }
 

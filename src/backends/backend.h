@@ -160,9 +160,14 @@ class Backend {
   virtual absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
                                    bf16_t* out) = 0;
 
-  // KV write of one layer. The unfused path's intermediate buffers are the backend's
+  // KV write of one layer, fused or unfused (fused_rope is kv_write_rope's: it needs the
+  // query and the positions). The unfused path's intermediate buffers are the backend's
   // own scratch (grown as the attention scratch is; see graph_epoch).
   virtual absl::Status kv_write(const KvWriteArgs& args, KvWritePath path) = 0;
+  // KvWritePath::fused_rope: rope() of args.q and args.kv.k and the fused kv_write in one
+  // op (kernels/kv_types.h, KvWriteRopeArgs): q ends as rope leaves it, the cache as rope
+  // then the fused write leave it; args.kv.k is not modified.
+  virtual absl::Status kv_write_rope(const KvWriteRopeArgs& args) = 0;
   // Sizes that scratch for the largest step (max_tokens rows of row_elems) up front, so
   // graphs captured at any batch size never see it move. Later steps may still grow it.
   virtual absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) = 0;

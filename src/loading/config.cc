@@ -23,7 +23,7 @@ using nlohmann::json;
 
 const char* to_string(Device d) { return enum_name(d, {"auto", "cpu", "cuda", "hip"}); }
 const char* to_string(KvCacheDtype d) { return enum_name(d, {"bf16", "fp8_e4m3", "fp8_e5m2"}); }
-const char* to_string(KvWritePath p) { return p == KvWritePath::fused ? "fused" : "unfused"; }
+const char* to_string(KvWritePath p) { return enum_name(p, {"fused", "unfused", "fused_rope"}); }
 const char* to_string(AttentionPath p) { return p == AttentionPath::unified ? "unified" : "split"; }
 const char* to_string(GraphsMode g) { return g == GraphsMode::on ? "on" : "off"; }
 
@@ -36,7 +36,8 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"device", "auto | cpu | cuda | hip", "backend; auto takes a built-in GPU if present, else the CPU"},
       {"kv_cache_dtype", "bf16 | fp8_e4m3 | fp8_e5m2",
        "KV cache element type; fp8_e4m3 is stored as e4m3fn, or e4m3fnuz on gfx942 (default fp8_e4m3)"},
-      {"kv_write", "fused | unfused", "KV write path: one fused kernel, or scale/cast/scatter stages"},
+      {"kv_write", "fused | unfused | fused_rope",
+       "KV write path: one fused kernel, scale/cast/scatter stages, or the fused kernel with RoPE in it"},
       {"attention", "unified | split",
        "attention path (default unified; on a GPU a decode-only batch too small to fill it takes the "
        "split-KV "
@@ -265,10 +266,12 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
                           c.kv_cache_dtype));
   }
   if (has("kv_write")) {
-    KVFUSE_RETURN_IF_ERROR(parse_enum(
-        j["kv_write"], "kv_write",
-        std::map<std::string, KvWritePath>{{"fused", KvWritePath::fused}, {"unfused", KvWritePath::unfused}},
-        c.kv_write));
+    KVFUSE_RETURN_IF_ERROR(
+        parse_enum(j["kv_write"], "kv_write",
+                   std::map<std::string, KvWritePath>{{"fused", KvWritePath::fused},
+                                                      {"unfused", KvWritePath::unfused},
+                                                      {"fused_rope", KvWritePath::fused_rope}},
+                   c.kv_write));
   }
   if (has("attention")) {
     KVFUSE_RETURN_IF_ERROR(parse_enum(j["attention"], "attention",

@@ -13,7 +13,8 @@ namespace kvfuse {
 
 enum class Device { auto_, cpu, cuda, hip };
 enum class KvCacheDtype { bf16, fp8_e4m3, fp8_e5m2 };
-enum class KvWritePath { fused, unfused };
+// fused_rope: the fused write with RoPE in the same kernel (Backend::kv_write_rope).
+enum class KvWritePath { fused, unfused, fused_rope };
 enum class AttentionPath { unified, split };
 enum class GraphsMode { off, on };
 

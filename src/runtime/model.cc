@@ -239,8 +239,6 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
       KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     }
     KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.qkv, p.qkv));
-    KVFUSE_RETURN_IF_ERROR(backend_.rope(q, qkv_dim, d.q_heads, k, qkv_dim, d.kv_heads, s.head_dim, p.positions,
-                                         T, rope_inv_freq_.as<float>(), rope_attention_scaling_));
 
     // K and V are strided views into the fused QKV rows: the write reads them in place.
     KvWriteArgs w;
@@ -252,7 +250,24 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     w.slot_mapping = p.slot_mapping;
     w.swa = swa ? pool.swa_table(store) : SwaSlotTable{};
     w.cache = pool.layer_view(l, store);
-    KVFUSE_RETURN_IF_ERROR(backend_.kv_write(w, write));
+    if (write == KvWritePath::fused_rope) {
+      // RoPE inside the write's kernel: q rotated in place, K rotated on its way into the
+      // cache (attention reads K from there, so the QKV rows' K is left unrotated).
+      KvWriteRopeArgs r;
+      r.kv = w;
+      r.q = q;
+      r.q_token_stride = qkv_dim;
+      r.q_heads = d.q_heads;
+      r.positions = p.positions;
+      r.inv_freq = rope_inv_freq_.as<float>();
+      r.attention_scaling = rope_attention_scaling_;
+      KVFUSE_RETURN_IF_ERROR(backend_.kv_write_rope(r));
+    } else {
+      KVFUSE_RETURN_IF_ERROR(backend_.rope(q, qkv_dim, d.q_heads, k, qkv_dim, d.kv_heads, s.head_dim,
+                                           p.positions, T, rope_inv_freq_.as<float>(),
+                                           rope_attention_scaling_));
+      KVFUSE_RETURN_IF_ERROR(backend_.kv_write(w, write));
+    }
 
     AttnArgs a;
     a.q = q;

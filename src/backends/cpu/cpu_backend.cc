@@ -142,11 +142,20 @@ class CpuBackend final : public Backend {
   absl::Status kv_write(const KvWriteArgs& args, KvWritePath path) override {
     if (path == KvWritePath::fused) {
       cpu::kv_write_fused(args);
-    } else {
+    } else if (path == KvWritePath::unfused) {
       const int64_t row_elems = args.cache.row_elems();
       const size_t bytes = cpu::kv_write_scratch_bytes(args.num_tokens, row_elems);
       cpu::kv_write_unfused(args, cpu::kv_write_scratch_from(scratch((bytes + 3) / 4), args.num_tokens, row_elems));
+    } else {
+      return absl::InvalidArgumentError("kv_write: the fused_rope path runs through kv_write_rope");
     }
+    return absl::OkStatus();
+  }
+  absl::Status kv_write_rope(const KvWriteRopeArgs& args) override {
+    if (args.kv.src_dtype != KvSrcDtype::bf16) {
+      return absl::InvalidArgumentError("kv_write_rope: K and V must be bf16, as RoPE's rows are");
+    }
+    cpu::kv_write_rope(args);
     return absl::OkStatus();
   }
   absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) override {

@@ -19,6 +19,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/dispatch.h"
 #include "kernels/kv_write.cuh"
+#include "kernels/kv_write_rope.cuh"
 #include "kernels/model_ops.cuh"
 #include "kernels/sampling.cuh"
 #include "src/backends/backend.h"
@@ -241,10 +242,16 @@ class GpuBackend final : public Backend {
     if (path == KvWritePath::fused) {
       return cuda_status(gpu::launch_kv_write_fused(args, stream_, kv_launch_), "kv_write_fused");
     }
+    if (path != KvWritePath::unfused) {
+      return absl::InvalidArgumentError("kv_write: the fused_rope path runs through kv_write_rope");
+    }
     KVFUSE_RETURN_IF_ERROR(reserve_scratch(
         kv_scratch_, gpu::kv_write_scratch_bytes(args.num_tokens, args.cache.row_elems()), "kv_write: unfused"));
     return cuda_status(gpu::launch_kv_write_unfused(args, kv_scratch_.get(), stream_, kv_launch_),
                        "kv_write_unfused");
+  }
+  absl::Status kv_write_rope(const KvWriteRopeArgs& args) override {
+    return cuda_status(gpu::launch_kv_write_rope(args, stream_, kv_launch_), "kv_write_rope");
   }
   absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) override {
     return reserve_scratch(kv_scratch_, gpu::kv_write_scratch_bytes(max_tokens, row_elems), "kv_write: unfused",

@@ -1,0 +1,303 @@
+// The KV write with RoPE on the way; see kv_write_rope.cuh for the contract and numerics.
+//
+// Thread mapping: a block per token (grid-stride over the slot mapping's length). The
+// token's work is cut into items of two 16-byte loads each:
+// - q pairs: 8 elements of a query head's first half and the 8 they rotate with in its
+//   second half; rotated and stored back in place;
+// - k pairs: the same over a KV head of K; rotated, rounded to bf16, then scaled and
+//   converted as the fused write converts (8 FP8 bytes or 16 bf16 bytes per half);
+// - v chunks: 16 consecutive elements of the V row, written as the fused write writes
+//   them.
+// Pairs keep both elements of every rotated pair in one lane, so the rotation needs no
+// exchange between lanes; the cache row is NHD, so a K or V element lands at its own
+// offset within the slot's row. A lane holds kItemsPerLane items in flight: their loads
+// are issued before the position, the slot and the scales arrive, as the fused write
+// does at decode sizes, where the kernel is one memory round trip of latency. The block
+// is sized so that, up to kKvWriteMaxBlockThreads, a lane has at most kItemsPerLane
+// items (llama3-8b: 256 q + 64 k + 64 v items, 192 lanes); wider rows loop.
+//
+// cos and sin of the token's head_dim/2 angles are computed once per block into shared
+// memory (rope_kernel computes them once per pair and head: here a token's 40 heads of
+// llama3-8b share them), with rope_kernel's expressions, so the values are its values.
+//
+// gpu.h first: on HIP the vendor runtime header defines __forceinline__, which
+// kernels/host_device.h (reached through the other headers) uses in KVFUSE_HD.
+#include "kernels/gpu.h"
+
+#include <algorithm>
+
+#include "kernels/dispatch.cuh"
+#include "kernels/fp8_convert.cuh"
+#include "kernels/kv_write_rope.cuh"
+
+namespace kvfuse::gpu {
+namespace {
+
+// Items whose loads a lane keeps in flight at once.
+constexpr int kItemsPerLane = 2;
+// Elements of one side of a pair item: one 16-byte load of bf16.
+constexpr int kPairElems = 8;
+// Elements of a V chunk: two 16-byte loads of bf16, one 16-byte FP8 store.
+constexpr int kVChunkElems = 16;
+// Resident blocks of kKvWriteMaxBlockThreads per multiprocessor, as for the fused write
+// (kernels/kv_write.cu): at most 64 registers a thread on NVIDIA, 4 waves per SIMD on CDNA.
+constexpr int kMinBlocks = 4;
+
+// The token's items: q pairs, then k pairs, then v chunks.
+struct ItemCounts {
+  int q = 0, k = 0, v = 0;
+  KVFUSE_HD int total() const { return q + k + v; }
+};
+
+KVFUSE_HD ItemCounts item_counts(int32_t q_heads, int32_t kv_heads, int32_t head_dim) {
+  const int pairs_per_head = head_dim / 2 / kPairElems;
+  return {q_heads * pairs_per_head, kv_heads * pairs_per_head, kv_heads * head_dim / kVChunkElems};
+}
+
+// Eight bf16 (packed, the lower half first) widened exactly to fp32.
+KVFUSE_DEVICE void widen_bf16x8(uint4 raw, float (&x)[8]) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = __uint_as_float(w[i] << 16);
+    x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+KVFUSE_DEVICE uint4 pack_bf16x8(const uint16_t (&b)[8]) {
+  return make_uint4(uint32_t(b[0]) | (uint32_t(b[1]) << 16), uint32_t(b[2]) | (uint32_t(b[3]) << 16),
+                    uint32_t(b[4]) | (uint32_t(b[5]) << 16), uint32_t(b[6]) | (uint32_t(b[7]) << 16));
+}
+
+// Eight bf16 to the cache's format: FP8 bytes of x * inv (the fused write's conversion),
+// 8 bytes; unused for bf16 caches, which store the bf16 bits.
+template <KvFormat F>
+KVFUSE_DEVICE uint2 bf16x8_to_fp8(uint4 raw, float inv) {
+  float x[8];
+  widen_bf16x8(raw, x);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] *= inv;
+  constexpr Fp8Format f = kv_fp8_format(F);
+  return make_uint2(cvt_fp8x4<f>(x[0], x[1], x[2], x[3]), cvt_fp8x4<f>(x[4], x[5], x[6], x[7]));
+}
+
+KVFUSE_DEVICE uint4 load_16B(const void* p) { return *static_cast<const uint4*>(p); }
+KVFUSE_DEVICE void store_8B(void* p, uint2 v) { *static_cast<uint2*>(p) = v; }
+
+// One token's rows and where they go.
+struct TokenRows {
+  bf16_t* q;           // the token's q row, rotated in place
+  const bf16_t* k;     // its K row (read only, unless k_rot aliases it)
+  const bf16_t* v;     // its V row
+  bf16_t* k_rot;       // where the rotated K row goes, or null
+  uint8_t* k_dst;      // the slot's K row in the cache, or null (padding)
+  uint8_t* v_dst;      // its V row
+  const float* cos_t;  // [head_dim / 2], shared memory
+  const float* sin_t;
+  float inv_k, inv_v;  // 1/scale (FP8 caches)
+};
+
+// Rotates lo (elements c0 .. c0+7 of a head) with hi (the same of its second half) as
+// rope_kernel does: fp32, one bf16 rounding each.
+KVFUSE_DEVICE void rotate_pair(uint4 lo, uint4 hi, const float* cos_t, const float* sin_t, int c0,
+                               uint16_t (&lo_out)[8], uint16_t (&hi_out)[8]) {
+  float x0[8], x1[8];
+  widen_bf16x8(lo, x0);
+  widen_bf16x8(hi, x1);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float c = cos_t[c0 + e], s = sin_t[c0 + e];
+    lo_out[e] = f32_to_bf16(x0[e] * c - x1[e] * s);
+    hi_out[e] = f32_to_bf16(x1[e] * c + x0[e] * s);
+  }
+}
+
+// The items it, it + lanes, ... (kItemsPerLane of them) of one token, in registers
+// between load and store.
+template <int D, KvFormat F>
+struct ItemGroup {
+  static constexpr int kHalf = D / 2;
+  static constexpr int kPairsPerHead = kHalf / kPairElems;
+  uint4 raw[kItemsPerLane][2];
+
+  KVFUSE_DEVICE void load(const TokenRows& r, const ItemCounts& n, int it0, int lanes) {
+#pragma unroll
+    for (int u = 0; u < kItemsPerLane; ++u) {
+      const int it = it0 + u * lanes;
+      if (it < n.q) {
+        const bf16_t* p = r.q + (it / kPairsPerHead) * D + (it % kPairsPerHead) * kPairElems;
+        raw[u][0] = load_16B(p);
+        raw[u][1] = load_16B(p + kHalf);
+      } else if (it < n.q + n.k) {
+        const int j = it - n.q;
+        const bf16_t* p = r.k + (j / kPairsPerHead) * D + (j % kPairsPerHead) * kPairElems;
+        raw[u][0] = load_16B(p);  // not the read-only path: k_rot may be K itself
+        raw[u][1] = load_16B(p + kHalf);
+      } else if (it < n.total()) {
+        const bf16_t* p = r.v + (it - n.q - n.k) * kVChunkElems;
+        raw[u][0] = load_ro_16B(p);
+        raw[u][1] = load_ro_16B(p + 8);
+      }
+    }
+  }
+
+  KVFUSE_DEVICE void store(const TokenRows& r, const ItemCounts& n, int it0, int lanes) const {
+    constexpr bool kFp8 = F != KvFormat::bf16;
+#pragma unroll
+    for (int u = 0; u < kItemsPerLane; ++u) {
+      const int it = it0 + u * lanes;
+      uint16_t lo[8], hi[8];
+      if (it < n.q) {
+        const int c0 = (it % kPairsPerHead) * kPairElems;
+        rotate_pair(raw[u][0], raw[u][1], r.cos_t, r.sin_t, c0, lo, hi);
+        bf16_t* p = r.q + (it / kPairsPerHead) * D + c0;
+        store_16B(p, pack_bf16x8(lo));
+        store_16B(p + kHalf, pack_bf16x8(hi));
+      } else if (it < n.q + n.k) {
+        if (r.k_dst == nullptr && r.k_rot == nullptr) continue;  // padding: no K to keep
+        const int j = it - n.q;
+        const int c0 = (j % kPairsPerHead) * kPairElems;
+        const int64_t e0 = int64_t(j / kPairsPerHead) * D + c0;  // element in the row
+        rotate_pair(raw[u][0], raw[u][1], r.cos_t, r.sin_t, c0, lo, hi);
+        const uint4 lo4 = pack_bf16x8(lo), hi4 = pack_bf16x8(hi);
+        if (r.k_rot != nullptr) {
+          store_16B(r.k_rot + e0, lo4);
+          store_16B(r.k_rot + e0 + kHalf, hi4);
+        }
+        if (r.k_dst == nullptr) continue;
+        if constexpr (kFp8) {
+          store_8B(r.k_dst + e0, bf16x8_to_fp8<F>(lo4, r.inv_k));
+          store_8B(r.k_dst + e0 + kHalf, bf16x8_to_fp8<F>(hi4, r.inv_k));
+        } else {
+          store_16B(r.k_dst + 2 * e0, lo4);  // the rounded bits, as the fused write copies them
+          store_16B(r.k_dst + 2 * (e0 + kHalf), hi4);
+        }
+      } else if (it < n.total()) {
+        if (r.v_dst == nullptr) continue;
+        const int64_t e0 = int64_t(it - n.q - n.k) * kVChunkElems;
+        if constexpr (kFp8) {
+          const uint2 a = bf16x8_to_fp8<F>(raw[u][0], r.inv_v), b = bf16x8_to_fp8<F>(raw[u][1], r.inv_v);
+          store_16B(r.v_dst + e0, make_uint4(a.x, a.y, b.x, b.y));
+        } else {
+          store_16B(r.v_dst + 2 * e0, raw[u][0]);  // bit copy, NaN payloads included
+          store_16B(r.v_dst + 2 * e0 + 16, raw[u][1]);
+        }
+      }
+    }
+  }
+};
+
+template <int D, KvFormat F>
+__global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kMinBlocks)
+    kv_write_rope_kernel(KvWriteRopeArgs a) {
+  constexpr int kHalf = D / 2;
+  constexpr bool kFp8 = F != KvFormat::bf16;
+  __shared__ float cos_s[kHalf], sin_s[kHalf];
+  const KvWriteArgs& kv = a.kv;
+  const PagedKvView& cache = kv.cache;
+  const ItemCounts n = item_counts(a.q_heads, cache.num_kv_heads, D);
+  const int64_t row_elems = cache.row_elems();
+  const int64_t row_bytes = row_elems * (kFp8 ? 1 : 2);
+  const int64_t num_slots = cache.num_slots();
+  const int lanes = int(blockDim.x);
+  grid_dependency_wait();  // PDL: q, k, v come from the kernel before
+  launch_dependents();
+
+  for (int64_t t = blockIdx.x; t < kv.num_tokens; t += gridDim.x) {
+    const int64_t raw_slot = kv.slot_mapping[t];
+    const int32_t pos = a.positions[t];
+    TokenRows r;
+    r.q = a.q + t * a.q_token_stride;
+    r.k = static_cast<const bf16_t*>(kv.k) + t * kv.k_token_stride;
+    r.v = static_cast<const bf16_t*>(kv.v) + t * kv.v_token_stride;
+    r.k_rot = a.k_rotated != nullptr ? a.k_rotated + t * kv.k_token_stride : nullptr;
+    r.cos_t = cos_s;
+    r.sin_t = sin_s;
+    ItemGroup<D, F> g;
+    g.load(r, n, int(threadIdx.x), lanes);  // independent of slot and position: overlaps their round trip
+    r.inv_k = r.inv_v = 1.0f;
+    if constexpr (kFp8) {
+      // As in the fused write: read per token after the row loads are issued, the
+      // reciprocals the pool keeps when it has them.
+      if (cache.k_inv_scale != nullptr && cache.v_inv_scale != nullptr) {
+        load_f32_pair(cache.k_inv_scale, cache.v_inv_scale, r.inv_k, r.inv_v);
+      } else {
+        float k_scale, v_scale;
+        load_f32_pair(cache.k_scale, cache.v_scale, k_scale, v_scale);
+        r.inv_k = recip_rn(k_scale);
+        r.inv_v = recip_rn(v_scale);
+      }
+    }
+    // rope_kernel's expressions, so that the values are its values.
+    for (int i = int(threadIdx.x); i < kHalf; i += lanes) {
+      const float angle = float(pos) * a.inv_freq[i];
+      cos_s[i] = cosf(angle) * a.attention_scaling;
+      sin_s[i] = sinf(angle) * a.attention_scaling;
+    }
+    const int64_t slot = resolve_write_slot(raw_slot, kv.swa, num_slots);
+    r.k_dst = slot < 0 ? nullptr : static_cast<uint8_t*>(cache.k) + slot * row_bytes;
+    r.v_dst = slot < 0 ? nullptr : static_cast<uint8_t*>(cache.v) + slot * row_bytes;
+    __syncthreads();  // cos_s, sin_s
+    for (int it0 = int(threadIdx.x);;) {
+      g.store(r, n, it0, lanes);
+      it0 += kItemsPerLane * lanes;
+      if (it0 >= n.total()) break;
+      g.load(r, n, it0, lanes);
+    }
+    if (t + gridDim.x < kv.num_tokens) __syncthreads();  // the next token rewrites cos_s, sin_s
+  }
+}
+
+const char* src_name(KvSrcDtype s) { return s == KvSrcDtype::bf16 ? "bf16" : "f16"; }
+
+}  // namespace
+
+int kv_write_rope_block_threads(const KvWriteRopeArgs& args) {
+  const ItemCounts n = item_counts(args.q_heads, args.kv.cache.num_kv_heads, args.kv.cache.head_dim);
+  const int64_t lanes = (int64_t(n.total()) + kItemsPerLane - 1) / kItemsPerLane;
+  const int64_t warps = std::max<int64_t>((lanes + kWarpSize - 1) / kWarpSize, 1);
+  return int(std::min<int64_t>(warps * kWarpSize, kKvWriteMaxBlockThreads));
+}
+
+std::string kv_write_rope_unsupported(const KvWriteRopeArgs& a) {
+  const KvWriteArgs& kv = a.kv;
+  const PagedKvView& c = kv.cache;
+  std::string why;
+  const auto aligned = [](const void* p, int64_t stride) { return is_aligned(p, 16) && stride % 8 == 0; };
+  if (kv.src_dtype != KvSrcDtype::bf16) {
+    why = "K and V must be bf16 (RoPE rotates bf16 rows)";
+  } else if (a.q_heads <= 0) {
+    why = "q_heads must be positive";
+  } else if (kv.num_tokens > 0 && (a.q == nullptr || a.positions == nullptr || a.inv_freq == nullptr)) {
+    why = "q, positions and inv_freq must be set";
+  } else if (a.q_token_stride < int64_t(a.q_heads) * c.head_dim) {
+    why = "the q token stride must be at least q_heads * head_dim elements";
+  } else if (kv.num_tokens > 0 && (!aligned(a.q, a.q_token_stride) || !aligned(kv.k, kv.k_token_stride) ||
+                                   !aligned(kv.v, kv.v_token_stride) ||
+                                   (a.k_rotated != nullptr && !is_aligned(a.k_rotated, 16)))) {
+    why = "q, k, v and k_rotated must be 16-byte aligned with token strides a multiple of 8 elements";
+  } else if (std::string w = kv_write_unsupported(kv); !w.empty()) {
+    return w;  // names the tuple itself
+  }
+  if (why.empty()) return why;
+  return "GPU KV write with RoPE unsupported for (head_dim=" + std::to_string(c.head_dim) +
+         ", q_heads=" + std::to_string(a.q_heads) + ", num_kv_heads=" + std::to_string(c.num_kv_heads) +
+         ", page_size=" + std::to_string(c.page_size) + ", cache dtype=" + kv_format_name(c.format) +
+         ", source dtype=" + src_name(kv.src_dtype) + "): " + why;
+}
+
+LaunchStatus launch_kv_write_rope(const KvWriteRopeArgs& args, cudaStream_t stream,
+                                  const KvWriteLaunch& launch) {
+  if (std::string why = kv_write_rope_unsupported(args); !why.empty()) {
+    return LaunchStatus::refused(std::move(why));
+  }
+  const int64_t T = args.kv.num_tokens;
+  if (T == 0) return cudaSuccess;  // an empty step: no launch
+  const unsigned block = unsigned(kv_write_rope_block_threads(args));
+  return dispatch_head_dim_format(args.kv.cache.head_dim, args.kv.cache.format, [&](auto hd, auto fmt) {
+    return launch_kernel(kv_write_rope_kernel<decltype(hd)::value, decltype(fmt)::value>, grid_blocks(T, 1),
+                         block, stream, launch.pdl, args);
+  });
+}
+
+}  // namespace kvfuse::gpu
