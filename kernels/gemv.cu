@@ -1,4 +1,6 @@
 // Decode-sized GEMM (kernels/gemv.cuh).
+#include "kernels/gpu.h"
+
 #include "kernels/gemv.cuh"
 
 #include <climits>

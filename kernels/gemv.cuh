@@ -11,11 +11,13 @@
 // end.
 #pragma once
 
+// gpu.h first: on HIP the vendor runtime header must precede kernels/host_device.h.
+#include "kernels/gpu.h"
+
 #include <cstdint>
 #include <string>
 
 #include "kernels/bf16.h"
-#include "kernels/gpu.h"
 
 namespace kvfuse::gpu {
 
