@@ -247,3 +247,16 @@ TEST_CASE("config: tensor-parallel keys (tensor_parallel, devices, tp_rendezvous
   REQUIRE(c.ok());
   CHECK(c->devices == std::vector<int32_t>{2, 3});
 }
+
+TEST_CASE("config: every model preset of the model registry is accepted by name", "[config]") {
+  // llama3-70b (the tensor-parallel preset) was missing from the config's list, so
+  // `kvfuse-run --set model=llama3-70b` was refused although the registry has it.
+  for (const char* name : {"tiny", "llama3-8b", "llama3-70b", "qwen2.5-7b", "mistral-7b", "hybrid-swa"}) {
+    json j = json::object();
+    REQUIRE(apply_config_override(j, std::string("model=") + name).ok());
+    auto c = config_from_json(j);
+    INFO(name);
+    REQUIRE(c.ok());
+    CHECK(c->model == name);
+  }
+}

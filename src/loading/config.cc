@@ -243,6 +243,7 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
   if (has("model")) {
     static const std::map<std::string, std::string> presets = {{"tiny", "tiny"},
                                                                {"llama3-8b", "llama3-8b"},
+                                                               {"llama3-70b", "llama3-70b"},
                                                                {"qwen2.5-7b", "qwen2.5-7b"},
                                                                {"mistral-7b", "mistral-7b"},
                                                                {"hybrid-swa", "hybrid-swa"}};
