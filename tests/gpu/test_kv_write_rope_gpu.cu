@@ -6,9 +6,11 @@
 //   a rotated pair may land one bf16 ulp apart), and so the rotated K (k_rotated);
 // - the K and V caches byte for byte the CPU fused write's (cpu::kv_write_fused) of the K
 //   rows the kernel rotated and of V as it stands: the write half is exact;
-// - q and both caches byte for byte what launch_rope_neox followed by
-//   launch_kv_write_fused leave on the same device (the same expressions, so the same
-//   bits; the engine's fused and fused_rope arms then choose the same tokens);
+// - q and the rotated K within rope's tolerance of what launch_rope_neox leaves on the
+//   same device, and the V cache byte for byte what launch_kv_write_fused leaves (the two
+//   rotations are the same expressions, but compiled into different kernels they round
+//   apart by one bf16 ulp now and then on the H200, so their K caches may differ in a
+//   few codes);
 // - K and V (without k_rotated), the slots and the scales unchanged.
 // Over every cache dtype (e4m3fn, e4m3fnuz, e5m2, bf16), head_dim 64/128/256, grouped
 // queries (1, 4 and 7 per KV head), page sizes 1/5/16, with and without an SWA table,
@@ -318,12 +320,14 @@ void run_case(const Case& c, cudaStream_t stream) {
       gpu::launch_kv_write_fused(dev_args(q, nullptr, d_kc.get(), d_vc.get()).kv, stream, launch));
   KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
   const auto two_qkv = d_qkv.download<uint16_t>(in.qkv.size());
-  check(columns(in, two_qkv, 0, in.q_dim) == columns(in, gpu_qkv, 0, in.q_dim),
-        what + ": q equals launch_rope_neox's bit for bit");
-  check(columns(in, two_qkv, in.q_dim, in.q_dim + in.kv_dim) ==
-            columns(in, gpu_rot, in.q_dim, in.q_dim + in.kv_dim),
-        what + ": rotated K equals launch_rope_neox's bit for bit");
-  same_bytes(d_kc.download<uint8_t>(cache_bytes), gpu_k, what + ": K cache equals rope + fused write's");
+  // Not bit for bit: on the H200 the two kernels' rotations round apart now and then (one
+  // bf16 ulp), so their K caches differ where such a K lands on another FP8 code; each
+  // cache is still exactly the fused write of its own rotated K (checked above).
+  close_bf16(columns(in, gpu_qkv, 0, in.q_dim), columns(in, two_qkv, 0, in.q_dim), c.attention_scaling,
+             source_scale(c, 0), what + ": q vs launch_rope_neox's");
+  close_bf16(columns(in, gpu_rot, in.q_dim, in.q_dim + in.kv_dim),
+             columns(in, two_qkv, in.q_dim, in.q_dim + in.kv_dim), c.attention_scaling, source_scale(c, 1),
+             what + ": rotated K vs launch_rope_neox's");
   same_bytes(d_vc.download<uint8_t>(cache_bytes), gpu_v, what + ": V cache equals rope + fused write's");
 }
 
