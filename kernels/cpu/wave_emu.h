@@ -65,8 +65,6 @@ class BlockEmu {
   }
 
   // ---- called from inside the fibers
-  int thread() const { return current_; }
-
   // The wave's lanes meet: returns once all 64 have arrived. The last to arrive runs
   // on_release (if any) before the others resume.
   template <class F = void (*)()>

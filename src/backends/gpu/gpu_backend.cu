@@ -554,8 +554,12 @@ class GpuBackend final : public Backend {
   }
 
   // kvfuse's GEMV may run this call (it is a candidate and the operands suit it).
+  static bool gemv_enabled() {
+    static const bool on = env_flag("KVFUSE_GEMV", true);  // read once: gemm() asks on every call
+    return on;
+  }
   static bool gemv_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out) {
-    return env_flag("KVFUSE_GEMV", true) && gpu::gemv_unsupported(x, m, w.w.get(), w.n, w.k, out).empty();
+    return gemv_enabled() && gpu::gemv_unsupported(x, m, w.w.get(), w.n, w.k, out).empty();
   }
 
   absl::StatusOr<GemmPlan*> gemm_plan(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
@@ -678,7 +682,7 @@ class GpuBackend final : public Backend {
       tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, plan->gemv});
       // A choice made without the GEMV (KVFUSE_GEMV=0) stays in this process: the file is
       // for choices among every candidate.
-      const bool every_candidate = env_flag("KVFUSE_GEMV", true) || m > gpu::kGemvMaxRows;
+      const bool every_candidate = gemv_enabled() || m > gpu::kGemvMaxRows;
       if (timed && every_candidate && mode == TuneMode::graph && found_n > 1 && ms[size_t(best)] >= 0) {
         GemmCacheEntry e;
         if (plan->gemv >= 0) {
