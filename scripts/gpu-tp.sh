@@ -7,7 +7,11 @@
 #      split attention, graphs on; the tp 2 run times the step's collectives alone too;
 #   3. llama3-70b (synthetic weights, 141 GB in bf16) at tp 2: kvfuse-run with a KV pool of
 #      $TP_70B_PAGES pages per GPU (default 25000: 30.5 GiB of fp8 KV per GPU), then the
-#      engine benchmark at batch 1/8/64 x 512.
+#      engine benchmark at batch 1/8/64 x 512;
+#   4. tp 2 across two processes: llama3-8b, a follower kvfuse-run holding rank 1 on GPU 1
+#      and the leader kvfuse-run (rank 0) on GPU 0, meeting at tp_rendezvous
+#      127.0.0.1:$TP_PORT (default 29500) over NCCL; their greedy tokens must equal those of
+#      tp 2 in one process, and the follower must exit 0 once the leader is done.
 # NCCL comes from the loader's path, KVFUSE_NCCL_LIBRARY, or a pip-installed
 # libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
 # build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
@@ -60,6 +64,28 @@ tail -3 "$out/run-llama3-70b-tp2.txt" | tee -a "$summary"
 run engine-llama3-70b-tp2 "${bench[@]}" --set model=llama3-70b --set tensor_parallel=2 --batch 1,8,64 --context 512 \
   --max-kv-gib 30 --json "$out/engine-llama3-70b-tp2.json"
 grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-70b-tp2.txt" | tee -a "$summary"
+
+# Two processes, one GPU each: the same prompts as tp 2 in one process, tokens compared.
+port=${TP_PORT:-29500}
+mp=(--set model=llama3-8b --set tensor_parallel=2 --set num_pages=4096 -n 8 -m 32 -q)
+run run-llama3-8b-tp2-one-process "$bundle/kvfuse-run" "${mp[@]}"
+"$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:$port --set tp_rank=1 --set devices=1 \
+  >"$out/run-llama3-8b-tp2-follower.txt" 2>&1 &
+follower=$!
+run run-llama3-8b-tp2-leader "$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:$port --set devices=0
+wait $follower
+frc=$?
+note "run-llama3-8b-tp2-follower: exit $frc"
+((frc == 0)) || status=1
+if diff <(grep '^sequence' "$out/run-llama3-8b-tp2-one-process.txt") \
+  <(grep '^sequence' "$out/run-llama3-8b-tp2-leader.txt") >"$out/tp2-processes-diff.txt" &&
+  [[ $(grep -c '^sequence' "$out/run-llama3-8b-tp2-leader.txt") == 8 ]]; then
+  note "tp 2 across two processes: greedy tokens equal tp 2 in one process (8 sequences x 32 tokens)"
+else
+  note "FAIL: tp 2 across two processes: tokens differ from tp 2 in one process ($out/tp2-processes-diff.txt)"
+  status=1
+fi
+tail -1 "$out/run-llama3-8b-tp2-leader.txt" | tee -a "$summary"
 
 note "$( ((status == 0)) && echo PASS || echo FAIL)"
 exit $status

@@ -249,7 +249,7 @@ void EngineLoop::run() {
 absl::Status EngineLoop::warm_up() {
   if (opts_.before_warmup) opts_.before_warmup();
   const Config& cfg = opts_.config;
-  auto backend = opts_.make_backend ? opts_.make_backend() : make_backend(cfg.device);
+  auto backend = opts_.make_backend ? opts_.make_backend() : make_backend(cfg.device, cfg.tp_device(0));
   if (!backend.ok()) return backend.status();
   auto engine = Engine::create(cfg, std::move(*backend));
   if (!engine.ok()) return engine.status();

@@ -8,14 +8,16 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "server/server.h"
 #include "server/signals.h"
-#include "src/loading/config.h"
 #include "src/common/status_macros.h"
+#include "src/loading/config.h"
+#include "src/runtime/engine.h"
 
 using namespace kvfuse;
 
@@ -39,6 +41,35 @@ absl::StatusOr<Config> build_config(const std::string& path, const std::vector<s
     KVFUSE_RETURN_IF_ERROR(apply_config_override(j, o));
   }
   return config_from_json(j);
+}
+
+// A process whose tp_rank is not 0 in a group that spans processes: no gRPC service; it
+// runs rank 0's commands until rank 0 shuts the group down (exit 0) or the group fails
+// (exit 1). A signal ends it at once: rank 0's group cannot go on without this rank.
+int run_follower(const Config& cfg) {
+  spdlog::info("event=following rank={} tensor_parallel={} leader={} note=\"no gRPC service: rank 0 serves\"",
+               cfg.tp_rank, cfg.tensor_parallel, cfg.tp_rendezvous);
+  auto engine = Engine::create(cfg);
+  if (!engine.ok()) return fail("start_failed", engine.status());
+  spdlog::info("event=joined rank={} tensor_parallel={} leader={}", cfg.tp_rank, cfg.tensor_parallel,
+               cfg.tp_rendezvous);
+  std::atomic<bool> done{false};
+  absl::Status result;
+  std::thread follower([&] {
+    result = (*engine)->follow();
+    done = true;
+  });
+  while (!done.load()) {
+    if (const int sig = server::wait_shutdown_signal(200); sig != 0) {
+      spdlog::warn("event=signal signal={} action=exit note=\"rank 0's group fails without this rank\"",
+                   sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      std::_Exit(128 + sig);
+    }
+  }
+  follower.join();
+  if (!result.ok()) return fail("group_failed", result);
+  spdlog::info("event=shutdown reason=\"rank 0 shut the group down\"");
+  return 0;
 }
 
 }  // namespace
@@ -109,6 +140,10 @@ int main(int argc, char** argv) {
   }
   auto cfg = build_config(config_path, overrides);
   if (!cfg.ok()) return fail("bad_config", cfg.status());
+  if (cfg->tensor_parallel > 1 && !cfg->tp_rendezvous.empty() && cfg->tp_rank > 0) {
+    spdlog::info("event=starting version={} config={}", KVFUSE_VERSION, config_to_json(*cfg).dump());
+    return run_follower(*cfg);
+  }
   opts.loop.config = *cfg;
   opts.max_message_bytes = max_message_mib << 20;
   spdlog::info("event=starting version={} config={}", KVFUSE_VERSION, config_to_json(*cfg).dump());

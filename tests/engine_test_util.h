@@ -111,6 +111,23 @@ inline float max_abs_diff(const std::vector<float>& a, const std::vector<float>&
   return a.size() == b.size() ? m : INFINITY;
 }
 
+// Tensor-parallel comparisons: the same work on any engine, teacher-forced logits over a
+// fixed continuation (so the positions compared are the same whatever each engine would
+// pick), then a free greedy run.
+struct Run {
+  std::vector<std::vector<float>> logits;  // teacher-forced rows
+  std::vector<int32_t> greedy;             // free-running greedy tokens
+};
+inline Run run_model(Engine& e) {
+  const int32_t vocab = e.spec().vocab;
+  Run out;
+  const auto prompt = prompt_of(40, 3, vocab);
+  const auto forced = prompt_of(30, 11, vocab);
+  out.logits = teacher_forced_logits(e, 1, prompt, forced);
+  out.greedy = greedy(e, 2, prompt_of(33, 5, vocab), 24);
+  return out;
+}
+
 // A decode schedule that moves between graph buckets: 3 sequences decode `steps` steps,
 // 2 more join (batch 5), then 2 leave (batch 3 again). Prompts of `prompt_len` tokens,
 // prefilled one sequence per step; every decode step asks for logits. `sampling` (seed

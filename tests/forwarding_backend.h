@@ -2,11 +2,13 @@
 // of a real backend: derive, override that op, call the inner backend for the rest.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "src/backends/backend.h"
+#include "src/backends/cpu/cpu_backend.h"
 
 namespace kvfuse::testing {
 
@@ -91,6 +93,18 @@ class ForwardingBackend : public Backend {
 
  private:
   std::unique_ptr<Backend> in_;
+};
+
+// The CPU backend, except that attention fails while `fail` is set: a device error in one
+// tensor-parallel rank in the middle of a step, after the ranks have met in collectives.
+class FailingAttentionBackend final : public ForwardingBackend {
+ public:
+  std::atomic<bool> fail{false};
+  FailingAttentionBackend() : ForwardingBackend(make_cpu_backend()) {}
+  absl::Status attention(const AttnArgs& a, AttentionPath p) override {
+    if (fail) return absl::InternalError("injected device failure");
+    return inner().attention(a, p);
+  }
 };
 
 }  // namespace kvfuse::testing

@@ -377,14 +377,20 @@ TEST_CASE("engine: tensor_parallel shapes are checked at start, with the whole s
   REQUIRE_FALSE(e.ok());
   CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(e.status().message()), ContainsSubstring("num_q_heads 4, num_kv_heads 2"));
-  // Across processes is refused with a message until it is served.
+  // Across processes (tests/test_tp_processes.cc): a rank whose rank 0 never comes says
+  // where it looked, once its rendezvous timeout has passed.
   j["tensor_parallel"] = 2;
   j["tp_rendezvous"] = "127.0.0.1:1";
+  j["tp_rank"] = 1;
+  j["tp_rendezvous_timeout_s"] = 1;
   cfg = config_from_json(j);
   REQUIRE(cfg.ok());
   e = Engine::create(*cfg);
-  CHECK(e.status().code() == absl::StatusCode::kUnimplemented);
-  CHECK_THAT(std::string(e.status().message()), ContainsSubstring("across processes"));
+  CHECK(e.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK_THAT(std::string(e.status().message()),
+             ContainsSubstring("tp rendezvous at 127.0.0.1:1: rank 1 of 2"));
+  j.erase("tp_rank");
+  j.erase("tp_rendezvous_timeout_s");
   // tensor_parallel 1 is the engine as before.
   j.erase("tp_rendezvous");
   j["tensor_parallel"] = 1;

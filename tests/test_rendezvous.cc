@@ -44,6 +44,15 @@ std::unique_ptr<RendezvousServer> listen_or_fail(int world, milliseconds timeout
   return std::move(*s);
 }
 
+// Rank 0 listening on a free port with a config fingerprint.
+std::unique_ptr<RendezvousServer> listen_with_fingerprint(int world, const std::string& fingerprint) {
+  RendezvousOptions o = opts(world, 0, 0);
+  o.fingerprint = fingerprint;
+  auto s = RendezvousServer::listen(o);
+  REQUIRE(s.ok());
+  return std::move(*s);
+}
+
 // A raw client that sends `bytes` and waits for the server to close.
 void stray_client(int port, const std::string& bytes) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -200,4 +209,52 @@ TEST_CASE("rendezvous: addresses and options are checked", "[parallel][rendezvou
   CHECK(rendezvous_join(opts(2, 2, 1234)).status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(rendezvous_join(opts(2, 1, 0)).status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(RendezvousServer::listen(opts(0, 0, 0)).status().code() == absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("rendezvous: a peer with another config fingerprint is refused, naming each key and both values",
+          "[parallel][rendezvous]") {
+  auto server = listen_with_fingerprint(2, "model=tiny\nnum_pages=64\npage_size=16");
+  RendezvousOptions peer = opts(2, 1, server->port());
+  peer.fingerprint = "model=llama3-8b\nnum_pages=64\npage_size=32";
+  absl::StatusOr<RendezvousId> got = absl::UnknownError("not run");
+  std::thread t([&] { got = rendezvous_join(peer); });
+  const absl::Status st = server->serve(make_id(5));
+  t.join();
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  const std::string msg(st.message());
+  CHECK_THAT(msg, ContainsSubstring("rank 1 has model=llama3-8b, rank 0 has model=tiny"));
+  CHECK_THAT(msg, ContainsSubstring("rank 1 has page_size=32, rank 0 has page_size=16"));
+  CHECK_THAT(msg, !ContainsSubstring("num_pages"));
+  CHECK_THAT(std::string(got.status().message()), ContainsSubstring("rank 1 has model=llama3-8b"));
+}
+
+TEST_CASE("rendezvous: serve_group and rendezvous_join_group keep each peer's connection open",
+          "[parallel][rendezvous]") {
+  auto server = listen_with_fingerprint(3, "model=tiny");
+  std::vector<absl::StatusOr<RendezvousMember>> got;
+  for (int i = 0; i < 2; ++i) got.emplace_back(absl::UnknownError("not run"));
+  std::vector<std::thread> peers;
+  for (int r = 1; r < 3; ++r) {
+    peers.emplace_back([&, r] {
+      RendezvousOptions o = opts(3, r, server->port());
+      o.fingerprint = "model=tiny";
+      got[size_t(r - 1)] = rendezvous_join_group(o);
+    });
+  }
+  auto fds = server->serve_group(make_id(6));
+  for (auto& t : peers) t.join();
+  REQUIRE(fds.ok());
+  REQUIRE(fds->size() == 3);
+  CHECK_FALSE((*fds)[0].valid());
+  for (int r = 1; r < 3; ++r) {
+    REQUIRE(got[size_t(r - 1)].ok());
+    CHECK(got[size_t(r - 1)]->id == make_id(6));
+    // Rank 0 writes to rank r's connection; rank r reads it on its end.
+    const uint8_t byte = uint8_t(40 + r);
+    REQUIRE(::send((*fds)[size_t(r)].get(), &byte, 1, MSG_NOSIGNAL) == 1);
+    uint8_t in = 0;
+    CHECK(net::recv_all(got[size_t(r - 1)]->leader.get(), &in, 1,
+                        net::Clock::now() + std::chrono::seconds(5)) == net::RecvResult::ok);
+    CHECK(in == byte);
+  }
 }

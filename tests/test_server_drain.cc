@@ -11,6 +11,7 @@
 #include <future>
 #include <sstream>
 
+#include "tests/free_port.h"
 #include "tests/test_server_util.h"
 
 extern char** environ;
@@ -22,7 +23,8 @@ namespace {
 
 class ServerProcess {
  public:
-  explicit ServerProcess(const std::vector<std::string>& extra) {
+  // `serves`: wait until it listens and serves (a tensor-parallel follower does neither).
+  explicit ServerProcess(const std::vector<std::string>& extra, bool serves = true) {
     char tmpl[] = "/tmp/kvfuse-server-test-XXXXXX";
     const int fd = mkstemp(tmpl);
     REQUIRE(fd >= 0);
@@ -62,6 +64,7 @@ class ServerProcess {
     REQUIRE(posix_spawn(&pid_, argv[0], &fa, &attr, argv.data(), environ) == 0);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
+    if (!serves) return;
 
     // Wait for "event=listening ... port=N" and the engine to be warm.
     const auto end = Clock::now() + std::chrono::seconds(30);
@@ -194,4 +197,34 @@ TEST_CASE("kvfuse-server: a second signal cuts the drain short, exit 0", "[serve
   const std::string log = p.log();
   INFO(log);
   CHECK(log.find("event=drain_done in_flight_left=2 cut_short=true") != std::string::npos);
+}
+
+TEST_CASE(
+    "kvfuse-server across processes: a follower process holds rank 1, and SIGTERM on rank 0 ends both with "
+    "exit 0",
+    "[server][drain][tp]") {
+  const int port = free_loopback_port();
+  const std::vector<std::string> group = {"--set", "tensor_parallel=2", "--set",
+                                          "tp_rendezvous=127.0.0.1:" + std::to_string(port)};
+  std::vector<std::string> rank1 = group;
+  rank1.insert(rank1.end(), {"--set", "tp_rank=1"});
+  ServerProcess follower(rank1, /*serves=*/false);
+  ServerProcess leader(group);
+  {
+    grpc::ClientContext ctx;
+    v1::GetInfoResponse info;
+    REQUIRE(leader.stub().GetInfo(&ctx, {}, &info).ok());
+    CHECK(info.tensor_parallel() == 2);
+  }
+  const StreamResult r = generate(leader.stub(), generate_request(test_prompt(0, 12), 16), 30);
+  CHECK(r.status.ok());
+  CHECK(r.tokens.size() == 16);
+  leader.signal(SIGTERM);
+  CHECK(leader.wait_exit(20) == 0);
+  CHECK(follower.wait_exit(20) == 0);
+  const std::string log = follower.log();
+  INFO(log);
+  CHECK(log.find("event=following rank=1 tensor_parallel=2") != std::string::npos);
+  CHECK(log.find("rank 0 shut the group down") != std::string::npos);
+  CHECK(log.find("event=listening") == std::string::npos);
 }

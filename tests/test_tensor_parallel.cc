@@ -44,37 +44,6 @@ nlohmann::json with(nlohmann::json j, const nlohmann::json& more) {
   return j;
 }
 
-struct Run {
-  std::vector<std::vector<float>> logits;  // teacher-forced rows
-  std::vector<int32_t> greedy;             // free-running greedy tokens
-};
-
-// The same work on any engine: teacher-forced logits over a fixed continuation (so the
-// positions compared are the same whatever each engine would pick), then a free greedy run.
-Run run_model(Engine& e) {
-  const int32_t vocab = e.spec().vocab;
-  Run out;
-  const auto prompt = prompt_of(40, 3, vocab);
-  const auto forced = prompt_of(30, 11, vocab);
-  out.logits = teacher_forced_logits(e, 1, prompt, forced);
-  out.greedy = greedy(e, 2, prompt_of(33, 5, vocab), 24);
-  return out;
-}
-
-
-
-// The CPU backend, except that attention fails while `fail` is set: a device error in
-// one rank in the middle of a step, after the ranks have met in collectives.
-class FailingBackend final : public ForwardingBackend {
- public:
-  std::atomic<bool> fail{false};
-  FailingBackend() : ForwardingBackend(make_cpu_backend()) {}
-  absl::Status attention(const AttnArgs& a, AttentionPath p) override {
-    if (fail) return absl::InternalError("injected device failure");
-    return inner().attention(a, p);
-  }
-};
-
 }  // namespace
 
 TEST_CASE("tensor parallel (cpu): a rank that fails mid-step aborts the group; nobody waits forever",
@@ -83,8 +52,8 @@ TEST_CASE("tensor parallel (cpu): a rank that fails mid-step aborts the group; n
                       {"tp_rendezvous_timeout_s", 600}};
   auto cfg = config_from_json(j);
   REQUIRE(cfg.ok());
-  auto owned = std::make_unique<FailingBackend>();
-  FailingBackend* rank0 = owned.get();
+  auto owned = std::make_unique<FailingAttentionBackend>();
+  FailingAttentionBackend* rank0 = owned.get();
   auto e = Engine::create(*cfg, std::move(owned));
   REQUIRE(e.ok());
   Engine& eng = **e;

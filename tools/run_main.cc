@@ -92,6 +92,15 @@ int main(int argc, char** argv) {
       kv_format_name(e.kv_format()), to_string(cfg->kv_write), to_string(cfg->attention), (long long)cfg->num_pages,
       cfg->page_size, e.num_ranks() > 1 ? " per rank" : "",
       kv_gib, init_ms);
+  if (e.is_follower()) {
+    // Rank 0's process runs the prompts; this one runs its steps' share until it is done.
+    std::printf("kvfuse-run: rank %d of %d follows rank 0 at %s\n", cfg->tp_rank, cfg->tensor_parallel,
+                cfg->tp_rendezvous.c_str());
+    std::fflush(stdout);
+    if (auto st = e.follow(); !st.ok()) return fail(st);
+    std::printf("kvfuse-run: rank 0 shut the group down\n");
+    return 0;
+  }
 
   auto ids = parse_int_list(prompt_ids);
   if (!ids.ok()) {

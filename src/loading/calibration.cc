@@ -34,6 +34,13 @@ absl::StatusOr<KvAmax> measure_kv_amax(Engine& engine, const std::vector<std::ve
   const int32_t L = engine.spec().num_layers;
   // Every rank's storage holds some of the heads (one storage at tensor_parallel 1).
   const int32_t ranks = engine.num_ranks();
+  if (engine.num_local_ranks() != ranks) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("calibration reads the KV pages of every rank, and ", ranks - engine.num_local_ranks(),
+                     " of the ", ranks,
+                     " ranks are in other processes: calibrate with every rank in one process "
+                     "(tp_rendezvous empty)"));
+  }
   // Stale data from earlier use would count as calibration data: clear the cache.
   for (int32_t r = 0; r < ranks; ++r) {
     Backend& be = engine.rank_backend(r);

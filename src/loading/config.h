@@ -51,12 +51,12 @@ struct Config {
   // A new sequence whose prompt starts with a live sequence's computed tokens shares its
   // full pages (no SWA layers; not with prompt logprobs).
   bool prefix_reuse = false;
-  // Tensor parallelism (src/parallel; docs in README "Tensor parallelism"). The sharded
-  // model is not served yet: an engine refuses tensor_parallel > 1 at start.
+  // Tensor parallelism (src/parallel; docs in README "Tensor parallelism"): the ranks in one
+  // process, or one rank per process with tp_rendezvous.
   int32_t tensor_parallel = 1;   // ranks in the group (the world size)
   std::vector<int32_t> devices;  // this process's GPU ordinals, one per rank it holds; empty: 0 .. n-1
   std::string tp_rendezvous;     // host:port of rank 0 when the group spans processes; empty: one process
-  int32_t tp_rank = 0;           // with tp_rendezvous: the first rank this process holds
+  int32_t tp_rank = 0;           // with tp_rendezvous: the rank this process holds
   int32_t tp_rendezvous_timeout_s = 120;
   // Ranks this process holds: len(devices), or tensor_parallel (one process) / 1 (rendezvous).
   int32_t tp_local_ranks() const;

@@ -1,19 +1,12 @@
 #include "src/parallel/rendezvous.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -24,55 +17,20 @@ namespace kvfuse {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using net::Clock;
+using net::get_u32;
+using net::put_u32;
+using net::recv_all;
+using net::RecvResult;
+using net::send_all;
+using net::UniqueFd;
 
 constexpr char kMagic[8] = {'K', 'V', 'F', 'U', 'S', 'E', 'T', 'P'};
-constexpr uint32_t kVersion = 1;
+// 2: the hello's last word is the length of a config fingerprint that follows it.
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHelloBytes = 24;
 constexpr size_t kReplyHeaderBytes = 20;
 constexpr uint32_t kMaxMessageBytes = 4096;
-
-void put_u32(uint8_t* p, uint32_t v) {
-  const uint32_t n = htonl(v);
-  std::memcpy(p, &n, 4);
-}
-uint32_t get_u32(const uint8_t* p) {
-  uint32_t n;
-  std::memcpy(&n, p, 4);
-  return ntohl(n);
-}
-
-int remaining_ms(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return int(std::clamp<int64_t>(left, 0, 1 << 30));
-}
-
-std::string errno_text(int err) { return std::strerror(err); }
-
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
-}
-
-// Writes all of data before the deadline (the socket may be non-blocking).
-bool send_all(int fd, const uint8_t* data, size_t n, Clock::time_point deadline) {
-  while (n > 0) {
-    const ssize_t w = ::send(fd, data, n, MSG_NOSIGNAL);
-    if (w > 0) {
-      data += w;
-      n -= size_t(w);
-      continue;
-    }
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLOUT, 0};
-      if (::poll(&p, 1, remaining_ms(deadline)) <= 0) return false;
-      continue;
-    }
-    return false;
-  }
-  return true;
-}
 
 std::vector<uint8_t> reply(absl::StatusCode code, const uint8_t* payload, uint32_t length) {
   std::vector<uint8_t> out(kReplyHeaderBytes + length);
@@ -89,34 +47,40 @@ std::vector<uint8_t> error_reply(const absl::Status& st) {
   return reply(st.code(), reinterpret_cast<const uint8_t*>(msg.data()), uint32_t(msg.size()));
 }
 
-std::string peer_name(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
-  if (ss.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
-    inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-    port = ntohs(a->sin_port);
-  } else if (ss.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
-    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-    port = ntohs(a->sin6_port);
+// "key=value" lines into key -> value (a line without '=' is its own key).
+std::map<std::string, std::string> fingerprint_entries(const std::string& text) {
+  std::map<std::string, std::string> out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(pos, end - pos);
+    const size_t eq = line.find('=');
+    if (!line.empty()) out[line.substr(0, eq)] = eq == std::string::npos ? "" : line.substr(eq + 1);
+    pos = end + 1;
   }
-  return absl::StrCat(host, ":", port);
+  return out;
 }
 
-absl::StatusOr<addrinfo*> resolve(const std::string& host, int port, bool passive, const std::string& address) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = passive ? AI_PASSIVE : 0;
-  addrinfo* res = nullptr;
-  const std::string port_text = std::to_string(port);
-  const int rc = ::getaddrinfo(host.empty() || host == "*" ? nullptr : host.c_str(), port_text.c_str(), &hints, &res);
-  if (rc != 0 || res == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tp rendezvous: cannot resolve '", address, "': ", ::gai_strerror(rc)));
+// "" when the fingerprints agree; otherwise each key that differs, with both values.
+std::string fingerprint_diff(const std::string& mine, const std::string& theirs, int rank) {
+  if (mine == theirs) return "";
+  const auto a = fingerprint_entries(mine), b = fingerprint_entries(theirs);
+  std::vector<std::string> diffs;
+  auto value = [](const std::map<std::string, std::string>& m, const std::string& k) {
+    auto it = m.find(k);
+    return it == m.end() ? std::string("(unset)") : absl::StrCat(k, "=", it->second);
+  };
+  std::map<std::string, int> keys;
+  for (const auto& [k, _] : a) keys[k] = 0;
+  for (const auto& [k, _] : b) keys[k] = 0;
+  for (const auto& [k, _] : keys) {
+    if (value(a, k) != value(b, k)) {
+      diffs.push_back(absl::StrCat("rank ", rank, " has ", value(b, k), ", rank 0 has ", value(a, k)));
+    }
   }
-  return res;
+  if (diffs.empty()) diffs.push_back("the fingerprints differ in their order");
+  return absl::StrJoin(diffs, "; ");
 }
 
 absl::Status check_options(const RendezvousOptions& o) {
@@ -166,44 +130,29 @@ absl::StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::listen(const
   if (auto st = check_options(options); !st.ok()) return st;
   auto hp = parse_host_port(options.address);
   if (!hp.ok()) return absl::InvalidArgumentError(absl::StrCat("tp rendezvous: ", hp.status().message()));
-  auto res = resolve(hp->first, hp->second, /*passive=*/true, options.address);
-  if (!res.ok()) return res.status();
-  std::string last_error = "no address";
-  int fd = -1;
-  for (addrinfo* ai = *res; ai != nullptr; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      last_error = errno_text(errno);
-      continue;
-    }
-    const int one = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, 128) == 0) break;
-    last_error = errno_text(errno);
-    close_fd(fd);
-  }
-  ::freeaddrinfo(*res);
-  if (fd < 0) {
-    return absl::UnavailableError(
-        absl::StrCat("tp rendezvous: rank 0 cannot listen on ", options.address, ": ", last_error));
-  }
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  const int port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                                : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  return std::unique_ptr<RendezvousServer>(new RendezvousServer(options, fd, port));
+  int port = 0;
+  auto fd = net::listen_tcp(hp->first, hp->second, absl::StrCat("tp rendezvous: rank 0 on ", options.address),
+                            &port);
+  if (!fd.ok()) return fd.status();
+  return std::unique_ptr<RendezvousServer>(new RendezvousServer(options, *std::move(fd), port));
 }
 
-RendezvousServer::~RendezvousServer() { close_fd(fd_); }
+RendezvousServer::~RendezvousServer() = default;
 
-absl::Status RendezvousServer::serve(const RendezvousId& id) {
+absl::Status RendezvousServer::serve(const RendezvousId& id) { return serve_impl(id, nullptr); }
+
+absl::StatusOr<std::vector<UniqueFd>> RendezvousServer::serve_group(const RendezvousId& id) {
+  std::vector<UniqueFd> keep;
+  if (auto st = serve_impl(id, &keep); !st.ok()) return st;
+  return keep;
+}
+
+absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<UniqueFd>* keep) {
   struct Conn {
-    int fd = -1;
+    UniqueFd fd;
     std::string peer;
-    std::vector<uint8_t> hello;
-    int rank = -1;  // once the hello is complete and valid
+    std::vector<uint8_t> hello;  // the 24 bytes, then the fingerprint
+    int rank = -1;               // once the hello is complete and valid
   };
   const RendezvousOptions& o = options_;
   const auto start = Clock::now();
@@ -214,14 +163,16 @@ absl::Status RendezvousServer::serve(const RendezvousId& id) {
 
   auto finish = [&](const std::vector<uint8_t>& message, bool only_arrived) {
     for (Conn& c : conns) {
-      if (c.fd < 0) continue;
-      if (!only_arrived || c.rank > 0) send_all(c.fd, message.data(), message.size(), deadline + std::chrono::seconds(1));
-      close_fd(c.fd);
+      if (!c.fd.valid()) continue;
+      if (!only_arrived || c.rank > 0) {
+        send_all(c.fd.get(), message.data(), message.size(), deadline + std::chrono::seconds(1));
+      }
+      c.fd.reset();
     }
   };
 
   while (int(arrived.size()) < o.world_size - 1) {
-    const int wait = remaining_ms(deadline);
+    const int wait = net::remaining_ms(deadline);
     if (wait == 0) {
       std::vector<int> have = {0}, missing;
       for (const auto& [r, _] : arrived) have.push_back(r);
@@ -235,47 +186,62 @@ absl::Status RendezvousServer::serve(const RendezvousId& id) {
       break;
     }
     std::vector<pollfd> fds;
-    fds.push_back({fd_, POLLIN, 0});
+    fds.push_back({fd_.get(), POLLIN, 0});
     std::vector<size_t> which;
     for (size_t i = 0; i < conns.size(); ++i) {
-      if (conns[i].fd >= 0 && conns[i].rank < 0) {
-        fds.push_back({conns[i].fd, POLLIN, 0});
+      if (conns[i].fd.valid() && conns[i].rank < 0) {
+        fds.push_back({conns[i].fd.get(), POLLIN, 0});
         which.push_back(i);
       }
     }
     const int n = ::poll(fds.data(), fds.size(), wait);
     if (n < 0 && errno != EINTR) {
-      failure = absl::InternalError(absl::StrCat("tp rendezvous at ", o.address, ": poll: ", errno_text(errno)));
+      failure = absl::InternalError(
+          absl::StrCat("tp rendezvous at ", o.address, ": poll: ", net::errno_text(errno)));
       break;
     }
     if (n <= 0) continue;
     if (fds[0].revents & POLLIN) {
       sockaddr_storage ss{};
       socklen_t len = sizeof ss;
-      const int cfd = ::accept4(fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (cfd >= 0) conns.push_back(Conn{cfd, peer_name(ss), {}, -1});
+      const int cfd =
+          ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (cfd >= 0) conns.push_back(Conn{UniqueFd(cfd), net::peer_name(ss), {}, -1});
     }
     for (size_t k = 1; k < fds.size() && failure.ok(); ++k) {
       if (fds[k].revents == 0) continue;
       Conn& c = conns[which[k - 1]];
-      uint8_t buf[kHelloBytes];
-      const ssize_t r = ::recv(c.fd, buf, kHelloBytes - c.hello.size(), 0);
+      // The fixed part first, then the fingerprint whose length it gives.
+      const size_t want = c.hello.size() < kHelloBytes
+                              ? kHelloBytes
+                              : kHelloBytes + std::min(get_u32(c.hello.data() + 20), kMaxMessageBytes);
+      uint8_t buf[kHelloBytes + kMaxMessageBytes];
+      const ssize_t r = ::recv(c.fd.get(), buf, want - c.hello.size(), 0);
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
       if (r <= 0) {  // closed before its hello was complete: forget it
-        close_fd(c.fd);
+        c.fd.reset();
         continue;
       }
       c.hello.insert(c.hello.end(), buf, buf + r);
       // The magic is checked as soon as its bytes are in: a stray client goes at once.
       if (std::memcmp(c.hello.data(), kMagic, std::min<size_t>(8, c.hello.size())) != 0) {
-        close_fd(c.fd);
+        c.fd.reset();
         continue;
       }
       if (c.hello.size() < kHelloBytes) continue;
       const uint32_t version = get_u32(c.hello.data() + 8);
       const uint32_t world = get_u32(c.hello.data() + 12);
       const uint32_t rank = get_u32(c.hello.data() + 16);
+      const uint32_t fp_length = get_u32(c.hello.data() + 20);
+      // A version-1 peer has no fingerprint: its version is what it is told about.
+      if (version == kVersion && fp_length <= kMaxMessageBytes && c.hello.size() < kHelloBytes + fp_length)
+        continue;
       const std::string who = absl::StrCat("a peer at ", c.peer);
+      const std::string diff =
+          version == kVersion && fp_length <= kMaxMessageBytes
+              ? fingerprint_diff(o.fingerprint, std::string(c.hello.begin() + kHelloBytes, c.hello.end()),
+                                 int(rank))
+              : "";
       if (version != kVersion) {
         failure = absl::FailedPreconditionError(absl::StrCat("tp rendezvous at ", o.address, ": ", who,
                                                              " speaks protocol version ", version, ", rank 0 speaks ",
@@ -287,10 +253,17 @@ absl::Status RendezvousServer::serve(const RendezvousId& id) {
         failure = absl::InvalidArgumentError(absl::StrCat("tp rendezvous at ", o.address, ": ", who,
                                                           " announced rank ", rank, ", outside [1, ", o.world_size,
                                                           ")"));
+      } else if (fp_length > kMaxMessageBytes) {
+        failure =
+            absl::InvalidArgumentError(absl::StrCat("tp rendezvous at ", o.address, ": ", who,
+                                                    " sent a config fingerprint of ", fp_length, " bytes"));
       } else if (auto it = arrived.find(int(rank)); it != arrived.end()) {
         failure = absl::AlreadyExistsError(absl::StrCat("tp rendezvous at ", o.address, ": rank ", rank,
                                                         " arrived twice (from ", conns[it->second].peer, " and ",
                                                         c.peer, ")"));
+      } else if (!diff.empty()) {
+        failure = absl::InvalidArgumentError(absl::StrCat("tp rendezvous at ", o.address, ": rank ", rank,
+                                                          " (", who, ") has another config: ", diff));
       } else {
         c.rank = int(rank);
         arrived[int(rank)] = which[k - 1];
@@ -298,8 +271,8 @@ absl::Status RendezvousServer::serve(const RendezvousId& id) {
       if (!failure.ok()) {
         // The offending peer hears it too, even though it never became a rank.
         const auto msg = error_reply(failure);
-        send_all(c.fd, msg.data(), msg.size(), deadline + std::chrono::seconds(1));
-        close_fd(c.fd);
+        send_all(c.fd.get(), msg.data(), msg.size(), deadline + std::chrono::seconds(1));
+        c.fd.reset();
       }
     }
     if (!failure.ok()) break;
@@ -312,9 +285,16 @@ absl::Status RendezvousServer::serve(const RendezvousId& id) {
   const auto ok = reply(absl::StatusCode::kOk, id.data(), uint32_t(id.size()));
   for (auto& [r, i] : arrived) {
     Conn& c = conns[i];
-    if (!send_all(c.fd, ok.data(), ok.size(), Clock::now() + o.timeout)) {
+    if (!send_all(c.fd.get(), ok.data(), ok.size(), Clock::now() + o.timeout)) {
       failure = absl::UnavailableError(
           absl::StrCat("tp rendezvous at ", o.address, ": sending the id to rank ", r, " (", c.peer, ") failed"));
+    }
+  }
+  if (failure.ok() && keep != nullptr) {
+    keep->resize(size_t(o.world_size));
+    for (auto& [r, i] : arrived) {
+      net::tune_connection(conns[i].fd.get());
+      (*keep)[size_t(r)] = std::move(conns[i].fd);
     }
   }
   finish({}, /*only_arrived=*/false);  // closes whatever is left (strays included)
@@ -323,60 +303,19 @@ absl::Status RendezvousServer::serve(const RendezvousId& id) {
 
 // --- ranks >= 1 -----------------------------------------------------------------------
 
-namespace {
-
-// One connection attempt before the deadline: the fd, or -1 and the reason.
-int connect_once(const addrinfo* ai, Clock::time_point deadline, std::string& error) {
-  int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-  if (fd < 0) {
-    error = errno_text(errno);
-    return -1;
-  }
-  if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) return fd;
-  if (errno != EINPROGRESS) {
-    error = errno_text(errno);
-    close_fd(fd);
-    return -1;
-  }
-  pollfd p{fd, POLLOUT, 0};
-  if (::poll(&p, 1, remaining_ms(deadline)) <= 0) {
-    error = "connect timed out";
-    close_fd(fd);
-    return -1;
-  }
-  int err = 0;
-  socklen_t len = sizeof err;
-  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-  if (err != 0) {
-    error = errno_text(err);
-    close_fd(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Reads exactly n bytes before the deadline. 0: done, 1: timeout, 2: closed or error.
-int recv_all(int fd, uint8_t* data, size_t n, Clock::time_point deadline) {
-  while (n > 0) {
-    pollfd p{fd, POLLIN, 0};
-    const int rc = ::poll(&p, 1, remaining_ms(deadline));
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc == 0) return 1;
-    if (rc < 0) return 2;
-    const ssize_t r = ::recv(fd, data, n, 0);
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
-    if (r <= 0) return 2;
-    data += r;
-    n -= size_t(r);
-  }
-  return 0;
-}
-
-}  // namespace
-
 absl::StatusOr<RendezvousId> rendezvous_join(const RendezvousOptions& o) {
+  auto m = rendezvous_join_group(o);
+  if (!m.ok()) return m.status();
+  return m->id;
+}
+
+absl::StatusOr<RendezvousMember> rendezvous_join_group(const RendezvousOptions& o) {
   if (auto st = check_options(o); !st.ok()) return st;
   if (o.rank == 0) return absl::InvalidArgumentError("tp rendezvous: rank 0 serves, it does not join");
+  if (o.fingerprint.size() > kMaxMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("tp rendezvous: a fingerprint of ", o.fingerprint.size(),
+                                                   " bytes is over ", kMaxMessageBytes));
+  }
   auto hp = parse_host_port(o.address);
   if (!hp.ok()) return absl::InvalidArgumentError(absl::StrCat("tp rendezvous: ", hp.status().message()));
   if (hp->second == 0) return absl::InvalidArgumentError(absl::StrCat("tp rendezvous: '", o.address, "' has port 0"));
@@ -384,59 +323,41 @@ absl::StatusOr<RendezvousId> rendezvous_join(const RendezvousOptions& o) {
   const std::string me = absl::StrCat("tp rendezvous at ", o.address, ": rank ", o.rank, " of ", o.world_size);
 
   // Connect, retrying while rank 0 is not listening yet.
-  int fd = -1;
-  std::string last_error;
-  while (fd < 0) {
-    auto res = resolve(hp->first, hp->second, /*passive=*/false, o.address);
-    if (res.ok()) {
-      for (addrinfo* ai = *res; ai != nullptr && fd < 0; ai = ai->ai_next) fd = connect_once(ai, deadline, last_error);
-      ::freeaddrinfo(*res);
-    } else {
-      last_error = std::string(res.status().message());
-    }
-    if (fd >= 0) break;
-    if (remaining_ms(deadline) == 0) {
-      return absl::DeadlineExceededError(absl::StrCat(me, " could not reach rank 0 in ", o.timeout.count(),
-                                                      " ms (last error: ", last_error, ")"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, remaining_ms(deadline))));
-  }
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  auto conn = net::connect_tcp(hp->first, hp->second, deadline,
+                               absl::StrCat(me, " could not reach rank 0 in ", o.timeout.count(), " ms"));
+  if (!conn.ok()) return conn.status();
+  UniqueFd fd = *std::move(conn);
 
-  uint8_t hello[kHelloBytes] = {};
-  std::memcpy(hello, kMagic, 8);
-  put_u32(hello + 8, kVersion);
-  put_u32(hello + 12, uint32_t(o.world_size));
-  put_u32(hello + 16, uint32_t(o.rank));
-  if (!send_all(fd, hello, sizeof hello, deadline)) {
-    close_fd(fd);
+  std::vector<uint8_t> hello(kHelloBytes + o.fingerprint.size());
+  std::memcpy(hello.data(), kMagic, 8);
+  put_u32(hello.data() + 8, kVersion);
+  put_u32(hello.data() + 12, uint32_t(o.world_size));
+  put_u32(hello.data() + 16, uint32_t(o.rank));
+  put_u32(hello.data() + 20, uint32_t(o.fingerprint.size()));
+  std::memcpy(hello.data() + kHelloBytes, o.fingerprint.data(), o.fingerprint.size());
+  if (!send_all(fd.get(), hello.data(), hello.size(), deadline)) {
     return absl::UnavailableError(absl::StrCat(me, ": sending the hello failed"));
   }
   uint8_t header[kReplyHeaderBytes];
-  const int rc = recv_all(fd, header, sizeof header, deadline);
-  if (rc != 0) {
-    close_fd(fd);
-    return rc == 1 ? absl::DeadlineExceededError(absl::StrCat(me, ": connected, but rank 0 did not answer in ",
-                                                              o.timeout.count(), " ms (are all ranks started?)"))
-                   : absl::UnavailableError(absl::StrCat(me, ": rank 0 closed the connection without an answer"));
+  const RecvResult rc = recv_all(fd.get(), header, sizeof header, deadline);
+  if (rc != RecvResult::ok) {
+    return rc == RecvResult::timeout
+               ? absl::DeadlineExceededError(absl::StrCat(me, ": connected, but rank 0 did not answer in ",
+                                                          o.timeout.count(), " ms (are all ranks started?)"))
+               : absl::UnavailableError(absl::StrCat(me, ": rank 0 closed the connection without an answer"));
   }
   if (std::memcmp(header, kMagic, 8) != 0) {
-    close_fd(fd);
     return absl::FailedPreconditionError(absl::StrCat(me, ": what listens there is not a kvfuse rendezvous"));
   }
   const uint32_t version = get_u32(header + 8), code = get_u32(header + 12), length = get_u32(header + 16);
-  if (version != kVersion || length > kMaxMessageBytes) {
-    close_fd(fd);
+  if (length > kMaxMessageBytes || (version != kVersion && code == 0)) {
     return absl::FailedPreconditionError(
         absl::StrCat(me, ": rank 0 answers with protocol version ", version, ", this rank speaks ", kVersion));
   }
   std::vector<uint8_t> payload(length);
-  if (length > 0 && recv_all(fd, payload.data(), length, deadline) != 0) {
-    close_fd(fd);
+  if (length > 0 && recv_all(fd.get(), payload.data(), length, deadline) != RecvResult::ok) {
     return absl::UnavailableError(absl::StrCat(me, ": rank 0's answer was cut short"));
   }
-  close_fd(fd);
   if (code != 0) {
     const auto status_code = code <= 16 ? absl::StatusCode(code) : absl::StatusCode::kUnknown;
     return absl::Status(status_code, absl::StrCat("rank 0 refused the group: ",
@@ -445,9 +366,11 @@ absl::StatusOr<RendezvousId> rendezvous_join(const RendezvousOptions& o) {
   if (length != kRendezvousIdBytes) {
     return absl::FailedPreconditionError(absl::StrCat(me, ": rank 0 sent an id of ", length, " bytes"));
   }
-  RendezvousId id;
-  std::memcpy(id.data(), payload.data(), id.size());
-  return id;
+  RendezvousMember m;
+  std::memcpy(m.id.data(), payload.data(), m.id.size());
+  net::tune_connection(fd.get());
+  m.leader = std::move(fd);
+  return m;
 }
 
 absl::StatusOr<RendezvousId> rendezvous(const RendezvousOptions& options,

@@ -6,12 +6,19 @@
 // with one message instead of hanging in NCCL. Plain POSIX sockets, one thread.
 //
 // Wire format (integers big-endian):
-//   hello, peer -> rank 0:  "KVFUSETP" u32 version u32 world_size u32 rank u32 0
+//   hello, peer -> rank 0:  "KVFUSETP" u32 version u32 world_size u32 rank u32 length,
+//                           fingerprint (length bytes)
 //   reply, rank 0 -> peer:  "KVFUSETP" u32 version u32 code u32 length, payload
 // code 0 (OK) carries the id; any other code is an absl::StatusCode with its message.
 // A connection that does not open with the magic (a port scanner, a stray client) is
 // closed and ignored; a peer that announces another version, another world size, a rank
-// outside [1, world_size) or a rank that already arrived fails the whole rendezvous.
+// outside [1, world_size), a rank that already arrived or another config fingerprint fails
+// the whole rendezvous.
+//
+// The fingerprint is what the ranks must agree on, as "key=value" lines (the engine sends
+// its model's shape, the pool's geometry, the KV dtype...); a mismatch names each key
+// with both values. serve_group/rendezvous_join_group keep the connections open
+// afterwards: the engine's rank 0 sends its commands to the other ranks over them.
 #pragma once
 
 #include <array>
@@ -21,8 +28,10 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "src/parallel/socket_io.h"
 
 namespace kvfuse {
 
@@ -36,6 +45,9 @@ struct RendezvousOptions {
   // How long rank 0 waits for all peers, and a peer for rank 0 (retrying while it is not
   // listening yet) and its answer.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+  // "key=value" lines every rank must have the same (at most 4096 bytes); "" checks nothing
+  // beyond the world size, as long as every rank sends "".
+  std::string fingerprint;
 };
 
 // "host:port" or "[v6 address]:port", port in [0, 65535]. INVALID_ARGUMENT otherwise.
@@ -55,18 +67,28 @@ class RendezvousServer {
   // Waits for every peer, then sends each the id. DEADLINE_EXCEEDED naming the address and
   // the ranks that arrived when the timeout passes first; the peers' own errors otherwise.
   absl::Status serve(const RendezvousId& id);
+  // The same, keeping each peer's connection open: element r is rank r's (element 0 is
+  // empty). The peers' ends are what rendezvous_join_group returns.
+  absl::StatusOr<std::vector<net::UniqueFd>> serve_group(const RendezvousId& id);
 
  private:
-  RendezvousServer(RendezvousOptions options, int fd, int port)
-      : options_(std::move(options)), fd_(fd), port_(port) {}
+  absl::Status serve_impl(const RendezvousId& id, std::vector<net::UniqueFd>* keep);
+  RendezvousServer(RendezvousOptions options, net::UniqueFd fd, int port)
+      : options_(std::move(options)), fd_(std::move(fd)), port_(port) {}
   RendezvousOptions options_;
-  int fd_ = -1;
+  net::UniqueFd fd_;
   int port_ = 0;
 };
 
 // A peer's side (rank >= 1): connects to rank 0 (retrying until the timeout while nothing
 // listens there), announces itself and returns the id.
 absl::StatusOr<RendezvousId> rendezvous_join(const RendezvousOptions& options);
+// The same, keeping the connection to rank 0 open.
+struct RendezvousMember {
+  RendezvousId id;
+  net::UniqueFd leader;
+};
+absl::StatusOr<RendezvousMember> rendezvous_join_group(const RendezvousOptions& options);
 
 // Either side, by options.rank: rank 0 listens, calls make_id and serves it; the others join.
 absl::StatusOr<RendezvousId> rendezvous(const RendezvousOptions& options,

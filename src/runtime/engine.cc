@@ -14,6 +14,8 @@
 #include "src/loading/checkpoint.h"
 #include "src/loading/kv_scales.h"
 #include "src/parallel/cpu_communicator.h"
+#include "src/runtime/rank_commands.h"
+#include "src/runtime/rank_links.h"
 #include "src/runtime/rank_thread.h"
 #if defined(KVFUSE_HAVE_GPU)
 #include "src/parallel/nccl_communicator.h"
@@ -72,6 +74,11 @@ struct Engine::Rank {
 Engine::Engine(Config cfg, std::unique_ptr<Backend> backend) : cfg_(std::move(cfg)), backend_(std::move(backend)) {}
 
 Engine::~Engine() {
+  // Across processes: the followers exit cleanly (and no watcher uses the communicator
+  // any more once the links are gone).
+  if (follower_links_) follower_links_->shutdown();
+  follower_links_.reset();
+  leader_link_.reset();
   // Each rank's objects are released on its own thread (its device current), runners and
   // models before the communicators and backends they use; then the threads stop.
   for (auto& rp : ranks_) {
@@ -93,8 +100,8 @@ Engine::~Engine() {
   comm_.reset();
 }
 
-Backend& Engine::rank_backend(int32_t rank) {
-  return rank == 0 ? *backend_ : *ranks_[size_t(rank - 1)]->backend;
+Backend& Engine::rank_backend(int32_t local_rank) {
+  return local_rank == 0 ? *backend_ : *ranks_[size_t(local_rank - 1)]->backend;
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg) {
@@ -106,7 +113,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg) {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg, std::unique_ptr<Backend> backend) {
   std::unique_ptr<Engine> e(new Engine(cfg, std::move(backend)));
   const absl::Status st = e->init();
-  if (!st.ok()) return st;
+  if (!st.ok()) {
+    // Followers that already joined see their connection close, not a clean shutdown.
+    e->follower_links_.reset();
+    return st;
+  }
   return e;
 }
 
@@ -117,10 +128,11 @@ absl::Status Engine::init() {
   const size_t L = size_t(s.num_layers);
   if (cfg_.tensor_parallel > 1) {
     KVFUSE_RETURN_IF_ERROR(check_tensor_parallel(s, cfg_.tensor_parallel));
-    if (!cfg_.tp_rendezvous.empty()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "tensor_parallel ", cfg_.tensor_parallel, " across processes (tp_rendezvous ", cfg_.tp_rendezvous,
-          ") is not served yet: one process holds every rank; leave tp_rendezvous empty"));
+    if (!cfg_.tp_rendezvous.empty() && cfg_.tp_local_ranks() != 1) {
+      return absl::UnimplementedError(
+          absl::StrCat("across processes (tp_rendezvous ", cfg_.tp_rendezvous,
+                       ") a process holds one rank, and devices lists ", cfg_.tp_local_ranks(),
+                       " GPUs: start one process per GPU, each with its tp_rank and one device"));
     }
   }
   if (backend_->device() == Device::cpu) {
@@ -167,7 +179,7 @@ absl::Status Engine::init() {
   const std::unique_ptr<HostWeightSource> weights =
       ckpt ? ckpt->weights() : make_synthetic_weights(s, cfg_.seed);
   if (cfg_.tensor_parallel > 1) {
-    KVFUSE_RETURN_IF_ERROR(init_ranks(s, pc));
+    KVFUSE_RETURN_IF_ERROR(cfg_.tp_rendezvous.empty() ? init_ranks(s, pc) : init_process_group(s, pc));
     return load_weights(*weights);
   }
   auto pool = KvPool::create(*backend_, pc);
@@ -185,15 +197,13 @@ absl::Status Engine::init() {
 
 absl::Status Engine::for_each_rank(const std::function<absl::Status(int32_t)>& f, bool abort_on_error) {
   if (!group_failed_.ok()) return group_failed_;
-  auto abort_group = [this] {
-    if (comm_) comm_->abort();
-    for (auto& r : ranks_) {
-      if (r->comm) r->comm->abort();
-    }
-  };
+  if (follower_links_) {
+    // A follower that failed between steps (its report, or its closed connection).
+    if (absl::Status st = follower_links_->failure(); !st.ok()) return fail_group(st);
+  }
   auto run = [&](int32_t rank) -> absl::Status {
     absl::Status st = f(rank);
-    if (!st.ok() && abort_on_error) abort_group();  // at once: the others may wait on this rank
+    if (!st.ok() && abort_on_error) abort_communicators();  // at once: the others may wait on this rank
     return st;
   };
   std::vector<std::future<absl::Status>> done;
@@ -208,24 +218,50 @@ absl::Status Engine::for_each_rank(const std::function<absl::Status(int32_t)>& f
     if (first.ok() && !st.ok()) first = absl::Status(st.code(), absl::StrCat("rank ", i + 1, ": ", st.message()));
   }
   if (!first.ok() && abort_on_error) {
-    group_failed_ = absl::FailedPreconditionError(absl::StrCat(
-        "the tensor-parallel group was aborted after a rank failed mid-step (", first.message(),
-        "); restart the engine"));
+    if (follower_links_) {
+      // This rank's error may only be the echo of another process's (a collective whose
+      // peer closed): that process's own report says why, and follows within moments.
+      if (absl::Status why = follower_links_->wait_failure(std::chrono::seconds(2)); !why.ok()) {
+        first = absl::Status(first.code(), absl::StrCat(first.message(), "; ", why.message()));
+      }
+    }
+    (void)fail_group(first);
   }
   return first;
 }
 
+void Engine::abort_communicators() {
+  if (comm_) comm_->abort();
+  for (auto& r : ranks_) {
+    if (r->comm) r->comm->abort();
+  }
+}
+
+absl::Status Engine::fail_group(absl::Status cause) {
+  abort_communicators();
+  if (group_failed_.ok()) {
+    group_failed_ = absl::FailedPreconditionError(
+        absl::StrCat("the tensor-parallel group was aborted after a rank failed mid-step (", cause.message(),
+                     "); restart the engine"));
+  }
+  return cause;
+}
+
+absl::StatusOr<TensorParallelShard> Engine::rank_shard(const ModelSpec& s, KvFormat format) const {
+  auto shard = tensor_parallel_shard(s, cfg_.tensor_parallel);
+  if (!shard.ok()) return shard.status();
+  // The kernels see one rank's heads: check that shape too.
+  ModelSpec per_rank = s;
+  per_rank.num_q_heads = shard->num_q_heads;
+  per_rank.num_kv_heads = shard->num_kv_heads;
+  KVFUSE_RETURN_IF_ERROR(backend_->check_supported(per_rank, format));
+  return shard;
+}
+
 absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
   const int32_t tp = cfg_.tensor_parallel;
-  auto shard = tensor_parallel_shard(s, tp);
+  auto shard = rank_shard(s, pc.format);
   if (!shard.ok()) return shard.status();
-  {
-    // The kernels see one rank's heads: check that shape too.
-    ModelSpec per_rank = s;
-    per_rank.num_q_heads = shard->num_q_heads;
-    per_rank.num_kv_heads = shard->num_kv_heads;
-    KVFUSE_RETURN_IF_ERROR(backend_->check_supported(per_rank, pc.format));
-  }
   for (int32_t r = 1; r < tp; ++r) ranks_.push_back(std::make_unique<Rank>());
   // Every rank's backend on its own thread, so that a GPU rank's device is current there.
   for (int32_t r = 1; r < tp; ++r) {
@@ -313,7 +349,7 @@ absl::Status Engine::load_weights(HostWeightSource& weights) {
     KVFUSE_RETURN_IF_ERROR(weights.layer(l, h));
     KVFUSE_RETURN_IF_ERROR(for_each_rank([&](int32_t r) { return model_of(r).load_layer(l, h); }, false));
   }
-  std::vector<std::unique_ptr<ModelRunner>> runners(static_cast<size_t>(num_ranks()));
+  std::vector<std::unique_ptr<ModelRunner>> runners(static_cast<size_t>(num_local_ranks()));
   KVFUSE_RETURN_IF_ERROR(for_each_rank(
       [&](int32_t r) -> absl::Status {
         auto runner = ModelRunner::create(rank_backend(r), model_of(r), model_limits(cfg_));
@@ -328,55 +364,65 @@ absl::Status Engine::load_weights(HostWeightSource& weights) {
 }
 
 absl::StatusOr<double> Engine::collectives_ms(int32_t tokens, int reps) {
-  if (ranks_.empty()) return absl::FailedPreconditionError("collectives_ms: tensor_parallel is 1");
+  if (num_ranks() == 1) return absl::FailedPreconditionError("collectives_ms: tensor_parallel is 1");
+  if (is_follower()) return absl::FailedPreconditionError("collectives_ms: rank 0's process runs it");
   if (tokens < 1 || reps < 1) return absl::InvalidArgumentError("collectives_ms: tokens and reps must be >= 1");
-  const ModelSpec& s = model_->spec();
-  const int64_t vocab_shard = model_->dims().vocab;
-  std::vector<double> ms(static_cast<size_t>(num_ranks()), 0.0);
-  KVFUSE_RETURN_IF_ERROR(for_each_rank(
-      [&](int32_t r) -> absl::Status {
-        Backend& be = rank_backend(r);
-        Communicator& comm = r == 0 ? *comm_ : *ranks_[size_t(r - 1)]->comm;
-        auto act = be.alloc(size_t(tokens) * size_t(s.hidden) * 2);
-        auto shard = be.alloc(size_t(tokens) * size_t(vocab_shard) * 4);
-        auto gathered = be.alloc(size_t(tokens) * size_t(vocab_shard) * 4 * size_t(comm.size()));
-        for (auto* b : {&act, &shard, &gathered}) {
-          if (!b->ok()) return b->status();
-        }
-        KVFUSE_RETURN_IF_ERROR(be.memset(act->get(), 0, act->bytes()));
-        KVFUSE_RETURN_IF_ERROR(be.memset(shard->get(), 0, shard->bytes()));
-        auto step = [&]() -> absl::Status {
-          for (int32_t l = 0; l < 2 * s.num_layers; ++l) {
-            KVFUSE_RETURN_IF_ERROR(comm.all_reduce_sum(act->get(), int64_t(tokens) * s.hidden, DType::bf16));
-          }
-          return comm.all_gather(shard->get(), gathered->get(), int64_t(tokens) * vocab_shard, DType::f32);
-        };
-        KVFUSE_RETURN_IF_ERROR(step());  // warm-up (and NCCL's lazy setup) outside the capture
-        std::unique_ptr<BackendGraph> graph;
-        if (be.supports_graphs()) {
-          KVFUSE_RETURN_IF_ERROR(be.synchronize());
-          KVFUSE_RETURN_IF_ERROR(be.begin_capture());
-          const absl::Status recorded = step();
-          auto g = be.end_capture();
-          if (!recorded.ok()) return recorded;
-          if (!g.ok()) return g.status();
-          graph = std::move(*g);
-          KVFUSE_RETURN_IF_ERROR(graph->replay());
-        }
-        KVFUSE_RETURN_IF_ERROR(be.synchronize());
-        KVFUSE_RETURN_IF_ERROR(comm.barrier());
-        const auto t0 = Clock::now();
-        for (int i = 0; i < reps; ++i) KVFUSE_RETURN_IF_ERROR(graph ? graph->replay() : step());
-        KVFUSE_RETURN_IF_ERROR(be.synchronize());
-        ms[size_t(r)] = ms_since(t0) / reps;
-        return absl::OkStatus();
-      },
-      true));
+  if (follower_links_) {
+    KVFUSE_RETURN_IF_ERROR(post_to_followers(RankCommand::collectives, encode_collectives(tokens, reps)));
+  }
+  std::vector<double> ms(static_cast<size_t>(num_local_ranks()), 0.0);
+  KVFUSE_RETURN_IF_ERROR(
+      for_each_rank([&](int32_t r) { return run_collectives(r, tokens, reps, ms[size_t(r)]); }, true));
   return ms[0];
 }
 
+absl::Status Engine::run_collectives(int32_t r, int32_t tokens, int reps, double& ms) {
+  const ModelSpec& s = model_->spec();
+  const int64_t vocab_shard = model_->dims().vocab;
+  Backend& be = rank_backend(r);
+  Communicator& comm = r == 0 ? *comm_ : *ranks_[size_t(r - 1)]->comm;
+  auto act = be.alloc(size_t(tokens) * size_t(s.hidden) * 2);
+  auto shard = be.alloc(size_t(tokens) * size_t(vocab_shard) * 4);
+  auto gathered = be.alloc(size_t(tokens) * size_t(vocab_shard) * 4 * size_t(comm.size()));
+  for (auto* b : {&act, &shard, &gathered}) {
+    if (!b->ok()) return b->status();
+  }
+  KVFUSE_RETURN_IF_ERROR(be.memset(act->get(), 0, act->bytes()));
+  KVFUSE_RETURN_IF_ERROR(be.memset(shard->get(), 0, shard->bytes()));
+  auto step = [&]() -> absl::Status {
+    for (int32_t l = 0; l < 2 * s.num_layers; ++l) {
+      KVFUSE_RETURN_IF_ERROR(comm.all_reduce_sum(act->get(), int64_t(tokens) * s.hidden, DType::bf16));
+    }
+    return comm.all_gather(shard->get(), gathered->get(), int64_t(tokens) * vocab_shard, DType::f32);
+  };
+  KVFUSE_RETURN_IF_ERROR(step());  // warm-up (and NCCL's lazy setup) outside the capture
+  std::unique_ptr<BackendGraph> graph;
+  if (be.supports_graphs()) {
+    KVFUSE_RETURN_IF_ERROR(be.synchronize());
+    KVFUSE_RETURN_IF_ERROR(be.begin_capture());
+    const absl::Status recorded = step();
+    auto g = be.end_capture();
+    if (!recorded.ok()) return recorded;
+    if (!g.ok()) return g.status();
+    graph = std::move(*g);
+    KVFUSE_RETURN_IF_ERROR(graph->replay());
+  }
+  KVFUSE_RETURN_IF_ERROR(be.synchronize());
+  KVFUSE_RETURN_IF_ERROR(comm.barrier());
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) KVFUSE_RETURN_IF_ERROR(graph ? graph->replay() : step());
+  KVFUSE_RETURN_IF_ERROR(be.synchronize());
+  ms = ms_since(t0) / reps;
+  return absl::OkStatus();
+}
+
 absl::Status Engine::forward(const ForwardOptions& opts) {
-  if (ranks_.empty()) return runner_->run(batch_, *pool_, opts, fwd_);
+  if (ranks_.empty() && !follower_links_) return runner_->run(batch_, *pool_, opts, fwd_);
+  if (follower_links_) {
+    // Sent before this rank starts: every process runs the step at once.
+    KVFUSE_RETURN_IF_ERROR(
+        post_to_followers(RankCommand::forward, encode_forward(batch_, opts, pool_->take_swa_changes())));
+  }
   // Every rank runs the same batch; rank 0's result has the tokens.
   return for_each_rank(
       [&](int32_t r) {
@@ -472,6 +518,10 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
 
 absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items,
                                                      const ForwardOptions& opts) {
+  if (is_follower()) {
+    return absl::FailedPreconditionError("step: this process follows rank 0, whose engine runs the steps");
+  }
+  if (!group_failed_.ok()) return group_failed_;  // a rank failed earlier: nothing runs any more
   const auto t0 = Clock::now();
   timings_ = StepTimings{};
   KVFUSE_RETURN_IF_ERROR(check_items(items));
@@ -661,6 +711,7 @@ void Engine::apply_results(const std::vector<StepItem>& items, const std::vector
 }
 
 absl::StatusOr<int> Engine::warm_up_decode_graphs() {
+  if (is_follower()) return absl::FailedPreconditionError("warm_up_decode_graphs: rank 0's process runs it");
   if (cfg_.graphs != GraphsMode::on || !backend_->supports_graphs()) return 0;
   const int32_t limit = std::min<int32_t>(cfg_.max_running_seqs, cfg_.max_batch_tokens);
   std::vector<int32_t> buckets;

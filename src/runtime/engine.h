@@ -22,6 +22,10 @@
 
 namespace kvfuse {
 
+class FollowerLinks;
+class LeaderLink;
+enum class RankCommand : uint32_t;
+
 struct SequenceState {
   SeqId id = 0;
   std::vector<int32_t> tokens;  // prompt, then generated tokens
@@ -94,12 +98,25 @@ class Engine {
 
   const Config& config() const { return cfg_; }
   const ModelSpec& spec() const { return model_->spec(); }
-  // Rank 0's backend (the only one at tensor_parallel 1).
+  // This process's first rank's backend (the only one at tensor_parallel 1).
   Backend& backend() { return *backend_; }
-  // Tensor parallelism: the ranks this engine runs (1, or tensor_parallel), each with its
-  // backend and its storage in the pool (KvPool::layer_view(layer, rank)).
-  int32_t num_ranks() const { return 1 + int32_t(ranks_.size()); }
-  Backend& rank_backend(int32_t rank);
+  // Tensor parallelism: the ranks of the group (tensor_parallel), and those this process
+  // runs (all of them, or one when the group spans processes), each local rank with its
+  // backend and its storage in the pool (KvPool::layer_view(layer, local rank)).
+  int32_t num_ranks() const { return cfg_.tensor_parallel; }
+  int32_t num_local_ranks() const { return 1 + int32_t(ranks_.size()); }
+  Backend& rank_backend(int32_t local_rank);
+
+  // A group across processes (tp_rendezvous; README "Tensor parallelism"): the process
+  // of rank 0 (the leader) is an ordinary engine whose steps also run on the other
+  // processes' ranks. A process whose tp_rank is not 0 is a follower: Engine::create
+  // joins the group, and follow() then runs the leader's commands; a follower's own
+  // step(), warm_up_decode_graphs() and collectives_ms() are FAILED_PRECONDITION.
+  bool is_follower() const { return leader_link_ != nullptr; }
+  // Runs until the leader shuts the group down (OK) or the group fails: the leader's
+  // process went away, or a command failed here (the error, also sent to the leader;
+  // this rank's communicator is aborted so that no rank waits on it).
+  absl::Status follow();
   KvPool& pool() { return *pool_; }
   const KvPool& pool() const { return *pool_; }
   KvFormat kv_format() const { return pool_->config().format; }
@@ -164,6 +181,21 @@ class Engine {
   // Tensor parallelism: ranks 1.. (their backends, communicators, models, runners), set up
   // by init_ranks; rank 0's are the members below. model_weights loads every rank's slices.
   absl::Status init_ranks(const ModelSpec& spec, KvPoolConfig& pc);
+  // The shard of a rank, once its shapes are known to run on the backend.
+  absl::StatusOr<TensorParallelShard> rank_shard(const ModelSpec& spec, KvFormat format) const;
+  // A group across processes (engine_group.cc): this process's one rank, the rendezvous
+  // (rank 0 keeps a connection to each other process), the communicator, the pool.
+  absl::Status init_process_group(const ModelSpec& spec, KvPoolConfig& pc);
+  // Leader: sends a command to every follower before this rank runs its part. A follower
+  // that already failed, or cannot be reached, fails the group.
+  absl::Status post_to_followers(RankCommand command, const std::vector<uint8_t>& payload);
+  // Aborts every local rank's communicator: no rank waits on another any more.
+  void abort_communicators();
+  // Marks the group failed (later steps are refused naming `cause`), aborting every
+  // local communicator; returns `cause`.
+  absl::Status fail_group(absl::Status cause);
+  // One rank's part of collectives_ms.
+  absl::Status run_collectives(int32_t local_rank, int32_t tokens, int reps, double& ms);
   absl::Status load_weights(HostWeightSource& weights);
   // Runs f(rank) for every rank at once, rank 0 on the calling thread, the others on their
   // threads; the first error. With abort_on_error, a failing rank aborts the group so that
@@ -190,6 +222,8 @@ class Engine {
   std::unique_ptr<Communicator> comm_;  // rank 0's, at tensor_parallel > 1
   std::shared_ptr<void> comm_group_;    // what the communicators share (CPU group)
   absl::Status group_failed_;           // a rank failed mid-step: the group is aborted
+  std::unique_ptr<FollowerLinks> follower_links_;  // a leader's connections to the other processes
+  std::unique_ptr<LeaderLink> leader_link_;        // a follower's connection to the leader
   std::unordered_map<SeqId, SequenceState> seqs_;
   ForwardResult fwd_;
   StepTimings timings_;

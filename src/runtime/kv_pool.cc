@@ -488,6 +488,45 @@ void KvPool::mark_dirty(int32_t full_page) {
     st->swa_dirty_pages.push_back(full_page);
     compact_dirty(st->swa_dirty_pages, cfg_.num_pages);
   }
+  if (track_changes_) {
+    changed_pages_.push_back(full_page);
+    compact_dirty(changed_pages_, cfg_.num_pages);
+  }
+}
+
+void KvPool::track_swa_changes() { track_changes_ = has_swa(); }
+
+std::vector<SwaPageMapping> KvPool::take_swa_changes() {
+  std::sort(changed_pages_.begin(), changed_pages_.end());
+  changed_pages_.erase(std::unique(changed_pages_.begin(), changed_pages_.end()), changed_pages_.end());
+  std::vector<SwaPageMapping> out;
+  out.reserve(changed_pages_.size());
+  const int64_t ps = cfg_.page_size;
+  for (int32_t page : changed_pages_) {
+    const int64_t slot = swa_table_host_[size_t(page * ps)];
+    out.push_back({page, slot < 0 ? -1 : int32_t(slot / ps)});
+  }
+  changed_pages_.clear();
+  return out;
+}
+
+absl::Status KvPool::apply_swa_changes(const std::vector<SwaPageMapping>& changes) {
+  if (!changes.empty() && !has_swa()) {
+    return absl::InvalidArgumentError("kv pool: SWA table changes for a pool without SWA layers");
+  }
+  for (const SwaPageMapping& m : changes) {
+    if (m.full_page < 0 || m.full_page >= cfg_.num_pages || m.swa_page < -1 ||
+        m.swa_page >= cfg_.swa_num_pages) {
+      return absl::InvalidArgumentError(absl::StrCat("kv pool: SWA table change of full page ", m.full_page,
+                                                     " to SWA page ", m.swa_page, " is out of range"));
+    }
+    if (m.swa_page < 0) {
+      unmap_swa_page(m.full_page);
+    } else {
+      map_swa_page(m.full_page, m.swa_page);
+    }
+  }
+  return absl::OkStatus();
 }
 
 void KvPool::unmap_swa_page(int32_t full_page) {

@@ -79,6 +79,12 @@ struct PoolUsage {
   int64_t shared_pages = 0;  // of the used pages, those held by more than one sequence
 };
 
+// A full-pool page's SWA page (-1: none), as the SWA slot table maps it.
+struct SwaPageMapping {
+  int32_t full_page = 0;
+  int32_t swa_page = -1;
+};
+
 struct PagesNeeded {
   int64_t full = 0;
   int64_t swa = 0;
@@ -151,6 +157,14 @@ class KvPool {
   // before a step: each rank for its own storage (concurrently), or for all of them.
   absl::Status sync_swa_table(int32_t storage);
   absl::Status sync_swa_table();
+  // Tensor parallelism across processes: rank 0's pool (the one that allocates) records,
+  // from track_swa_changes() on, the full pages whose SWA table entries changed, and
+  // take_swa_changes() hands them over with their mapping now, for another process's pool
+  // of the same geometry, which allocates nothing itself, to apply to its own table
+  // (apply_swa_changes; its storage uploads them at its next sync_swa_table).
+  void track_swa_changes();
+  std::vector<SwaPageMapping> take_swa_changes();
+  absl::Status apply_swa_changes(const std::vector<SwaPageMapping>& changes);
   // Sets the scales of a layer (written to the device memory of every storage).
   absl::Status set_scales(int32_t layer, float k_scale, float v_scale);
 
@@ -187,6 +201,8 @@ class KvPool {
   std::unordered_map<SeqId, SeqPages> seqs_;
   std::vector<int64_t> swa_table_host_;  // [full slots]
   std::vector<std::unique_ptr<Storage>> storages_;
+  bool track_changes_ = false;
+  std::vector<int32_t> changed_pages_;  // full pages, for take_swa_changes
 };
 
 }  // namespace kvfuse
