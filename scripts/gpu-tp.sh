@@ -11,7 +11,8 @@
 #   4. tp 2 across two processes: llama3-8b, a follower kvfuse-run holding rank 1 on GPU 1
 #      and the leader kvfuse-run (rank 0) on GPU 0, meeting at tp_rendezvous
 #      127.0.0.1:$TP_PORT (default 29500) over NCCL; their greedy tokens must equal those of
-#      tp 2 in one process, and the follower must exit 0 once the leader is done.
+#      tp 2 in one process, and the follower must exit 0 once the leader is done
+#      (GPU_TP_ONLY=processes runs this step alone).
 # NCCL comes from the loader's path, KVFUSE_NCCL_LIBRARY, or a pip-installed
 # libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
 # build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
@@ -46,27 +47,33 @@ run() {  # name, command...
   return $rc
 }
 
-run test_gpu_nccl "$bundle/test_gpu_nccl"
-run test_gpu_tp "$bundle/test_gpu_tp"
-grep -E "^gpu tp" "$out/test_gpu_tp.txt" | tee -a "$summary"
+# GPU_TP_ONLY=processes runs step 4 alone.
+if [[ ${GPU_TP_ONLY:-} != processes ]]; then
+  run test_gpu_nccl "$bundle/test_gpu_nccl"
+  run test_gpu_tp "$bundle/test_gpu_tp"
+  grep -E "^gpu tp" "$out/test_gpu_tp.txt" | tee -a "$summary"
 
-bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
-for tp in 1 2; do
-  run "engine-llama3-8b-tp$tp" "${bench[@]}" --set model=llama3-8b --set tensor_parallel=$tp --batch 1,8,64 \
-    --context 512,8192 --max-kv-gib 60 --json "$out/engine-llama3-8b-tp$tp.json"
-  grep -E "^ +(1|8|64) " "$out/engine-llama3-8b-tp$tp.txt" | tee -a "$summary"
-done
+  bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
+  for tp in 1 2; do
+    run "engine-llama3-8b-tp$tp" "${bench[@]}" --set model=llama3-8b --set tensor_parallel=$tp --batch 1,8,64 \
+      --context 512,8192 --max-kv-gib 60 --json "$out/engine-llama3-8b-tp$tp.json"
+    grep -E "^ +(1|8|64) " "$out/engine-llama3-8b-tp$tp.txt" | tee -a "$summary"
+  done
 
-pages=${TP_70B_PAGES:-25000}
-run run-llama3-70b-tp2 "$bundle/kvfuse-run" --set model=llama3-70b --set tensor_parallel=2 --set num_pages="$pages" \
-  --set max_seq_len=4096 -n 8 -m 32 -q
-tail -3 "$out/run-llama3-70b-tp2.txt" | tee -a "$summary"
-run engine-llama3-70b-tp2 "${bench[@]}" --set model=llama3-70b --set tensor_parallel=2 --batch 1,8,64 --context 512 \
-  --max-kv-gib 30 --json "$out/engine-llama3-70b-tp2.json"
-grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-70b-tp2.txt" | tee -a "$summary"
+  pages=${TP_70B_PAGES:-25000}
+  run run-llama3-70b-tp2 "$bundle/kvfuse-run" --set model=llama3-70b --set tensor_parallel=2 --set num_pages="$pages" \
+    --set max_seq_len=4096 -n 8 -m 32 -q
+  tail -3 "$out/run-llama3-70b-tp2.txt" | tee -a "$summary"
+  run engine-llama3-70b-tp2 "${bench[@]}" --set model=llama3-70b --set tensor_parallel=2 --batch 1,8,64 --context 512 \
+    --max-kv-gib 30 --json "$out/engine-llama3-70b-tp2.json"
+  grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-70b-tp2.txt" | tee -a "$summary"
+fi
 
 # Two processes, one GPU each: the same prompts as tp 2 in one process, tokens compared.
+# KVFUSE_GEMM_TUNE=0: every run takes cuBLASLt's first heuristic choice for each GEMM, so
+# that the three runs compute with the same kernels whatever a timing would pick.
 port=${TP_PORT:-29500}
+export KVFUSE_GEMM_TUNE=0
 mp=(--set model=llama3-8b --set tensor_parallel=2 --set num_pages=4096 -n 8 -m 32 -q)
 run run-llama3-8b-tp2-one-process "$bundle/kvfuse-run" "${mp[@]}"
 "$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:$port --set tp_rank=1 --set devices=1 \
@@ -86,6 +93,7 @@ else
   status=1
 fi
 tail -1 "$out/run-llama3-8b-tp2-leader.txt" | tee -a "$summary"
+unset KVFUSE_GEMM_TUNE
 
 note "$( ((status == 0)) && echo PASS || echo FAIL)"
 exit $status
