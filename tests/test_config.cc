@@ -27,6 +27,7 @@ TEST_CASE("config: defaults, and every key round-trips through JSON", "[config]"
   CHECK(c->model == "tiny");
   CHECK(c->kv_cache_dtype == KvCacheDtype::fp8_e4m3);
   CHECK(c->kv_write == KvWritePath::fused);
+  CHECK(c->overlap_fanout);
   const json j = config_to_json(*c);
   for (const auto& d : config_key_docs()) CHECK(j.contains(d.key));
   auto again = config_from_json(j);
@@ -60,6 +61,12 @@ TEST_CASE("config: bad values name the key and the allowed values", "[config][er
   CHECK(contains(e, "llama3-8b"));
   e = error_of({{"swa_layers", "some"}});
   CHECK(contains(e, "alternate"));
+  e = error_of({{"overlap_fanout", true}});
+  CHECK(contains(e, "'overlap_fanout'"));
+  CHECK(contains(e, "on"));
+  auto off = config_from_json({{"overlap_fanout", "off"}});
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->overlap_fanout);
   e = error_of({{"kv_wrte", "fused"}});
   CHECK(contains(e, "unknown key 'kv_wrte'"));
   e = error_of(json::array());

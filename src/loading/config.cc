@@ -62,6 +62,9 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"prefix_reuse", "on | off",
        "a new sequence shares the full KV pages of a live sequence's matching prompt prefix (default off; "
        "models without SWA layers)"},
+      {"overlap_fanout", "on | off",
+       "the server sends a step's tokens to their streams while the device runs the next step "
+       "(default on; off: after the step, before the next one is planned)"},
       {"tensor_parallel", "1 .. 64",
        "ranks (GPUs) a model is sharded over (default 1); sharded serving is in progress: an engine refuses "
        "> 1"},
@@ -289,6 +292,10 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
     KVFUSE_RETURN_IF_ERROR(parse_enum(j["prefix_reuse"], "prefix_reuse",
                                       std::map<std::string, bool>{{"on", true}, {"off", false}}, c.prefix_reuse));
   }
+  if (has("overlap_fanout")) {
+    KVFUSE_RETURN_IF_ERROR(parse_enum(j["overlap_fanout"], "overlap_fanout",
+                                      std::map<std::string, bool>{{"on", true}, {"off", false}}, c.overlap_fanout));
+  }
   if (has("page_size")) KVFUSE_RETURN_IF_ERROR(parse_int(j["page_size"], "page_size", 1, 1024, c.page_size));
   if (has("num_pages")) KVFUSE_RETURN_IF_ERROR(parse_int(j["num_pages"], "num_pages", 1, int64_t(1) << 31, c.num_pages));
   if (has("swa_num_pages")) {
@@ -414,6 +421,7 @@ json config_to_json(const Config& c) {
   j["max_batch_tokens"] = c.max_batch_tokens;
   j["max_running_seqs"] = c.max_running_seqs;
   j["prefix_reuse"] = c.prefix_reuse ? "on" : "off";
+  j["overlap_fanout"] = c.overlap_fanout ? "on" : "off";
   j["max_seq_len"] = c.max_seq_len;
   j["tensor_parallel"] = c.tensor_parallel;
   j["devices"] = c.devices;

@@ -51,6 +51,9 @@ struct Config {
   // A new sequence whose prompt starts with a live sequence's computed tokens shares its
   // full pages (no SWA layers; not with prompt logprobs).
   bool prefix_reuse = false;
+  // Server: a step's tokens go out to their streams while the device runs the next step
+  // (off: between the two, on the step's critical path; for A/B).
+  bool overlap_fanout = true;
   // Tensor parallelism (src/parallel; docs in README "Tensor parallelism"). The sharded
   // model is not served yet: an engine refuses tensor_parallel > 1 at start.
   int32_t tensor_parallel = 1;   // ranks in the group (the world size)

@@ -399,6 +399,7 @@ absl::Status Engine::check_tokens(const std::vector<int32_t>& tokens) const {
 
 absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
                                   const Rng* rng, bool reuse_prefix) {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
   if (seqs_.count(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   if (int64_t(prompt.size()) >= cfg_.max_seq_len) {
@@ -443,6 +444,7 @@ absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const S
 }
 
 absl::Status Engine::append_tokens(SeqId id, const std::vector<int32_t>& tokens) {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens to append");
@@ -457,6 +459,7 @@ absl::Status Engine::append_tokens(SeqId id, const std::vector<int32_t>& tokens)
 }
 
 absl::Status Engine::release(SeqId id) {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
   if (!seqs_.erase(id)) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   return pool_->release(id);
 }
@@ -467,34 +470,60 @@ const SequenceState* Engine::sequence(SeqId id) const {
 }
 
 absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items) {
-  return step(items, ForwardOptions{cfg_.kv_write, cfg_.attention, cfg_.graphs == GraphsMode::on});
+  return step(items, forward_options());
 }
 
 absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items,
                                                      const ForwardOptions& opts) {
-  const auto t0 = Clock::now();
+  KVFUSE_RETURN_IF_ERROR(begin_step(items, opts));
+  return end_step();
+}
+
+absl::Status Engine::begin_step(const std::vector<StepItem>& items, const ForwardOptions& opts) {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is already in flight (end_step first)");
+  InFlight& f = in_flight_;
+  f.t0 = Clock::now();
   timings_ = StepTimings{};
   KVFUSE_RETURN_IF_ERROR(check_items(items));
-  std::vector<StepResult> results(items.size());
-  const std::vector<size_t> run = reserve_pages(items, results);
-  if (run.empty()) return results;
-  build_batch(items, run);
-  timings_.prepare_ms = ms_since(t0);
-
-  const auto t1 = Clock::now();
-  if (auto st = forward(opts); !st.ok()) {
-    return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
+  f.items = items;
+  f.results.assign(items.size(), StepResult{});
+  f.run = reserve_pages(items, f.results);
+  f.launched = f.finished = false;
+  if (!f.run.empty()) {
+    build_batch(items, f.run);
+    timings_.prepare_ms = ms_since(f.t0);
+    f.t1 = Clock::now();
+    // One rank: queue the pass and return; end_step waits. Several: every rank's thread
+    // runs its pass to the end (they meet in the collectives), here.
+    const absl::Status st = ranks_.empty() ? runner_->launch(batch_, *pool_, opts, fwd_) : forward(opts);
+    if (!st.ok()) return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
+    f.launched = true;
+    f.finished = !ranks_.empty();
   }
-  timings_.forward_ms = ms_since(t1);
+  f.active = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StepResult>> Engine::end_step() {
+  if (!in_flight_.active) return absl::FailedPreconditionError("no step in flight (begin_step first)");
+  InFlight& f = in_flight_;
+  f.active = false;
+  if (!f.launched) return std::move(f.results);
+  if (!f.finished) {
+    if (auto st = runner_->finish(batch_, fwd_); !st.ok()) {
+      return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
+    }
+  }
+  timings_.forward_ms = ms_since(f.t1);
 
   const auto t2 = Clock::now();
-  apply_results(items, run, results);
+  apply_results(f.items, f.run, f.results);
   timings_.sample_ms = ms_since(t2);
-  timings_.total_ms = ms_since(t0);
+  timings_.total_ms = ms_since(f.t0);
   timings_.num_tokens = batch_.num_tokens();
-  timings_.num_seqs = int32_t(run.size());
+  timings_.num_seqs = int32_t(f.run.size());
   timings_.graph = fwd_.graph;
-  return results;
+  return std::move(f.results);
 }
 
 absl::Status Engine::check_items(const std::vector<StepItem>& items) const {
@@ -691,6 +720,7 @@ absl::StatusOr<int> Engine::warm_up_decode_graphs() {
 }
 
 absl::Status Engine::assume_computed(SeqId id, int32_t n) {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   SequenceState& s = it->second;

@@ -5,6 +5,7 @@
 // scheduler's choice.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -93,6 +94,10 @@ class Engine {
   ~Engine();
 
   const Config& config() const { return cfg_; }
+  // The write path, attention path and graphs the config asks for: what step(items) runs.
+  ForwardOptions forward_options() const {
+    return ForwardOptions{cfg_.kv_write, cfg_.attention, cfg_.graphs == GraphsMode::on};
+  }
   const ModelSpec& spec() const { return model_->spec(); }
   // Rank 0's backend (the only one at tensor_parallel 1).
   Backend& backend() { return *backend_; }
@@ -129,6 +134,17 @@ class Engine {
   // (A/B tests and benchmarks on one engine).
   absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items,
                                                const ForwardOptions& opts);
+  // step() in two halves, so that a caller can do its own host work while the device
+  // runs the step (the server's loop fans the previous step's tokens out to its streams
+  // there): begin_step() checks the items, reserves their pages and launches the pass;
+  // end_step() waits for it, applies the tokens and returns what step() returns. An error
+  // from begin_step() is step()'s error and leaves nothing in flight. While a step is in
+  // flight, end_step() is the only call allowed on the engine (the others may read or
+  // change what the device is using); end_step() without one is FAILED_PRECONDITION.
+  // With tensor parallelism the pass completes inside begin_step().
+  absl::Status begin_step(const std::vector<StepItem>& items, const ForwardOptions& opts);
+  absl::StatusOr<std::vector<StepResult>> end_step();
+  bool step_in_flight() const { return in_flight_.active; }
 
   // On a backend with graphs and with `graphs: on`: runs one decode-shaped step for every
   // batch bucket up to max_running_seqs (throw-away one-token sequences), so that each
@@ -194,6 +210,16 @@ class Engine {
   ForwardResult fwd_;
   StepTimings timings_;
   ForwardBatch batch_;  // reused between steps
+  // The step between begin_step() and end_step().
+  struct InFlight {
+    bool active = false;
+    bool launched = false;  // a pass was launched (not every item failed its reservation)
+    bool finished = false;  // the pass is complete (tensor parallelism: in begin_step)
+    std::vector<StepItem> items;
+    std::vector<size_t> run;
+    std::vector<StepResult> results;
+    std::chrono::steady_clock::time_point t0, t1;
+  } in_flight_;
   std::vector<size_t> extra_count_;  // per item that ran: its rows in batch_.extra_rows
 };
 
