@@ -22,10 +22,12 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
 }
 
 // kRows rows of w per warp; each lane loads kUnroll 16-byte chunks of each of its rows
-// before it multiplies any (kRows x kUnroll loads in flight per lane). The first chunks
-// of w are loaded before the PDL wait: the weights do not come from the kernel before,
-// so under programmatic launch their first round trip overlaps that kernel's tail; only
-// x waits. The loads and the sums are in the same order either way.
+// per step, and the loads of step s + 1 are issued before the multiplies of step s
+// (software pipelining: up to 2 x kRows x kUnroll loads in flight per lane, as the
+// latency-bound small shapes need). The first chunks of w are loaded before the PDL
+// wait: the weights do not come from the kernel before, so under programmatic launch
+// their first round trip overlaps that kernel's tail; only x waits. The sums are in
+// chunk order whatever the pipelining.
 template <int M, bool kF32, int kRows, int kUnroll>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
     gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out) {
@@ -54,6 +56,12 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
   if (lane < chunks) load_w(lane);
   grid_dependency_wait();  // PDL: x comes from the kernel before
   for (int64_t c0 = lane; c0 < chunks; c0 += kStride) {
+    uint4 cur[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) cur[u][r] = wv[u][r];
+    if (c0 + kStride < chunks) load_w(c0 + kStride);  // the next step's loads, before this step's math
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + int64_t(u) * kWarpSize;
@@ -69,10 +77,9 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
           xf[2 * j + 1] = __uint_as_float(xw[j] & 0xffff0000u);
         }
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][i] = dot8(wv[u][r], xf, acc[r][i]);
+        for (int r = 0; r < kRows; ++r) acc[r][i] = dot8(cur[u][r], xf, acc[r][i]);
       }
     }
-    if (c0 + kStride < chunks) load_w(c0 + kStride);
   }
   launch_dependents();
 #pragma unroll
