@@ -161,6 +161,7 @@ fi
 # bundle scripts/gpu-bundle.sh builds on a machine with the Debian libraries (the device
 # machine has none of them). Skipped when no bundle was carried along.
 bundle=.device-bundle
+[[ -d $bundle ]] || [[ ! -f $bundle.tar.xz ]] || tar xJf "$bundle.tar.xz"
 if [[ $vendor == HIP ]]; then
   note "engine tests: SKIP (the device bundle is CUDA's; on AMD run the HIP build's test_gpu_backend and test_gpu_engine)"
 elif [[ -x $bundle/test_gpu_backend ]]; then

@@ -20,6 +20,7 @@ summary="$out/summary.txt"
 t0=$(date +%s)
 note() { echo "gpu-tp: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
 bundle=.device-bundle
+[[ -d $bundle ]] || [[ ! -f $bundle.tar.xz ]] || tar xJf "$bundle.tar.xz"
 [[ -x $bundle/test_gpu_tp ]] || { note "FAIL: no $bundle (scripts/gpu-bundle.sh)"; exit 1; }
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 ((gpus >= 2)) || { note "FAIL: $gpus GPU(s) visible, tensor parallelism needs 2"; exit 1; }
