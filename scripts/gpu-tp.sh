@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Tensor parallelism on a machine with two GPUs, in one run, from the bundle that
 # scripts/gpu-bundle.sh packs (carry .device-bundle along):
-#   1. tests/test_gpu_tp: tp 2 against tp 1 (logits, greedy tokens, graphs on and off,
-#      layer-0 KV bytes per rank) and test_gpu_nccl;
-#   2. kvfuse-bench-engine, llama3-8b at tp 1 and tp 2, batch 1/8/64 x context 512/8192,
-#      split attention, graphs on; the tp 2 run times the step's collectives alone too;
-#   3. llama3-70b (synthetic weights, 141 GB in bf16) at tp 2: kvfuse-run with a KV pool of
-#      $TP_70B_PAGES pages per GPU (default 25000: 30.5 GiB of fp8 KV per GPU), then the
-#      engine benchmark at batch 1/8/64 x 512.
+#   1. test_gpu_nccl, test_gpu_peer_allreduce (the all-reduce over peer memory against the
+#      rank-ordered sum, graphs, abort/timeout) and tests/test_gpu_tp (tp 2 against tp 1:
+#      logits, greedy tokens, graphs on and off, layer-0 KV bytes per rank; the peer
+#      all-reduce against NCCL's at tp 2);
+#   2. kvfuse-bench-allreduce: NCCL and the peer all-reduce per call, 8 KB - 8 MB;
+#   3. kvfuse-bench-engine, llama3-8b at tp 1, at tp 2 with the peer all-reduce (the
+#      default) and at tp 2 with KVFUSE_PEER_ALLREDUCE=0 (NCCL only), batch 1/8/64 x
+#      context 512/2048, split attention, graphs on; the tp 2 runs time the step's
+#      collectives alone too (their tables and the path they took go to the summary);
+#   4. llama3-70b (synthetic weights, 141 GB in bf16) at tp 2: kvfuse-run with a KV pool of
+#      $TP_70B_PAGES pages per GPU (default 25000: 30.5 GiB of fp8 KV per GPU); with
+#      TP_70B_BENCH=1 also the engine benchmark at batch 1/8/64 x 512 (the slow part).
 # NCCL comes from the loader's path, KVFUSE_NCCL_LIBRARY, or a pip-installed
 # libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
 # build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
@@ -44,23 +49,41 @@ run() {  # name, command...
 }
 
 run test_gpu_nccl "$bundle/test_gpu_nccl"
+if [[ -x $bundle/test_gpu_peer_allreduce ]]; then
+  run test_gpu_peer_allreduce "$bundle/test_gpu_peer_allreduce"
+  grep -E "skipped|passed|failed" "$out/test_gpu_peer_allreduce.txt" | tail -3 | tee -a "$summary"
+fi
 run test_gpu_tp "$bundle/test_gpu_tp"
 grep -E "^gpu tp" "$out/test_gpu_tp.txt" | tee -a "$summary"
 
+run bench-allreduce "$bundle/kvfuse-bench-allreduce" --gpus 2 --rounds 5 --json "$out/allreduce.json"
+grep -E "^ +[0-9]+ |peer|link" "$out/bench-allreduce.txt" | tee -a "$summary"
+
+# llama3-8b: tp 1, tp 2 over the peer all-reduce, tp 2 over NCCL alone. Context 2048, not
+# 8192: batch 64 x 2048 is the cell the tp 2 target is set at, and shorter runs leave time.
 bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
-for tp in 1 2; do
-  run "engine-llama3-8b-tp$tp" "${bench[@]}" --set model=llama3-8b --set tensor_parallel=$tp --batch 1,8,64 \
-    --context 512,8192 --max-kv-gib 60 --json "$out/engine-llama3-8b-tp$tp.json"
-  grep -E "^ +(1|8|64) " "$out/engine-llama3-8b-tp$tp.txt" | tee -a "$summary"
+cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
+for variant in tp1 tp2 tp2-nccl; do
+  tp=${variant:2:1}
+  env=()
+  [[ $variant == tp2-nccl ]] && env=(KVFUSE_PEER_ALLREDUCE=0)
+  run "engine-llama3-8b-$variant" env "${env[@]}" "${bench[@]}" --set model=llama3-8b --set tensor_parallel="$tp" \
+    "${cells[@]}" --json "$out/engine-llama3-8b-$variant.json"
+  echo "llama3-8b $variant:" | tee -a "$summary"
+  grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-8b-$variant.txt" | tee -a "$summary"
 done
 
 pages=${TP_70B_PAGES:-25000}
 run run-llama3-70b-tp2 "$bundle/kvfuse-run" --set model=llama3-70b --set tensor_parallel=2 --set num_pages="$pages" \
   --set max_seq_len=4096 -n 8 -m 32 -q
 tail -3 "$out/run-llama3-70b-tp2.txt" | tee -a "$summary"
-run engine-llama3-70b-tp2 "${bench[@]}" --set model=llama3-70b --set tensor_parallel=2 --batch 1,8,64 --context 512 \
-  --max-kv-gib 30 --json "$out/engine-llama3-70b-tp2.json"
-grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-70b-tp2.txt" | tee -a "$summary"
+if [[ ${TP_70B_BENCH:-0} == 1 ]]; then
+  run engine-llama3-70b-tp2 "${bench[@]}" --set model=llama3-70b --set tensor_parallel=2 --batch 1,8,64 --context 512 \
+    --max-kv-gib 30 --json "$out/engine-llama3-70b-tp2.json"
+  grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-70b-tp2.txt" | tee -a "$summary"
+else
+  note "llama3-70b engine benchmark: not run (TP_70B_BENCH=1 runs it)"
+fi
 
 note "$( ((status == 0)) && echo PASS || echo FAIL)"
 exit $status

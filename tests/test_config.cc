@@ -255,6 +255,36 @@ TEST_CASE("config: tensor-parallel keys (tensor_parallel, devices, tp_rendezvous
   CHECK(c->devices == std::vector<int32_t>{2, 3});
 }
 
+TEST_CASE("config: tp_allreduce (auto, nccl): default, values, errors, environment", "[config][tp]") {
+  auto c = config_from_json(json::object());
+  REQUIRE(c.ok());
+  CHECK(c->tp_allreduce == TpAllReduce::auto_);
+  CHECK(config_to_json(*c)["tp_allreduce"] == "auto");
+  c = config_from_json({{"tp_allreduce", "nccl"}, {"tensor_parallel", 2}});
+  REQUIRE(c.ok());
+  CHECK(c->tp_allreduce == TpAllReduce::nccl);
+  auto again = config_from_json(config_to_json(*c));
+  REQUIRE(again.ok());
+  CHECK(again->tp_allreduce == TpAllReduce::nccl);
+  std::string e = error_of({{"tp_allreduce", "peer"}});
+  CHECK(contains(e, "config key 'tp_allreduce'"));
+  CHECK(contains(e, "auto, nccl"));
+  CHECK(contains(error_of({{"tp_allreduce", 1}}), "'tp_allreduce'"));
+  // KVFUSE_TP_ALLREDUCE=nccl, and --set tp-allreduce=auto above it.
+  json j = json::object();
+  setenv("KVFUSE_TP_ALLREDUCE", "nccl", 1);
+  const absl::Status env = apply_config_env(j);
+  unsetenv("KVFUSE_TP_ALLREDUCE");
+  REQUIRE(env.ok());
+  c = config_from_json(j);
+  REQUIRE(c.ok());
+  CHECK(c->tp_allreduce == TpAllReduce::nccl);
+  REQUIRE(apply_config_override(j, "tp-allreduce=auto").ok());
+  c = config_from_json(j);
+  REQUIRE(c.ok());
+  CHECK(c->tp_allreduce == TpAllReduce::auto_);
+}
+
 TEST_CASE("config: every model preset of the model registry is accepted by name", "[config]") {
   // llama3-70b (the tensor-parallel preset) was missing from the config's list, so
   // `kvfuse-run --set model=llama3-70b` was refused although the registry has it.

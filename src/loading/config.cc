@@ -26,6 +26,7 @@ const char* to_string(KvCacheDtype d) { return enum_name(d, {"bf16", "fp8_e4m3",
 const char* to_string(KvWritePath p) { return enum_name(p, {"fused", "unfused", "fused_rope"}); }
 const char* to_string(AttentionPath p) { return p == AttentionPath::unified ? "unified" : "split"; }
 const char* to_string(GraphsMode g) { return g == GraphsMode::on ? "on" : "off"; }
+const char* to_string(TpAllReduce a) { return a == TpAllReduce::nccl ? "nccl" : "auto"; }
 
 const std::vector<ConfigKeyDoc>& config_key_docs() {
   static const std::vector<ConfigKeyDoc> docs = {
@@ -77,6 +78,9 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
        "with tp_rendezvous: the first rank this process holds (default 0)"},
       {"tp_rendezvous_timeout_s", "1 .. 3600",
        "how long ranks wait for each other at the rendezvous (default 120)"},
+      {"tp_allreduce", "auto | nccl",
+       "GPU ranks' all-reduce: auto (default) runs small ones as one kernel over peer memory when every "
+       "pair of GPUs has peer access, nccl sends all through NCCL/RCCL"},
   };
   return docs;
 }
@@ -342,6 +346,12 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
     KVFUSE_RETURN_IF_ERROR(parse_int(j["tp_rendezvous_timeout_s"], "tp_rendezvous_timeout_s", 1, 3600,
                                      c.tp_rendezvous_timeout_s));
   }
+  if (has("tp_allreduce")) {
+    KVFUSE_RETURN_IF_ERROR(parse_enum(
+        j["tp_allreduce"], "tp_allreduce",
+        std::map<std::string, TpAllReduce>{{"auto", TpAllReduce::auto_}, {"nccl", TpAllReduce::nccl}},
+        c.tp_allreduce));
+  }
   KVFUSE_RETURN_IF_ERROR(check_tensor_parallel_keys(c));
   return c;
 }
@@ -428,6 +438,7 @@ json config_to_json(const Config& c) {
   j["tp_rendezvous"] = c.tp_rendezvous;
   j["tp_rank"] = c.tp_rank;
   j["tp_rendezvous_timeout_s"] = c.tp_rendezvous_timeout_s;
+  j["tp_allreduce"] = to_string(c.tp_allreduce);
   return j;
 }
 

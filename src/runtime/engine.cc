@@ -17,6 +17,7 @@
 #include "src/runtime/rank_thread.h"
 #if defined(KVFUSE_HAVE_GPU)
 #include "src/parallel/nccl_communicator.h"
+#include "src/parallel/peer_allreduce.h"
 #endif
 
 namespace kvfuse {
@@ -267,10 +268,12 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
           return absl::OkStatus();
         },
         false));
+    KVFUSE_RETURN_IF_ERROR(use_peer_allreduce(comms));
 #else
     return absl::FailedPreconditionError("tensor parallelism on a GPU needs a GPU build");
 #endif
   }
+  if (collectives_path_.empty()) collectives_path_ = comms[0]->name();
   comm_ = std::move(comms[0]);
   for (int32_t r = 1; r < tp; ++r) ranks_[size_t(r - 1)]->comm = std::move(comms[size_t(r)]);
 
@@ -297,6 +300,39 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
       false));
   model_ = std::move(models[0]);
   for (int32_t r = 1; r < tp; ++r) ranks_[size_t(r - 1)]->model = std::move(models[size_t(r)]);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator>>& comms) {
+  collectives_path_ = comms[0]->name();
+#if defined(KVFUSE_HAVE_GPU)
+  const int32_t tp = cfg_.tensor_parallel;
+  if (cfg_.tp_allreduce == TpAllReduce::nccl) {
+    collectives_path_ += " (tp_allreduce nccl)";
+    return absl::OkStatus();
+  }
+  if (peer_allreduce_disabled_by_env()) {
+    collectives_path_ += " (KVFUSE_PEER_ALLREDUCE=0)";
+    return absl::OkStatus();
+  }
+  std::vector<int> devices;
+  for (int32_t r = 0; r < tp; ++r) devices.push_back(cfg_.tp_device(r));
+  // Where it does not apply (no peer access between a pair, more than 8 ranks), NCCL
+  // carries every collective, as before; the reason is in collectives_path().
+  auto group = PeerAllReduceGroup::create(devices);
+  if (!group.ok()) {
+    collectives_path_ += absl::StrCat(" (", group.status().message(), ")");
+    return absl::OkStatus();
+  }
+  for (int32_t r = 0; r < tp; ++r) {
+    auto c = PeerAllReduceCommunicator::create(*group, r, rank_backend(r).native_stream(),
+                                               std::move(comms[size_t(r)]));
+    if (!c.ok()) return c.status();
+    comms[size_t(r)] = std::move(*c);
+  }
+  collectives_path_ = absl::StrCat(comms[0]->name(), " (all-reduces up to ", (*group)->staging_bytes() >> 10,
+                                   " KiB over peer memory, larger ones and the gathers over NCCL)");
+#endif
   return absl::OkStatus();
 }
 
@@ -377,11 +413,15 @@ absl::StatusOr<double> Engine::collectives_ms(int32_t tokens, int reps) {
 
 absl::Status Engine::forward(const ForwardOptions& opts) {
   if (ranks_.empty()) return runner_->run(batch_, *pool_, opts, fwd_);
-  // Every rank runs the same batch; rank 0's result has the tokens.
+  // Every rank runs the same batch; rank 0's result has the tokens. A collective that
+  // failed on the device after its launch (a peer all-reduce that timed out) fails the step.
   return for_each_rank(
       [&](int32_t r) {
-        return r == 0 ? runner_->run(batch_, *pool_, opts, fwd_)
-                      : ranks_[size_t(r - 1)]->runner->run(batch_, *pool_, opts, ranks_[size_t(r - 1)]->fwd);
+        Communicator& comm = r == 0 ? *comm_ : *ranks_[size_t(r - 1)]->comm;
+        KVFUSE_RETURN_IF_ERROR(
+            r == 0 ? runner_->run(batch_, *pool_, opts, fwd_)
+                   : ranks_[size_t(r - 1)]->runner->run(batch_, *pool_, opts, ranks_[size_t(r - 1)]->fwd));
+        return comm.async_error();
       },
       true);
 }

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -166,6 +167,9 @@ class Engine {
   // (captured in a graph per rank where the backend has graphs, as a step's are), on this
   // engine's communicators. FAILED_PRECONDITION at tensor_parallel 1.
   absl::StatusOr<double> collectives_ms(int32_t tokens, int reps);
+  // Which communicator carries the collectives at tensor_parallel > 1 and, for GPU ranks,
+  // whether all-reduces go over peer memory (and why not, when they do not); "" at 1.
+  const std::string& collectives_path() const { return collectives_path_; }
 
   // Logits of the last step, [rows, vocab]: one row per item that asked for logits
   // (StepItem::logits) or sampled with temperature > 0; StepResult::logits_row indexes it.
@@ -181,6 +185,9 @@ class Engine {
   // by init_ranks; rank 0's are the members below. model_weights loads every rank's slices.
   absl::Status init_ranks(const ModelSpec& spec, KvPoolConfig& pc);
   absl::Status load_weights(HostWeightSource& weights);
+  // GPU ranks: puts the peer all-reduce (src/parallel/peer_allreduce.h) in front of each
+  // rank's NCCL communicator where it applies; sets collectives_path_.
+  absl::Status use_peer_allreduce(std::vector<std::unique_ptr<Communicator>>& comms);
   // Runs f(rank) for every rank at once, rank 0 on the calling thread, the others on their
   // threads; the first error. With abort_on_error, a failing rank aborts the group so that
   // no rank waits on it in a collective, and the engine refuses later steps.
@@ -205,6 +212,7 @@ class Engine {
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<Communicator> comm_;  // rank 0's, at tensor_parallel > 1
   std::shared_ptr<void> comm_group_;    // what the communicators share (CPU group)
+  std::string collectives_path_;        // collectives_path()
   absl::Status group_failed_;           // a rank failed mid-step: the group is aborted
   std::unordered_map<SeqId, SequenceState> seqs_;
   ForwardResult fwd_;
