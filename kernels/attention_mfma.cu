@@ -14,6 +14,8 @@
 //   both    e5m2: the code is the top byte of its f16, one byte permute per word.
 #include "kernels/gpu.h"
 
+#include <atomic>
+
 #include "kernels/attention_mfma.h"
 #include "kernels/attention_tile.cuh"
 #include "kernels/dispatch.cuh"
@@ -161,7 +163,40 @@ cudaError_t launch_mfma(const Params& p, int64_t blocks, cudaStream_t stream) {
                              p);
 }
 
+// Blocks of one instance resident on a CU of the current device, from the runtime's
+// occupancy calculator: it sees the instance's own VGPR count and LDS (the kernel table
+// gives 2 to 4 waves per SIMD across instances) and the device's CU limits, so the split
+// path sizes its waves per arch and per instance instead of with the launch bound.
+template <int D, KvFormat F>
+int32_t mfma_blocks_per_cu(bool page_tiles) {
+  int n = 0;
+  const cudaError_t e =
+      page_tiles ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_mfma_kernel<D, F, true>,
+                                                                 int(mfma_attn::kThreads), 0)
+                 : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attention_mfma_kernel<D, F, false>,
+                                                                 int(mfma_attn::kThreads), 0);
+  return e == cudaSuccess && n > 0 ? int32_t(n) : mfma_attn::kBlocksPerCu;
+}
+
 }  // namespace
+
+int32_t attention_mfma_blocks_per_cu(int32_t head_dim, KvFormat format, bool page_tiles) {
+  // Per device and instance, asked once: the answer depends on nothing else.
+  constexpr int kMaxDevices = 64, kInstances = 64;
+  static std::atomic<int32_t> cache[kMaxDevices][kInstances];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return mfma_attn::kBlocksPerCu;
+  const int slot = ((head_dim / 64) * 8 + int(format)) * 2 + (page_tiles ? 1 : 0);
+  if (slot < 0 || slot >= kInstances) return mfma_attn::kBlocksPerCu;
+  int32_t n = cache[dev][slot].load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = dispatch_head_dim_format(head_dim, format, [&](auto hd, auto fmt) {
+      return mfma_blocks_per_cu<decltype(hd)::value, decltype(fmt)::value>(page_tiles);
+    });
+    cache[dev][slot].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
 
 cudaError_t launch_attention_mfma(const Params& p, int64_t blocks, cudaStream_t stream) {
   if (blocks <= 0) return cudaSuccess;
@@ -174,6 +209,7 @@ cudaError_t launch_attention_mfma(const Params& p, int64_t blocks, cudaStream_t 
 #else
 
 cudaError_t launch_attention_mfma(const Params&, int64_t, cudaStream_t) { return cudaErrorInvalidValue; }
+int32_t attention_mfma_blocks_per_cu(int32_t, KvFormat, bool) { return mfma_attn::kBlocksPerCu; }
 
 #endif  // __HIP__
 

@@ -39,7 +39,9 @@ int32_t device_sms(int32_t forced) {
 
 int32_t attention_split_partition(const AttnArgs& a, int32_t partition_size, const AttnLaunch& l) {
   return split_partition_keys(a, partition_size, l.split_partition,
-                              int64_t(device_sms(l.num_sms)) * attention_blocks_per_sm(a.cache.head_dim));
+                              int64_t(device_sms(l.num_sms)) *
+                                  attention_blocks_per_sm(a.cache.head_dim, a.cache.format,
+                                                          a.cache.page_size % kTileKeys == 0));
 }
 
 size_t attention_split_scratch_bytes(int64_t num_tokens, int32_t num_q_heads, int32_t head_dim,

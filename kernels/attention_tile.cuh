@@ -115,10 +115,18 @@ cudaError_t launch_attention_blocks(const Params& p, int64_t blocks, const AttnL
 // kernels/attention_mfma.cu); elsewhere this returns cudaErrorInvalidValue.
 cudaError_t launch_attention_mfma(const Params& p, int64_t blocks, cudaStream_t stream);
 
+// Resident blocks of the MFMA kernel instance on a CU of the current device, from the
+// runtime's occupancy calculator (per arch and per instance, asked once); off HIP,
+// mfma_attn::kBlocksPerCu.
+int32_t attention_mfma_blocks_per_cu(int32_t head_dim, KvFormat format, bool page_tiles);
+
 // Blocks of the kernel that launch_attention_blocks runs resident on one multiprocessor:
-// the split path's partition choice sizes its waves with it.
-inline int32_t attention_blocks_per_sm(int32_t head_dim) {
-  if (kWarpSize == 64) return mfma_attn::kBlocksPerCu;
+// the split path's partition choice sizes its waves with it. NVIDIA: the launch bound the
+// mma.sync kernel is built for (fitted on the H200). CDNA: what the device reports for
+// the instance, since its register count (2 to 4 waves per SIMD across instances) and
+// the CU's LDS differ per arch.
+inline int32_t attention_blocks_per_sm(int32_t head_dim, KvFormat format, bool page_tiles) {
+  if (kWarpSize == 64) return attention_mfma_blocks_per_cu(head_dim, format, page_tiles);
   return head_dim == 256 ? kBlocksPerSm<256> : kBlocksPerSm<128>;
 }
 

@@ -22,22 +22,27 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
 }
 
 // kRows rows of w per warp; each lane loads kUnroll 16-byte chunks of each of its rows
-// before it multiplies any (kRows x kUnroll loads in flight per lane).
+// per step, and the loads of step s + 1 are issued before the multiplies of step s
+// (software pipelining: up to 2 x kRows x kUnroll loads in flight per lane, as the
+// latency-bound small shapes need). The first chunks of w are loaded before the PDL
+// wait: the weights do not come from the kernel before, so under programmatic launch
+// their first round trip overlaps that kernel's tail; only x waits. The sums are in
+// chunk order whatever the pipelining.
 template <int M, bool kF32, int kRows, int kUnroll>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
     gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out) {
-  grid_dependency_wait();  // PDL: x comes from the kernel before
   const int lane = lane_id();
   const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / kWarpSize) + int64_t(warp_id())) * kRows;
   const int64_t chunks = k / 8;
+  constexpr int64_t kStride = int64_t(kUnroll) * kWarpSize;
   float acc[kRows][M];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
   const bool full = row0 + kRows <= n;
-  for (int64_t c0 = lane; c0 < chunks; c0 += int64_t(kUnroll) * kWarpSize) {
-    uint4 wv[kUnroll][kRows];
+  uint4 wv[kUnroll][kRows];
+  auto load_w = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + int64_t(u) * kWarpSize;
@@ -47,6 +52,16 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
                                                         : make_uint4(0u, 0u, 0u, 0u);
       }
     }
+  };
+  if (lane < chunks) load_w(lane);
+  grid_dependency_wait();  // PDL: x comes from the kernel before
+  for (int64_t c0 = lane; c0 < chunks; c0 += kStride) {
+    uint4 cur[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) cur[u][r] = wv[u][r];
+    if (c0 + kStride < chunks) load_w(c0 + kStride);  // the next step's loads, before this step's math
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + int64_t(u) * kWarpSize;
@@ -62,7 +77,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
           xf[2 * j + 1] = __uint_as_float(xw[j] & 0xffff0000u);
         }
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) acc[r][i] = dot8(wv[u][r], xf, acc[r][i]);
+        for (int r = 0; r < kRows; ++r) acc[r][i] = dot8(cur[u][r], xf, acc[r][i]);
       }
     }
   }

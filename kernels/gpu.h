@@ -182,6 +182,18 @@ KVFUSE_HD bool is_aligned(const void* p, uintptr_t bytes) {
 KVFUSE_DEVICE void grid_dependency_wait() { vendor_grid_dependency_wait(); }
 KVFUSE_DEVICE void launch_dependents() { vendor_launch_dependents(); }
 
+// Signalling between the GPUs of one process (src/parallel/peer_allreduce.cu): a store
+// with release semantics at system scope (everything this thread's block wrote before a
+// __syncthreads() is visible to whoever reads the value), a relaxed load at system scope
+// to poll with, and the acquire fence that follows a poll which saw the value. 64-bit
+// words, naturally aligned, in device memory from malloc_signals() or host memory from
+// host_alloc_mapped().
+KVFUSE_DEVICE void store_release_system(uint64_t* p, uint64_t v) { vendor_store_release_system(p, v); }
+KVFUSE_DEVICE uint64_t load_relaxed_system(const uint64_t* p) { return vendor_load_relaxed_system(p); }
+KVFUSE_DEVICE void fence_acquire_system() { vendor_fence_acquire_system(); }
+// A clock at a constant rate (wall_clock_hz), for timeouts inside kernels.
+KVFUSE_DEVICE uint64_t wall_clock() { return vendor_wall_clock(); }
+
 // The one way kernels are launched: <<<>>> or, with pdl, a launch that may start
 // before the previous kernel in the stream has finished (CUDA only). Returns the
 // launch status.
@@ -228,6 +240,14 @@ class [[nodiscard]] LaunchStatus {
   do {                                                                          \
     if (::kvfuse::gpu::LaunchStatus st_ = (__VA_ARGS__); !st_.ok()) return st_; \
   } while (0)
+
+// Ticks per second of wall_clock() on `device`.
+inline cudaError_t wall_clock_hz(int device, int64_t* hz) { return vendor_wall_clock_hz(device, hz); }
+// Device memory for flags that other GPUs store into while a kernel polls them.
+inline cudaError_t malloc_signals(void** p, size_t bytes) { return vendor_malloc_signals(p, bytes); }
+// Pinned host memory, mapped into every GPU at the same address, coherent while kernels
+// run (free with cudaFreeHost).
+inline cudaError_t host_alloc_mapped(void** p, size_t bytes) { return vendor_host_alloc_mapped(p, bytes); }
 
 // Grid size for `items` work items of `per_block` each, capped at the largest 1D grid
 // every vendor accepts (kernels that use it loop with a grid stride).

@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
-# Builds the engine with the CUDA backend here (sm_90a) and packs the GPU engine tests
-# and kvfuse-run (kvfuse-eval and kvfuse-calibrate for tests/hf_reference.py), with the non-system shared libraries they need, into .device-bundle/
-# (git-ignored), for a CUDA machine that has the driver and CUDA 13 but none of the
-# Debian libraries. cuBLASLt and the CUDA runtime are not packed: the machine's own
-# /usr/local/cuda provides them. scripts/gpu-check.sh runs the bundle when it is there.
+# Builds the engine with the CUDA backend here (sm_90a) and packs the GPU engine tests,
+# kvfuse-run (kvfuse-eval and kvfuse-calibrate for tests/hf_reference.py), the benchmarks,
+# and kvfuse-server with kvfuse-bench-serve, with the non-system shared libraries they
+# need, into .device-bundle/ and .device-bundle.tar.xz (both git-ignored), for a CUDA
+# machine that has the driver and CUDA 13 but none of the Debian libraries. cuBLASLt and
+# the CUDA runtime are not packed: the machine's own /usr/local/cuda provides them.
+# scripts/gpu-check.sh, gpu-tp.sh and gpu-serve.sh run the bundle when it is there
+# (unpacking the archive first when only it was carried along).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 "$(dirname "$0")/install-deps.sh"
 build=${KVFUSE_CUDA_BUILD_DIR:-build-cuda}
 arch=${KVFUSE_CUDA_ARCH:-90a}
 nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
-cmake -S . -B "$build" -G Ninja -DKVFUSE_GPU=CUDA -DKVFUSE_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release \
+cmake -S . -B "$build" -G Ninja -DKVFUSE_GPU=CUDA -DKVFUSE_BUILD_SERVER=ON -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null
 targets=(kvfuse-run kvfuse-eval kvfuse-calibrate kvfuse-ab kvfuse-bench-engine test_gpu_backend test_gpu_engine test_gpu_nccl
-  test_gpu_tp kvfuse-bench-allreduce)
+  test_gpu_peer_allreduce test_gpu_tp kvfuse-bench-allreduce kvfuse-server kvfuse-bench-serve)
 ninja -C "$build" -j"${KVFUSE_JOBS:-$(nproc)}" "${targets[@]}"
 bundle=.device-bundle
 rm -rf "$bundle"
 mkdir -p "$bundle/lib"
 cp "$build/kvfuse-run" "$build/kvfuse-eval" "$build/kvfuse-calibrate" "$build/bench/ab/kvfuse-ab" \
   "$build/bench/engine/kvfuse-bench-engine" "$build/tests/test_gpu_backend" "$build/tests/test_gpu_engine" \
-  "$build/tests/test_gpu_nccl" "$build/tests/test_gpu_tp" "$build/bench/allreduce/kvfuse-bench-allreduce" "$bundle/"
+  "$build/tests/test_gpu_nccl" "$build/tests/test_gpu_peer_allreduce" "$build/tests/test_gpu_tp" \
+  "$build/bench/allreduce/kvfuse-bench-allreduce" "$build/kvfuse-server" "$build/kvfuse-bench-serve" "$bundle/"
 # Every shared library outside libc's own set and the CUDA toolkit.
 for bin in "$bundle"/kvfuse-* "$bundle"/test_gpu_*; do
   ldd "$bin" | awk '/=> \// {print $3}'
@@ -28,3 +32,5 @@ done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libs
   grep -v '/cuda' | while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
 du -sh "$bundle"
 echo "gpu-bundle: $(ls "$bundle/lib" | wc -l) libraries packed into $bundle"
+tar cJf "$bundle.tar.xz" "$bundle"
+echo "gpu-bundle: $(du -h "$bundle.tar.xz" | cut -f1) in $bundle.tar.xz (carry it instead of $bundle/)"

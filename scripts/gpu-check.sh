@@ -161,6 +161,7 @@ fi
 # bundle scripts/gpu-bundle.sh builds on a machine with the Debian libraries (the device
 # machine has none of them). Skipped when no bundle was carried along.
 bundle=.device-bundle
+[[ -d $bundle ]] || [[ ! -f $bundle.tar.xz ]] || tar xJf "$bundle.tar.xz"
 if [[ $vendor == HIP ]]; then
   note "engine tests: SKIP (the device bundle is CUDA's; on AMD run the HIP build's test_gpu_backend and test_gpu_engine)"
 elif [[ -x $bundle/test_gpu_backend ]]; then
@@ -193,6 +194,14 @@ elif [[ -x $bundle/test_gpu_backend ]]; then
   grep -E "skipped|passed|failed" "$out/engine.log" | tail -3
   note "test_gpu_nccl: exit $rc ($(elapsed))"
   ((rc == 0)) || status=1
+  # The all-reduce over peer memory on two GPUs (it skips, saying why, likewise).
+  if [[ -x $bundle/test_gpu_peer_allreduce ]]; then
+    NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} "$bundle/test_gpu_peer_allreduce" >>"$out/engine.log" 2>&1
+    rc=$?
+    grep -E "skipped|passed|failed" "$out/engine.log" | tail -3
+    note "test_gpu_peer_allreduce: exit $rc ($(elapsed))"
+    ((rc == 0)) || status=1
+  fi
   # The sharded engine on two GPUs against one (it skips, saying why, likewise).
   NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} "$bundle/test_gpu_tp" >>"$out/engine.log" 2>&1
   rc=$?

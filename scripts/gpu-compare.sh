@@ -13,7 +13,8 @@
 # KVFUSE_GEMV=0, no baseline folder needed), and the kernel benchmarks are left out.
 #
 # Environment: COMPARE_ROUNDS (alternations, default 2), COMPARE_BATCH / COMPARE_CONTEXT
-# (engine cells, default 1,8,64 x 512,2048), COMPARE_ENGINE=0 (kernel benchmarks only:
+# (engine cells, default 1,8,64 x 512,2048), COMPARE_KERNELS=0 (engine benchmark only),
+# COMPARE_ENGINE=0 (kernel benchmarks only:
 # then .device-baseline needs only src.tar.xz, e.g. `git archive REV | xz`), KVFUSE_CUDA_ARCH
 # (default 90a).
 # Writes $OUT (or build-gpu-compare/): summary.txt and compare.tgz with every run's
@@ -32,6 +33,7 @@ note() { echo "gpu-compare: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
 status=0
 engine=${COMPARE_ENGINE:-1}
 env_base=${COMPARE_ENV:-}
+[[ -d .device-bundle ]] || [[ ! -f .device-bundle.tar.xz ]] || tar xJf .device-bundle.tar.xz
 needs=(.device-baseline/src.tar.xz)
 ((engine)) && needs+=(.device-baseline/kvfuse-bench-engine .device-bundle/kvfuse-bench-engine)
 [[ -n $env_base ]] && needs=(.device-bundle/kvfuse-bench-engine) && engine=1
@@ -43,7 +45,7 @@ base_name=$(cat .device-baseline/REV 2>/dev/null || echo '?')
 note "baseline $base_name, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%FT%TZ)"
 
 # The kernel benchmarks of both trees, from the standalone GPU build (tests/gpu).
-kernels=1
+kernels=${COMPARE_KERNELS:-1}
 [[ -n $env_base ]] && kernels=0
 mkdir -p "$work/base"
 if ((kernels)); then

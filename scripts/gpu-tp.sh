@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Tensor parallelism on a machine with two GPUs, in one run, from the bundle that
-# scripts/gpu-bundle.sh packs (carry .device-bundle along):
-#   1. tests/test_gpu_tp: tp 2 against tp 1 (logits, greedy tokens, graphs on and off,
-#      layer-0 KV bytes per rank) and test_gpu_nccl;
-#   2. kvfuse-bench-engine, llama3-8b at tp 1 and tp 2, batch 1/8/64 x context 512/8192,
-#      split attention, graphs on; the tp 2 run times the step's collectives alone too;
-#   3. llama3-70b (synthetic weights, 141 GB in bf16) at tp 2: kvfuse-run with a KV pool of
-#      $TP_70B_PAGES pages per GPU (default 25000: 30.5 GiB of fp8 KV per GPU), then the
-#      engine benchmark at batch 1/8/64 x 512;
-#   4. tp 2 across two processes: llama3-8b, a follower kvfuse-run holding rank 1 on GPU 1
+# scripts/gpu-bundle.sh packs (carry .device-bundle or .device-bundle.tar.xz along):
+#   1. test_gpu_nccl, test_gpu_peer_allreduce (the all-reduce over peer memory against the
+#      rank-ordered sum, graphs, abort/timeout) and tests/test_gpu_tp (tp 2 against tp 1:
+#      logits, greedy tokens, graphs on and off, layer-0 KV bytes per rank; the peer
+#      all-reduce against NCCL's at tp 2);
+#   2. kvfuse-bench-allreduce: NCCL and the peer all-reduce per call, 8 KB - 8 MB;
+#   3. kvfuse-bench-engine, llama3-8b at tp 1, at tp 2 with the peer all-reduce (the
+#      default) and at tp 2 with KVFUSE_PEER_ALLREDUCE=0 (NCCL only), batch 1/8/64 x
+#      context 512/2048, split attention, graphs on; the tp 2 runs time the step's
+#      collectives alone too (their tables and the path they took go to the summary);
+#   4. llama3-70b (synthetic weights, 141 GB in bf16) at tp 2: kvfuse-run with a KV pool of
+#      $TP_70B_PAGES pages per GPU (default 25000: 30.5 GiB of fp8 KV per GPU); with
+#      TP_70B_BENCH=1 also the engine benchmark at batch 1/8/64 x 512 (the slow part);
+#   5. tp 2 across two processes: llama3-8b, a follower kvfuse-run holding rank 1 on GPU 1
 #      and the leader kvfuse-run (rank 0) on GPU 0, meeting at tp_rendezvous
 #      127.0.0.1:$TP_PORT (default 29500) over NCCL; their greedy tokens must equal those of
-#      tp 2 in one process, and the follower must exit 0 once the leader is done
-#      (GPU_TP_ONLY=processes runs this step alone).
+#      tp 2 in one process, and the follower must exit 0 once the leader is done.
+# GPU_TP_ONLY=processes runs step 5 alone, GPU_TP_ONLY=one-process steps 1-4.
 # NCCL comes from the loader's path, KVFUSE_NCCL_LIBRARY, or a pip-installed
 # libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
 # build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
@@ -25,6 +30,7 @@ summary="$out/summary.txt"
 t0=$(date +%s)
 note() { echo "gpu-tp: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
 bundle=.device-bundle
+[[ -d $bundle ]] || [[ ! -f $bundle.tar.xz ]] || tar xJf "$bundle.tar.xz"
 [[ -x $bundle/test_gpu_tp ]] || { note "FAIL: no $bundle (scripts/gpu-bundle.sh)"; exit 1; }
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 ((gpus >= 2)) || { note "FAIL: $gpus GPU(s) visible, tensor parallelism needs 2"; exit 1; }
@@ -47,53 +53,72 @@ run() {  # name, command...
   return $rc
 }
 
-# GPU_TP_ONLY=processes runs step 4 alone.
 if [[ ${GPU_TP_ONLY:-} != processes ]]; then
   run test_gpu_nccl "$bundle/test_gpu_nccl"
+  if [[ -x $bundle/test_gpu_peer_allreduce ]]; then
+    run test_gpu_peer_allreduce "$bundle/test_gpu_peer_allreduce"
+    grep -E "skipped|passed|failed" "$out/test_gpu_peer_allreduce.txt" | tail -3 | tee -a "$summary"
+  fi
   run test_gpu_tp "$bundle/test_gpu_tp"
   grep -E "^gpu tp" "$out/test_gpu_tp.txt" | tee -a "$summary"
 
+  run bench-allreduce "$bundle/kvfuse-bench-allreduce" --gpus 2 --rounds 5 --json "$out/allreduce.json"
+  grep -E "^ +[0-9]+ |peer|link" "$out/bench-allreduce.txt" | tee -a "$summary"
+
+  # llama3-8b: tp 1, tp 2 over the peer all-reduce, tp 2 over NCCL alone. Context 2048, not
+  # 8192: batch 64 x 2048 is the cell the tp 2 target is set at, and shorter runs leave time.
   bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
-  for tp in 1 2; do
-    run "engine-llama3-8b-tp$tp" "${bench[@]}" --set model=llama3-8b --set tensor_parallel=$tp --batch 1,8,64 \
-      --context 512,8192 --max-kv-gib 60 --json "$out/engine-llama3-8b-tp$tp.json"
-    grep -E "^ +(1|8|64) " "$out/engine-llama3-8b-tp$tp.txt" | tee -a "$summary"
+  cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
+  for variant in tp1 tp2 tp2-nccl; do
+    tp=${variant:2:1}
+    env=()
+    [[ $variant == tp2-nccl ]] && env=(KVFUSE_PEER_ALLREDUCE=0)
+    run "engine-llama3-8b-$variant" env "${env[@]}" "${bench[@]}" --set model=llama3-8b --set tensor_parallel="$tp" \
+      "${cells[@]}" --json "$out/engine-llama3-8b-$variant.json"
+    echo "llama3-8b $variant:" | tee -a "$summary"
+    grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-8b-$variant.txt" | tee -a "$summary"
   done
 
   pages=${TP_70B_PAGES:-25000}
   run run-llama3-70b-tp2 "$bundle/kvfuse-run" --set model=llama3-70b --set tensor_parallel=2 --set num_pages="$pages" \
     --set max_seq_len=4096 -n 8 -m 32 -q
   tail -3 "$out/run-llama3-70b-tp2.txt" | tee -a "$summary"
-  run engine-llama3-70b-tp2 "${bench[@]}" --set model=llama3-70b --set tensor_parallel=2 --batch 1,8,64 --context 512 \
-    --max-kv-gib 30 --json "$out/engine-llama3-70b-tp2.json"
-  grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-70b-tp2.txt" | tee -a "$summary"
+  if [[ ${TP_70B_BENCH:-0} == 1 ]]; then
+    run engine-llama3-70b-tp2 "${bench[@]}" --set model=llama3-70b --set tensor_parallel=2 --batch 1,8,64 --context 512 \
+      --max-kv-gib 30 --json "$out/engine-llama3-70b-tp2.json"
+    grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-70b-tp2.txt" | tee -a "$summary"
+  else
+    note "llama3-70b engine benchmark: not run (TP_70B_BENCH=1 runs it)"
+  fi
 fi
 
 # Two processes, one GPU each: the same prompts as tp 2 in one process, tokens compared.
 # KVFUSE_GEMM_TUNE=0: every run takes cuBLASLt's first heuristic choice for each GEMM, so
 # that the three runs compute with the same kernels whatever a timing would pick.
-port=${TP_PORT:-29500}
-export KVFUSE_GEMM_TUNE=0
-mp=(--set model=llama3-8b --set tensor_parallel=2 --set num_pages=4096 -n 8 -m 32 -q)
-run run-llama3-8b-tp2-one-process "$bundle/kvfuse-run" "${mp[@]}"
-"$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:$port --set tp_rank=1 --set devices=1 \
-  >"$out/run-llama3-8b-tp2-follower.txt" 2>&1 &
-follower=$!
-run run-llama3-8b-tp2-leader "$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:$port --set devices=0
-wait $follower
-frc=$?
-note "run-llama3-8b-tp2-follower: exit $frc"
-((frc == 0)) || status=1
-if diff <(grep '^sequence' "$out/run-llama3-8b-tp2-one-process.txt") \
-  <(grep '^sequence' "$out/run-llama3-8b-tp2-leader.txt") >"$out/tp2-processes-diff.txt" &&
-  [[ $(grep -c '^sequence' "$out/run-llama3-8b-tp2-leader.txt") == 8 ]]; then
-  note "tp 2 across two processes: greedy tokens equal tp 2 in one process (8 sequences x 32 tokens)"
-else
-  note "FAIL: tp 2 across two processes: tokens differ from tp 2 in one process ($out/tp2-processes-diff.txt)"
-  status=1
+if [[ ${GPU_TP_ONLY:-} != one-process ]]; then
+  port=${TP_PORT:-29500}
+  export KVFUSE_GEMM_TUNE=0
+  mp=(--set model=llama3-8b --set tensor_parallel=2 --set num_pages=4096 -n 8 -m 32 -q)
+  run run-llama3-8b-tp2-one-process "$bundle/kvfuse-run" "${mp[@]}"
+  "$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:$port --set tp_rank=1 --set devices=1 \
+    >"$out/run-llama3-8b-tp2-follower.txt" 2>&1 &
+  follower=$!
+  run run-llama3-8b-tp2-leader "$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:$port --set devices=0
+  wait $follower
+  frc=$?
+  note "run-llama3-8b-tp2-follower: exit $frc"
+  ((frc == 0)) || status=1
+  if diff <(grep '^sequence' "$out/run-llama3-8b-tp2-one-process.txt") \
+    <(grep '^sequence' "$out/run-llama3-8b-tp2-leader.txt") >"$out/tp2-processes-diff.txt" &&
+    [[ $(grep -c '^sequence' "$out/run-llama3-8b-tp2-leader.txt") == 8 ]]; then
+    note "tp 2 across two processes: greedy tokens equal tp 2 in one process (8 sequences x 32 tokens)"
+  else
+    note "FAIL: tp 2 across two processes: tokens differ from tp 2 in one process ($out/tp2-processes-diff.txt)"
+    status=1
+  fi
+  tail -1 "$out/run-llama3-8b-tp2-leader.txt" | tee -a "$summary"
+  unset KVFUSE_GEMM_TUNE
 fi
-tail -1 "$out/run-llama3-8b-tp2-leader.txt" | tee -a "$summary"
-unset KVFUSE_GEMM_TUNE
 
 note "$( ((status == 0)) && echo PASS || echo FAIL)"
 exit $status

@@ -18,12 +18,12 @@ CU's registers and LDS (64 KiB a CU on gfx942, 160 KiB on gfx950). SGPRs do not 
 occupancy below 8 waves on these targets.
 
 Gates (exit status 1 if any fails):
-  - KV write (fused, scatter, unfused scale/cast), RMSNorm (and the residual add fused
+  - KV write (fused, RoPE fused with it, scatter, unfused scale/cast), RMSNorm (and the residual add fused
     with it), RoPE, sampling and argmax
     kernels: no scratch, and at least 4 waves per SIMD (TARGETS below): what the
     KV write's launch bounds promise (4 blocks of 256 threads a CU), and for the
     1024-thread sampling blocks what one resident block needs;
-  - every fused FP8 KV-write kernel contains the packed conversion of its format
+  - every fused FP8 KV-write kernel (with or without RoPE) contains the packed conversion of its format
     (v_cvt_pk_fp8_f32 for e4m3fn/e4m3fnuz, v_cvt_pk_bf8_f32 for e5m2) in the ISA of
     each arch whose hardware has that format: gfx942 all three (FNUZ hardware, OCP
     through the halving recipe), gfx950 e4m3fn and e5m2 (e4m3fnuz is not a gfx950
@@ -65,6 +65,7 @@ SIMDS_PER_CU = 4
 # (family, name pattern, minimum waves per SIMD). First match wins.
 TARGETS = [
     ("kv-write", r"^kv_write_fused_kernel<", 4),
+    ("kv-write", r"^kv_write_rope_kernel<", 4),
     ("kv-write", r"^kv_scatter_kernel", 4),
     ("kv-write", r"^kv_(scale|cast_fp8|cast_bf16)_kernel<", 4),
     ("norm", r"^(add_)?rmsnorm_kernel", 4),
@@ -328,9 +329,10 @@ def main():
             if r["occ"] < r["target"]:
                 bad.append("occupancy")
             verdict = "FAIL " + ",".join(bad) if bad else "ok"
-        fused = re.match(r"^kv_write_fused_kernel<fp8<(\w+),(\w+)>", r["name"])
+        fused = (re.match(r"^kv_write_fused_kernel<fp8<\w+,(\w+)>", r["name"]) or
+                 re.match(r"^kv_write_rope_kernel<\d+,(e4m3fn|e4m3fnuz|e5m2)>", r["name"]))
         if fused:
-            fmt = fused.group(2)
+            fmt = fused.group(1)
             need = not (r["arch"] == "gfx950" and fmt == "e4m3fnuz")
             have = r["bf8"] if fmt == "e5m2" else r["fp8"]
             if need and have == 0:
@@ -366,6 +368,11 @@ def main():
         n = sum(r["fp8"] + r["bf8"] for r in rows if r["arch"] == arch and r["name"].startswith("kv_write_fused"))
         fused = sum(1 for r in rows if r["arch"] == arch and r["name"].startswith("kv_write_fused_kernel<fp8"))
         print("hip-kernel-report: %s: %d packed FP8 conversions in %d fused FP8 KV-write kernels" % (arch, n, fused))
+        rope = [r for r in rows if r["arch"] == arch and r["name"].startswith("kv_write_rope_kernel<")]
+        print("hip-kernel-report: %s: %d packed FP8 conversions in %d RoPE + KV-write kernels" %
+              (arch, sum(r["fp8"] + r["bf8"] for r in rope), len(rope)))
+        if not rope:
+            failures.append("%s: no RoPE + KV-write kernels (kernels/kv_write_rope.cu)" % arch)
     for arch in ARCH:
         probes = [r for r in rows if r["arch"] == arch and r["name"].startswith("mfma_probe_kernel<")]
         print("hip-kernel-report: %s: MFMA probe: %s" % (arch, ", ".join(

@@ -217,6 +217,8 @@ void EngineLoop::run() {
       stopping = stop_requested_;
     }
     watchdog_.beat(true);
+    // A command may end or add a stream: the events held back from the last step go first.
+    if (!cmds.empty() || stopping) flush_events();
     for (auto& cmd : cmds) {
       cmd();
       if (sched_) dispatch_router_results();
@@ -224,6 +226,7 @@ void EngineLoop::run() {
     if (sched_) end_cancelled();
     if (stopping) break;
     if (sched_ && sched_->has_work()) step();
+    if (sched_ && !sched_->has_work()) flush_events();  // no next step to overlap them with
     publish_load();
   }
   watchdog_.beat(false);
@@ -363,6 +366,11 @@ void EngineLoop::stop(const absl::Status& why) {
 
 void EngineLoop::end_cancelled() {
   // A cancelled or timed-out call frees its pages here, at the step boundary.
+  bool any = false;
+  for (const auto& [id, s] : streams_) any = any || s.call->cancelled();
+  for (const auto& [id, b] : batches_) any = any || (b.cancelled && b.cancelled->load());
+  if (!any) return;
+  flush_events();
   for (auto it = streams_.begin(); it != streams_.end();) {
     if (!it->second.call->cancelled()) {
       ++it;
@@ -386,25 +394,44 @@ void EngineLoop::end_cancelled() {
 
 void EngineLoop::step() {
   const uint64_t steps_before = sched_->num_steps();
-  auto events = sched_->step();
-  if (!events.ok()) {
+  auto fail = [this](const absl::Status& st) {
     // The device state is unknown: end everything in flight, report unhealthy.
-    spdlog::error("event=step_failed error=\"{}\"", events.status().ToString());
+    spdlog::error("event=step_failed error=\"{}\"", st.ToString());
     set_healthy(false);
-    const absl::Status why =
-        absl::InternalError(absl::StrCat("engine step failed: ", events.status().message()));
+    const absl::Status why = absl::InternalError(absl::StrCat("engine step failed: ", st.message()));
+    flush_events();
     for (const TokenEvent& ev : sched_->fail_all(why)) on_event(ev);
     dispatch_router_results();
-    return;
-  }
+  };
+  auto planned = sched_->begin_step();
+  if (!planned.ok()) return fail(planned.status());
+  // The device runs the step from here until end_step(): the previous step's tokens go
+  // to their streams meanwhile, then this step's planning events (in that order, so that
+  // a request's last token comes before its failure to fit).
+  flush_events();
+  for (const TokenEvent& ev : *planned) on_event(ev);
+  if (!sched_->step_in_flight()) return dispatch_router_results();
+  auto events = sched_->end_step();
+  if (!events.ok()) return fail(events.status());
   if (sched_->num_steps() != steps_before) {
     const StepTimings& t = engine_->last_timings();
     metrics_.step.observe(t.total_ms / 1000.0);
     metrics_.step_tokens.observe(double(t.num_tokens));
     step_ms_ewma_ = step_ms_ewma_ == 0 ? t.total_ms : 0.9 * step_ms_ewma_ + 0.1 * t.total_ms;
   }
-  for (const TokenEvent& ev : *events) on_event(ev);
+  if (opts_.config.overlap_fanout) {
+    pending_events_ = std::move(*events);
+  } else {
+    for (const TokenEvent& ev : *events) on_event(ev);
+  }
   dispatch_router_results();
+}
+
+void EngineLoop::flush_events() {
+  if (pending_events_.empty()) return;
+  std::vector<TokenEvent> events;
+  events.swap(pending_events_);
+  for (const TokenEvent& ev : events) on_event(ev);
 }
 
 void EngineLoop::on_event(const TokenEvent& ev) {
@@ -506,6 +533,7 @@ void EngineLoop::complete_batch(uint64_t batch_id, const absl::Status& st) {
 }
 
 void EngineLoop::end_everything(const absl::Status& why) {
+  flush_events();
   for (const TokenEvent& ev : sched_->fail_all(why)) on_event(ev);
   for (auto& [id, s] : streams_) s.call->finish_error(why);
   streams_.clear();

@@ -118,6 +118,9 @@ class EngineLoop {
   void run_commands();
   void end_cancelled();
   void step();
+  // Sends the events of the last step that step() held back (overlap_fanout) to their
+  // streams. Runs before anything else touches the streams or the scheduler.
+  void flush_events();
   void on_event(const TokenEvent& ev);
   // Ends a Generate request (final message ABORT) or releases a router sequence.
   void abort_sequence(SeqId id);
@@ -167,6 +170,9 @@ class EngineLoop {
   uint64_t next_batch_id_ = 1;
   uint64_t next_auto_id_ = uint64_t(1) << 63;
   double step_ms_ewma_ = 0;
+  // With overlap_fanout: the last step's events, sent while the device runs the next step
+  // (or by flush_events() when commands come first or there is no next step).
+  std::vector<TokenEvent> pending_events_;
 };
 
 }  // namespace kvfuse::server

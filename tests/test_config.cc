@@ -27,6 +27,7 @@ TEST_CASE("config: defaults, and every key round-trips through JSON", "[config]"
   CHECK(c->model == "tiny");
   CHECK(c->kv_cache_dtype == KvCacheDtype::fp8_e4m3);
   CHECK(c->kv_write == KvWritePath::fused);
+  CHECK(c->overlap_fanout);
   const json j = config_to_json(*c);
   for (const auto& d : config_key_docs()) CHECK(j.contains(d.key));
   auto again = config_from_json(j);
@@ -60,6 +61,12 @@ TEST_CASE("config: bad values name the key and the allowed values", "[config][er
   CHECK(contains(e, "llama3-8b"));
   e = error_of({{"swa_layers", "some"}});
   CHECK(contains(e, "alternate"));
+  e = error_of({{"overlap_fanout", true}});
+  CHECK(contains(e, "'overlap_fanout'"));
+  CHECK(contains(e, "on"));
+  auto off = config_from_json({{"overlap_fanout", "off"}});
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->overlap_fanout);
   e = error_of({{"kv_wrte", "fused"}});
   CHECK(contains(e, "unknown key 'kv_wrte'"));
   e = error_of(json::array());
@@ -246,6 +253,36 @@ TEST_CASE("config: tensor-parallel keys (tensor_parallel, devices, tp_rendezvous
   c = config_from_json(j);
   REQUIRE(c.ok());
   CHECK(c->devices == std::vector<int32_t>{2, 3});
+}
+
+TEST_CASE("config: tp_allreduce (auto, nccl): default, values, errors, environment", "[config][tp]") {
+  auto c = config_from_json(json::object());
+  REQUIRE(c.ok());
+  CHECK(c->tp_allreduce == TpAllReduce::auto_);
+  CHECK(config_to_json(*c)["tp_allreduce"] == "auto");
+  c = config_from_json({{"tp_allreduce", "nccl"}, {"tensor_parallel", 2}});
+  REQUIRE(c.ok());
+  CHECK(c->tp_allreduce == TpAllReduce::nccl);
+  auto again = config_from_json(config_to_json(*c));
+  REQUIRE(again.ok());
+  CHECK(again->tp_allreduce == TpAllReduce::nccl);
+  std::string e = error_of({{"tp_allreduce", "peer"}});
+  CHECK(contains(e, "config key 'tp_allreduce'"));
+  CHECK(contains(e, "auto, nccl"));
+  CHECK(contains(error_of({{"tp_allreduce", 1}}), "'tp_allreduce'"));
+  // KVFUSE_TP_ALLREDUCE=nccl, and --set tp-allreduce=auto above it.
+  json j = json::object();
+  setenv("KVFUSE_TP_ALLREDUCE", "nccl", 1);
+  const absl::Status env = apply_config_env(j);
+  unsetenv("KVFUSE_TP_ALLREDUCE");
+  REQUIRE(env.ok());
+  c = config_from_json(j);
+  REQUIRE(c.ok());
+  CHECK(c->tp_allreduce == TpAllReduce::nccl);
+  REQUIRE(apply_config_override(j, "tp-allreduce=auto").ok());
+  c = config_from_json(j);
+  REQUIRE(c.ok());
+  CHECK(c->tp_allreduce == TpAllReduce::auto_);
 }
 
 TEST_CASE("config: every model preset of the model registry is accepted by name", "[config]") {

@@ -239,6 +239,50 @@ TEST_CASE("engine errors: bad steps are rejected and leave every page free", "[e
   CHECK(e->pool().usage(PoolKind::full).free_pages == 8);
 }
 
+TEST_CASE("engine begin_step/end_step: step() in two halves, and nothing else while a step is in flight",
+          "[engine][errors]") {
+  auto a = make_engine();
+  auto b = make_engine();
+  const int32_t vocab = a->spec().vocab;
+  for (Engine* e : {a.get(), b.get()}) {
+    REQUIRE(e->add_sequence(1, prompt_of(20, 1, vocab), SamplingParams{}).ok());
+    REQUIRE(e->add_sequence(2, prompt_of(9, 2, vocab), SamplingParams{}).ok());
+  }
+  CHECK(a->end_step().status().code() == absl::StatusCode::kFailedPrecondition);
+  std::vector<StepItem> items{StepItem{1, 20, true}, StepItem{2, 9, true}};
+  for (int s = 0; s < 6; ++s) {
+    INFO("step " << s);
+    auto whole = a->step(items);
+    REQUIRE(whole.ok());
+    REQUIRE(b->begin_step(items, b->forward_options()).ok());
+    REQUIRE(b->step_in_flight());
+    // Everything that would change what the device is using is refused until end_step.
+    CHECK(b->begin_step(items, b->forward_options()).code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(b->step(items).status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(b->release(1).code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(b->append_tokens(1, {3}).code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(b->add_sequence(9, {1, 2}, SamplingParams{}).code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(b->assume_computed(2, 1).code() == absl::StatusCode::kFailedPrecondition);
+    auto halves = b->end_step();
+    REQUIRE(halves.ok());
+    CHECK_FALSE(b->step_in_flight());
+    REQUIRE(halves->size() == whole->size());
+    for (size_t i = 0; i < whole->size(); ++i) {
+      CHECK((*halves)[i].status.ok());
+      CHECK((*halves)[i].token == (*whole)[i].token);
+    }
+    CHECK(b->sequence(1)->tokens == a->sequence(1)->tokens);
+    items = {StepItem{1, 1, true}, StepItem{2, 1, true}};
+  }
+  // A rejected begin_step leaves nothing in flight.
+  CHECK(b->begin_step({StepItem{7, 1, true}}, b->forward_options()).code() == absl::StatusCode::kNotFound);
+  CHECK_FALSE(b->step_in_flight());
+  CHECK(b->end_step().status().code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(b->release(1).ok());
+  REQUIRE(b->release(2).ok());
+  CHECK(b->pool().usage(PoolKind::full).used_pages == 0);
+}
+
 TEST_CASE("engine config: per-layer scales reach the pool, bad counts and oversized presets fail",
           "[engine][config]") {
   const std::vector<float> ks = {0.5f, 1.0f, 2.0f, 4.0f};

@@ -144,3 +144,37 @@ TEST_CASE("gpu tensor parallel: each rank's layer-0 pages against tp 1's bytes o
   CHECK(nonzero > 0);
   CHECK(differing == 0);
 }
+
+TEST_CASE("gpu tensor parallel: the peer all-reduce against NCCL's at tp 2, logits and tokens bit for bit",
+          "[gpu][tp][peer]") {
+  // With two ranks NCCL's sum of a pair is one fp32 add rounded once, the same arithmetic
+  // as the peer kernel's rank-ordered sum (tests/test_gpu_nccl.cu), so the whole forward
+  // pass must match bit for bit, graphs on and off.
+  const json keys = {{"tensor_parallel", 2}, {"kv_cache_dtype", "fp8_e4m3"}};
+  json nccl_keys = keys;
+  nccl_keys["tp_allreduce"] = "nccl";
+  auto peer = gpu_engine_or_skip(keys);
+  if (!peer) return;
+  auto nccl = gpu_engine_or_skip(nccl_keys);
+  REQUIRE(nccl);
+  std::printf("gpu tp 2 collectives: auto -> %s; tp_allreduce nccl -> %s\n", peer->collectives_path().c_str(),
+              nccl->collectives_path().c_str());
+  CHECK(nccl->collectives_path().find("peer") == std::string::npos);
+  if (peer->collectives_path().find("peer") == std::string::npos) {
+    WARN("the peer all-reduce does not apply here: " << peer->collectives_path());
+    return;
+  }
+  const int32_t vocab = peer->spec().vocab;
+  const auto prompt = prompt_of(200, 5, vocab);
+  const auto forced = prompt_of(30, 3, vocab);
+  CHECK(teacher_forced_logits(*peer, 1, prompt, forced) == teacher_forced_logits(*nccl, 1, prompt, forced));
+  for (const bool graphs : {true, false}) {
+    const ForwardOptions opts{peer->config().kv_write, peer->config().attention, graphs};
+    const ScheduleRun a = run_bucket_schedule(*peer, opts, 40, 6);
+    const ScheduleRun b = run_bucket_schedule(*nccl, opts, 40, 6);
+    CAPTURE(graphs);
+    CHECK(a.tokens == b.tokens);
+    CHECK(a.logits == b.logits);
+    if (graphs) CHECK(a.graph_steps > 0);
+  }
+}

@@ -17,8 +17,12 @@ TEST_CASE("server: 80 concurrent Generate streams and router calls share steps a
   // The engine's output is recorded per sequence as the steps return it (an in-process
   // rerun would batch differently, and the CPU's GEMM sums a step of one or two rows in
   // another order than a larger step, so near-tied greedy choices could differ).
+  // Both ways of sending a step's tokens: while the next step runs (default), and between
+  // steps.
+  const std::string fanout = GENERATE("overlap_fanout=on", "overlap_fanout=off");
+  INFO(fanout);
   auto rec = std::make_shared<TokenRecord>();
-  auto t = TestServer::start({}, [rec](server::ServerOptions& o) { o.loop.result_hook = rec->hook(); });
+  auto t = TestServer::start({fanout}, [rec](server::ServerOptions& o) { o.loop.result_hook = rec->hook(); });
   constexpr int kStreams = 80, kRouter = 4, kTokens = 24;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < kStreams + kRouter; ++i) prompts.push_back(test_prompt(i, 5 + (i * 7) % 56));
@@ -124,7 +128,9 @@ TEST_CASE("server: a slow reader gets every token in order and never holds up th
 }
 
 TEST_CASE("server: a cancelled stream frees its pages at the next step boundary", "[server][stream]") {
-  auto t = TestServer::start();
+  const std::string fanout = GENERATE("overlap_fanout=on", "overlap_fanout=off");
+  INFO(fanout);
+  auto t = TestServer::start({fanout});
   grpc::ClientContext ctx;
   ctx.set_deadline(in_seconds(60));
   auto reader = t.stub->Generate(&ctx, generate_request(test_prompt(3, 40), 4000));

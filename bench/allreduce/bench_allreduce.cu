@@ -1,6 +1,8 @@
 // kvfuse-bench-allreduce: the tensor-parallel all-reduce of a decode step, bf16, through
-// NcclCommunicator (src/parallel), one process and one thread per GPU. For each message
-// size it times one all-reduce per call two ways on every rank's own stream:
+// NcclCommunicator (src/parallel) and, where every pair of GPUs has peer access, through
+// the one-shot kernel over peer memory (src/parallel/peer_allreduce.h; --no-peer leaves
+// it out), one process and one thread per GPU. For each message size it times one
+// all-reduce per call two ways on every rank's own stream:
 //   eager: back-to-back calls after a warm-up;
 //   graph: --calls calls captured in one CUDA/HIP graph, replayed after two warm-up
 //          replays (what a decode step captured with its all-reduces costs per call).
@@ -22,6 +24,7 @@
 #include "bench/common/gpu_bench.cuh"
 #include "bench/common/json_writer.h"
 #include "src/parallel/nccl_communicator.h"
+#include "src/parallel/peer_allreduce.h"
 
 namespace {
 
@@ -36,11 +39,13 @@ struct Args {
   int calls = 100;
   int rounds = 7;
   double link_gbs = 0;  // 0: from the device name (NVLink 4 on H100/H200), else not shown
+  bool peer = true;
   std::string json_path;
 };
 
 int usage(FILE* to) {
-  std::fprintf(to, "usage: %s [--gpus N] [--calls N] [--rounds N] [--link-gbs GBS] [--json PATH]\n", kProgram);
+  std::fprintf(to, "usage: %s [--gpus N] [--calls N] [--rounds N] [--link-gbs GBS] [--no-peer] [--json PATH]\n",
+               kProgram);
   return to == stdout ? 0 : 2;
 }
 
@@ -55,6 +60,7 @@ void check(const absl::Status& st) {
 
 struct Figures {
   double eager_us = 0, graph_us = 0;
+  double peer_eager_us = 0, peer_graph_us = 0;  // the peer all-reduce, when it runs
 };
 
 }  // namespace
@@ -71,6 +77,8 @@ int main(int argc, char** argv) {
       args.rounds = std::max(3, std::atoi(argv[++i]));
     } else if (!std::strcmp(argv[i], "--link-gbs") && v) {
       args.link_gbs = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--no-peer")) {
+      args.peer = false;
     } else if (!std::strcmp(argv[i], "--json") && v) {
       args.json_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
@@ -106,9 +114,22 @@ int main(int argc, char** argv) {
   std::printf("bf16 all_reduce_sum, one thread per GPU; %d calls per graph, median of %d rounds, slowest rank\n",
               args.calls, args.rounds);
 
+  constexpr size_t kSizeCount = sizeof(kSizes) / sizeof(kSizes[0]);
+  std::shared_ptr<PeerAllReduceGroup> peer;
+  if (args.peer) {
+    std::vector<int> devices;
+    for (int r = 0; r < n; ++r) devices.push_back(r);
+    PeerAllReduceOptions opts;
+    opts.staging_bytes = kSizes[kSizeCount - 1];
+    auto g = PeerAllReduceGroup::create(devices, opts);
+    if (g.ok()) {
+      peer = *g;
+    } else {
+      std::printf("peer all-reduce not timed: %s\n", std::string(g.status().message()).c_str());
+    }
+  }
   auto id = NcclCommunicator::unique_id(**lib);
   check(id.status());
-  constexpr size_t kSizeCount = sizeof(kSizes) / sizeof(kSizes[0]);
   std::vector<std::vector<Figures>> figures(static_cast<size_t>(n), std::vector<Figures>(kSizeCount, Figures{}));
   std::barrier sync(n);
   std::vector<std::thread> ranks;
@@ -128,7 +149,14 @@ int main(int argc, char** argv) {
         figures[size_t(r)][s].eager_us = timer.eager_us(call, args.calls, /*warmup=*/20, args.rounds);
         sync.arrive_and_wait();
         figures[size_t(r)][s].graph_us = timer.graph_us(call, args.calls, args.rounds);
+        if (!peer) continue;
+        auto peer_call = [&](cudaStream_t st) { check(peer->all_reduce_sum(r, buf, count, DType::bf16, st)); };
+        sync.arrive_and_wait();
+        figures[size_t(r)][s].peer_eager_us = timer.eager_us(peer_call, args.calls, /*warmup=*/20, args.rounds);
+        sync.arrive_and_wait();
+        figures[size_t(r)][s].peer_graph_us = timer.graph_us(peer_call, args.calls, args.rounds);
       }
+      if (peer) check(peer->status());
       check((*comm)->barrier());
       comm->reset();
       BENCH_GPU(cudaFree(buf));
@@ -137,27 +165,42 @@ int main(int argc, char** argv) {
   for (auto& t : ranks) t.join();
 
   const double ring = 2.0 * (n - 1) / n;
-  std::printf("\n%10s %10s %10s %12s %12s %8s\n", "bytes", "eager us", "graph us", "eager GB/s", "graph GB/s",
+  std::printf("\n%10s %10s %10s %12s %12s %8s", "bytes", "eager us", "graph us", "eager GB/s", "graph GB/s",
               args.link_gbs > 0 ? "%link" : "");
+  if (peer) std::printf(" %15s %15s %10s", "peer eager us", "peer graph us", "nccl/peer");
+  std::printf("\n");
   std::vector<std::string> rows;
   for (size_t s = 0; s < kSizeCount; ++s) {
     Figures worst;
     for (int r = 0; r < n; ++r) {
-      worst.eager_us = std::max(worst.eager_us, figures[size_t(r)][s].eager_us);
-      worst.graph_us = std::max(worst.graph_us, figures[size_t(r)][s].graph_us);
+      const Figures& f = figures[size_t(r)][s];
+      worst.eager_us = std::max(worst.eager_us, f.eager_us);
+      worst.graph_us = std::max(worst.graph_us, f.graph_us);
+      worst.peer_eager_us = std::max(worst.peer_eager_us, f.peer_eager_us);
+      worst.peer_graph_us = std::max(worst.peer_graph_us, f.peer_graph_us);
     }
     const double bytes = double(kSizes[s]);
     const double eager_gbs = bytes / (worst.eager_us * 1e3) * ring;
     const double graph_gbs = bytes / (worst.graph_us * 1e3) * ring;
     char pct[32] = "";
     if (args.link_gbs > 0) std::snprintf(pct, sizeof pct, "%.1f%%", 100.0 * graph_gbs / args.link_gbs);
-    std::printf("%10lld %10.2f %10.2f %12.1f %12.1f %8s\n", (long long)kSizes[s], worst.eager_us, worst.graph_us,
+    std::printf("%10lld %10.2f %10.2f %12.1f %12.1f %8s", (long long)kSizes[s], worst.eager_us, worst.graph_us,
                 eager_gbs, graph_gbs, pct);
-    rows.push_back(json_object({{"bytes", kSizes[s]},
-                                {"eager_us", Fixed{worst.eager_us, 2}},
-                                {"graph_us", Fixed{worst.graph_us, 2}},
-                                {"eager_busbw_gbs", Fixed{eager_gbs, 1}},
-                                {"graph_busbw_gbs", Fixed{graph_gbs, 1}}}));
+    if (peer) {
+      std::printf(" %15.2f %15.2f %10.2f", worst.peer_eager_us, worst.peer_graph_us,
+                  worst.graph_us / worst.peer_graph_us);
+    }
+    std::printf("\n");
+    std::vector<JsonField> row = {{"bytes", kSizes[s]},
+                                  {"eager_us", Fixed{worst.eager_us, 2}},
+                                  {"graph_us", Fixed{worst.graph_us, 2}},
+                                  {"eager_busbw_gbs", Fixed{eager_gbs, 1}},
+                                  {"graph_busbw_gbs", Fixed{graph_gbs, 1}}};
+    if (peer) {
+      row.emplace_back("peer_eager_us", Fixed{worst.peer_eager_us, 2});
+      row.emplace_back("peer_graph_us", Fixed{worst.peer_graph_us, 2});
+    }
+    rows.push_back(json_object(row));
   }
   if (args.link_gbs > 0) std::printf("%%link: graph busbw / %.0f GB/s per direction per GPU\n", args.link_gbs);
   if (!args.json_path.empty()) {

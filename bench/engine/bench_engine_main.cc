@@ -305,6 +305,7 @@ int main(int argc, char** argv) {
         "tensor_parallel %d: %d ranks; byte counts and the roofline are one GPU's (its shard of the weights, its "
         "KV heads); each step runs %d all-reduces of batch x %d bf16 and one all-gather of the logits\n",
         tp, e.num_ranks(), 2 * spec.num_layers, spec.hidden);
+    std::printf("collectives: %s\n", e.collectives_path().c_str());
   }
   for (const Cell& cell : cells) {
     if (!cell.skip.empty())
@@ -451,8 +452,8 @@ int main(int argc, char** argv) {
       }
       std::printf("\n");
     }
-    std::printf("(collectives: the step's %d all-reduces and logits gather alone, back to back%s)\n",
-                2 * spec.num_layers, gpu ? " in a graph" : "");
+    std::printf("(collectives: the step's %d all-reduces and logits gather alone, back to back%s; %s)\n",
+                2 * spec.num_layers, gpu ? " in a graph" : "", e.collectives_path().c_str());
   }
 
   const std::string device = e.backend().description();
@@ -471,6 +472,7 @@ int main(int argc, char** argv) {
                    {"max_kv_gib", max_kv_gib},
                    {"weight_bytes", weight_bytes},
                    {"tensor_parallel", tp},
+                   {"collectives", e.collectives_path()},
                    {"date", now_iso8601()},
                    {"command_line", cmdline},
                    {"config", used}};

@@ -120,6 +120,41 @@ __device__ __forceinline__ void vendor_launch_dependents() {
 #endif
 }
 
+// ---- Signalling between GPUs (kernels/gpu.h: store_release_system, ...) -------------
+// System scope: the other GPUs of the process (peer memory over NVLink/PCIe) and the host
+// see the operation in order. sm_70+ (the PTX memory model's scoped operations).
+__device__ __forceinline__ void vendor_store_release_system(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t vendor_load_relaxed_system(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+// With a relaxed load before it that read a release store's value: the PTX "acquire
+// pattern", so what the storing thread published is visible after it.
+__device__ __forceinline__ void vendor_fence_acquire_system() {
+  asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+// A clock that ticks at the same rate on every GPU and while the SM clock changes:
+// %globaltimer, nanoseconds.
+__device__ __forceinline__ uint64_t vendor_wall_clock() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+inline cudaError_t vendor_wall_clock_hz(int /*device*/, int64_t* hz) {
+  *hz = 1000000000;
+  return cudaSuccess;
+}
+// Device memory that GPUs signal each other through: plain device memory on NVIDIA
+// (scoped loads and stores keep it coherent).
+inline cudaError_t vendor_malloc_signals(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+// Host memory every GPU reads and writes in place (UVA: the host pointer is the device's).
+inline cudaError_t vendor_host_alloc_mapped(void** p, size_t bytes) {
+  return cudaHostAlloc(p, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+}
+
 // Kernel launch, optionally with programmatic dependent launch (PDL).
 template <class... Params, class... Args>
 cudaError_t vendor_launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,

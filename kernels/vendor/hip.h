@@ -42,6 +42,7 @@
 #define cudaGetDevice hipGetDevice
 #define cudaSetDevice hipSetDevice
 #define cudaGetDeviceProperties hipGetDeviceProperties
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 #define cudaDeviceProp hipDeviceProp_t
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaMalloc hipMalloc
@@ -81,6 +82,9 @@
 #define cudaGraphLaunch hipGraphLaunch
 #define cudaGraphExecDestroy hipGraphExecDestroy
 #define cudaGraphDestroy hipGraphDestroy
+#define cudaDeviceCanAccessPeer hipDeviceCanAccessPeer
+#define cudaDeviceEnablePeerAccess hipDeviceEnablePeerAccess
+#define cudaErrorPeerAccessAlreadyEnabled hipErrorPeerAccessAlreadyEnabled
 
 namespace kvfuse::gpu {
 
@@ -221,6 +225,36 @@ __device__ __forceinline__ void vendor_load_f32_pair(const float* a, const float
 // dependency hooks are no-ops.
 __device__ __forceinline__ void vendor_grid_dependency_wait() {}
 __device__ __forceinline__ void vendor_launch_dependents() {}
+
+// ---- Signalling between GPUs (kernels/gpu.h: store_release_system, ...) -------------
+// System scope: the release writes back this GPU's L2 before the store (buffer_wbl2 on
+// gfx942/gfx950), the acquire invalidates the lines another agent may have changed.
+__device__ __forceinline__ void vendor_store_release_system(uint64_t* p, uint64_t v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ __forceinline__ uint64_t vendor_load_relaxed_system(const uint64_t* p) {
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+}
+__device__ __forceinline__ void vendor_fence_acquire_system() {
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "");
+}
+// The constant-rate wall clock (s_memrealtime); its rate comes from the device attribute.
+__device__ __forceinline__ uint64_t vendor_wall_clock() { return uint64_t(wall_clock64()); }
+inline hipError_t vendor_wall_clock_hz(int device, int64_t* hz) {
+  int khz = 0;
+  const hipError_t err = hipDeviceGetAttribute(&khz, hipDeviceAttributeWallClockRate, device);
+  *hz = int64_t(khz) * 1000;
+  return err;
+}
+// Flags that other GPUs store into while a kernel polls them: uncached (fine-grained)
+// device memory, as coarse-grained memory is only coherent at kernel boundaries.
+inline hipError_t vendor_malloc_signals(void** p, size_t bytes) {
+  return hipExtMallocWithFlags(p, bytes, hipDeviceMallocUncached);
+}
+// Host memory every GPU reads and writes in place, coherent while kernels run.
+inline hipError_t vendor_host_alloc_mapped(void** p, size_t bytes) {
+  return hipHostMalloc(p, bytes, hipHostMallocMapped | hipHostMallocPortable | hipHostMallocCoherent);
+}
 
 template <class... Params, class... Args>
 hipError_t vendor_launch(void (*kernel)(Params...), dim3 grid, dim3 block, hipStream_t stream, bool /*pdl*/,

@@ -26,6 +26,7 @@ const char* to_string(KvCacheDtype d) { return enum_name(d, {"bf16", "fp8_e4m3",
 const char* to_string(KvWritePath p) { return enum_name(p, {"fused", "unfused", "fused_rope"}); }
 const char* to_string(AttentionPath p) { return p == AttentionPath::unified ? "unified" : "split"; }
 const char* to_string(GraphsMode g) { return g == GraphsMode::on ? "on" : "off"; }
+const char* to_string(TpAllReduce a) { return a == TpAllReduce::nccl ? "nccl" : "auto"; }
 
 const std::vector<ConfigKeyDoc>& config_key_docs() {
   static const std::vector<ConfigKeyDoc> docs = {
@@ -62,6 +63,9 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"prefix_reuse", "on | off",
        "a new sequence shares the full KV pages of a live sequence's matching prompt prefix (default off; "
        "models without SWA layers)"},
+      {"overlap_fanout", "on | off",
+       "the server sends a step's tokens to their streams while the device runs the next step "
+       "(default on; off: after the step, before the next one is planned)"},
       {"tensor_parallel", "1 .. 64", "ranks (GPUs, or CPU threads) a model is sharded over (default 1)"},
       {"devices", "[ordinal, ...] or \"0,1,...\"",
        "GPU ordinals, one per rank this process holds, no duplicates; empty (default): 0 .. "
@@ -72,6 +76,9 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
        "with tp_rendezvous: the rank this process holds (default 0); 0 serves, the others follow it"},
       {"tp_rendezvous_timeout_s", "1 .. 3600",
        "how long ranks wait for each other at the rendezvous (default 120)"},
+      {"tp_allreduce", "auto | nccl",
+       "GPU ranks' all-reduce: auto (default) runs small ones as one kernel over peer memory when every "
+       "pair of GPUs has peer access, nccl sends all through NCCL/RCCL"},
   };
   return docs;
 }
@@ -287,6 +294,10 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
     KVFUSE_RETURN_IF_ERROR(parse_enum(j["prefix_reuse"], "prefix_reuse",
                                       std::map<std::string, bool>{{"on", true}, {"off", false}}, c.prefix_reuse));
   }
+  if (has("overlap_fanout")) {
+    KVFUSE_RETURN_IF_ERROR(parse_enum(j["overlap_fanout"], "overlap_fanout",
+                                      std::map<std::string, bool>{{"on", true}, {"off", false}}, c.overlap_fanout));
+  }
   if (has("page_size")) KVFUSE_RETURN_IF_ERROR(parse_int(j["page_size"], "page_size", 1, 1024, c.page_size));
   if (has("num_pages")) KVFUSE_RETURN_IF_ERROR(parse_int(j["num_pages"], "num_pages", 1, int64_t(1) << 31, c.num_pages));
   if (has("swa_num_pages")) {
@@ -332,6 +343,12 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
   if (has("tp_rendezvous_timeout_s")) {
     KVFUSE_RETURN_IF_ERROR(parse_int(j["tp_rendezvous_timeout_s"], "tp_rendezvous_timeout_s", 1, 3600,
                                      c.tp_rendezvous_timeout_s));
+  }
+  if (has("tp_allreduce")) {
+    KVFUSE_RETURN_IF_ERROR(parse_enum(
+        j["tp_allreduce"], "tp_allreduce",
+        std::map<std::string, TpAllReduce>{{"auto", TpAllReduce::auto_}, {"nccl", TpAllReduce::nccl}},
+        c.tp_allreduce));
   }
   KVFUSE_RETURN_IF_ERROR(check_tensor_parallel_keys(c));
   return c;
@@ -412,12 +429,14 @@ json config_to_json(const Config& c) {
   j["max_batch_tokens"] = c.max_batch_tokens;
   j["max_running_seqs"] = c.max_running_seqs;
   j["prefix_reuse"] = c.prefix_reuse ? "on" : "off";
+  j["overlap_fanout"] = c.overlap_fanout ? "on" : "off";
   j["max_seq_len"] = c.max_seq_len;
   j["tensor_parallel"] = c.tensor_parallel;
   j["devices"] = c.devices;
   j["tp_rendezvous"] = c.tp_rendezvous;
   j["tp_rank"] = c.tp_rank;
   j["tp_rendezvous_timeout_s"] = c.tp_rendezvous_timeout_s;
+  j["tp_allreduce"] = to_string(c.tp_allreduce);
   return j;
 }
 

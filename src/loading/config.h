@@ -17,12 +17,16 @@ enum class KvCacheDtype { bf16, fp8_e4m3, fp8_e5m2 };
 enum class KvWritePath { fused, unfused, fused_rope };
 enum class AttentionPath { unified, split };
 enum class GraphsMode { off, on };
+// How GPU ranks all-reduce: auto takes the one-shot kernel over peer memory where it
+// applies (src/parallel/peer_allreduce.h), nccl sends every collective through NCCL/RCCL.
+enum class TpAllReduce { auto_, nccl };
 
 const char* to_string(Device d);
 const char* to_string(KvCacheDtype d);
 const char* to_string(KvWritePath p);
 const char* to_string(AttentionPath p);
 const char* to_string(GraphsMode g);
+const char* to_string(TpAllReduce a);
 
 struct Config {
   std::string model = "tiny";  // preset name
@@ -51,6 +55,9 @@ struct Config {
   // A new sequence whose prompt starts with a live sequence's computed tokens shares its
   // full pages (no SWA layers; not with prompt logprobs).
   bool prefix_reuse = false;
+  // Server: a step's tokens go out to their streams while the device runs the next step
+  // (off: between the two, on the step's critical path; for A/B).
+  bool overlap_fanout = true;
   // Tensor parallelism (src/parallel; docs in README "Tensor parallelism"): the ranks in one
   // process, or one rank per process with tp_rendezvous.
   int32_t tensor_parallel = 1;   // ranks in the group (the world size)
@@ -58,6 +65,7 @@ struct Config {
   std::string tp_rendezvous;     // host:port of rank 0 when the group spans processes; empty: one process
   int32_t tp_rank = 0;           // with tp_rendezvous: the rank this process holds
   int32_t tp_rendezvous_timeout_s = 120;
+  TpAllReduce tp_allreduce = TpAllReduce::auto_;
   // Ranks this process holds: len(devices), or tensor_parallel (one process) / 1 (rendezvous).
   int32_t tp_local_ranks() const;
   // GPU ordinal of local rank i: devices[i], or i when devices is empty.

@@ -53,6 +53,10 @@ class Communicator {
   // Ends this rank's participation: collectives in flight or waiting on other ranks return
   // an error (or are cancelled on the device), and so do later calls. Idempotent.
   virtual void abort() = 0;
+  // OK, or an error a collective recorded on the device after its call had returned (a
+  // peer that failed or never arrived): a step whose collectives ran from a graph checks it
+  // after the step. Cheap, any thread.
+  virtual absl::Status async_error() const { return absl::OkStatus(); }
 };
 
 // INVALID_ARGUMENT naming the collective when a call's own arguments are wrong: a null

@@ -41,7 +41,7 @@ class NcclCommunicator final : public Communicator {
   // ncclCommAbort: cancels what is in flight; later calls return FAILED_PRECONDITION.
   void abort() override;
   // OK, or the asynchronous error NCCL recorded (a peer that failed, a network error).
-  absl::Status async_error() const;
+  absl::Status async_error() const override;
 
  private:
   NcclCommunicator(const nccl::NcclLibrary& lib, int rank, int size, int device, void* stream)

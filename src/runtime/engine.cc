@@ -19,6 +19,7 @@
 #include "src/runtime/rank_thread.h"
 #if defined(KVFUSE_HAVE_GPU)
 #include "src/parallel/nccl_communicator.h"
+#include "src/parallel/peer_allreduce.h"
 #endif
 
 namespace kvfuse {
@@ -303,10 +304,12 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
           return absl::OkStatus();
         },
         false));
+    KVFUSE_RETURN_IF_ERROR(use_peer_allreduce(comms));
 #else
     return absl::FailedPreconditionError("tensor parallelism on a GPU needs a GPU build");
 #endif
   }
+  if (collectives_path_.empty()) collectives_path_ = comms[0]->name();
   comm_ = std::move(comms[0]);
   for (int32_t r = 1; r < tp; ++r) ranks_[size_t(r - 1)]->comm = std::move(comms[size_t(r)]);
 
@@ -333,6 +336,39 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
       false));
   model_ = std::move(models[0]);
   for (int32_t r = 1; r < tp; ++r) ranks_[size_t(r - 1)]->model = std::move(models[size_t(r)]);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator>>& comms) {
+  collectives_path_ = comms[0]->name();
+#if defined(KVFUSE_HAVE_GPU)
+  const int32_t tp = cfg_.tensor_parallel;
+  if (cfg_.tp_allreduce == TpAllReduce::nccl) {
+    collectives_path_ += " (tp_allreduce nccl)";
+    return absl::OkStatus();
+  }
+  if (peer_allreduce_disabled_by_env()) {
+    collectives_path_ += " (KVFUSE_PEER_ALLREDUCE=0)";
+    return absl::OkStatus();
+  }
+  std::vector<int> devices;
+  for (int32_t r = 0; r < tp; ++r) devices.push_back(cfg_.tp_device(r));
+  // Where it does not apply (no peer access between a pair, more than 8 ranks), NCCL
+  // carries every collective, as before; the reason is in collectives_path().
+  auto group = PeerAllReduceGroup::create(devices);
+  if (!group.ok()) {
+    collectives_path_ += absl::StrCat(" (", group.status().message(), ")");
+    return absl::OkStatus();
+  }
+  for (int32_t r = 0; r < tp; ++r) {
+    auto c = PeerAllReduceCommunicator::create(*group, r, rank_backend(r).native_stream(),
+                                               std::move(comms[size_t(r)]));
+    if (!c.ok()) return c.status();
+    comms[size_t(r)] = std::move(*c);
+  }
+  collectives_path_ = absl::StrCat(comms[0]->name(), " (all-reduces up to ", (*group)->staging_bytes() >> 10,
+                                   " KiB over peer memory, larger ones and the gathers over NCCL)");
+#endif
   return absl::OkStatus();
 }
 
@@ -423,11 +459,15 @@ absl::Status Engine::forward(const ForwardOptions& opts) {
     KVFUSE_RETURN_IF_ERROR(
         post_to_followers(RankCommand::forward, encode_forward(batch_, opts, pool_->take_swa_changes())));
   }
-  // Every rank runs the same batch; rank 0's result has the tokens.
+  // Every rank runs the same batch; rank 0's result has the tokens. A collective that
+  // failed on the device after its launch (a peer all-reduce that timed out) fails the step.
   return for_each_rank(
       [&](int32_t r) {
-        return r == 0 ? runner_->run(batch_, *pool_, opts, fwd_)
-                      : ranks_[size_t(r - 1)]->runner->run(batch_, *pool_, opts, ranks_[size_t(r - 1)]->fwd);
+        Communicator& comm = r == 0 ? *comm_ : *ranks_[size_t(r - 1)]->comm;
+        KVFUSE_RETURN_IF_ERROR(
+            r == 0 ? runner_->run(batch_, *pool_, opts, fwd_)
+                   : ranks_[size_t(r - 1)]->runner->run(batch_, *pool_, opts, ranks_[size_t(r - 1)]->fwd));
+        return comm.async_error();
       },
       true);
 }
@@ -445,6 +485,7 @@ absl::Status Engine::check_tokens(const std::vector<int32_t>& tokens) const {
 
 absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
                                   const Rng* rng, bool reuse_prefix) {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
   if (seqs_.count(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   if (int64_t(prompt.size()) >= cfg_.max_seq_len) {
@@ -489,6 +530,7 @@ absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const S
 }
 
 absl::Status Engine::append_tokens(SeqId id, const std::vector<int32_t>& tokens) {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens to append");
@@ -503,6 +545,7 @@ absl::Status Engine::append_tokens(SeqId id, const std::vector<int32_t>& tokens)
 }
 
 absl::Status Engine::release(SeqId id) {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
   if (!seqs_.erase(id)) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   return pool_->release(id);
 }
@@ -513,38 +556,65 @@ const SequenceState* Engine::sequence(SeqId id) const {
 }
 
 absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items) {
-  return step(items, ForwardOptions{cfg_.kv_write, cfg_.attention, cfg_.graphs == GraphsMode::on});
+  return step(items, forward_options());
 }
 
 absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items,
                                                      const ForwardOptions& opts) {
+  KVFUSE_RETURN_IF_ERROR(begin_step(items, opts));
+  return end_step();
+}
+
+absl::Status Engine::begin_step(const std::vector<StepItem>& items, const ForwardOptions& opts) {
   if (is_follower()) {
     return absl::FailedPreconditionError("step: this process follows rank 0, whose engine runs the steps");
   }
   if (!group_failed_.ok()) return group_failed_;  // a rank failed earlier: nothing runs any more
-  const auto t0 = Clock::now();
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is already in flight (end_step first)");
+  InFlight& f = in_flight_;
+  f.t0 = Clock::now();
   timings_ = StepTimings{};
   KVFUSE_RETURN_IF_ERROR(check_items(items));
-  std::vector<StepResult> results(items.size());
-  const std::vector<size_t> run = reserve_pages(items, results);
-  if (run.empty()) return results;
-  build_batch(items, run);
-  timings_.prepare_ms = ms_since(t0);
-
-  const auto t1 = Clock::now();
-  if (auto st = forward(opts); !st.ok()) {
-    return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
+  f.items = items;
+  f.results.assign(items.size(), StepResult{});
+  f.run = reserve_pages(items, f.results);
+  f.launched = f.finished = false;
+  if (!f.run.empty()) {
+    build_batch(items, f.run);
+    timings_.prepare_ms = ms_since(f.t0);
+    f.t1 = Clock::now();
+    // One rank: queue the pass and return; end_step waits. Several: every rank's thread
+    // runs its pass to the end (they meet in the collectives), here.
+    const bool one_rank = ranks_.empty() && !follower_links_;
+    const absl::Status st = one_rank ? runner_->launch(batch_, *pool_, opts, fwd_) : forward(opts);
+    if (!st.ok()) return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
+    f.launched = true;
+    f.finished = !one_rank;
   }
-  timings_.forward_ms = ms_since(t1);
+  f.active = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<StepResult>> Engine::end_step() {
+  if (!in_flight_.active) return absl::FailedPreconditionError("no step in flight (begin_step first)");
+  InFlight& f = in_flight_;
+  f.active = false;
+  if (!f.launched) return std::move(f.results);
+  if (!f.finished) {
+    if (auto st = runner_->finish(batch_, fwd_); !st.ok()) {
+      return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
+    }
+  }
+  timings_.forward_ms = ms_since(f.t1);
 
   const auto t2 = Clock::now();
-  apply_results(items, run, results);
+  apply_results(f.items, f.run, f.results);
   timings_.sample_ms = ms_since(t2);
-  timings_.total_ms = ms_since(t0);
+  timings_.total_ms = ms_since(f.t0);
   timings_.num_tokens = batch_.num_tokens();
-  timings_.num_seqs = int32_t(run.size());
+  timings_.num_seqs = int32_t(f.run.size());
   timings_.graph = fwd_.graph;
-  return results;
+  return std::move(f.results);
 }
 
 absl::Status Engine::check_items(const std::vector<StepItem>& items) const {
@@ -742,6 +812,7 @@ absl::StatusOr<int> Engine::warm_up_decode_graphs() {
 }
 
 absl::Status Engine::assume_computed(SeqId id, int32_t n) {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   SequenceState& s = it->second;

@@ -5,9 +5,11 @@
 // scheduler's choice.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -97,6 +99,10 @@ class Engine {
   ~Engine();
 
   const Config& config() const { return cfg_; }
+  // The write path, attention path and graphs the config asks for: what step(items) runs.
+  ForwardOptions forward_options() const {
+    return ForwardOptions{cfg_.kv_write, cfg_.attention, cfg_.graphs == GraphsMode::on};
+  }
   const ModelSpec& spec() const { return model_->spec(); }
   // This process's first rank's backend (the only one at tensor_parallel 1).
   Backend& backend() { return *backend_; }
@@ -146,6 +152,17 @@ class Engine {
   // (A/B tests and benchmarks on one engine).
   absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items,
                                                const ForwardOptions& opts);
+  // step() in two halves, so that a caller can do its own host work while the device
+  // runs the step (the server's loop fans the previous step's tokens out to its streams
+  // there): begin_step() checks the items, reserves their pages and launches the pass;
+  // end_step() waits for it, applies the tokens and returns what step() returns. An error
+  // from begin_step() is step()'s error and leaves nothing in flight. While a step is in
+  // flight, end_step() is the only call allowed on the engine (the others may read or
+  // change what the device is using); end_step() without one is FAILED_PRECONDITION.
+  // With tensor parallelism the pass completes inside begin_step().
+  absl::Status begin_step(const std::vector<StepItem>& items, const ForwardOptions& opts);
+  absl::StatusOr<std::vector<StepResult>> end_step();
+  bool step_in_flight() const { return in_flight_.active; }
 
   // On a backend with graphs and with `graphs: on`: runs one decode-shaped step for every
   // batch bucket up to max_running_seqs (throw-away one-token sequences), so that each
@@ -167,6 +184,9 @@ class Engine {
   // (captured in a graph per rank where the backend has graphs, as a step's are), on this
   // engine's communicators. FAILED_PRECONDITION at tensor_parallel 1.
   absl::StatusOr<double> collectives_ms(int32_t tokens, int reps);
+  // Which communicator carries the collectives at tensor_parallel > 1 and, for GPU ranks,
+  // whether all-reduces go over peer memory (and why not, when they do not); "" at 1.
+  const std::string& collectives_path() const { return collectives_path_; }
 
   // Logits of the last step, [rows, vocab]: one row per item that asked for logits
   // (StepItem::logits) or sampled with temperature > 0; StepResult::logits_row indexes it.
@@ -197,6 +217,9 @@ class Engine {
   // One rank's part of collectives_ms.
   absl::Status run_collectives(int32_t local_rank, int32_t tokens, int reps, double& ms);
   absl::Status load_weights(HostWeightSource& weights);
+  // GPU ranks: puts the peer all-reduce (src/parallel/peer_allreduce.h) in front of each
+  // rank's NCCL communicator where it applies; sets collectives_path_.
+  absl::Status use_peer_allreduce(std::vector<std::unique_ptr<Communicator>>& comms);
   // Runs f(rank) for every rank at once, rank 0 on the calling thread, the others on their
   // threads; the first error. With abort_on_error, a failing rank aborts the group so that
   // no rank waits on it in a collective, and the engine refuses later steps.
@@ -221,6 +244,7 @@ class Engine {
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<Communicator> comm_;  // rank 0's, at tensor_parallel > 1
   std::shared_ptr<void> comm_group_;    // what the communicators share (CPU group)
+  std::string collectives_path_;        // collectives_path()
   absl::Status group_failed_;           // a rank failed mid-step: the group is aborted
   std::unique_ptr<FollowerLinks> follower_links_;  // a leader's connections to the other processes
   std::unique_ptr<LeaderLink> leader_link_;        // a follower's connection to the leader
@@ -228,6 +252,16 @@ class Engine {
   ForwardResult fwd_;
   StepTimings timings_;
   ForwardBatch batch_;  // reused between steps
+  // The step between begin_step() and end_step().
+  struct InFlight {
+    bool active = false;
+    bool launched = false;  // a pass was launched (not every item failed its reservation)
+    bool finished = false;  // the pass is complete (tensor parallelism: in begin_step)
+    std::vector<StepItem> items;
+    std::vector<size_t> run;
+    std::vector<StepResult> results;
+    std::chrono::steady_clock::time_point t0, t1;
+  } in_flight_;
   std::vector<size_t> extra_count_;  // per item that ran: its rows in batch_.extra_rows
 };
 

@@ -354,6 +354,12 @@ absl::Status ModelRunner::run_graph(const ForwardBatch& b, KvPool& pool, const F
 
 absl::Status ModelRunner::run(const ForwardBatch& in, KvPool& pool, const ForwardOptions& opts,
                               ForwardResult& out) {
+  KVFUSE_RETURN_IF_ERROR(launch(in, pool, opts, out));
+  return finish(in, out);
+}
+
+absl::Status ModelRunner::launch(const ForwardBatch& in, KvPool& pool, const ForwardOptions& opts,
+                                 ForwardResult& out) {
   out.graph = false;
   const bool decode_only =
       in.max_query_len == 1 && in.num_tokens() == in.num_seqs() && in.extra_rows.empty();
@@ -377,7 +383,12 @@ absl::Status ModelRunner::run(const ForwardBatch& in, KvPool& pool, const Forwar
     KVFUSE_RETURN_IF_ERROR(run_model(*b, pool, opts));
     if (pad) ++graph_stats_.padded_eager;
   }
-  KVFUSE_RETURN_IF_ERROR(read_back(in, *b, pad, out));
+  launched_padded_ = pad;
+  return absl::OkStatus();
+}
+
+absl::Status ModelRunner::finish(const ForwardBatch& in, ForwardResult& out) {
+  KVFUSE_RETURN_IF_ERROR(read_back(in, launched_padded_ ? padded_ : in, launched_padded_, out));
   // read_back succeeds only after the stream is synchronised: the metadata copy is done.
   meta_in_flight_ = false;
   return absl::OkStatus();

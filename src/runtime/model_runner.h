@@ -136,6 +136,13 @@ class ModelRunner {
   // path), captured after the bucket's first, eager, run. Padding rows have slot -1 (no
   // KV write) and belong to no sequence (attention skips them).
   absl::Status run(const ForwardBatch& batch, KvPool& pool, const ForwardOptions& opts, ForwardResult& out);
+  // run() in two halves: launch() queues the step (its metadata copy, then the graph or
+  // the kernels) and returns without waiting; finish() waits for it and fills `out`.
+  // Between the two the caller may do host work of its own while the device runs, but
+  // must not change `batch` or the pool, nor run another step. Every launch() that
+  // succeeds is followed by exactly one finish() with the same batch.
+  absl::Status launch(const ForwardBatch& batch, KvPool& pool, const ForwardOptions& opts, ForwardResult& out);
+  absl::Status finish(const ForwardBatch& batch, ForwardResult& out);
 
   const GraphStats& graph_stats() const { return graph_stats_; }
   const BatchMetaLayout& meta_layout() const { return meta_layout_; }
@@ -205,6 +212,7 @@ class ModelRunner {
   DeviceBuffer meta_;
   HostBuffer meta_host_;
   bool meta_in_flight_ = false;
+  bool launched_padded_ = false;  // launch() ran the padded copy (padded_): finish() reads its rows
   size_t swa_table_offset_ = 0;  // this step's SWA block table (after the full table's used part)
   size_t last_upload_bytes_ = 0;
 

@@ -214,13 +214,33 @@ void Scheduler::plan_step(std::vector<StepItem>& items, std::vector<Owner>& owne
 }
 
 absl::StatusOr<std::vector<TokenEvent>> Scheduler::step() {
+  auto events = begin_step();
+  if (!events.ok() || !step_in_flight()) return events;
+  auto rest = end_step();
+  if (!rest.ok()) return rest.status();
+  events->insert(events->end(), rest->begin(), rest->end());
+  return events;
+}
+
+absl::StatusOr<std::vector<TokenEvent>> Scheduler::begin_step() {
+  if (in_flight_) return absl::FailedPreconditionError("a step is already in flight (end_step first)");
   std::vector<TokenEvent> events;
-  const Plan plan = schedule(events);
+  Plan plan = schedule(events);
   if (plan.items.empty()) return events;
   ++step_count_;
-  auto results = engine_.step(plan.items);
+  KVFUSE_RETURN_IF_ERROR(engine_.begin_step(plan.items, engine_.forward_options()));
+  in_flight_ = std::move(plan);
+  return events;
+}
+
+absl::StatusOr<std::vector<TokenEvent>> Scheduler::end_step() {
+  if (!in_flight_) return absl::FailedPreconditionError("no step in flight (begin_step first)");
+  const Plan plan = std::move(*in_flight_);
+  in_flight_.reset();
+  auto results = engine_.end_step();
   if (!results.ok()) return results.status();
   if (result_hook_) result_hook_(*results);
+  std::vector<TokenEvent> events;
   apply_results(*results, plan.owners, events);
   return events;
 }

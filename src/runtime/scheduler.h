@@ -107,6 +107,14 @@ class Scheduler {
   // Runs one engine step if any request or router task can make progress and returns
   // the generate requests' events (router results: take_router_results()).
   absl::StatusOr<std::vector<TokenEvent>> step();
+  // step() in two halves (Engine::begin_step / end_step): begin_step() plans the step,
+  // launches it and returns the events of planning (admission and preemption failures);
+  // end_step() waits for the step and returns its events. While step_in_flight(), call
+  // nothing else on the scheduler (or the engine): the host may only do work of its own.
+  // A begin_step() error is step()'s error and leaves nothing in flight.
+  absl::StatusOr<std::vector<TokenEvent>> begin_step();
+  absl::StatusOr<std::vector<TokenEvent>> end_step();
+  bool step_in_flight() const { return in_flight_.has_value(); }
 
   bool has_work() const { return !running_.empty() || !waiting_.empty() || !router_active_.empty(); }
   size_t num_running() const { return running_.size(); }
@@ -248,6 +256,7 @@ class Scheduler {
   std::vector<RouterResult> router_results_;
   uint64_t next_router_generation_ = 1;
   uint64_t step_count_ = 0;
+  std::optional<Plan> in_flight_;  // the plan of the step between begin_step and end_step
   std::function<void(std::vector<StepResult>&)> result_hook_;
 };
 

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Through the server against in-process, on one GPU, in one run, from the bundle that
+# scripts/gpu-bundle.sh packs (carry .device-bundle.tar.xz along):
+#   1. kvfuse-server, $MODEL (default llama3-8b, synthetic bf16 weights), fp8 KV, split attention, graphs
+#      on, and kvfuse-bench-serve at $STREAMS streams (prompt 32, $TOKENS tokens each) for
+#      $SERVE_S seconds, overlap_fanout on and off in turn, $ROUNDS rounds;
+#   2. kvfuse-bench-engine, the same engine in-process: the decode step at batch $STREAMS
+#      x the streams' mean context (32 + $TOKENS / 2).
+# Prints each run's ITL p50 and its ratio to the in-process step. Writes $OUT (or
+# build-gpu-serve/): summary.txt and every program's output. Exit 0 when everything ran.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build-gpu-serve}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+t0=$(date +%s)
+note() { echo "gpu-serve: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
+bundle=.device-bundle
+[[ -d $bundle ]] || [[ ! -f $bundle.tar.xz ]] || tar xJf "$bundle.tar.xz"
+[[ -x $bundle/kvfuse-server && -x $bundle/kvfuse-bench-serve ]] ||
+  { note "FAIL: no server in $bundle (scripts/gpu-bundle.sh)"; exit 1; }
+cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+streams=${STREAMS:-64}
+tokens=${TOKENS:-256}
+serve_s=${SERVE_S:-15}
+rounds=${ROUNDS:-2}
+port=${PORT:-50151}
+engine=(--set model="${MODEL:-llama3-8b}" --set kv_cache_dtype=fp8_e4m3 --set attention=split --set graphs=on)
+note "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%FT%TZ), $streams streams x $tokens tokens"
+status=0
+
+serve() {  # name, overlap_fanout value
+  local name=$1 log="$out/server-$1.txt"
+  "$bundle/kvfuse-server" "${engine[@]}" --set max_running_seqs="$streams" --set num_pages="${NUM_PAGES:-16384}" \
+    --set overlap_fanout="$2" --listen "127.0.0.1:$port" \
+    --metrics-port -1 >"$log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 600); do
+    grep -q "event=engine_ready" "$log" 2>/dev/null && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.5
+  done
+  if ! grep -q "event=engine_ready" "$log"; then
+    note "$name: server did not start"
+    status=1
+    kill $pid 2>/dev/null
+    wait $pid 2>/dev/null
+    return
+  fi
+  "$bundle/kvfuse-bench-serve" --addr "127.0.0.1:$port" --concurrency "$streams" --duration-s "$serve_s" \
+    --prompt-len 32 --max-tokens "$tokens" >"$out/bench-$name.txt" 2>"$out/bench-$name.err"
+  local rc=$?
+  kill -TERM $pid
+  wait $pid
+  ((rc == 0)) || status=1
+  local itl
+  itl=$(awk '/^ITL/ {print $4}' "$out/bench-$name.txt")
+  note "$name: exit $rc, ITL p50 ${itl:-?} ms, $(grep -E '^output' "$out/bench-$name.txt")"
+  echo "$name ${itl:-nan}" >>"$out/itl.txt"
+}
+
+: >"$out/itl.txt"
+for r in $(seq "$rounds"); do
+  serve "on-$r" on
+  serve "off-$r" off
+done
+
+ctx=$((32 + tokens / 2))
+"$bundle/kvfuse-bench-engine" "${engine[@]}" --attention split --graphs on --batch "$streams" --context "$ctx" \
+  --steps 32 --reps 5 --warmup 2 >"$out/engine.txt" 2>&1 || status=1
+step=$(awk -v b="$streams" -v c="$ctx" '$1 == b && $2 == c && $3 == "split/graphs" {print $4; exit}' "$out/engine.txt")
+note "in-process step, batch $streams x context $ctx: ${step:-?} ms"
+if [[ -n $step ]]; then
+  awk -v s="$step" '{printf "gpu-serve: %-6s ITL p50 %s ms = %.3f x the in-process step (%s ms)\n", $1, $2, $2 / s, s}' \
+    "$out/itl.txt" | tee -a "$summary"
+fi
+note "$( ((status == 0)) && echo DONE || echo FAIL)"
+exit $status

@@ -1,0 +1,473 @@
+#include "src/parallel/peer_allreduce.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+// kernels/gpu.h first: under HIP it brings the device memcpy that kernels/bf16.h uses.
+#include "kernels/gpu.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/bf16.h"
+#include "src/common/status_macros.h"
+
+namespace kvfuse {
+
+namespace {
+
+constexpr int kMaxRanks = PeerAllReduceGroup::kMaxRanks;
+constexpr int kThreads = PeerAllReduceGroup::kBlockThreads;
+constexpr int64_t kVecBytes = 16;
+// A block moves kThreads 16-byte vectors per pass: the grid gets one block per pass of
+// the message, up to kMaxBlocks (2 MiB then takes 4 passes per block).
+constexpr int64_t kPassBytes = kThreads * kVecBytes;
+// A waiting thread reads the abort word and the clock once per this many polls of its flag:
+// the abort word is host memory (a PCIe read), and a peer that is on time answers sooner.
+constexpr uint32_t kPollsPerCheck = 256;
+
+absl::Status gpu_check(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(gpu::error_message(err, what));
+}
+
+// The call's view of the group, by value (graph replays reuse it; the counters it points
+// to advance on the device).
+struct KernelArgs {
+  void* buf;
+  int64_t count;
+  int64_t chunk;  // elements per block, whole 16-byte vectors; the last block may get fewer
+  const void* staging[kMaxRanks][2];  // [rank][parity]
+  uint64_t* flags[kMaxRanks];         // every rank's [kMaxBlocks][kMaxRanks]
+  uint64_t* calls;                    // this rank's call count, a copy per block index
+  PeerAllReduceGroup::HostSignals* host;
+  uint64_t timeout_ticks;
+  int rank;
+  int ranks;
+  bool vectors;  // buf is 16-byte aligned
+};
+
+// bf16 (as raw bits) or f32 elements: widened exactly, rounded once (kernels/bf16.h, the
+// CPU communicator's conversion).
+template <class T>
+struct Elem;
+template <>
+struct Elem<uint16_t> {
+  static KVFUSE_DEVICE float widen(uint16_t x) { return bf16_to_f32(x); }
+  static KVFUSE_DEVICE uint16_t narrow(float x) { return f32_to_bf16(x); }
+};
+template <>
+struct Elem<float> {
+  static KVFUSE_DEVICE float widen(float x) { return x; }
+  static KVFUSE_DEVICE float narrow(float x) { return x; }
+};
+
+template <class T>
+struct Vec {
+  static constexpr int kN = int(kVecBytes / sizeof(T));
+  T e[kN];
+};
+
+// Plain loads, not the read-only path: peers' staging is written while this kernel runs.
+template <class T>
+KVFUSE_DEVICE Vec<T> load_vec(const T* p) {
+  return __builtin_bit_cast(Vec<T>, *reinterpret_cast<const uint4*>(p));
+}
+
+// Elements [begin, end) of this rank's input into its staging buffer.
+template <class T>
+KVFUSE_DEVICE void copy_in(const KernelArgs& a, T* staging, int64_t begin, int64_t end) {
+  const T* in = static_cast<const T*>(a.buf);
+  constexpr int kN = Vec<T>::kN;
+  int64_t scalar_from = begin;
+  if (a.vectors) {
+    scalar_from = begin + (end - begin) / kN * kN;
+    for (int64_t i = begin + int64_t(threadIdx.x) * kN; i < scalar_from; i += int64_t(kThreads) * kN) {
+      gpu::store_16B(staging + i, *reinterpret_cast<const uint4*>(in + i));
+    }
+  }
+  for (int64_t i = scalar_from + threadIdx.x; i < end; i += kThreads) staging[i] = in[i];
+}
+
+// Elements [begin, end) of the sum over ranks, in rank order, written over the input.
+// This rank's addend is read from its input (the same values as its staging copy).
+template <class T>
+KVFUSE_DEVICE void reduce(const KernelArgs& a, int parity, int64_t begin, int64_t end) {
+  T* out = static_cast<T*>(a.buf);
+  const T* src[kMaxRanks];
+#pragma unroll
+  for (int q = 0; q < kMaxRanks; ++q) {
+    src[q] = q == a.rank ? out : static_cast<const T*>(a.staging[q < a.ranks ? q : 0][parity]);
+  }
+  constexpr int kN = Vec<T>::kN;
+  int64_t scalar_from = begin;
+  if (a.vectors) {
+    scalar_from = begin + (end - begin) / kN * kN;
+    for (int64_t i = begin + int64_t(threadIdx.x) * kN; i < scalar_from; i += int64_t(kThreads) * kN) {
+      Vec<T> x[kMaxRanks];
+#pragma unroll
+      for (int q = 0; q < kMaxRanks; ++q) {
+        if (q < a.ranks) x[q] = load_vec(src[q] + i);  // every load issued before any is used
+      }
+      float acc[kN];
+#pragma unroll
+      for (int j = 0; j < kN; ++j) acc[j] = Elem<T>::widen(x[0].e[j]);  // not 0 + x: keeps -0
+#pragma unroll
+      for (int q = 1; q < kMaxRanks; ++q) {
+        if (q < a.ranks) {
+#pragma unroll
+          for (int j = 0; j < kN; ++j) acc[j] += Elem<T>::widen(x[q].e[j]);
+        }
+      }
+      Vec<T> y;
+#pragma unroll
+      for (int j = 0; j < kN; ++j) y.e[j] = Elem<T>::narrow(acc[j]);
+      gpu::store_16B(out + i, __builtin_bit_cast(uint4, y));
+    }
+  }
+  for (int64_t i = scalar_from + threadIdx.x; i < end; i += kThreads) {
+    float acc = Elem<T>::widen(src[0][i]);
+#pragma unroll
+    for (int q = 1; q < kMaxRanks; ++q) {
+      if (q < a.ranks) acc += Elem<T>::widen(src[q][i]);
+    }
+    out[i] = Elem<T>::narrow(acc);
+  }
+}
+
+// Polls `flag` until it reaches `call`. False when the group was aborted or the wait timed
+// out; a timeout is recorded for status() and aborts the group.
+KVFUSE_DEVICE bool wait_for(const KernelArgs& a, const uint64_t* flag, uint64_t call, int peer) {
+  if (gpu::load_relaxed_system(flag) >= call) return true;
+  const uint64_t t0 = gpu::wall_clock();
+  for (uint32_t polls = 1;; ++polls) {
+    if (gpu::load_relaxed_system(flag) >= call) return true;
+    if (polls % kPollsPerCheck != 0) continue;
+    if (gpu::load_relaxed_system(&a.host->abort) != 0) return false;
+    if (gpu::wall_clock() - t0 > a.timeout_ticks) {
+      PeerAllReduceGroup::HostSignals::Timeout& t = a.host->timeouts[a.rank];
+      gpu::store_release_system(&t.peer, uint64_t(peer));
+      gpu::store_release_system(&t.call, call);
+      gpu::store_release_system(&t.timed_out, 1);
+      gpu::store_release_system(&a.host->abort, 2);
+      return false;
+    }
+  }
+}
+
+// One call on one rank; block b owns elements [b * chunk, (b + 1) * chunk). The protocol
+// and why it is safe: src/parallel/peer_allreduce.h. Launched without PDL, so everything
+// before it in the stream (the input, and this rank's previous call) has completed.
+template <class T>
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1) peer_all_reduce_kernel(KernelArgs a) {
+  gpu::grid_dependency_wait();
+  __shared__ uint64_t call_s;
+  const int b = int(blockIdx.x);
+  // The rank's call number, one copy per block index so that no block waits for another:
+  // block b advances copy b, and block 0 also the copies of the blocks this call does not
+  // launch, so every copy is the number of calls so far and all blocks agree on it (and on
+  // the staging buffer, by its parity). Calls are stream-ordered: no two launches race.
+  if (threadIdx.x == 0) {
+    call_s = a.calls[b] + 1;
+    a.calls[b] = call_s;
+  }
+  if (b == 0) {
+    for (int i = int(gridDim.x) + int(threadIdx.x); i < PeerAllReduceGroup::kMaxBlocks; i += kThreads) ++a.calls[i];
+  }
+  __syncthreads();
+  const uint64_t call = call_s;
+  const int parity = int(call & 1);
+  const int64_t begin = int64_t(b) * a.chunk;
+  const int64_t end = begin + a.chunk < a.count ? begin + a.chunk : a.count;
+  copy_in(a, static_cast<T*>(const_cast<void*>(a.staging[a.rank][parity])), begin, end);
+  __syncthreads();  // the block's staging writes, then (cumulative) release of the flags
+  bool failed = false;
+  if (int(threadIdx.x) < a.ranks) {
+    const int p = int(threadIdx.x);
+    uint64_t* peer_flags = a.flags[0];  // a.flags[p], selected without indexing the parameters
+#pragma unroll
+    for (int q = 1; q < kMaxRanks; ++q) peer_flags = q == p ? a.flags[q] : peer_flags;
+    gpu::store_release_system(peer_flags + b * kMaxRanks + a.rank, call);  // rank p's flags[b][rank]
+    failed = !wait_for(a, a.flags[a.rank] + b * kMaxRanks + p, call, p);
+    if (!failed) gpu::fence_acquire_system();
+  }
+  if (__syncthreads_or(failed)) return;  // aborted: no result
+  reduce<T>(a, parity, begin, end);
+}
+
+}  // namespace
+
+// --- PeerAllReduceGroup -----------------------------------------------------------------
+
+bool PeerAllReduceGroup::fits(int64_t count, DType dtype) const {
+  return count >= 0 && count <= options_.staging_bytes / int64_t(dtype_size(dtype));
+}
+
+int PeerAllReduceGroup::blocks_for(int64_t bytes) {
+  const int64_t blocks = (bytes + kPassBytes - 1) / kPassBytes;
+  return int(std::clamp<int64_t>(blocks, 1, kMaxBlocks));
+}
+
+absl::Status PeerAllReduceGroup::check(const std::vector<int>& devices) {
+  const int n = int(devices.size());
+  if (n < 2 || n > kMaxRanks) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer all-reduce: serves 2 to ", kMaxRanks, " ranks in one process, not ", n));
+  }
+  int visible = 0;
+  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDeviceCount(&visible), "cudaGetDeviceCount"));
+  for (int i = 0; i < n; ++i) {
+    if (devices[size_t(i)] < 0 || devices[size_t(i)] >= visible) {
+      return absl::FailedPreconditionError(absl::StrCat("peer all-reduce: GPU ", devices[size_t(i)], " of rank ", i,
+                                                        " is outside the ", visible, " visible GPU(s)"));
+    }
+    for (int j = 0; j < i; ++j) {
+      if (devices[size_t(i)] == devices[size_t(j)]) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("peer all-reduce: ranks ", j, " and ", i, " are both on GPU ", devices[size_t(i)]));
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      if (i == j) continue;
+      int can = 0;
+      KVFUSE_RETURN_IF_ERROR(
+          gpu_check(cudaDeviceCanAccessPeer(&can, devices[size_t(i)], devices[size_t(j)]), "cudaDeviceCanAccessPeer"));
+      if (!can) {
+        return absl::FailedPreconditionError(absl::StrCat("peer all-reduce: GPU ", devices[size_t(i)],
+                                                          " cannot access the memory of GPU ", devices[size_t(j)],
+                                                          " (no peer access between them)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+PeerAllReduceGroup::PeerAllReduceGroup(std::vector<int> devices, PeerAllReduceOptions options) : options_(options) {
+  for (int d : devices) ranks_.push_back(Rank{d});
+}
+
+absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::create(const std::vector<int>& devices,
+                                                                             PeerAllReduceOptions options) {
+  KVFUSE_RETURN_IF_ERROR(check(devices));
+  if (options.staging_bytes < kVecBytes || options.staging_bytes > (int64_t(1) << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer all-reduce: staging_bytes ", options.staging_bytes, " is outside [16, 1 GiB]"));
+  }
+  if (!(options.timeout_s > 0.0 && options.timeout_s <= 3600.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer all-reduce: timeout_s ", options.timeout_s, " is outside (0, 3600]"));
+  }
+  options.staging_bytes = (options.staging_bytes + kVecBytes - 1) / kVecBytes * kVecBytes;
+  std::shared_ptr<PeerAllReduceGroup> g(new PeerAllReduceGroup(devices, options));
+  int current = 0;
+  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDevice(&current), "cudaGetDevice"));
+  const absl::Status st = g->allocate();
+  (void)cudaSetDevice(current);
+  if (!st.ok()) return st;
+  return g;
+}
+
+absl::Status PeerAllReduceGroup::allocate() {
+  void* host = nullptr;
+  KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::host_alloc_mapped(&host, sizeof(HostSignals)), "host_alloc_mapped"));
+  host_ = static_cast<HostSignals*>(host);
+  std::memset(host_, 0, sizeof(HostSignals));
+  for (Rank& r : ranks_) {
+    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(r.device), "cudaSetDevice"));
+    for (const Rank& peer : ranks_) {
+      if (peer.device == r.device) continue;
+      const cudaError_t err = cudaDeviceEnablePeerAccess(peer.device, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError();  // NCCL, or an earlier group, enabled it: fine
+      } else {
+        KVFUSE_RETURN_IF_ERROR(gpu_check(err, "cudaDeviceEnablePeerAccess"));
+      }
+    }
+    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMalloc(&r.staging, size_t(2 * options_.staging_bytes)), "cudaMalloc"));
+    void* flags = nullptr;
+    const size_t flag_bytes = size_t(kMaxBlocks) * kMaxRanks * sizeof(uint64_t);
+    KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::malloc_signals(&flags, flag_bytes), "malloc_signals"));
+    r.flags = static_cast<uint64_t*>(flags);
+    void* calls = nullptr;
+    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMalloc(&calls, size_t(kMaxBlocks) * sizeof(uint64_t)), "cudaMalloc"));
+    r.calls = static_cast<uint64_t*>(calls);
+    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(r.flags, 0, flag_bytes), "cudaMemset"));
+    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(r.calls, 0, size_t(kMaxBlocks) * sizeof(uint64_t)), "cudaMemset"));
+    // The rank's stream may be non-blocking (not ordered after the memsets): wait here.
+    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+    int64_t hz = 0;
+    KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::wall_clock_hz(r.device, &hz), "wall_clock_hz"));
+    if (hz <= 0) return absl::InternalError(absl::StrCat("peer all-reduce: GPU ", r.device, " reports no wall clock"));
+    // The same timeout for every rank; the slowest clock rate sets the tick count.
+    timeout_ticks_ = std::max<int64_t>(timeout_ticks_, int64_t(options_.timeout_s * double(hz)));
+  }
+  return absl::OkStatus();
+}
+
+PeerAllReduceGroup::~PeerAllReduceGroup() {
+  int current = 0;
+  const bool restore = cudaGetDevice(&current) == cudaSuccess;
+  for (Rank& r : ranks_) {
+    if (r.staging == nullptr && r.flags == nullptr && r.calls == nullptr) continue;
+    (void)cudaSetDevice(r.device);
+    for (void* p : {r.staging, static_cast<void*>(r.flags), static_cast<void*>(r.calls)}) {
+      if (p != nullptr) (void)cudaFree(p);
+    }
+  }
+  if (host_ != nullptr) (void)cudaFreeHost(host_);
+  if (restore) (void)cudaSetDevice(current);
+}
+
+void PeerAllReduceGroup::abort() {
+  if (host_ == nullptr) return;
+  volatile uint64_t* word = &host_->abort;
+  if (*word == 0) *word = 1;
+}
+
+absl::Status PeerAllReduceGroup::status() const {
+  const volatile HostSignals* h = host_;
+  const uint64_t abort = h->abort;
+  if (abort == 0) return absl::OkStatus();
+  for (int r = 0; r < size(); ++r) {
+    const volatile HostSignals::Timeout& t = h->timeouts[r];
+    if (t.timed_out != 0) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "peer all-reduce: rank ", r, " (GPU ", device(r), ") waited more than ", options_.timeout_s,
+          " s for rank ", t.peer, " at its call ", t.call, "; the group is stopped, restart the engine"));
+    }
+  }
+  return absl::AbortedError("peer all-reduce: the group was aborted");
+}
+
+absl::StatusOr<uint64_t> PeerAllReduceGroup::calls_completed(int rank) const {
+  if (rank < 0 || rank >= size()) return absl::InvalidArgumentError(absl::StrCat("no rank ", rank));
+  int current = 0;
+  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDevice(&current), "cudaGetDevice"));
+  uint64_t calls = 0;
+  const absl::Status st = [&] {
+    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(device(rank)), "cudaSetDevice"));
+    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+    return gpu_check(cudaMemcpy(&calls, ranks_[size_t(rank)].calls, sizeof calls, cudaMemcpyDeviceToHost),
+                     "cudaMemcpy");
+  }();
+  (void)cudaSetDevice(current);
+  if (!st.ok()) return st;
+  return calls;
+}
+
+absl::Status PeerAllReduceGroup::all_reduce_sum(int rank, void* buf, int64_t count, DType dtype, void* stream) {
+  if (rank < 0 || rank >= size()) {
+    return absl::InvalidArgumentError(absl::StrCat("peer all-reduce: rank ", rank, " of ", size()));
+  }
+  if (count < 0 || (count > 0 && buf == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peer all-reduce on rank ", rank, ": count ", count, " with buffer ", buf ? "set" : "null"));
+  }
+  if (!fits(count, dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("peer all-reduce on rank ", rank, ": ", count, " ",
+                                                   to_string(dtype), " elements exceed the staging buffers' ",
+                                                   options_.staging_bytes, " bytes"));
+  }
+  KVFUSE_RETURN_IF_ERROR(status());
+  if (count == 0) return absl::OkStatus();
+  const int64_t elem = int64_t(dtype_size(dtype));
+  const int64_t per_vec = kVecBytes / elem;
+  const int64_t blocks_max = blocks_for(count * elem);
+  const int64_t chunk = ((count + blocks_max - 1) / blocks_max + per_vec - 1) / per_vec * per_vec;
+  const int blocks = int((count + chunk - 1) / chunk);
+
+  KernelArgs a{};
+  a.buf = buf;
+  a.count = count;
+  a.chunk = chunk;
+  for (int q = 0; q < size(); ++q) {
+    const Rank& r = ranks_[size_t(q)];
+    a.staging[q][0] = r.staging;
+    a.staging[q][1] = static_cast<const char*>(r.staging) + options_.staging_bytes;
+    a.flags[q] = r.flags;
+  }
+  a.calls = ranks_[size_t(rank)].calls;
+  a.host = host_;
+  a.timeout_ticks = uint64_t(timeout_ticks_);
+  a.rank = rank;
+  a.ranks = size();
+  a.vectors = gpu::is_aligned(buf, kVecBytes);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const cudaError_t err =
+      dtype == DType::bf16
+          ? gpu::launch_kernel(peer_all_reduce_kernel<uint16_t>, unsigned(blocks), kThreads, s, false, a)
+          : gpu::launch_kernel(peer_all_reduce_kernel<float>, unsigned(blocks), kThreads, s, false, a);
+  return gpu_check(err, "peer all-reduce launch");
+}
+
+bool peer_allreduce_disabled_by_env() {
+  static const bool disabled = [] {
+    const char* v = std::getenv("KVFUSE_PEER_ALLREDUCE");
+    return v != nullptr && (!std::strcmp(v, "0") || !std::strcmp(v, "off") || !std::strcmp(v, "false"));
+  }();
+  return disabled;
+}
+
+// --- PeerAllReduceCommunicator ------------------------------------------------------------
+
+PeerAllReduceCommunicator::PeerAllReduceCommunicator(std::shared_ptr<PeerAllReduceGroup> group, int rank,
+                                                     void* stream, std::unique_ptr<Communicator> fallback)
+    : group_(std::move(group)),
+      rank_(rank),
+      stream_(stream),
+      fallback_(std::move(fallback)),
+      name_(absl::StrCat("peer+", fallback_->name())) {}
+
+absl::StatusOr<std::unique_ptr<PeerAllReduceCommunicator>> PeerAllReduceCommunicator::create(
+    std::shared_ptr<PeerAllReduceGroup> group, int rank, void* stream, std::unique_ptr<Communicator> fallback) {
+  if (group == nullptr || fallback == nullptr) {
+    return absl::InvalidArgumentError("peer all-reduce communicator: needs a group and a fallback communicator");
+  }
+  if (fallback->size() != group->size() || fallback->rank() != rank || rank < 0 || rank >= group->size()) {
+    return absl::InvalidArgumentError(absl::StrCat("peer all-reduce communicator: rank ", rank, " of a group of ",
+                                                   group->size(), " over ", fallback->name(), " rank ",
+                                                   fallback->rank(), " of ", fallback->size()));
+  }
+  return std::unique_ptr<PeerAllReduceCommunicator>(
+      new PeerAllReduceCommunicator(std::move(group), rank, stream, std::move(fallback)));
+}
+
+absl::Status PeerAllReduceCommunicator::all_reduce_sum(void* buf, int64_t count, DType dtype) {
+  KVFUSE_RETURN_IF_ERROR(check_collective_args("all_reduce_sum", buf, count, *this));
+  if (aborted_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name(), " all_reduce_sum on rank ", rank_, ": the communicator was aborted"));
+  }
+  // The same choice on every rank: it depends on the count and the group only.
+  if (group_->fits(count, dtype)) return group_->all_reduce_sum(rank_, buf, count, dtype, stream_);
+  return fallback_->all_reduce_sum(buf, count, dtype);
+}
+
+absl::Status PeerAllReduceCommunicator::all_gather(const void* send, void* recv, int64_t count_per_rank,
+                                                   DType dtype) {
+  return fallback_->all_gather(send, recv, count_per_rank, dtype);
+}
+
+absl::Status PeerAllReduceCommunicator::broadcast(void* buf, int64_t bytes, int root) {
+  return fallback_->broadcast(buf, bytes, root);
+}
+
+absl::Status PeerAllReduceCommunicator::barrier() {
+  // The fallback's barrier waits for the stream, peer all-reduces included.
+  KVFUSE_RETURN_IF_ERROR(fallback_->barrier());
+  return group_->status();
+}
+
+void PeerAllReduceCommunicator::abort() {
+  if (aborted_.exchange(true)) return;
+  group_->abort();
+  fallback_->abort();
+}
+
+absl::Status PeerAllReduceCommunicator::async_error() const {
+  KVFUSE_RETURN_IF_ERROR(group_->status());
+  return fallback_->async_error();
+}
+
+}  // namespace kvfuse

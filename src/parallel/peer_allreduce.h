@@ -1,0 +1,180 @@
+// The all-reduce of a decode step over peer memory (NVLink, or xGMI on AMD), for the
+// tensor-parallel ranks of one process (one thread per GPU, src/runtime/rank_thread.h).
+// NCCL captured in a graph costs 17-21 us per call for the 8-512 KB messages of decode;
+// one kernel that reads every rank's copy over the links directly ("one-shot", vLLM's and
+// SGLang's custom all-reduce) costs a few. All ranks are threads of one process, so the
+// other GPUs' buffers are plain device pointers once peer access is enabled: no IPC.
+//
+// Per rank the group allocates two staging buffers (`staging_bytes` each), a flags area
+// flags[block][rank] of 64-bit words that the peers store into, and a call counter (one
+// copy per block index, so that the blocks of a call agree on its number without waiting
+// for each other). One call is one kernel launch per rank on that rank's stream; the grid,
+// kBlockThreads threads per block, depends on the byte count only, so it is the same on
+// every rank, and block b owns the same chunk of the message on every rank. Block b of
+// rank r, at call number e (the counter is advanced by the kernel itself, so it advances on
+// every graph replay too):
+//   1. copies its chunk of the input into staging[r][e % 2];
+//   2. __syncthreads(), then stores e into flags[b][r] of every rank with a release at
+//      system scope;
+//   3. polls its own flags[b][p] until each is >= e, then an acquire fence at system scope
+//      and __syncthreads();
+//   4. reads chunk b of staging[p][e % 2] of every rank p (its own input for p == r),
+//      sums in fp32 in rank order 0, 1, ..., n-1, rounds once (bf16) and writes the result
+//      over its input. The order is fixed, so every rank gets the same bits, and they are
+//      CpuCommunicator's (reference_sum_bf16/f32).
+//
+// Why this is safe (memory ordering). The staging writes of step 1 happen before the flag
+// store of step 2 (the barrier, then the release is cumulative over what the block wrote),
+// and a rank that sees flag >= e performs the acquire before it reads (step 3), so step 4
+// reads rank p's complete chunk of call e. Rank p next writes staging[p][e % 2] at call
+// e + 2, and it only starts call e + 2 after finishing call e + 1, whose step 3 waited for
+// every rank's call-(e + 1) flag, which each rank stores only after its call e has ended
+// (stream order: the launch of call e + 1 starts after call e's has completed, reads
+// included). So two buffers chosen by the call's parity (the same for all its blocks,
+// whatever the chunk sizes of the calls before) are never written while a peer still
+// reads them. The flags only grow (call numbers, never reset): a peer may already have
+// stored e + 1 when a rank polls for e, hence >=, and a flag >= e can only come from a
+// peer that has written its chunk of call e and cannot yet overwrite it (that needs this
+// rank's flag e + 1). So one barrier per call is enough.
+//
+// Failures. A peer that never arrives (its rank failed, or its thread stopped launching)
+// would leave the others polling forever; the poll checks, every few hundred reads, a word
+// of mapped host memory that abort() sets, and a wall-clock timeout (`timeout_s`). Either
+// ends the kernel without a result; a timeout also records which rank waited for which
+// (status()) and sets the abort word, so the other ranks' kernels end at once instead of
+// each waiting out the timeout. Kernels do not trap: on AMD a device trap ends the process.
+// The group is then unusable (status() says why): later calls return the error, kernels
+// already enqueued or replayed from a graph end at once, and the engine must be restarted.
+//
+// When it applies: 2 .. kMaxRanks ranks on distinct GPUs of this process, peer access
+// between every pair (check() says why not), and count * element size <= staging_bytes;
+// PeerAllReduceCommunicator sends everything else to NCCL. KVFUSE_PEER_ALLREDUCE=0 turns
+// it off (peer_allreduce_disabled_by_env).
+//
+// Built only with a GPU backend; no CUDA types in this header (streams are void*).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "src/parallel/communicator.h"
+
+namespace kvfuse {
+
+struct PeerAllReduceOptions {
+  int64_t staging_bytes = int64_t(2) << 20;  // per staging buffer: the largest call served
+  double timeout_s = 10.0;                   // how long a block waits for a peer
+};
+
+class PeerAllReduceGroup {
+ public:
+  static constexpr int kMaxRanks = 8;
+  static constexpr int kMaxBlocks = 64;
+  static constexpr int kBlockThreads = 512;
+
+  // OK when ranks on `devices` (GPU ordinals, rank order) can use the group; otherwise
+  // FAILED_PRECONDITION saying why (count, a repeated GPU, no peer access between a pair).
+  static absl::Status check(const std::vector<int>& devices);
+  // Enables peer access between every pair and allocates every rank's buffers. Any thread;
+  // its current device is left as it was.
+  static absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> create(const std::vector<int>& devices,
+                                                                    PeerAllReduceOptions options = {});
+  ~PeerAllReduceGroup();
+  PeerAllReduceGroup(const PeerAllReduceGroup&) = delete;
+  PeerAllReduceGroup& operator=(const PeerAllReduceGroup&) = delete;
+
+  int size() const { return int(ranks_.size()); }
+  int device(int rank) const { return ranks_[size_t(rank)].device; }
+  int64_t staging_bytes() const { return options_.staging_bytes; }
+  // Whether a call of `count` elements is served (count * element size <= staging_bytes).
+  bool fits(int64_t count, DType dtype) const;
+  // The grid of a call of `bytes` (the same on every rank).
+  static int blocks_for(int64_t bytes);
+
+  // buf (`count` elements on rank's GPU) = the rank-ordered sum over ranks, enqueued on
+  // `stream` (a cudaStream_t/hipStream_t of device(rank); the calling thread's current
+  // device must be device(rank)). Returns at once, like a kernel launch; capturable.
+  // Every rank must make the same calls in the same order with the same counts, and each
+  // rank all its calls on one stream (the double buffering relies on their order).
+  absl::Status all_reduce_sum(int rank, void* buf, int64_t count, DType dtype, void* stream);
+  // Ends the group: kernels waiting for a peer, now or later, end without a result, and
+  // later calls return ABORTED. Any thread; idempotent.
+  void abort();
+  // OK; ABORTED after abort(); DEADLINE_EXCEEDED naming the ranks after a kernel timed
+  // out. A read of host memory: cheap enough for every step.
+  absl::Status status() const;
+  // Calls rank `rank` has run so far (its block 0's counter; synchronises that GPU). For tests.
+  absl::StatusOr<uint64_t> calls_completed(int rank) const;
+
+  // The mapped host memory every rank's kernel reads and writes (public for the kernel's
+  // argument struct; not an API).
+  struct HostSignals {
+    uint64_t abort;  // 0; 1 after abort(); 2 after a kernel's timeout
+    struct Timeout {
+      uint64_t timed_out;  // 1 once a block of this rank gave up
+      uint64_t peer;       // the rank it waited for
+      uint64_t call;       // its call number
+    } timeouts[kMaxRanks];
+  };
+
+ private:
+  struct Rank {
+    int device = -1;
+    void* staging = nullptr;    // 2 * staging_bytes: parity 0, then parity 1
+    uint64_t* flags = nullptr;  // [kMaxBlocks][kMaxRanks], stored into by every rank
+    uint64_t* calls = nullptr;  // [kMaxBlocks]: the rank's call count, a copy per block index
+  };
+  PeerAllReduceGroup(std::vector<int> devices, PeerAllReduceOptions options);
+  absl::Status allocate();
+
+  std::vector<Rank> ranks_;
+  const PeerAllReduceOptions options_;
+  HostSignals* host_ = nullptr;
+  int64_t timeout_ticks_ = 0;
+};
+
+// True when KVFUSE_PEER_ALLREDUCE is set to "0", "off" or "false" (read once per process):
+// every all-reduce then goes through NCCL, for A/B runs against it.
+bool peer_allreduce_disabled_by_env();
+
+// A GPU rank's communicator: all_reduce_sum over the peer group when the call fits,
+// everything else (larger all-reduces, all_gather, broadcast, barrier) through `fallback`,
+// the rank's NcclCommunicator, on the same stream, so the order of collectives is the same
+// on every rank whichever path each takes. abort() ends both.
+class PeerAllReduceCommunicator final : public Communicator {
+ public:
+  // Rank `rank` of `group`, enqueuing on `stream`, the stream `fallback` was made with.
+  static absl::StatusOr<std::unique_ptr<PeerAllReduceCommunicator>> create(
+      std::shared_ptr<PeerAllReduceGroup> group, int rank, void* stream,
+      std::unique_ptr<Communicator> fallback);
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+  // "peer+nccl" or "peer+rccl".
+  const char* name() const override { return name_.c_str(); }
+  absl::Status all_reduce_sum(void* buf, int64_t count, DType dtype) override;
+  absl::Status all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype) override;
+  absl::Status broadcast(void* buf, int64_t bytes, int root) override;
+  absl::Status barrier() override;
+  void abort() override;
+  // The group's status(), then the fallback's.
+  absl::Status async_error() const override;
+  const PeerAllReduceGroup& group() const { return *group_; }
+
+ private:
+  PeerAllReduceCommunicator(std::shared_ptr<PeerAllReduceGroup> group, int rank, void* stream,
+                            std::unique_ptr<Communicator> fallback);
+
+  std::shared_ptr<PeerAllReduceGroup> group_;
+  const int rank_;
+  void* const stream_;
+  std::unique_ptr<Communicator> fallback_;
+  const std::string name_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace kvfuse

@@ -1,0 +1,436 @@
+// The all-reduce over peer memory (src/parallel/peer_allreduce.h) on the visible GPUs (2 to
+// 8 of them), one thread per rank as the engine runs them:
+//   - bf16 and f32 sums equal the CPU communicator's rank-ordered fp32 sum rounded once,
+//     bit for bit and the same bits on every rank, for counts from 1 element to the whole
+//     staging buffer (odd counts, counts that are not a multiple of a block's chunk), with
+//     16-byte aligned and unaligned buffers, every call enqueued back to back;
+//   - calls captured in a CUDA/HIP graph per rank and replayed many times, concurrently on
+//     every GPU (the call counters advance on the device);
+//   - PeerAllReduceCommunicator: small all-reduces over peer memory, larger ones through
+//     NCCL, which agrees within bf16/f32 rounding;
+//   - abort() and the timeout end a kernel whose peer never comes.
+// Skips, saying why, without a GPU, with fewer than two, or without peer access between
+// them (and the NCCL part without NCCL/RCCL). Built with the GPU backend only.
+#include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+#include "tests/catch.h"
+
+#include "kernels/gpu.h"  // first: the HIP runtime before kernels/bf16.h
+
+#include "absl/strings/str_cat.h"
+#include "kernels/bf16.h"
+#include "src/common/status_macros.h"
+#include "src/parallel/cpu_communicator.h"
+#include "src/parallel/nccl_communicator.h"
+#include "src/parallel/peer_allreduce.h"
+
+using namespace kvfuse;
+
+namespace {
+
+// The GPUs of the group (0 .. n-1, n <= 8), or none after saying why the test is skipped.
+std::vector<int> devices_or_skip() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    WARN("peer all-reduce tests skipped: no GPU is visible");
+    return {};
+  }
+  if (n < 2) {
+    WARN("peer all-reduce tests skipped: they need 2 GPUs, " << n << " visible");
+    return {};
+  }
+  std::vector<int> devices(size_t(std::min(n, PeerAllReduceGroup::kMaxRanks)));
+  for (size_t i = 0; i < devices.size(); ++i) devices[i] = int(i);
+  if (const absl::Status st = PeerAllReduceGroup::check(devices); !st.ok()) {
+    WARN("peer all-reduce tests skipped: " << st.message());
+    return {};
+  }
+  return devices;
+}
+
+// Runs f(rank, stream) on one thread per rank (its device current, its own non-blocking
+// stream); the first error.
+absl::Status run_ranks(int n, const std::function<absl::Status(int, cudaStream_t)>& f) {
+  std::mutex mu;
+  absl::Status first;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      absl::Status st = [&]() -> absl::Status {
+        if (cudaSetDevice(r) != cudaSuccess) return absl::InternalError("cudaSetDevice");
+        cudaStream_t stream{};
+        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+          return absl::InternalError("cudaStreamCreateWithFlags");
+        }
+        const absl::Status s = f(r, stream);
+        const bool destroyed = cudaStreamDestroy(stream) == cudaSuccess;
+        if (!s.ok()) return s;
+        return destroyed ? absl::OkStatus() : absl::InternalError("cudaStreamDestroy");
+      }();
+      std::lock_guard<std::mutex> lock(mu);
+      if (!st.ok()) first.Update(absl::Status(st.code(), absl::StrCat("rank ", r, ": ", st.message())));
+    });
+  }
+  for (auto& t : threads) t.join();
+  return first;
+}
+
+absl::Status gpu_ok(cudaError_t err, const char* what) {
+  return err == cudaSuccess ? absl::OkStatus() : absl::InternalError(gpu::error_message(err, what));
+}
+#define GPU_OK(expr) KVFUSE_RETURN_IF_ERROR(gpu_ok((expr), #expr))
+
+// One all-reduce of the test: `count` elements of `dtype` at byte offset `offset` of the
+// rank's allocation (0: 16-byte aligned; one element: not), the inputs of every rank.
+struct Case {
+  DType dtype;
+  int64_t count;
+  int64_t offset;
+  std::vector<std::vector<uint8_t>> in;  // [rank] bytes
+  std::vector<uint8_t> want;             // the rank-ordered sum
+  std::vector<std::vector<uint8_t>> out;  // [rank] what the rank got
+};
+
+// Values of every magnitude the step sees, some exact zeros and negative zeros (on every
+// rank at once, so the sum keeps the sign: the kernel starts from rank 0's value, not 0).
+Case make_case(DType dtype, int64_t count, bool aligned, int ranks, uint32_t seed) {
+  Case c{dtype, count, aligned ? 0 : int64_t(dtype_size(dtype)), {}, {}, {}};
+  const size_t bytes = size_t(count) * dtype_size(dtype);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<const uint16_t*> b16;
+  std::vector<const float*> f32;
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<uint8_t> v(bytes);
+    for (int64_t i = 0; i < count; ++i) {
+      const float scale = i % 11 == 0 ? 1.0e4f : i % 3 == 0 ? 1.0e-3f : 1.0f;
+      float x = dist(rng) * scale;
+      if (i % 97 == 5) x = -0.0f;
+      if (i % 89 == 7) x = 0.0f;
+      if (dtype == DType::bf16) {
+        const uint16_t h = f32_to_bf16(x);
+        std::memcpy(v.data() + 2 * i, &h, 2);
+      } else {
+        std::memcpy(v.data() + 4 * i, &x, 4);
+      }
+    }
+    c.in.push_back(std::move(v));
+  }
+  for (int r = 0; r < ranks; ++r) {
+    b16.push_back(reinterpret_cast<const uint16_t*>(c.in[size_t(r)].data()));
+    f32.push_back(reinterpret_cast<const float*>(c.in[size_t(r)].data()));
+  }
+  c.want.resize(bytes);
+  if (dtype == DType::bf16) {
+    reference_sum_bf16(b16, count, reinterpret_cast<uint16_t*>(c.want.data()));
+  } else {
+    reference_sum_f32(f32, count, reinterpret_cast<float*>(c.want.data()));
+  }
+  c.out.resize(size_t(ranks));
+  return c;
+}
+
+// Counts that cover the grid's cases: below one vector, around a block's pass (8 KiB) and
+// the chunk boundaries, odd counts, up to the whole staging buffer.
+std::vector<int64_t> counts_for(DType dtype, int64_t staging_bytes) {
+  const int64_t per_vec = 16 / int64_t(dtype_size(dtype));
+  const int64_t pass = 8192 / int64_t(dtype_size(dtype));
+  const int64_t max = staging_bytes / int64_t(dtype_size(dtype));
+  return {1, 3, per_vec - 1, per_vec, per_vec + 1, 255, 1000, pass - 1, pass, pass + 1, 3 * pass + 7,
+          64 * pass - 1, 64 * pass + 9, 100003, max - per_vec - 1, max};
+}
+
+// Every case on every rank, all enqueued back to back on the rank's stream before one wait.
+absl::Status run_cases(PeerAllReduceGroup& g, std::vector<Case>& cases) {
+  return run_ranks(g.size(), [&](int r, cudaStream_t stream) -> absl::Status {
+    std::vector<void*> mem(cases.size(), nullptr);
+    auto buf = [&](size_t i) { return static_cast<char*>(mem[i]) + cases[i].offset; };
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const size_t bytes = cases[i].in[size_t(r)].size();
+      GPU_OK(cudaMalloc(&mem[i], bytes + 16));
+      GPU_OK(cudaMemcpy(buf(i), cases[i].in[size_t(r)].data(), bytes, cudaMemcpyHostToDevice));
+    }
+    for (size_t i = 0; i < cases.size(); ++i) {
+      KVFUSE_RETURN_IF_ERROR(g.all_reduce_sum(r, buf(i), cases[i].count, cases[i].dtype, stream));
+    }
+    GPU_OK(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i < cases.size(); ++i) {
+      std::vector<uint8_t>& out = cases[i].out[size_t(r)];
+      out.resize(cases[i].in[size_t(r)].size());
+      GPU_OK(cudaMemcpy(out.data(), buf(i), out.size(), cudaMemcpyDeviceToHost));
+      GPU_OK(cudaFree(mem[i]));
+    }
+    return g.status();
+  });
+}
+
+}  // namespace
+
+TEST_CASE("peer all-reduce: bf16 and f32 equal the rank-ordered sum bit for bit on every rank, all sizes",
+          "[gpu][peer]") {
+  const std::vector<int> devices = devices_or_skip();
+  if (devices.empty()) return;
+  const int n = int(devices.size());
+  auto g = PeerAllReduceGroup::create(devices);
+  REQUIRE(g.ok());
+  std::vector<Case> cases;
+  uint32_t seed = 1;
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    for (int64_t count : counts_for(dtype, (*g)->staging_bytes())) {
+      for (bool aligned : {true, false}) {
+        if (!aligned && count > 100003) continue;  // the element-wise path, on fewer elements
+        cases.push_back(make_case(dtype, count, aligned, n, seed++));
+      }
+    }
+  }
+  const absl::Status st = run_cases(**g, cases);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  for (const Case& c : cases) {
+    CAPTURE(to_string(c.dtype), c.count, c.offset);
+    for (int r = 0; r < n; ++r) {
+      CAPTURE(r);
+      CHECK(c.out[size_t(r)] == c.want);
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    auto calls = (*g)->calls_completed(r);
+    REQUIRE(calls.ok());
+    CHECK(*calls == cases.size());  // every call has a block 0
+  }
+  CHECK((*g)->fits((*g)->staging_bytes() / 2, DType::bf16));
+  CHECK_FALSE((*g)->fits((*g)->staging_bytes() / 2 + 1, DType::bf16));
+  CHECK((*g)->all_reduce_sum(0, nullptr, (*g)->staging_bytes(), DType::bf16, nullptr).code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("peer all-reduce: calls captured in a graph per rank, replayed 300 times on every GPU at once",
+          "[gpu][peer][graphs]") {
+  const std::vector<int> devices = devices_or_skip();
+  if (devices.empty()) return;
+  const int n = int(devices.size());
+  auto g = PeerAllReduceGroup::create(devices);
+  REQUIRE(g.ok());
+  // A decode step's shapes: batch 1 and 64 of a 4096-wide hidden state, and an odd f32 one.
+  std::vector<Case> cases = {make_case(DType::bf16, 4096, true, n, 11), make_case(DType::bf16, 64 * 4096, true, n, 12),
+                             make_case(DType::f32, 12345, true, n, 13), make_case(DType::bf16, 4097, false, n, 14)};
+  constexpr int kReplays = 300, kCheckEvery = 60;
+  std::mutex mu;
+  std::vector<std::string> mismatches;
+  const absl::Status st = run_ranks(n, [&](int r, cudaStream_t stream) -> absl::Status {
+    std::vector<void*> src(cases.size()), mem(cases.size());
+    auto buf = [&](size_t i) { return static_cast<char*>(mem[i]) + cases[i].offset; };
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const size_t bytes = cases[i].in[size_t(r)].size();
+      GPU_OK(cudaMalloc(&src[i], bytes));
+      GPU_OK(cudaMalloc(&mem[i], bytes + 16));
+      GPU_OK(cudaMemcpy(src[i], cases[i].in[size_t(r)].data(), bytes, cudaMemcpyHostToDevice));
+    }
+    // The graph resets each buffer from its input, then all-reduces it in place.
+    cudaGraph_t graph{};
+    cudaGraphExec_t exec{};
+    GPU_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    absl::Status recorded;
+    for (size_t i = 0; i < cases.size() && recorded.ok(); ++i) {
+      const size_t bytes = cases[i].in[size_t(r)].size();
+      if (cudaMemcpyAsync(buf(i), src[i], bytes, cudaMemcpyDeviceToDevice, stream) != cudaSuccess) {
+        recorded.Update(absl::InternalError("cudaMemcpyAsync in the capture"));
+      } else {
+        recorded.Update((*g)->all_reduce_sum(r, buf(i), cases[i].count, cases[i].dtype, stream));
+      }
+    }
+    GPU_OK(cudaStreamEndCapture(stream, &graph));
+    KVFUSE_RETURN_IF_ERROR(recorded);
+    GPU_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int k = 1; k <= kReplays; ++k) {
+      GPU_OK(cudaGraphLaunch(exec, stream));
+      if (k % kCheckEvery != 0) continue;
+      GPU_OK(cudaStreamSynchronize(stream));
+      for (size_t i = 0; i < cases.size(); ++i) {
+        std::vector<uint8_t> out(cases[i].want.size());
+        GPU_OK(cudaMemcpy(out.data(), buf(i), out.size(), cudaMemcpyDeviceToHost));
+        if (out != cases[i].want) {
+          std::lock_guard<std::mutex> lock(mu);
+          mismatches.push_back(absl::StrCat("rank ", r, " case ", i, " after replay ", k));
+        }
+      }
+    }
+    GPU_OK(cudaGraphExecDestroy(exec));
+    GPU_OK(cudaGraphDestroy(graph));
+    for (size_t i = 0; i < cases.size(); ++i) {
+      GPU_OK(cudaFree(src[i]));
+      GPU_OK(cudaFree(mem[i]));
+    }
+    return (*g)->status();
+  });
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  INFO((mismatches.empty() ? std::string() : mismatches.front()));
+  CHECK(mismatches.empty());
+  for (int r = 0; r < n; ++r) {
+    auto calls = (*g)->calls_completed(r);
+    REQUIRE(calls.ok());
+    CHECK(*calls == uint64_t(kReplays) * cases.size());
+  }
+}
+
+TEST_CASE("peer all-reduce communicator: small all-reduces over peer memory, larger through NCCL; abort",
+          "[gpu][peer][nccl]") {
+  const std::vector<int> devices = devices_or_skip();
+  if (devices.empty()) return;
+  const int n = int(devices.size());
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // no NVLink multicast (README)
+  auto lib = nccl::NcclLibrary::load();
+  if (!lib.ok()) {
+    WARN("the NCCL part is skipped: " << lib.status().message());
+    return;
+  }
+  PeerAllReduceOptions opts;
+  opts.staging_bytes = 64 << 10;
+  auto g = PeerAllReduceGroup::create(devices, opts);
+  REQUIRE(g.ok());
+  auto id = NcclCommunicator::unique_id(**lib);
+  REQUIRE(id.ok());
+  // Each of these through the communicator (peer for the first two, NCCL for the last), and
+  // through NCCL alone for comparison.
+  std::vector<Case> cases = {make_case(DType::bf16, 4096 + 5, true, n, 21), make_case(DType::f32, 999, true, n, 22),
+                             make_case(DType::bf16, 96 * 1024 + 1, true, n, 23)};
+  std::vector<Case> nccl_cases = cases;
+  std::barrier sync(n);
+  std::vector<std::string> names(static_cast<size_t>(n));
+  std::vector<absl::StatusCode> after_abort(static_cast<size_t>(n));
+  const absl::Status st = run_ranks(n, [&](int r, cudaStream_t stream) -> absl::Status {
+    auto nccl = NcclCommunicator::create(**lib, *id, r, n, r, stream);
+    KVFUSE_RETURN_IF_ERROR(nccl.status());
+    NcclCommunicator* plain = nccl->get();
+    auto c = PeerAllReduceCommunicator::create(*g, r, stream, std::move(*nccl));
+    KVFUSE_RETURN_IF_ERROR(c.status());
+    names[size_t(r)] = (*c)->name();
+    for (std::vector<Case>* set : {&cases, &nccl_cases}) {
+      for (Case& k : *set) {
+        void* mem = nullptr;
+        const size_t bytes = k.in[size_t(r)].size();
+        GPU_OK(cudaMalloc(&mem, bytes));
+        GPU_OK(cudaMemcpy(mem, k.in[size_t(r)].data(), bytes, cudaMemcpyHostToDevice));
+        Communicator& via = set == &cases ? static_cast<Communicator&>(**c) : *plain;
+        KVFUSE_RETURN_IF_ERROR(via.all_reduce_sum(mem, k.count, k.dtype));
+        KVFUSE_RETURN_IF_ERROR((*c)->barrier());
+        k.out[size_t(r)].resize(bytes);
+        GPU_OK(cudaMemcpy(k.out[size_t(r)].data(), mem, bytes, cudaMemcpyDeviceToHost));
+        GPU_OK(cudaFree(mem));
+      }
+    }
+    KVFUSE_RETURN_IF_ERROR((*c)->async_error());
+    sync.arrive_and_wait();
+    (*c)->abort();
+    float* one = nullptr;
+    GPU_OK(cudaMalloc(&one, sizeof(float)));
+    after_abort[size_t(r)] = (*c)->all_reduce_sum(one, 1, DType::f32).code();
+    GPU_OK(cudaFree(one));
+    c->reset();
+    return absl::OkStatus();
+  });
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  for (int r = 0; r < n; ++r) {
+    CHECK(names[size_t(r)].rfind("peer+", 0) == 0);
+    CHECK(after_abort[size_t(r)] == absl::StatusCode::kFailedPrecondition);
+  }
+  // The peer calls are bit for bit; NCCL's order of summation is its own, so it agrees
+  // within a rounding per rank (bf16 rounds after each step of NCCL's ring).
+  for (int r = 0; r < n; ++r) {
+    CHECK(cases[0].out[size_t(r)] == cases[0].want);
+    CHECK(cases[1].out[size_t(r)] == cases[1].want);
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& k = nccl_cases[i];
+    const bool bf16 = k.dtype == DType::bf16;
+    const double ulp = bf16 ? 1.0 / 256 : 1.0 / 8388608;
+    int64_t bad = 0;
+    for (int r = 0; r < n; ++r) {
+      for (int64_t e = 0; e < k.count; ++e) {
+        auto value = [&](const std::vector<uint8_t>& v) -> double {
+          if (!bf16) {
+            float x;
+            std::memcpy(&x, v.data() + 4 * e, 4);
+            return x;
+          }
+          uint16_t h;
+          std::memcpy(&h, v.data() + 2 * e, 2);
+          return bf16_to_f32(h);
+        };
+        double magnitude = 0;
+        for (int q = 0; q < n; ++q) magnitude += std::fabs(value(k.in[size_t(q)]));
+        const double got_peer = value(cases[i].out[size_t(r)]), got_nccl = value(k.out[size_t(r)]);
+        bad += std::fabs(got_peer - got_nccl) > n * ulp * magnitude;
+      }
+    }
+    CAPTURE(i, to_string(k.dtype), k.count);
+    CHECK(bad == 0);
+  }
+  // The group counted only the calls that fit its 64 KiB.
+  auto calls = (*g)->calls_completed(0);
+  REQUIRE(calls.ok());
+  CHECK(*calls == 2);
+  CHECK((*g)->status().code() == absl::StatusCode::kAborted);
+}
+
+TEST_CASE("peer all-reduce: abort() and the timeout end a kernel whose peers never come", "[gpu][peer][abort]") {
+  const std::vector<int> devices = devices_or_skip();
+  if (devices.empty()) return;
+  using Clock = std::chrono::steady_clock;
+  for (const bool by_abort : {true, false}) {
+    CAPTURE(by_abort);
+    PeerAllReduceOptions opts;
+    opts.timeout_s = by_abort ? 60.0 : 0.25;
+    auto g = PeerAllReduceGroup::create(devices, opts);
+    REQUIRE(g.ok());
+    double waited_s = -1;
+    // Rank 0 alone calls; the others never do.
+    const absl::Status st = run_ranks(1, [&](int r, cudaStream_t stream) -> absl::Status {
+      void* mem = nullptr;
+      GPU_OK(cudaMalloc(&mem, 4096 * 2));
+      GPU_OK(cudaMemset(mem, 0, 4096 * 2));
+      const auto t0 = Clock::now();
+      KVFUSE_RETURN_IF_ERROR((*g)->all_reduce_sum(r, mem, 4096, DType::bf16, stream));
+      std::thread stopper;
+      if (by_abort) {
+        stopper = std::thread([&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          (*g)->abort();
+        });
+      }
+      const cudaError_t waited = cudaStreamSynchronize(stream);
+      waited_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (stopper.joinable()) stopper.join();
+      GPU_OK(waited);
+      GPU_OK(cudaFree(mem));
+      return absl::OkStatus();
+    });
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    CHECK(waited_s < 20.0);
+    const absl::Status why = (*g)->status();
+    INFO(why.ToString());
+    if (by_abort) {
+      CHECK(why.code() == absl::StatusCode::kAborted);
+      CHECK(waited_s >= 0.15);
+    } else {
+      CHECK(why.code() == absl::StatusCode::kDeadlineExceeded);
+      CHECK_THAT(std::string(why.message()), Catch::Matchers::ContainsSubstring("rank 0"));
+      CHECK(waited_s >= 0.2);
+    }
+    // A stopped group refuses later calls.
+    CHECK((*g)->all_reduce_sum(0, reinterpret_cast<void*>(16), 8, DType::bf16, nullptr).code() == why.code());
+  }
+}
