@@ -76,8 +76,14 @@ class DeviceMem {
   T* get() const {
     return static_cast<T*>(ptr_);
   }
+  // Returns once the bytes are on the device. cudaMemcpy from pageable memory may return
+  // while its last DMA is still in flight, and the tests launch on non-blocking streams,
+  // which do not wait for the legacy stream: a kernel could then race the tail of the
+  // copy (seen on the H200: a few hundred bytes of a freshly uploaded cache overwrote the
+  // kernel's V rows in test_kv_write_rope_gpu). The device-wide wait closes that.
   void upload(const void* src, size_t n) {
     KVFUSE_TEST_GPU(cudaMemcpy(ptr_, src, n, cudaMemcpyHostToDevice));
+    KVFUSE_TEST_GPU(cudaDeviceSynchronize());
   }
   template <class T>
   std::vector<T> download(size_t count) const {
