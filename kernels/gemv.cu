@@ -115,8 +115,10 @@ cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k,
                                  pdl, x, w, n, k, out);
 }
 
-// The variants (kGemvVariants): 0: 2 rows x 2 chunks; for m <= 2 also 1: 2 rows x 4
-// chunks, 2: 4 rows x 2 chunks (more bytes in flight for the latency-bound small shapes).
+// The variants (gemv_variants(m)): 0: 2 rows x 2 chunks; for m <= 2 also 1: 2 rows x 4
+// chunks, 2: 4 rows x 2 chunks (more bytes in flight for the latency-bound small shapes);
+// last, for every m: 2 rows x 1 chunk (shorter steps: the first GEMV's loop, which the
+// long-k down projection preferred).
 template <int M>
 cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, bool out_f32,
                      cudaStream_t stream, bool pdl, int variant) {
@@ -124,6 +126,7 @@ cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, voi
     if (variant == 1) return launch_shape<M, 2, 4>(x, w, n, k, out, out_f32, stream, pdl);
     if (variant == 2) return launch_shape<M, 4, 2>(x, w, n, k, out, out_f32, stream, pdl);
   }
+  if (variant == gemv_variants(M) - 1) return launch_shape<M, 2, 1>(x, w, n, k, out, out_f32, stream, pdl);
   return launch_shape<M, 2, 2>(x, w, n, k, out, out_f32, stream, pdl);
 }
 
@@ -131,7 +134,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
-int gemv_variants(int64_t m) { return m <= 2 ? kGemvVariants : 1; }
+int gemv_variants(int64_t m) { return m <= 2 ? kGemvVariants : 2; }
 
 std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n, int64_t k, const void* out) {
   if (m < 1 || m > kGemvMaxRows)

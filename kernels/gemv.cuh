@@ -23,9 +23,9 @@ namespace kvfuse::gpu {
 
 constexpr int64_t kGemvMaxRows = 8;
 // Tilings of the kernel (rows of w per warp, chunks in flight per row), for the tuner to
-// time: gemv_variants(m) of them are offered for m rows (several only where the kernel is
-// latency bound, m <= 2).
-constexpr int kGemvVariants = 3;
+// time: gemv_variants(m) of them are offered for m rows (four where the kernel is most
+// latency bound, m <= 2; two above).
+constexpr int kGemvVariants = 4;
 int gemv_variants(int64_t m);
 
 // Empty if launch_gemv_bf16 supports the call, else why not: 1 <= m <= kGemvMaxRows,
