@@ -21,11 +21,11 @@ read -r -a absl <<<"$(pkg-config --cflags --libs absl_strings absl_str_format ab
 
 # Library sources of each target (everything else of src/ stays out: no backend, no BLAS).
 lib=(src/loading/safetensors.cc src/loading/checkpoint.cc src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc
-  src/loading/kv_scales.cc src/loading/rope.cc src/parallel/rendezvous.cc)
+  src/loading/kv_scales.cc src/loading/rope.cc src/parallel/rendezvous.cc src/parallel/socket_io.cc)
 declare -A deps=(
   [fuzz_safetensors]="${lib[*]}"
   [fuzz_config]="src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc src/loading/kv_scales.cc
-    src/loading/rope.cc src/parallel/rendezvous.cc"
+    src/loading/rope.cc src/parallel/rendezvous.cc src/parallel/socket_io.cc"
 )
 
 echo "fuzz.sh: compiling with $("$cxx" --version | head -1)"
