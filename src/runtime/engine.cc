@@ -327,7 +327,7 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
         ms.shard = *shard;
         ms.rank = r;
         ms.local_rank = r;
-        ms.comm = r == 0 ? comm_.get() : ranks_[size_t(r - 1)]->comm.get();
+        ms.comm = &rank_comm(r);
         auto m = Model::create_shard(be, s, ms);
         if (!m.ok()) return m.status();
         models[size_t(r)] = std::move(*m);
@@ -416,7 +416,7 @@ absl::Status Engine::run_collectives(int32_t r, int32_t tokens, int reps, double
   const ModelSpec& s = model_->spec();
   const int64_t vocab_shard = model_->dims().vocab;
   Backend& be = rank_backend(r);
-  Communicator& comm = r == 0 ? *comm_ : *ranks_[size_t(r - 1)]->comm;
+  Communicator& comm = rank_comm(r);
   auto act = be.alloc(size_t(tokens) * size_t(s.hidden) * 2);
   auto shard = be.alloc(size_t(tokens) * size_t(vocab_shard) * 4);
   auto gathered = be.alloc(size_t(tokens) * size_t(vocab_shard) * 4 * size_t(comm.size()));
@@ -452,8 +452,23 @@ absl::Status Engine::run_collectives(int32_t r, int32_t tokens, int reps, double
   return absl::OkStatus();
 }
 
+Communicator& Engine::rank_comm(int32_t local_rank) {
+  return local_rank == 0 ? *comm_ : *ranks_[size_t(local_rank - 1)]->comm;
+}
+
+absl::Status Engine::run_rank_pass(int32_t r, const ForwardOptions& opts) {
+  KVFUSE_RETURN_IF_ERROR(r == 0 ? runner_->run(batch_, *pool_, opts, fwd_)
+                                : ranks_[size_t(r - 1)]->runner->run(batch_, *pool_, opts, ranks_[size_t(r - 1)]->fwd));
+  return rank_comm(r).async_error();
+}
+
+absl::Status Engine::check_no_step_in_flight() const {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
+  return absl::OkStatus();
+}
+
 absl::Status Engine::forward(const ForwardOptions& opts) {
-  if (ranks_.empty() && !follower_links_) return runner_->run(batch_, *pool_, opts, fwd_);
+  if (single_rank()) return runner_->run(batch_, *pool_, opts, fwd_);
   if (follower_links_) {
     // Sent before this rank starts: every process runs the step at once.
     KVFUSE_RETURN_IF_ERROR(
@@ -461,15 +476,7 @@ absl::Status Engine::forward(const ForwardOptions& opts) {
   }
   // Every rank runs the same batch; rank 0's result has the tokens. A collective that
   // failed on the device after its launch (a peer all-reduce that timed out) fails the step.
-  return for_each_rank(
-      [&](int32_t r) {
-        Communicator& comm = r == 0 ? *comm_ : *ranks_[size_t(r - 1)]->comm;
-        KVFUSE_RETURN_IF_ERROR(
-            r == 0 ? runner_->run(batch_, *pool_, opts, fwd_)
-                   : ranks_[size_t(r - 1)]->runner->run(batch_, *pool_, opts, ranks_[size_t(r - 1)]->fwd));
-        return comm.async_error();
-      },
-      true);
+  return for_each_rank([&](int32_t r) { return run_rank_pass(r, opts); }, true);
 }
 
 absl::Status Engine::check_tokens(const std::vector<int32_t>& tokens) const {
@@ -485,7 +492,7 @@ absl::Status Engine::check_tokens(const std::vector<int32_t>& tokens) const {
 
 absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
                                   const Rng* rng, bool reuse_prefix) {
-  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
+  KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
   if (seqs_.count(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
   if (int64_t(prompt.size()) >= cfg_.max_seq_len) {
@@ -530,7 +537,7 @@ absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const S
 }
 
 absl::Status Engine::append_tokens(SeqId id, const std::vector<int32_t>& tokens) {
-  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
+  KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   if (tokens.empty()) return absl::InvalidArgumentError("no tokens to append");
@@ -545,7 +552,7 @@ absl::Status Engine::append_tokens(SeqId id, const std::vector<int32_t>& tokens)
 }
 
 absl::Status Engine::release(SeqId id) {
-  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
+  KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
   if (!seqs_.erase(id)) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   return pool_->release(id);
 }
@@ -570,7 +577,7 @@ absl::Status Engine::begin_step(const std::vector<StepItem>& items, const Forwar
     return absl::FailedPreconditionError("step: this process follows rank 0, whose engine runs the steps");
   }
   if (!group_failed_.ok()) return group_failed_;  // a rank failed earlier: nothing runs any more
-  if (in_flight_.active) return absl::FailedPreconditionError("a step is already in flight (end_step first)");
+  KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
   InFlight& f = in_flight_;
   f.t0 = Clock::now();
   timings_ = StepTimings{};
@@ -578,18 +585,16 @@ absl::Status Engine::begin_step(const std::vector<StepItem>& items, const Forwar
   f.items = items;
   f.results.assign(items.size(), StepResult{});
   f.run = reserve_pages(items, f.results);
-  f.launched = f.finished = false;
+  f.launched = false;
   if (!f.run.empty()) {
     build_batch(items, f.run);
     timings_.prepare_ms = ms_since(f.t0);
     f.t1 = Clock::now();
     // One rank: queue the pass and return; end_step waits. Several: every rank's thread
     // runs its pass to the end (they meet in the collectives), here.
-    const bool one_rank = ranks_.empty() && !follower_links_;
-    const absl::Status st = one_rank ? runner_->launch(batch_, *pool_, opts, fwd_) : forward(opts);
+    const absl::Status st = single_rank() ? runner_->launch(batch_, *pool_, opts, fwd_) : forward(opts);
     if (!st.ok()) return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
     f.launched = true;
-    f.finished = !one_rank;
   }
   f.active = true;
   return absl::OkStatus();
@@ -600,7 +605,7 @@ absl::StatusOr<std::vector<StepResult>> Engine::end_step() {
   InFlight& f = in_flight_;
   f.active = false;
   if (!f.launched) return std::move(f.results);
-  if (!f.finished) {
+  if (single_rank()) {
     if (auto st = runner_->finish(batch_, fwd_); !st.ok()) {
       return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
     }
@@ -812,7 +817,7 @@ absl::StatusOr<int> Engine::warm_up_decode_graphs() {
 }
 
 absl::Status Engine::assume_computed(SeqId id, int32_t n) {
-  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
+  KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
   auto it = seqs_.find(id);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   SequenceState& s = it->second;

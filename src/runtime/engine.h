@@ -225,6 +225,16 @@ class Engine {
   // no rank waits on it in a collective, and the engine refuses later steps.
   absl::Status for_each_rank(const std::function<absl::Status(int32_t)>& f, bool abort_on_error);
   absl::Status forward(const ForwardOptions& opts);
+  // The communicator of a rank this process holds.
+  Communicator& rank_comm(int32_t local_rank);
+  // One local rank's pass over batch_, then its communicator's asynchronous error (a
+  // collective that failed on the device after its launch fails the pass).
+  absl::Status run_rank_pass(int32_t local_rank, const ForwardOptions& opts);
+  // One rank, in this process alone: a step's pass is launched, then finished in end_step.
+  // Otherwise every rank's thread (and every follower) runs it to the end in begin_step.
+  bool single_rank() const { return ranks_.empty() && !follower_links_; }
+  // FAILED_PRECONDITION while a step is in flight: what would change what the device uses.
+  absl::Status check_no_step_in_flight() const;
   absl::Status check_tokens(const std::vector<int32_t>& tokens) const;
   // The phases of a step: bad items reject it; a sequence whose pages cannot be
   // reserved drops out alone (the indices of the items that run are returned); the
@@ -256,7 +266,6 @@ class Engine {
   struct InFlight {
     bool active = false;
     bool launched = false;  // a pass was launched (not every item failed its reservation)
-    bool finished = false;  // the pass is complete (tensor parallelism: in begin_step)
     std::vector<StepItem> items;
     std::vector<size_t> run;
     std::vector<StepResult> results;

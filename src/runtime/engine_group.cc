@@ -195,7 +195,7 @@ absl::Status Engine::follow() {
         st = decode_forward(m->payload, batch_, opts, swa);
         if (st.ok()) st = pool_->apply_swa_changes(swa);
         if (st.ok())
-          st = for_each_rank([&](int32_t) { return runner_->run(batch_, *pool_, opts, fwd_); }, true);
+          st = for_each_rank([&](int32_t r) { return run_rank_pass(r, opts); }, true);
         break;
       case RankCommand::collectives: {
         int32_t tokens = 0, reps = 0;
