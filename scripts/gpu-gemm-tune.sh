@@ -10,17 +10,8 @@
 # build-gpu-gemm-tune/): summary.txt and every run's output.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-build-gpu-gemm-tune}
-mkdir -p "$out"
-summary="$out/summary.txt"
-: >"$summary"
-t0=$(date +%s)
-note() { echo "gpu-gemm-tune: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
-bundle=.device-bundle
-[[ -d $bundle ]] || [[ ! -f $bundle.tar.xz ]] || tar xJf "$bundle.tar.xz"
+source scripts/gpu-run-common.sh gpu-gemm-tune .device-baseline/lib
 [[ -x $bundle/kvfuse-bench-engine ]] || { note "FAIL: no $bundle (scripts/gpu-bundle.sh)"; exit 1; }
-cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$PWD/$bundle/lib:$PWD/.device-baseline/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 note "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%FT%TZ), ${MODEL:-llama3-8b}"
 status=0
 work=$(mktemp -d)

@@ -10,18 +10,9 @@
 # build-gpu-serve/): summary.txt and every program's output. Exit 0 when everything ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-build-gpu-serve}
-mkdir -p "$out"
-summary="$out/summary.txt"
-: >"$summary"
-t0=$(date +%s)
-note() { echo "gpu-serve: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
-bundle=.device-bundle
-[[ -d $bundle ]] || [[ ! -f $bundle.tar.xz ]] || tar xJf "$bundle.tar.xz"
+source scripts/gpu-run-common.sh gpu-serve
 [[ -x $bundle/kvfuse-server && -x $bundle/kvfuse-bench-serve ]] ||
   { note "FAIL: no server in $bundle (scripts/gpu-bundle.sh)"; exit 1; }
-cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 streams=${STREAMS:-64}
 tokens=${TOKENS:-256}
 serve_s=${SERVE_S:-15}

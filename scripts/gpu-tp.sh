@@ -23,19 +23,10 @@
 # build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-build-gpu-tp}
-mkdir -p "$out"
-summary="$out/summary.txt"
-: >"$summary"
-t0=$(date +%s)
-note() { echo "gpu-tp: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
-bundle=.device-bundle
-[[ -d $bundle ]] || [[ ! -f $bundle.tar.xz ]] || tar xJf "$bundle.tar.xz"
+source scripts/gpu-run-common.sh gpu-tp
 [[ -x $bundle/test_gpu_tp ]] || { note "FAIL: no $bundle (scripts/gpu-bundle.sh)"; exit 1; }
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 ((gpus >= 2)) || { note "FAIL: $gpus GPU(s) visible, tensor parallelism needs 2"; exit 1; }
-cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 if [[ -z ${KVFUSE_NCCL_LIBRARY:-} ]] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
   nccl_lib=$(find /opt /usr -name libnccl.so.2 2>/dev/null | head -1)
