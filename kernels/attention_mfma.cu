@@ -14,8 +14,6 @@
 //   both    e5m2: the code is the top byte of its f16, one byte permute per word.
 #include "kernels/gpu.h"
 
-#include <atomic>
-
 #include "kernels/attention_mfma.h"
 #include "kernels/attention_tile.cuh"
 #include "kernels/dispatch.cuh"
@@ -182,20 +180,12 @@ int32_t mfma_blocks_per_cu(bool page_tiles) {
 
 int32_t attention_mfma_blocks_per_cu(int32_t head_dim, KvFormat format, bool page_tiles) {
   // Per device and instance, asked once: the answer depends on nothing else.
-  constexpr int kMaxDevices = 64, kInstances = 64;
-  static std::atomic<int32_t> cache[kMaxDevices][kInstances];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return mfma_attn::kBlocksPerCu;
   const int slot = ((head_dim / 64) * 8 + int(format)) * 2 + (page_tiles ? 1 : 0);
-  if (slot < 0 || slot >= kInstances) return mfma_attn::kBlocksPerCu;
-  int32_t n = cache[dev][slot].load(std::memory_order_relaxed);
-  if (n == 0) {
-    n = dispatch_head_dim_format(head_dim, format, [&](auto hd, auto fmt) {
+  return once_per_device<64>(slot, mfma_attn::kBlocksPerCu, [&] {
+    return dispatch_head_dim_format(head_dim, format, [&](auto hd, auto fmt) {
       return mfma_blocks_per_cu<decltype(hd)::value, decltype(fmt)::value>(page_tiles);
     });
-    cache[dev][slot].store(n, std::memory_order_relaxed);
-  }
-  return n;
+  });
 }
 
 cudaError_t launch_attention_mfma(const Params& p, int64_t blocks, cudaStream_t stream) {

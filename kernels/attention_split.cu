@@ -5,7 +5,6 @@
 #include "kernels/gpu.h"
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <string>
 
@@ -20,19 +19,14 @@ using namespace attention_detail;
 
 int32_t device_sms(int32_t forced) {
   if (forced > 0) return forced;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int32_t> cache[kMaxDevices];
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return 132;
-  int32_t n = cache[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
+  return once_per_device<1>(0, 132, [] {
+    int dev = 0;
     cudaDeviceProp prop{};
-    n = cudaGetDeviceProperties(&prop, dev) == cudaSuccess && prop.multiProcessorCount > 0
-            ? prop.multiProcessorCount
-            : 132;
-    cache[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
+    return cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&prop, dev) == cudaSuccess &&
+                   prop.multiProcessorCount > 0
+               ? int32_t(prop.multiProcessorCount)
+               : int32_t(132);
+  });
 }
 
 }  // namespace
