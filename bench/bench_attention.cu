@@ -36,7 +36,10 @@ constexpr int kKvHeads = 8;
 constexpr int kQHeads = 32;
 constexpr int kHeadDim = 128;
 constexpr int kPage = 16;
-constexpr int kPartition = 512;  // the GPU backend's partition_size
+constexpr int kPartition = 64;  // the GPU backend's partition_size for decode-only batches
+// Scratch for the split path's partial results: every cell's exact need
+// (attention_split_scratch_bytes of its arguments) is far below it, and checked.
+constexpr size_t kScratchBytes = size_t(64) << 20;
 constexpr int64_t kRowElems = int64_t(kKvHeads) * kHeadDim;
 
 // Fills bytes with finite values: FP8 codes with |x| <= 1.875 * 2^(7-7), bf16 values in
@@ -73,6 +76,7 @@ struct Buffers {
   float* scales = nullptr;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  int32_t* merge_counters = nullptr;  // zero; the engine's split path passes them
 };
 
 enum class Path { split, unified };
@@ -82,6 +86,7 @@ struct Variant {
   bool graph = true;
   gpu::AttnLaunch launch{};
   const char* label = "";
+  bool merge_kernel = false;  // split: the merge as a kernel of its own (no merge counters)
 };
 
 struct Row {
@@ -126,7 +131,8 @@ void call(const AttnArgs& a, const Buffers& b, const Variant& v, cudaStream_t s)
   if (v.path == Path::unified) {
     BENCH_GPU(gpu::launch_attention_unified(a, s, v.launch));
   } else {
-    BENCH_GPU(gpu::launch_attention_split(a, b.scratch, kPartition, s, v.launch));
+    BENCH_GPU(gpu::launch_attention_split(a, b.scratch, kPartition, s, v.launch,
+                                          v.merge_kernel ? nullptr : b.merge_counters));
   }
 }
 
@@ -207,8 +213,10 @@ int main(int argc, char** argv) {
   b.table_entries = max_tokens / kPage;
   BENCH_GPU(cudaMalloc(&b.block_table, size_t(b.table_entries) * 4));
   BENCH_GPU(cudaMalloc(&b.scales, 8));
-  b.scratch_bytes = gpu::attention_split_scratch_bytes(256, kQHeads, kHeadDim, 32768, kPartition);
+  b.scratch_bytes = kScratchBytes;
   BENCH_GPU(cudaMalloc(&b.scratch, b.scratch_bytes));
+  BENCH_GPU(cudaMalloc(&b.merge_counters, 256 * kKvHeads * sizeof(int32_t)));
+  BENCH_GPU(cudaMemset(b.merge_counters, 0, 256 * kKvHeads * sizeof(int32_t)));
   GpuTimer timer;
   const cudaStream_t s = timer.stream();
   {
@@ -267,6 +275,7 @@ int main(int argc, char** argv) {
           variants.push_back({Path::split, true, bits, "split, e4m3 bit decode"});
           variants.push_back({Path::unified, true, bits, "unified, e4m3 bit decode"});
           variants.push_back({Path::split, true, pdl, "split, pdl"});
+          variants.push_back({Path::split, true, {}, "split, merge kernel", true});
           for (int32_t part : {512, 1024, 2048, 4096}) {
             gpu::AttnLaunch fixed;
             fixed.split_partition = part;
@@ -286,6 +295,11 @@ int main(int argc, char** argv) {
           continue;
         }
         for (const Variant& v : variants) {
+          if (v.path == Path::split && gpu::attention_split_scratch_bytes(a, kPartition, v.launch) > b.scratch_bytes) {
+            std::fprintf(stderr, "bench_attention: batch %d x %d needs more split scratch than %zu bytes\n", batch,
+                         ctx, b.scratch_bytes);
+            return 1;
+          }
           const double us = time_it(a, b, v, timer, rounds, est_us);
           const int32_t part =
               v.path == Path::split ? gpu::attention_split_partition(a, kPartition, v.launch) : 0;
@@ -337,7 +351,8 @@ int main(int argc, char** argv) {
   }
   for (void* p : {b.k, b.v, static_cast<void*>(b.q), static_cast<void*>(b.out),
                   static_cast<void*>(b.query_start), static_cast<void*>(b.context_len),
-                  static_cast<void*>(b.block_table), static_cast<void*>(b.scales), b.scratch}) {
+                  static_cast<void*>(b.block_table), static_cast<void*>(b.scales), b.scratch,
+                  static_cast<void*>(b.merge_counters)}) {
     BENCH_GPU(cudaFree(p));
   }
   return 0;

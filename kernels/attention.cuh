@@ -71,8 +71,23 @@ LaunchStatus launch_attention_unified(const AttnArgs& args, cudaStream_t stream,
 // with partitions of at least `partition_size` keys. 16-byte aligned memory.
 size_t attention_split_scratch_bytes(int64_t num_tokens, int32_t num_q_heads, int32_t head_dim,
                                      int32_t max_context_len, int32_t partition_size);
+// The same for the partitions launch_attention_split picks for `args` with this
+// partition_size and launch (0 when it picks one partition and needs none): what a caller
+// that sizes scratch per call needs, where the bound above would be far larger (short
+// partitions at long contexts; the wave heuristic keeps their count near the
+// multiprocessors' capacity).
+size_t attention_split_scratch_bytes(const AttnArgs& args, int32_t partition_size, const AttnLaunch& launch = {});
+// int32 merge counters launch_attention_split needs for `args`: one per token row and KV
+// head.
+int64_t attention_split_merge_counters(const AttnArgs& args);
+// merge_counters: null, or attention_split_merge_counters(args) int32 that are zero
+// (cudaMemset once: every launch leaves them zero again), in memory of their own (the
+// partial results of another call must not overlap them). With them the tile kernel's
+// decode blocks merge the partitions (the last block of a row and KV head to finish, in
+// partition order); without, or on CDNA, a merge kernel follows. Same bits either way.
 LaunchStatus launch_attention_split(const AttnArgs& args, void* scratch, int32_t partition_size,
-                                    cudaStream_t stream, const AttnLaunch& launch = {});
+                                    cudaStream_t stream, const AttnLaunch& launch = {},
+                                    int32_t* merge_counters = nullptr);
 
 // Keys per partition that launch_attention_split uses for `args` (for logs and benchmarks).
 int32_t attention_split_partition(const AttnArgs& args, int32_t partition_size, const AttnLaunch& launch = {});

@@ -31,6 +31,10 @@ struct Params {
   AttnArgs a;
   float* part_o;      // split: [row][q head][partition][D] partial outputs (v scale applied)
   float* part_ml;     // split: [row][q head][partition][2] max (log2 domain), sum
+  // split, when not null: [row][KV head] counts of the partitions done; the last decode
+  // block of a row and KV head to finish merges its heads' partitions (no merge kernel)
+  // and sets the count back to 0. Zero before every launch and after it.
+  int32_t* part_done;
   int32_t part_len;   // split: fewest keys per partition, a multiple of kTileKeys
   int32_t num_parts;  // split: partitions in the grid
   int32_t mode;
@@ -131,15 +135,23 @@ inline Params split_decode_params(const AttnArgs& a, int32_t partition_size, int
   p.part_ml = scratch == nullptr
                   ? nullptr
                   : scratch + a.batch.num_tokens * a.num_q_heads * int64_t(parts) * a.cache.head_dim;
+  p.part_done = nullptr;  // the launcher sets it where the decode blocks merge
   return p;
 }
 
 // Split path, last step: merges the partial results of decode row `seq`'s partitions for
 // query head qh, dimensions [d0, d0 + N) of D: out = sum_p o_p 2^(m_p - M) / sum_p l_p
 // 2^(m_p - M). Rows with one partition were written by the decode blocks directly.
-template <int D, int N>
+// Load(p) reads a partial result: a plain load, or on the GPU one that bypasses the
+// multiprocessor's L1 when other blocks of the same kernel wrote it.
+struct PlainLoad {
+  KVFUSE_HD float operator()(const float* p) const { return *p; }
+};
+
+template <int D, int N, class Load = PlainLoad>
 KVFUSE_HD void merge_partitions(const AttnArgs& a, const float* part_o, const float* part_ml,
-                                int32_t part_len, int32_t num_parts, int32_t seq, int32_t qh, int d0) {
+                                int32_t part_len, int32_t num_parts, int32_t seq, int32_t qh, int d0,
+                                Load ld = {}) {
   const int32_t q0 = a.batch.query_start[seq];
   if (a.batch.query_start[seq + 1] - q0 != 1) return;
   const int32_t pos = a.batch.context_len[seq] - 1;
@@ -148,15 +160,15 @@ KVFUSE_HD void merge_partitions(const AttnArgs& a, const float* part_o, const fl
   if (r.last == 0) return;  // written by the decode kernel directly
   const int64_t base = (int64_t(q0) * a.num_q_heads + qh) * num_parts;
   float mx = -INFINITY;
-  for (int32_t pp = 0; pp <= r.last; ++pp) mx = fmaxf(mx, part_ml[2 * (base + pp)]);
+  for (int32_t pp = 0; pp <= r.last; ++pp) mx = fmaxf(mx, ld(part_ml + 2 * (base + pp)));
   float o[N];
   for (int i = 0; i < N; ++i) o[i] = 0.0f;
   float total = 0.0f;
   for (int32_t pp = 0; pp <= r.last; ++pp) {
-    const float f = exp2f(part_ml[2 * (base + pp)] - mx);
-    total += part_ml[2 * (base + pp) + 1] * f;
+    const float f = exp2f(ld(part_ml + 2 * (base + pp)) - mx);
+    total += ld(part_ml + 2 * (base + pp) + 1) * f;
     const float* po = part_o + (base + pp) * D + d0;
-    for (int i = 0; i < N; ++i) o[i] += po[i] * f;
+    for (int i = 0; i < N; ++i) o[i] += ld(po + i) * f;
   }
   bf16_t* out = a.out + int64_t(q0) * a.out_token_stride + int64_t(qh) * D + d0;
   for (int i = 0; i < N; ++i) out[i] = f32_to_bf16(o[i] / total);

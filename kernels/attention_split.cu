@@ -46,8 +46,20 @@ size_t attention_split_scratch_bytes(int64_t num_tokens, int32_t num_q_heads, in
   return size_t(num_tokens) * size_t(num_q_heads) * size_t(parts) * size_t(head_dim + 2) * sizeof(float);
 }
 
+size_t attention_split_scratch_bytes(const AttnArgs& a, int32_t partition_size, const AttnLaunch& l) {
+  if (a.batch.num_tokens <= 0 || a.batch.num_seqs <= 0 || partition_size <= 0) return 0;
+  const int32_t parts = split_parts(a.batch.max_context_len, attention_split_partition(a, partition_size, l));
+  if (parts <= 1) return 0;
+  return size_t(a.batch.num_tokens) * size_t(a.num_q_heads) * size_t(parts) * size_t(a.cache.head_dim + 2) *
+         sizeof(float);
+}
+
+int64_t attention_split_merge_counters(const AttnArgs& a) {
+  return std::max<int64_t>(a.batch.num_tokens, 0) * std::max<int32_t>(a.cache.num_kv_heads, 0);
+}
+
 LaunchStatus launch_attention_split(const AttnArgs& a, void* scratch, int32_t partition_size,
-                                    cudaStream_t stream, const AttnLaunch& l) {
+                                    cudaStream_t stream, const AttnLaunch& l, int32_t* merge_counters) {
   if (std::string why = attention_unsupported(a); !why.empty()) {
     return LaunchStatus::refused(std::move(why));
   }
@@ -62,7 +74,11 @@ LaunchStatus launch_attention_split(const AttnArgs& a, void* scratch, int32_t pa
     return LaunchStatus::refused("attention split: " + std::to_string(parts) + " partitions of " +
                                  std::to_string(len) + " keys need scratch (attention_split_scratch_bytes)");
   }
-  const Params p = split_decode_params(a, partition_size, parts, static_cast<float*>(scratch));
+  Params p = split_decode_params(a, partition_size, parts, static_cast<float*>(scratch));
+  // The tile kernel's decode blocks merge the partitions themselves (the last block of a
+  // row and KV head to finish); the CDNA kernel's leave it to the merge kernel.
+  const bool merge_in_blocks = parts > 1 && kWarpSize == 32 && merge_counters != nullptr;
+  if (merge_in_blocks) p.part_done = merge_counters;
   const int64_t decode_blocks = int64_t(parts) * a.batch.num_seqs * a.cache.num_kv_heads;
   const bool any_prefill = a.batch.max_query_len != 1;
   KVFUSE_GPU_RETURN_IF_ERROR(launch_attention_blocks(p, decode_blocks, l, stream));
@@ -72,7 +88,7 @@ LaunchStatus launch_attention_split(const AttnArgs& a, void* scratch, int32_t pa
     KVFUSE_GPU_RETURN_IF_ERROR(
         launch_attention_blocks(q, a.batch.num_tokens * a.cache.num_kv_heads, l, stream));
   }
-  if (parts == 1) return cudaSuccess;
+  if (parts == 1 || merge_in_blocks) return cudaSuccess;
   const int64_t blocks = int64_t(a.batch.num_seqs) * ((a.num_q_heads + kGroups - 1) / kGroups);
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   return dispatch_head_dim(a.cache.head_dim, [&](auto hd) {

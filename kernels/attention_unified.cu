@@ -30,6 +30,12 @@ constexpr float kLog2e = 1.4426950408889634f;
   return count - 1;
 }
 
+// A partial result another block of this kernel wrote: a volatile load, never served
+// from this multiprocessor's L1.
+struct L2Load {
+  KVFUSE_HD float operator()(const float* p) const { return *static_cast<const volatile float*>(p); }
+};
+
 template <int D, KvKind K, bool kPageTiles>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel(Params p) {
   using Gm = Geo<D, K>;
@@ -73,12 +79,14 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
   const int32_t lo = a.window > 0 ? max(0, pos0 - a.window + 1) : 0;
   int32_t begin = lo, end = pos0 + nrows;
   bool to_scratch = false;
+  int32_t last_part = 0;
   if (p.mode == kModeDecode) {
     const SplitRange r = split_range(lo, pos0, p.num_parts, p.part_len);
     if (part > r.last) return;
     begin = int32_t(max(int64_t(begin), int64_t(r.base) + int64_t(part) * r.len));
     end = int32_t(min(int64_t(end), int64_t(r.base) + int64_t(part + 1) * r.len));
     to_scratch = r.last > 0;
+    last_part = r.last;
   }
 
   const int l = glane(), g = l >> 2, c = l & 3, w = group_id();
@@ -402,42 +410,65 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
   constexpr int kPer = D / kEpiThreadsPerRow;
   const int n = int(threadIdx.x) / kEpiThreadsPerRow;
   const int d0 = (int(threadIdx.x) % kEpiThreadsPerRow) * kPer;
-  if (n >= nvalid) return;
-  float mx = -INFINITY;
+  if (n < nvalid) {
+    float mx = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kGroups; ++i) mx = fmaxf(mx, sm_m[i][n]);
-  float f[kGroups], total = 0.0f;
+    for (int i = 0; i < kGroups; ++i) mx = fmaxf(mx, sm_m[i][n]);
+    float f[kGroups], total = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kGroups; ++i) {
-    f[i] = sm_m[i][n] == -INFINITY ? 0.0f : exp2f(sm_m[i][n] - mx);
-    total += sm_l[i][n] * f[i];
+    for (int i = 0; i < kGroups; ++i) {
+      f[i] = sm_m[i][n] == -INFINITY ? 0.0f : exp2f(sm_m[i][n] - mx);
+      total += sm_l[i][n] * f[i];
+    }
+    const float v_factor = kBf16 ? 1.0f : fp8_raw_factor<K>() * *a.cache.v_scale;
+    const int64_t row = int64_t(row0) + n / G;
+    const int32_t qh = kvh * G + n % G;
+    if (!to_scratch) {
+      bf16_t* out = a.out + row * a.out_token_stride + int64_t(qh) * D + d0;
+#pragma unroll
+      for (int d = 0; d < kPer; ++d) {
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kGroups; ++i) o += sm_acc[i][n][d0 + d] * f[i];
+        out[d] = f32_to_bf16(o * v_factor / total);
+      }
+    } else {
+      const int64_t idx = (row * a.num_q_heads + qh) * p.num_parts + part;
+      float* po = p.part_o + idx * D + d0;
+#pragma unroll
+      for (int d = 0; d < kPer; ++d) {
+        float o = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kGroups; ++i) o += sm_acc[i][n][d0 + d] * f[i];
+        po[d] = o * v_factor;
+      }
+      if (d0 == 0) {
+        p.part_ml[2 * idx] = mx;
+        p.part_ml[2 * idx + 1] = total;
+      }
+    }
   }
-  const float v_factor = kBf16 ? 1.0f : fp8_raw_factor<K>() * *a.cache.v_scale;
-  const int64_t row = int64_t(row0) + n / G;
-  const int32_t qh = kvh * G + n % G;
-  if (!to_scratch) {
-    bf16_t* out = a.out + row * a.out_token_stride + int64_t(qh) * D + d0;
-#pragma unroll
-    for (int d = 0; d < kPer; ++d) {
-      float o = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kGroups; ++i) o += sm_acc[i][n][d0 + d] * f[i];
-      out[d] = f32_to_bf16(o * v_factor / total);
-    }
-  } else {
-    const int64_t idx = (row * a.num_q_heads + qh) * p.num_parts + part;
-    float* po = p.part_o + idx * D + d0;
-#pragma unroll
-    for (int d = 0; d < kPer; ++d) {
-      float o = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kGroups; ++i) o += sm_acc[i][n][d0 + d] * f[i];
-      po[d] = o * v_factor;
-    }
-    if (d0 == 0) {
-      p.part_ml[2 * idx] = mx;
-      p.part_ml[2 * idx + 1] = total;
-    }
+  if (!to_scratch || p.part_done == nullptr) return;
+
+  // ---- split path: the last of this row's partitions to finish merges them (for the
+  // block's G query heads), in partition order as the merge kernel would, then sets the
+  // count back to 0 for the next launch.
+  __shared__ int32_t sm_last;
+  __threadfence();  // this block's partial results, visible before its count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t* done = p.part_done + int64_t(row0) * H + kvh;
+    sm_last = atomicAdd(done, 1) == last_part;
+    if (sm_last) atomicExch(done, 0);
+  }
+  __syncthreads();
+  if (!sm_last) return;
+  __threadfence();
+  constexpr int kMergePer = D / kMmaLanes;
+  constexpr int kPieces = D / kMergePer;
+  for (int item = int(threadIdx.x); item < G * kPieces; item += kThreads) {
+    merge_partitions<D, kMergePer>(a, p.part_o, p.part_ml, p.part_len, p.num_parts, seq, kvh * G + item / kPieces,
+                                   (item % kPieces) * kMergePer, L2Load{});
   }
 }
 

@@ -5,6 +5,8 @@
 
 #include <climits>
 
+#include "kernels/model_ops.cuh"
+
 namespace kvfuse::gpu {
 namespace {
 
@@ -21,35 +23,51 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
   return acc;
 }
 
-// kRows rows of w per warp; each lane loads kUnroll 16-byte chunks of each of its rows
-// per step, and the loads of step s + 1 are issued before the multiplies of step s
+// kRows rows of w per group of kSplit warps (kSplit = 1: a warp per row group; more:
+// split-K inside the block, the group's warps taking interleaved 16-byte chunks of the
+// same rows and their sums meeting in shared memory, added in warp order: long rows,
+// the down projection's k = 14336, then spread over more warps at the same bytes); each
+// lane loads kUnroll 16-byte chunks of each of its rows per step, and the loads of step s + 1 are issued before the multiplies of step s
 // (software pipelining: up to 2 x kRows x kUnroll loads in flight per lane, as the
 // latency-bound small shapes need). The first chunks of w are loaded before the PDL
 // wait: the weights do not come from the kernel before, so under programmatic launch
 // their first round trip overlaps that kernel's tail; only x waits. The sums are in
 // chunk order whatever the pipelining.
-template <int M, bool kF32, int kRows, int kUnroll>
+//
+// kSilu: w is [gate rows; up rows] (n = 2 x inter) and out is act [m, inter] =
+// silu_mul(x . w^T): a group's rows are gate rows j.. and up rows inter + j.., each
+// summed exactly as without kSilu, rounded to bf16 and combined by launch_silu_mul's
+// formula, so the bits are the GEMV's and then silu_mul's.
+template <int M, bool kF32, int kRows, int kUnroll, int kSplit, bool kSilu = false>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
     gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out) {
-  const int lane = lane_id();
-  const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / kWarpSize) + int64_t(warp_id())) * kRows;
+  static_assert(kSplit >= 1 && (kThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
+  static_assert(!kSilu || (kRows % 2 == 0 && !kF32), "kSilu pairs rows and writes bf16");
+  constexpr int kOuts = kSilu ? kRows / 2 : kRows;  // output columns per group
+  const int64_t n_out = kSilu ? n / 2 : n;
+  const int part = warp_id() % kSplit;  // this warp's share of the group's chunks
+  const int lane = lane_id() + part * kWarpSize;
+  const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / kWarpSize / kSplit) + int64_t(warp_id() / kSplit)) * kOuts;
+  // Row r of the group: output column row0 + r % kOuts; with kSilu the second half are
+  // the up rows.
+  const auto w_row = [&](int r) -> int64_t { return kSilu && r >= kOuts ? n_out + row0 + r - kOuts : row0 + r; };
   const int64_t chunks = k / 8;
-  constexpr int64_t kStride = int64_t(kUnroll) * kWarpSize;
+  constexpr int64_t kStride = int64_t(kUnroll) * kWarpSize * kSplit;
   float acc[kRows][M];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
-  const bool full = row0 + kRows <= n;
+  const bool full = row0 + kOuts <= n_out;
   uint4 wv[kUnroll][kRows];
   auto load_w = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + int64_t(u) * kWarpSize;
+      const int64_t c = c0 + int64_t(u) * kWarpSize * kSplit;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        wv[u][r] = c < chunks && (full || row0 + r < n) ? load_ro_16B(w + (row0 + r) * k + c * 8)
-                                                        : make_uint4(0u, 0u, 0u, 0u);
+        wv[u][r] = c < chunks && (full || row0 + r % kOuts < n_out) ? load_ro_16B(w + w_row(r) * k + c * 8)
+                                                                    : make_uint4(0u, 0u, 0u, 0u);
       }
     }
   };
@@ -64,7 +82,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
     if (c0 + kStride < chunks) load_w(c0 + kStride);  // the next step's loads, before this step's math
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t c = c0 + int64_t(u) * kWarpSize;
+      const int64_t c = c0 + int64_t(u) * kWarpSize * kSplit;
       if (c >= chunks) break;
 #pragma unroll
       for (int i = 0; i < M; ++i) {
@@ -87,54 +105,99 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
 #pragma unroll
     for (int i = 0; i < M; ++i) acc[r][i] = warp_reduce_sum(acc[r][i]);
   }
+  if constexpr (kSplit > 1) {
+    // The group's warps' sums, added in warp order by its first warp.
+    __shared__ float sums[kThreads / kWarpSize][kRows][M];
+    if (lane_id() == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int i = 0; i < M; ++i) sums[warp_id()][r][i] = acc[r][i];
+    }
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int s = 1; s < kSplit; ++s)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int i = 0; i < M; ++i) acc[r][i] += sums[warp_id() + s][r][i];
+  }
   if (lane != 0) return;
+  if constexpr (kSilu) {
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (row0 + r >= n) break;
+    for (int r = 0; r < kOuts; ++r) {
+      if (row0 + r >= n_out) break;
 #pragma unroll
-    for (int i = 0; i < M; ++i) {
-      const int64_t at = int64_t(i) * n + row0 + r;
-      if constexpr (kF32) {
-        static_cast<float*>(out)[at] = acc[r][i];
-      } else {
-        static_cast<bf16_t*>(out)[at] = f32_to_bf16(acc[r][i]);
+      for (int i = 0; i < M; ++i) {
+        const float g = bf16_bits_to_f32(f32_to_bf16(acc[r][i]));
+        const float u = bf16_bits_to_f32(f32_to_bf16(acc[r + kOuts][i]));
+        static_cast<bf16_t*>(out)[int64_t(i) * n_out + row0 + r] = f32_to_bf16(silu_mul_f32(g, u));
+      }
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (row0 + r >= n) break;
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        const int64_t at = int64_t(i) * n + row0 + r;
+        if constexpr (kF32) {
+          static_cast<float*>(out)[at] = acc[r][i];
+        } else {
+          static_cast<bf16_t*>(out)[at] = f32_to_bf16(acc[r][i]);
+        }
       }
     }
   }
 }
 
-template <int M, int kRows, int kUnroll>
-cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, bool out_f32,
+// out_kind: 0 bf16, 1 fp32, 2 silu_mul (bf16 act of half the columns).
+template <int M, int kRows, int kUnroll, int kSplit = 1>
+cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
                          cudaStream_t stream, bool pdl) {
-  constexpr int64_t kRowsPerBlock = kThreads / kWarpSize * kRows;
-  const int64_t blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t cols = out_kind == 2 ? n / 2 : n;
+  constexpr int64_t kColsPerGroup = kRows;
+  constexpr int64_t kGroupsPerBlock = kThreads / kWarpSize / kSplit;
+  const int64_t per_block = kGroupsPerBlock * (out_kind == 2 ? kColsPerGroup / 2 : kColsPerGroup);
+  const int64_t blocks = (cols + per_block - 1) / per_block;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return out_f32 ? launch_kernel(gemv_kernel<M, true, kRows, kUnroll>, unsigned(blocks), kThreads, stream,
-                                 pdl, x, w, n, k, out)
-                 : launch_kernel(gemv_kernel<M, false, kRows, kUnroll>, unsigned(blocks), kThreads, stream,
-                                 pdl, x, w, n, k, out);
+  if (out_kind == 2) {
+    return launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, true>, unsigned(blocks), kThreads, stream,
+                         pdl, x, w, n, k, out);
+  }
+  return out_kind == 1 ? launch_kernel(gemv_kernel<M, true, kRows, kUnroll, kSplit>, unsigned(blocks), kThreads,
+                                       stream, pdl, x, w, n, k, out)
+                       : launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit>, unsigned(blocks), kThreads,
+                                       stream, pdl, x, w, n, k, out);
 }
+
+// Split-K over the block's warps: 4 on NVIDIA, 2 on CDNA (128 threads either way).
+constexpr int kBlockSplit = kThreads / kWarpSize;
 
 // The variants (gemv_variants(m)): 0: 2 rows x 2 chunks; for m <= 2 also 1: 2 rows x 4
 // chunks, 2: 4 rows x 2 chunks (more bytes in flight for the latency-bound small shapes);
-// last, for every m: 2 rows x 1 chunk (shorter steps: the first GEMV's loop, which the
-// long-k down projection preferred).
+// then, for every m: 2 rows x 1 chunk (shorter steps: the first GEMV's loop, which the
+// long-k down projection preferred); last, for every m: 2 rows x 2 chunks split over the
+// block's warps (a block per row pair: long rows on more warps).
 template <int M>
-cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, bool out_f32,
+cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
                      cudaStream_t stream, bool pdl, int variant) {
   if constexpr (M <= 2) {
-    if (variant == 1) return launch_shape<M, 2, 4>(x, w, n, k, out, out_f32, stream, pdl);
-    if (variant == 2) return launch_shape<M, 4, 2>(x, w, n, k, out, out_f32, stream, pdl);
+    if (variant == 1) return launch_shape<M, 2, 4>(x, w, n, k, out, out_kind, stream, pdl);
+    if (variant == 2) return launch_shape<M, 4, 2>(x, w, n, k, out, out_kind, stream, pdl);
   }
-  if (variant == gemv_variants(M) - 1) return launch_shape<M, 2, 1>(x, w, n, k, out, out_f32, stream, pdl);
-  return launch_shape<M, 2, 2>(x, w, n, k, out, out_f32, stream, pdl);
+  if (variant == gemv_variants(M) - 1)
+    return launch_shape<M, 2, 2, kBlockSplit>(x, w, n, k, out, out_kind, stream, pdl);
+  if (variant == gemv_variants(M) - 2) return launch_shape<M, 2, 1>(x, w, n, k, out, out_kind, stream, pdl);
+  return launch_shape<M, 2, 2>(x, w, n, k, out, out_kind, stream, pdl);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 }  // namespace
 
-int gemv_variants(int64_t m) { return m <= 2 ? kGemvVariants : 2; }
+int gemv_variants(int64_t m) { return m <= 2 ? kGemvVariants : 3; }
 
 std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n, int64_t k, const void* out) {
   if (m < 1 || m > kGemvMaxRows)
@@ -145,8 +208,10 @@ std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n,
   return {};
 }
 
-LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
-                              bool out_f32, cudaStream_t stream, bool pdl, int variant) {
+namespace {
+
+LaunchStatus launch_any(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
+                        cudaStream_t stream, bool pdl, int variant) {
   if (std::string why = gemv_unsupported(x, m, w, n, k, out); !why.empty()) {
     return LaunchStatus::refused(std::move(why));
   }
@@ -156,22 +221,37 @@ LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64
   }
   switch (m) {
     case 1:
-      return launch_m<1>(x, w, n, k, out, out_f32, stream, pdl, variant);
+      return launch_m<1>(x, w, n, k, out, out_kind, stream, pdl, variant);
     case 2:
-      return launch_m<2>(x, w, n, k, out, out_f32, stream, pdl, variant);
+      return launch_m<2>(x, w, n, k, out, out_kind, stream, pdl, variant);
     case 3:
-      return launch_m<3>(x, w, n, k, out, out_f32, stream, pdl, variant);
+      return launch_m<3>(x, w, n, k, out, out_kind, stream, pdl, variant);
     case 4:
-      return launch_m<4>(x, w, n, k, out, out_f32, stream, pdl, variant);
+      return launch_m<4>(x, w, n, k, out, out_kind, stream, pdl, variant);
     case 5:
-      return launch_m<5>(x, w, n, k, out, out_f32, stream, pdl, variant);
+      return launch_m<5>(x, w, n, k, out, out_kind, stream, pdl, variant);
     case 6:
-      return launch_m<6>(x, w, n, k, out, out_f32, stream, pdl, variant);
+      return launch_m<6>(x, w, n, k, out, out_kind, stream, pdl, variant);
     case 7:
-      return launch_m<7>(x, w, n, k, out, out_f32, stream, pdl, variant);
+      return launch_m<7>(x, w, n, k, out, out_kind, stream, pdl, variant);
     default:
-      return launch_m<8>(x, w, n, k, out, out_f32, stream, pdl, variant);
+      return launch_m<8>(x, w, n, k, out, out_kind, stream, pdl, variant);
   }
+}
+
+}  // namespace
+
+LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
+                              bool out_f32, cudaStream_t stream, bool pdl, int variant) {
+  return launch_any(x, m, w, n, k, out, out_f32 ? 1 : 0, stream, pdl, variant);
+}
+
+LaunchStatus launch_gemv_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
+                                       bf16_t* act, cudaStream_t stream, bool pdl, int variant) {
+  if (n % 2 != 0) {
+    return LaunchStatus::refused("gemv silu_mul: n " + std::to_string(n) + " must be even (gate rows, then up rows)");
+  }
+  return launch_any(x, m, w, n, k, act, 2, stream, pdl, variant);
 }
 
 }  // namespace kvfuse::gpu

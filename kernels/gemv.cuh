@@ -22,10 +22,10 @@
 namespace kvfuse::gpu {
 
 constexpr int64_t kGemvMaxRows = 8;
-// Tilings of the kernel (rows of w per warp, chunks in flight per row), for the tuner to
-// time: gemv_variants(m) of them are offered for m rows (four where the kernel is most
-// latency bound, m <= 2; two above).
-constexpr int kGemvVariants = 4;
+// Tilings of the kernel (rows of w per warp, chunks in flight per row, warps per row),
+// for the tuner to time: gemv_variants(m) of them are offered for m rows (five where the
+// kernel is most latency bound, m <= 2; three above).
+constexpr int kGemvVariants = 5;
 int gemv_variants(int64_t m);
 
 // Empty if launch_gemv_bf16 supports the call, else why not: 1 <= m <= kGemvMaxRows,
@@ -36,5 +36,12 @@ std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n,
 // Asynchronous on `stream`, graph-safe.
 LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
                               bool out_f32, cudaStream_t stream, bool pdl = false, int variant = 0);
+
+// act[m, n / 2] = silu_mul(x . w^T) for w = [gate rows; up rows] (n even): the same
+// GEMV (variant as above, the same sums) with each warp's rows paired as gate row j and
+// up row j, and launch_silu_mul's formula in its epilogue: the bits of launch_gemv_bf16
+// into [m, n] followed by launch_silu_mul, in one launch and without the [m, n] rows.
+LaunchStatus launch_gemv_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
+                                       bf16_t* act, cudaStream_t stream, bool pdl = false, int variant = 0);
 
 }  // namespace kvfuse::gpu

@@ -226,7 +226,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     silu_mul_kernel(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) {
   grid_dependency_wait();  // PDL: the inputs come from the kernel before
   launch_dependents();
-  const auto silu_mul = [](float g, float u) { return g / (1.0f + expf(-g)) * u; };
+  const auto silu_mul = [](float g, float u) { return silu_mul_f32(g, u); };
   if constexpr (kVec) {
     const int64_t per_row = inter / 8;
     grid_stride_loop(n * per_row, [&](int64_t v) {

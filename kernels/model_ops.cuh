@@ -14,6 +14,10 @@
 
 namespace kvfuse::gpu {
 
+// silu(g) * u in fp32, as launch_silu_mul computes each element (and the GEMV's fused
+// silu_mul epilogue, kernels/gemv.cuh).
+KVFUSE_DEVICE float silu_mul_f32(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 cudaError_t launch_embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out,
                              cudaStream_t stream, bool pdl = false);
 cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,

@@ -420,6 +420,37 @@ TEST_CASE("gpu backend: linear layers match OpenBLAS within fp32 accumulation an
   }
 }
 
+// linear_silu_mul is linear then silu_mul, whichever the backend runs (the fused GEMV at
+// the decode sizes where the tuner picked it, else the two ops): act's bits equal the two
+// ops' on the same backend, and the CPU's within the ops' tolerance.
+TEST_CASE("gpu backend: linear_silu_mul gives linear then silu_mul's bits", "[gpu][gemm]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend();
+  const int64_t k = 512, inter = 264, n = 2 * inter;
+  for (int64_t m : {1, 2, 8, 40}) {
+    CAPTURE(m);
+    const auto x = random_bf16(size_t(m * k), 20);
+    const auto w = random_bf16(size_t(n * k), 21, 1.0f / 16);
+    std::vector<bf16_t> fused[2], two_ops[2];
+    int i = 0;
+    for (Backend* b : {cpu.get(), gpu.get()}) {
+      auto lw = b->upload_linear(w.data(), n, k, nullptr);
+      REQUIRE(lw.ok());
+      Mirror<bf16_t> in(*b, x), gu(*b, size_t(m * n)), act(*b, size_t(m * inter)), ref(*b, size_t(m * inter));
+      REQUIRE(b->linear_silu_mul(in.ptr(), m, *lw, inter, gu.ptr(), act.ptr()).ok());
+      REQUIRE(b->linear(in.ptr(), m, *lw, gu.ptr()).ok());
+      REQUIRE(b->silu_mul(gu.ptr(), m, inter, ref.ptr()).ok());
+      fused[i] = act.read(*b);
+      two_ops[i] = ref.read(*b);
+      ++i;
+    }
+    CHECK(fused[0] == two_ops[0]);
+    CHECK(fused[1] == two_ops[1]);
+    check_close(fused[0], fused[1], 3, 1e-4f, "linear_silu_mul");
+  }
+}
+
 TEST_CASE("gpu backend: paged attention (unified and split) matches the CPU reference", "[gpu][attention]") {
   auto gpu = gpu_or_skip();
   if (!gpu) return;

@@ -152,6 +152,15 @@ class Backend {
                             int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
                             const float* inv_freq, float attention_scaling) = 0;
   virtual absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) = 0;
+  // The MLP's first half: gate_up = linear(x, w) (w's rows: inter gate rows, then inter up
+  // rows), then act = silu_mul(gate_up). A backend may fuse the two (the GPU's GEMV
+  // writes act from its epilogue): gate_up's contents are then unspecified; act's bits
+  // are the same either way.
+  virtual absl::Status linear_silu_mul(const bf16_t* x, int64_t m, const LinearWeight& w, int64_t inter,
+                                       bf16_t* gate_up, bf16_t* act) {
+    if (auto st = linear(x, m, w, gate_up); !st.ok()) return st;
+    return silu_mul(gate_up, m, inter, act);
+  }
   virtual absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) = 0;
   // The residual add and the RMSNorm after it: x += y (bf16, as residual_add), then
   // out = rmsnorm(x, w) (as rmsnorm). out may be y.

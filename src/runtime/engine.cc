@@ -796,8 +796,8 @@ absl::StatusOr<int> Engine::warm_up_decode_graphs() {
   }
   // Ids from the top of the range, clear of callers' ids.
   const SeqId base = std::numeric_limits<SeqId>::max() - SeqId(limit) - 1;
-  int warmed = 0;
-  for (int32_t b : buckets) {
+  // One decode step of bucket b's sequences; false when the pool cannot hold them.
+  const auto run_bucket = [&](int32_t b, const ForwardOptions& opts) -> absl::StatusOr<bool> {
     std::vector<StepItem> items;
     absl::Status st;
     for (int32_t i = 0; i < b && st.ok(); ++i) {
@@ -805,12 +805,29 @@ absl::StatusOr<int> Engine::warm_up_decode_graphs() {
       if (st.ok()) items.push_back(StepItem{base + SeqId(i), 1, true});
     }
     absl::StatusOr<std::vector<StepResult>> r =
-        st.ok() ? step(items) : absl::StatusOr<std::vector<StepResult>>(st);
+        st.ok() ? step(items, opts) : absl::StatusOr<std::vector<StepResult>>(st);
     bool all_ok = r.ok();
     for (size_t i = 0; all_ok && i < r->size(); ++i) all_ok = (*r)[i].status.ok();
     for (const StepItem& it : items) (void)release(it.id);
     if (!r.ok()) return r.status();
-    if (!all_ok) break;  // the pool cannot hold this bucket: larger ones neither
+    return all_ok;
+  };
+  // First every bucket's padded step eagerly, so that the lazily sized scratch buffers
+  // (the split attention's partials grow with the bucket, not monotonically) reach their
+  // largest size before any capture: a later bucket's growth would drop the graphs
+  // captured before it, which point at the old buffers.
+  ForwardOptions sizing = forward_options();
+  sizing.graph_replay = false;
+  for (int32_t b : buckets) {
+    absl::StatusOr<bool> fits = run_bucket(b, sizing);
+    if (!fits.ok()) return fits.status();
+    if (!*fits) break;  // the pool cannot hold this bucket: larger ones neither
+  }
+  int warmed = 0;
+  for (int32_t b : buckets) {
+    absl::StatusOr<bool> fits = run_bucket(b, forward_options());
+    if (!fits.ok()) return fits.status();
+    if (!*fits) break;
     ++warmed;
   }
   return warmed;

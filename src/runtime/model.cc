@@ -286,8 +286,7 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     KVFUSE_RETURN_IF_ERROR(backend_.linear(p.attn, T, L.o, h));
     if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
     KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
-    KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.gate_up, p.gate_up));
-    KVFUSE_RETURN_IF_ERROR(backend_.silu_mul(p.gate_up, T, d.intermediate, p.act));
+    KVFUSE_RETURN_IF_ERROR(backend_.linear_silu_mul(h, T, L.gate_up, d.intermediate, p.gate_up, p.act));
     KVFUSE_RETURN_IF_ERROR(backend_.linear(p.act, T, L.down, h));
     if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
   }

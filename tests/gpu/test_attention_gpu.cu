@@ -64,7 +64,10 @@ struct Device {
   }
 };
 
-enum class Path { unified, split };
+// split: the decode blocks merge the partitions (the last of each row and KV head to
+// finish, counting in the merge counters); split_merge_kernel: the merge kernel does (no
+// counters passed).
+enum class Path { unified, split, split_merge_kernel };
 
 // One GPU call of `path`; returns the output rows.
 std::vector<bf16_t> run_gpu(const Problem& p, Device& d, Path path, cudaStream_t stream, const std::string& what) {
@@ -78,11 +81,22 @@ std::vector<bf16_t> run_gpu(const Problem& p, Device& d, Path path, cudaStream_t
   if (path == Path::unified) {
     err = gpu::launch_attention_unified(a, stream, l);
   } else {
-    const size_t bytes = gpu::attention_split_scratch_bytes(p.num_tokens, p.num_q_heads, p.c.head_dim,
+    // Exactly the scratch of the partitions the launcher picks (what the GPU backend
+    // reserves), never more than the bound from the partition size alone.
+    const size_t bytes = gpu::attention_split_scratch_bytes(a, p.c.partition, l);
+    const size_t bound = gpu::attention_split_scratch_bytes(p.num_tokens, p.num_q_heads, p.c.head_dim,
                                                             p.max_context_len, p.c.partition);
+    check(bytes <= bound, what + ": exact split scratch within the bound");
     DeviceMem scratch(bytes);
-    err = gpu::launch_attention_split(a, scratch.get(), p.c.partition, stream, l);
+    const size_t counters = size_t(gpu::attention_split_merge_counters(a));
+    DeviceMem merge_counters(counters * sizeof(int32_t));
+    KVFUSE_TEST_GPU(cudaMemset(merge_counters.get(), 0, counters * sizeof(int32_t)));
+    err = gpu::launch_attention_split(a, scratch.get(), p.c.partition, stream, l,
+                                      path == Path::split ? merge_counters.get<int32_t>() : nullptr);
     KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
+    const std::vector<int32_t> left = merge_counters.download<int32_t>(counters);
+    check(std::all_of(left.begin(), left.end(), [](int32_t x) { return x == 0; }),
+          what + ": merge counters back to 0 after the launch");
   }
   check(err == cudaSuccess, what + ": launch returned " + cudaGetErrorString(err));
   KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
@@ -95,10 +109,19 @@ void run_case(const Case& c, cudaStream_t stream) {
   Device d(p);
   const std::vector<bf16_t> ref = run_cpu(p);
   const std::string what = describe(c);
-  for (Path path : {Path::unified, Path::split}) {
-    const std::string name = (path == Path::unified ? "unified " : "split ") + what;
-    const std::string err = compare_outputs(p, run_gpu(p, d, path, stream, what), ref, name);
+  std::vector<bf16_t> split_out;
+  for (Path path : {Path::unified, Path::split, Path::split_merge_kernel}) {
+    const std::string name = (path == Path::unified ? "unified "
+                              : path == Path::split ? "split "
+                                                    : "split, merge kernel ")
+                             + what;
+    std::vector<bf16_t> got = run_gpu(p, d, path, stream, what);
+    const std::string err = compare_outputs(p, got, ref, name);
     check(err.empty(), err.empty() ? name : err);
+    if (path == Path::split) split_out = std::move(got);
+    if (path == Path::split_merge_kernel) {
+      check(got == split_out, name + ": equal bit for bit to the merge in the decode blocks");
+    }
   }
 }
 
@@ -150,11 +173,15 @@ void test_graph_replay(cudaStream_t stream) {
         gpu::attention_split_scratch_bytes(p.num_tokens, p.num_q_heads, p.c.head_dim, p.max_context_len, 64);
     DeviceMem scratch(bytes);
     const AttnArgs a = d.args(p);
+    const size_t counters = size_t(gpu::attention_split_merge_counters(a));
+    DeviceMem merge_counters(counters * sizeof(int32_t));
+    KVFUSE_TEST_GPU(cudaMemset(merge_counters.get(), 0, counters * sizeof(int32_t)));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     KVFUSE_TEST_GPU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
     const cudaError_t err = path == Path::unified ? gpu::launch_attention_unified(a, stream)
-                                                  : gpu::launch_attention_split(a, scratch.get(), 64, stream);
+                                                  : gpu::launch_attention_split(a, scratch.get(), 64, stream, {},
+                                                                                merge_counters.get<int32_t>());
     KVFUSE_TEST_GPU(cudaStreamEndCapture(stream, &graph));
     check(err == cudaSuccess, what + ": capture");
     KVFUSE_TEST_GPU(cudaGraphInstantiate(&exec, graph, 0));

@@ -8,6 +8,10 @@
 // (1 - k u), u = 2^-24 (Higham (4.4), whatever the order); bf16 outputs add one rounding,
 // at most half an ulp of the result: the test allows one ulp. The exact value is computed
 // in double (products exact, sums of at most 14336 terms with 2^-53 rounding each).
+//
+// The fused silu_mul variant (launch_gemv_silu_mul_bf16) is checked bit for bit against
+// the same variant's bf16 GEMV followed by launch_silu_mul: the sums are the same, so
+// must the bits be.
 #include "kernels/gpu.h"
 
 #include <cmath>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "kernels/gemv.cuh"
+#include "kernels/model_ops.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -76,6 +81,36 @@ void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stre
                                       " of it)");
 }
 
+// act = silu_mul(x . w^T), w = [gate rows; up rows] of n = 2 x inter rows.
+void run_silu_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream, int variant) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<bf16_t> x(size_t(m * k)), w(size_t(n * k));
+  for (auto& v : x) v = f32_to_bf16(dist(rng));
+  for (auto& v : w) v = f32_to_bf16(dist(rng) * 0.05f);
+  const int64_t inter = n / 2;
+  DeviceMem dx(x.size() * 2), dw(w.size() * 2), dgu(size_t(m * n) * 2), dref(size_t(m * inter) * 2),
+      dact(size_t(m * inter) * 2);
+  dx.upload(x.data(), x.size() * 2);
+  dw.upload(w.data(), w.size() * 2);
+  const std::string what = "gemv silu_mul " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                           std::to_string(k) + " variant " + std::to_string(variant);
+  check(gpu::launch_gemv_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, dgu.get(), false, stream, false, variant)
+            .ok(),
+        what + ": the GEMV");
+  KVFUSE_TEST_GPU(gpu::launch_silu_mul(dgu.get<bf16_t>(), m, inter, dref.get<bf16_t>(), stream));
+  const gpu::LaunchStatus st = gpu::launch_gemv_silu_mul_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k,
+                                                              dact.get<bf16_t>(), stream, true, variant);
+  check(st.ok(), what + ": " + st.message());
+  KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
+  const std::vector<bf16_t> ref = dref.download<bf16_t>(size_t(m * inter));
+  const std::vector<bf16_t> got = dact.download<bf16_t>(size_t(m * inter));
+  int64_t differ = 0;
+  for (size_t i = 0; i < ref.size(); ++i) differ += ref[i] != got[i];
+  check(differ == 0, what + ": " + std::to_string(differ) + " of " + std::to_string(ref.size()) +
+                         " outputs differ from the GEMV then silu_mul");
+}
+
 void test_refusals(cudaStream_t stream) {
   DeviceMem a(4096), b(4096), c(4096);
   check(!gpu::launch_gemv_bf16(a.get<bf16_t>(), 9, b.get<bf16_t>(), 4, 8, c.get(), true, stream).ok(),
@@ -89,6 +124,8 @@ void test_refusals(cudaStream_t stream) {
                                gpu::gemv_variants(3))
              .ok(),
         "a variant past gemv_variants(m) refused");
+  check(!gpu::launch_gemv_silu_mul_bf16(a.get<bf16_t>(), 1, b.get<bf16_t>(), 5, 8, c.get<bf16_t>(), stream).ok(),
+        "silu_mul with an odd n refused");
 }
 
 }  // namespace
@@ -116,6 +153,18 @@ int main() {
         run_shape(m, n, k, ++seed, stream, v);
       }
     }
+  }
+  // The fused silu_mul epilogue: small and odd shapes for every m and variant, then
+  // llama3-8b's gate/up (2 x 14336 rows of 4096) at m = 1 and 8.
+  for (int64_t m = 1; m <= gpu::kGemvMaxRows; ++m) {
+    for (int v = 0; v < gpu::gemv_variants(m); ++v) {
+      for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{2, 8}, {6, 136}, {260, 1000}}) {
+        run_silu_shape(m, n, k, ++seed, stream, v);
+      }
+    }
+  }
+  for (int64_t m : {1, 8}) {
+    for (int v = 0; v < gpu::gemv_variants(m); ++v) run_silu_shape(m, 28672, 4096, ++seed, stream, v);
   }
   KVFUSE_TEST_GPU(cudaStreamDestroy(stream));
   return gpu_test::tally().report("test_gemv_gpu");

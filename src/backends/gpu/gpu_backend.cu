@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/attention.cuh"
@@ -55,7 +56,15 @@ absl::Status blas_status(blasStatus_t st, const char* what) {
     if (auto _st = blas_status((expr), #expr); !_st.ok()) return _st; \
   } while (0)
 
-constexpr int32_t kSplitPartition = 512;  // keys per split-KV partition
+// Fewest keys per split-KV partition. A decode-only batch may split down to 64 keys (a
+// tile per group of the block kernel): at batch 1 x 1024 keys 16 partitions x 8 KV heads
+// fill the device where partitions of 512 left two blocks per head. Its scratch holds a
+// partial result per decode row and partition, and the wave heuristic keeps the
+// partitions near what the multiprocessors hold, so it stays a few MiB. A batch with
+// prefill rows indexes that scratch by token row: its partitions keep 512 keys.
+// KVFUSE_SPLIT_MIN_KEYS overrides the decode minimum (a multiple of 16; for the A/B).
+constexpr int32_t kSplitPartition = 512;
+constexpr int32_t kSplitPartitionDecode = 64;
 constexpr size_t kBlasWorkspace = size_t(32) << 20;
 
 class GpuBackend final : public Backend {
@@ -71,6 +80,7 @@ class GpuBackend final : public Backend {
     plans_.clear();
     blas_workspace_.reset();
     split_scratch_.reset();
+    split_counters_.reset();
     kv_scratch_.reset();
     gemm_f32_.reset();
     if (blas_) blasLtDestroy(blas_);
@@ -226,6 +236,24 @@ class GpuBackend final : public Backend {
   absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
     return cuda_status(gpu::launch_silu_mul(gate_up, n, inter, out, stream_, ops_pdl_), "silu_mul");
   }
+  // At the sizes where the tuner picked kvfuse's GEMV for gate/up, the GEMV writes act
+  // from its epilogue (no silu_mul launch, no gate_up rows); elsewhere linear, then
+  // silu_mul. KVFUSE_GEMV_SILU=0 keeps the two launches (the A/B).
+  absl::Status linear_silu_mul(const bf16_t* x, int64_t m, const LinearWeight& w, int64_t inter, bf16_t* gate_up,
+                               bf16_t* act) override {
+    static const bool fuse = env_flag("KVFUSE_GEMV_SILU", true);
+    if (fuse && m > 0 && !w.bias.get() && w.n == 2 * inter && gemv_usable(x, m, w, gate_up) &&
+        gpu::gemv_unsupported(x, m, w.w.get(), w.n, w.k, act).empty()) {
+      auto plan = gemm_plan(x, m, w, gate_up, BLAS_R_16BF);
+      if (!plan.ok()) return plan.status();
+      if ((*plan)->gemv >= 0) {
+        return cuda_status(gpu::launch_gemv_silu_mul_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, act, stream_, ops_pdl_,
+                                                          (*plan)->gemv),
+                           "gemv silu_mul");
+      }
+    }
+    return Backend::linear_silu_mul(x, m, w, inter, gate_up, act);
+  }
   absl::Status add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                            bf16_t* out) override {
     return cuda_status(gpu::launch_add_rmsnorm(x, y, w, rows, cols, eps, out, stream_, ops_pdl_), "add_rmsnorm");
@@ -267,19 +295,27 @@ class GpuBackend final : public Backend {
     // llama3-8b on an H200). Such a batch takes the split-KV kernel; any batch with
     // prefill rows, or a decode batch the split heuristic would not split, stays on the
     // one unified launch.
+    const bool decode_only = args.batch.max_query_len == 1;
+    const int32_t min_keys = decode_only ? split_min_keys_decode_ : kSplitPartition;
     const bool small_decode =
-        args.batch.max_query_len == 1 &&
-        int64_t(gpu::attention_split_partition(args, kSplitPartition)) < int64_t(args.batch.max_context_len);
+        decode_only &&
+        int64_t(gpu::attention_split_partition(args, min_keys, attn_launch_)) < int64_t(args.batch.max_context_len);
     if (path == AttentionPath::unified && !small_decode) {
       return cuda_status(gpu::launch_attention_unified(args, stream_, attn_launch_), "attention_unified");
     }
-    KVFUSE_RETURN_IF_ERROR(reserve_scratch(
-        split_scratch_,
-        gpu::attention_split_scratch_bytes(args.batch.num_tokens, args.num_q_heads, args.cache.head_dim,
-                                           args.batch.max_context_len, kSplitPartition),
-        "attention: split"));
+    const size_t partials = gpu::attention_split_scratch_bytes(args, min_keys, attn_launch_);
+    KVFUSE_RETURN_IF_ERROR(reserve_scratch(split_scratch_, partials, "attention: split"));
+    // Counters only where there are partitions to merge: a prefill step that splits into
+    // one partition must not grow them (a growth recaptures every graph).
+    int32_t* counters = nullptr;
+    if (!merge_kernel_ && partials > 0) {
+      KVFUSE_RETURN_IF_ERROR(reserve_scratch(split_counters_,
+                                             size_t(gpu::attention_split_merge_counters(args)) * sizeof(int32_t),
+                                             "attention: split merge counters", /*slack=*/2, /*zero=*/true));
+      counters = split_counters_.as<int32_t>();
+    }
     return cuda_status(
-        gpu::launch_attention_split(args, split_scratch_.get(), kSplitPartition, stream_, attn_launch_),
+        gpu::launch_attention_split(args, split_scratch_.get(), min_keys, stream_, attn_launch_, counters),
         "attention_split");
   }
   absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
@@ -328,12 +364,15 @@ class GpuBackend final : public Backend {
   // that, so growth is rare). Growth replaces memory a captured graph may use: it synchronizes
   // first, bumps graph_epoch, and is refused during a capture (the runner's eager first
   // step of each graph bucket grows every buffer before it captures).
-  absl::Status reserve_scratch(DeviceBuffer& buf, size_t need, const char* what, size_t slack = 2) {
+  // zero: the new buffer starts zero-filled (the split attention's merge counters).
+  absl::Status reserve_scratch(DeviceBuffer& buf, size_t need, const char* what, size_t slack = 2,
+                               bool zero = false) {
     if (need <= buf.bytes()) return absl::OkStatus();
     if (capturing_) return absl::FailedPreconditionError(absl::StrCat(what, " scratch must grow during a capture"));
     KVFUSE_RETURN_IF_ERROR(synchronize());  // the old buffer may still be in use
     auto b = alloc(need * slack);
     if (!b.ok()) return b.status();
+    if (zero) KVFUSE_CUDA(cudaMemsetAsync(b->get(), 0, b->bytes(), stream_));
     buf = std::move(*b);
     ++graph_epoch_;
     return absl::OkStatus();
@@ -367,9 +406,19 @@ class GpuBackend final : public Backend {
     // KVFUSE_PDL_OPS=0 leaves them as plain launches, for the A/B.
     ops_pdl_ = kv_launch_.pdl && env_flag("KVFUSE_PDL_OPS", true);
     attn_launch_.pdl = ops_pdl_;
+    // KVFUSE_ATTN_MERGE_KERNEL=1: the split path's merge as a kernel of its own (the A/B).
+    merge_kernel_ = env_flag("KVFUSE_ATTN_MERGE_KERNEL", false);
     description_ = absl::StrFormat("cuda %s (sm_%d%d, %.0f GiB)", prop.name, prop.major, prop.minor,
                                    double(prop.totalGlobalMem) / (1 << 30));
 #endif
+    if (const char* v = std::getenv("KVFUSE_SPLIT_MIN_KEYS"); v != nullptr && *v != '\0') {
+      int32_t keys = 0;
+      if (!absl::SimpleAtoi(v, &keys) || keys < 16 || keys > 65536 || keys % 16 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("KVFUSE_SPLIT_MIN_KEYS=", v, ": a multiple of 16 from 16 to 65536 expected"));
+      }
+      split_min_keys_decode_ = keys;
+    }
     KVFUSE_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     KVFUSE_BLAS(blasLtCreate(&blas_));
 #if defined(KVFUSE_HIP)
@@ -747,11 +796,14 @@ class GpuBackend final : public Backend {
   uint64_t graph_epoch_ = 0;
   gpu::KvWriteLaunch kv_launch_;
   gpu::AttnLaunch attn_launch_;
+  int32_t split_min_keys_decode_ = kSplitPartitionDecode;
   bool ops_pdl_ = false;  // model ops and attention launched as programmatic dependents
   cudaStream_t stream_ = nullptr;
   blasLtHandle_t blas_ = nullptr;
   DeviceBuffer blas_workspace_;
   DeviceBuffer split_scratch_;  // split-KV attention partials
+  DeviceBuffer split_counters_;  // split-KV merge counters, zero between launches
+  bool merge_kernel_ = false;
   DeviceBuffer kv_scratch_;     // the unfused KV write's fp32 and cast intermediates
   DeviceBuffer gemm_f32_;  // fp32 GEMM results of biased linear layers
   DeviceBuffer l2_flush_;  // written between timed GEMM candidates (tuning only)
