@@ -59,11 +59,13 @@ __global__ void empty_kernel() {
   gpu::launch_dependents();
 }
 
-enum class Kernel { fused, fused_warp_rows, unfused, bf16_store, empty, rope_then_fused, fused_rope };
+// fused_inv: the fused write as the engine runs it, its cache view carrying 1/scale
+// (KvPool keeps it beside the scale); the other fp8 kernels compute the reciprocal.
+enum class Kernel { fused, fused_warp_rows, unfused, bf16_store, empty, rope_then_fused, fused_rope, fused_inv };
 const char* kernel_name(Kernel k) {
   static constexpr const char* kNames[] = {"fused fp8",     "fused fp8, warp/row", "unfused fp8 (5 launches)",
                                            "bf16 store",    "empty kernel",        "rope, fused fp8",
-                                           "fused_rope fp8"};
+                                           "fused_rope fp8", "fused fp8, 1/scale kept"};
   return enum_name(k, kNames);
 }
 
@@ -107,6 +109,13 @@ void call(Kernel k, const Buffers& b, int64_t T, cudaStream_t s, const gpu::KvWr
     case Kernel::fused:
       BENCH_GPU(gpu::launch_kv_write_fused(make_args(b, T, false), s, l));
       break;
+    case Kernel::fused_inv: {
+      KvWriteArgs a = make_args(b, T, false);
+      a.cache.k_inv_scale = b.scales + 2;
+      a.cache.v_inv_scale = b.scales + 3;
+      BENCH_GPU(gpu::launch_kv_write_fused(a, s, l));
+      break;
+    }
     case Kernel::fused_warp_rows: {
       gpu::KvWriteLaunch warp_rows = l;
       warp_rows.block_team_max_tokens = 0;
@@ -187,7 +196,7 @@ struct Row {
 // applies to the warp-per-row mapping only.
 const char* mapping(const Row& r) {
   if (r.kernel == Kernel::fused_warp_rows) return "warp/row";
-  if (r.kernel != Kernel::fused) return "-";
+  if (r.kernel != Kernel::fused && r.kernel != Kernel::fused_inv) return "-";
   return r.T <= gpu::kKvWriteBlockTeamMaxTokens ? "block/row" : "warp/row";
 }
 
@@ -254,7 +263,7 @@ int main(int argc, char** argv) {
   BENCH_GPU(cudaMalloc(&b.fp8_v, size_t(kCacheSlots) * kRow));
   BENCH_GPU(cudaMalloc(&b.bf16_k, size_t(kCacheSlots) * kRow * 2));
   BENCH_GPU(cudaMalloc(&b.bf16_v, size_t(kCacheSlots) * kRow * 2));
-  BENCH_GPU(cudaMalloc(&b.scales, 8));
+  BENCH_GPU(cudaMalloc(&b.scales, 16));
   BENCH_GPU(cudaMalloc(&b.scratch, gpu::kv_write_scratch_bytes(kMaxTokens, kRow)));
   BENCH_GPU(cudaMalloc(&b.q, size_t(kMaxTokens) * kQRow * 2));
   BENCH_GPU(cudaMalloc(&b.positions, size_t(kMaxTokens) * 4));
@@ -271,8 +280,10 @@ int main(int argc, char** argv) {
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);  // every T uses a prefix: distinct, scattered slots
     BENCH_GPU(cudaMemcpy(b.slots, perm.data(), size_t(kMaxTokens) * 8, cudaMemcpyHostToDevice));
-    const float scales[2] = {0.37f, 2.9f};
-    BENCH_GPU(cudaMemcpy(b.scales, scales, 8, cudaMemcpyHostToDevice));
+    // The scales, then their reciprocals (fp32 division is correctly rounded: the bits
+    // the kernel's rcp.rn gives).
+    const float scales[4] = {0.37f, 2.9f, 1.0f / 0.37f, 1.0f / 2.9f};
+    BENCH_GPU(cudaMemcpy(b.scales, scales, 16, cudaMemcpyHostToDevice));
     std::vector<uint16_t> q(size_t(kMaxTokens) * kQRow);
     for (auto& x : q) x = f32_to_bf16(normal(rng) / 40.0f);
     BENCH_GPU(cudaMemcpy(b.q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
@@ -312,6 +323,8 @@ int main(int argc, char** argv) {
       if (T <= gpu::kKvWriteBlockTeamMaxTokens) {
         measure(T, Kernel::fused_warp_rows, plain, mode);
         measure(T, Kernel::fused_warp_rows, pdl, mode);
+        measure(T, Kernel::fused_inv, plain, mode);
+        measure(T, Kernel::fused_inv, pdl, mode);
       }
       measure(T, Kernel::unfused, plain, mode);
       measure(T, Kernel::unfused, pdl, mode);

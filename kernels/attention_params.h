@@ -80,6 +80,13 @@ inline Params base_params(const AttnArgs& a) {
 // partitions of 512..4096 keys took waves x (keys + 180) to within 1.2%;
 // bench/results/attention_h200.txt). Not refitted for CDNA.
 constexpr int64_t kBlockOverheadKeys = 180;
+// Cost of each partition in a row's merge, in keys: the merge reads every partition's
+// partial result (max, sum and D outputs per query head) one after another, once per row
+// after its blocks. Fitted on the H200 (batch 1, e4m3fn, 8 and 64 partitions of 64 keys
+// at 512 and 4096 keys: 7.8 against 17.6 us, 0.17 us a partition against 0.013 us a key;
+// bench/results/attention_split_parts_h200.txt). It keeps a lone sequence's long context
+// from splitting into more short partitions than the merge can take back.
+constexpr int64_t kMergeKeysPerPartition = 13;
 
 inline int64_t round_up_keys(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -87,8 +94,9 @@ inline int64_t round_up_keys(int64_t x, int64_t m) { return (x + m - 1) / m * m;
 // device (multiprocessors x blocks per multiprocessor). split_partition > 0 forces
 // max(split_partition, partition_size) rounded up to a tile. Otherwise blocks of one
 // partition run as waves over the slots and a block costs its keys plus a fixed
-// overhead: pick the partition count that minimises waves x (keys per block + overhead),
-// since more partitions only pay while they fill idle multiprocessors.
+// overhead, and the merge a cost per partition: pick the partition count that minimises
+// waves x (keys per block + overhead) + partitions x merge cost, since more partitions only
+// pay while they fill idle multiprocessors and their merge stays short.
 inline int32_t split_partition_keys(const AttnArgs& a, int32_t partition_size, int32_t split_partition,
                                     int64_t slots) {
   const int64_t min_len = round_up_keys(partition_size > 1 ? partition_size : 1, kTileKeys);
@@ -107,7 +115,8 @@ inline int32_t split_partition_keys(const AttnArgs& a, int32_t partition_size, i
     const int64_t len = even > min_len ? even : min_len;
     const int64_t real_parts = (max_ctx + len - 1) / len;
     const int64_t waves = (real_parts * blocks_per_part + slots - 1) / slots;
-    const int64_t cost = waves * ((len < max_ctx ? len : max_ctx) + kBlockOverheadKeys);
+    const int64_t cost = waves * ((len < max_ctx ? len : max_ctx) + kBlockOverheadKeys) +
+                         (real_parts > 1 ? real_parts * kMergeKeysPerPartition : 0);
     if (cost < best_cost) {
       best_cost = cost;
       best_len = len;

@@ -27,7 +27,8 @@
 # Environment: KVFUSE_GPU (CUDA or HIP), KVFUSE_CUDA_ARCH (default 90a), KVFUSE_HIP_ARCH
 # (default: the GPU's), KVFUSE_GPU_BUILD_DIR (default build-gpu-check), KVFUSE_BENCH_ROUNDS
 # (default 15), KVFUSE_ATTN_BENCH_ROUNDS (default 9), KVFUSE_SANITIZER_TIMEOUT (s per
-# memcheck run, 150).
+# memcheck run, 150), KVFUSE_CHECK_BENCHES_ONLY=1 (build, then only the two kernel
+# benchmarks: no tests, memcheck or engine step).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${KVFUSE_GPU_BUILD_DIR:-build-gpu-check}
@@ -109,6 +110,8 @@ tests_log="$out/gpu_tests.log"
 : >"$tests_log"
 tests=(test_fp8_convert_gpu test_kv_write_gpu test_kv_write_rope_gpu test_attention_gpu test_gemv_gpu)
 [[ $vendor == HIP ]] && tests+=(test_mfma_gpu)
+benches_only=${KVFUSE_CHECK_BENCHES_ONLY:-0}
+[[ $benches_only == 1 ]] && tests=()
 for t in "${tests[@]}"; do
   echo "=== $t" >>"$tests_log"
   "$build/$t" >"$build/$t.log" 2>&1
@@ -128,6 +131,12 @@ for b in bench_kv_write bench_attention; do
   note "$b: exit $rc ($(elapsed))"
   ((rc == 0)) || status=1
 done
+
+if [[ $benches_only == 1 ]]; then
+  note "tests, memcheck, engine: SKIP (KVFUSE_CHECK_BENCHES_ONLY=1)"
+  note "$( ((status == 0)) && echo PASS || echo FAIL) after $(elapsed)"
+  exit $status
+fi
 
 # Out-of-bounds accesses would not always change the values compared above: memcheck
 # the KV-write and attention tests (reduced matrices), output appended to
