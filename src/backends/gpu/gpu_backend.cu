@@ -57,8 +57,8 @@ absl::Status blas_status(blasStatus_t st, const char* what) {
   } while (0)
 
 // Fewest keys per split-KV partition. A decode-only batch may split down to 64 keys (a
-// tile per group of the block kernel): at batch 1 x 1024 keys 16 partitions x 8 KV heads
-// fill the device where partitions of 512 left two blocks per head. Its scratch holds a
+// tile per group of the block kernel): at batch 1 x 1024 keys the heuristic picks 8
+// partitions of 128 keys per KV head where a floor of 512 left two. Its scratch holds a
 // partial result per decode row and partition, and the wave heuristic keeps the
 // partitions near what the multiprocessors hold, so it stays a few MiB. A batch with
 // prefill rows indexes that scratch by token row: its partitions keep 512 keys.
