@@ -27,12 +27,12 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
 // split-K inside the block, the group's warps taking interleaved 16-byte chunks of the
 // same rows and their sums meeting in shared memory, added in warp order: long rows,
 // the down projection's k = 14336, then spread over more warps at the same bytes); each
-// lane loads kUnroll 16-byte chunks of each of its rows per step, and the loads of step s + 1 are issued before the multiplies of step s
-// (software pipelining: up to 2 x kRows x kUnroll loads in flight per lane, as the
-// latency-bound small shapes need). The first chunks of w are loaded before the PDL
-// wait: the weights do not come from the kernel before, so under programmatic launch
-// their first round trip overlaps that kernel's tail; only x waits. The sums are in
-// chunk order whatever the pipelining.
+// lane loads kUnroll 16-byte chunks of each of its rows per step, and the loads of step
+// s + 1 are issued before the multiplies of step s (software pipelining: up to 2 x kRows
+// x kUnroll loads in flight per lane, as the latency-bound small shapes need). The first
+// chunks of w are loaded before the PDL wait: the weights do not come from the kernel
+// before, so under programmatic launch their first round trip overlaps that kernel's
+// tail; only x waits. The sums are in chunk order whatever the pipelining.
 //
 // kSilu: w is [gate rows; up rows] (n = 2 x inter) and out is act [m, inter] =
 // silu_mul(x . w^T): a group's rows are gate rows j.. and up rows inter + j.., each
@@ -157,9 +157,8 @@ template <int M, int kRows, int kUnroll, int kSplit = 1>
 cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
                          cudaStream_t stream, bool pdl) {
   const int64_t cols = out_kind == 2 ? n / 2 : n;
-  constexpr int64_t kColsPerGroup = kRows;
   constexpr int64_t kGroupsPerBlock = kThreads / kWarpSize / kSplit;
-  const int64_t per_block = kGroupsPerBlock * (out_kind == 2 ? kColsPerGroup / 2 : kColsPerGroup);
+  const int64_t per_block = kGroupsPerBlock * (out_kind == 2 ? kRows / 2 : kRows);  // output columns
   const int64_t blocks = (cols + per_block - 1) / per_block;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   if (out_kind == 2) {

@@ -226,7 +226,6 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     silu_mul_kernel(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) {
   grid_dependency_wait();  // PDL: the inputs come from the kernel before
   launch_dependents();
-  const auto silu_mul = [](float g, float u) { return silu_mul_f32(g, u); };
   if constexpr (kVec) {
     const int64_t per_row = inter / 8;
     grid_stride_loop(n * per_row, [&](int64_t v) {
@@ -236,14 +235,14 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
       unpack_bf16x8(load_ro_16B(g), gf);
       unpack_bf16x8(load_ro_16B(g + inter), uf);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) gf[e] = silu_mul(gf[e], uf[e]);
+      for (int e = 0; e < 8; ++e) gf[e] = silu_mul_f32(gf[e], uf[e]);
       store_16B(out + t * inter + j, pack_bf16x8(gf));
     });
   } else {
     grid_stride_loop(n * inter, [&](int64_t idx) {
       const int64_t t = idx / inter, j = idx % inter;
       out[idx] =
-          f32_to_bf16(silu_mul(ld(gate_up, t * 2 * inter + j), ld(gate_up, t * 2 * inter + inter + j)));
+          f32_to_bf16(silu_mul_f32(ld(gate_up, t * 2 * inter + j), ld(gate_up, t * 2 * inter + inter + j)));
     });
   }
 }

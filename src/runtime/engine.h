@@ -168,8 +168,8 @@ class Engine {
   // batch bucket up to max_running_seqs (throw-away one-token sequences), so that each
   // bucket's graph (context bucket 512, the configured paths) is captured and its GEMM
   // shapes are tuned before the first request (every bucket's step runs eagerly first,
-  // so the scratch buffers have their final size before the first capture). Returns the number of buckets warmed;
-  // 0 and nothing done elsewhere. Needs no live sequences' pages beyond one per bucket
+  // so the scratch buffers have their final size before the first capture). Returns the
+  // number of buckets warmed; 0 and nothing done elsewhere. Needs no live sequences' pages beyond one per bucket
   // slot; RESOURCE_EXHAUSTED stops at the largest bucket that fits.
   absl::StatusOr<int> warm_up_decode_graphs();
 

@@ -36,12 +36,21 @@ double bf16_ulp(double v) {
   return std::ldexp(1.0, e - 1 - 7);
 }
 
-void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream, int variant = 0) {
+// Random operands: x [m, k] in [-1, 1), w [n, k] in [-0.05, 0.05), bf16.
+struct Operands {
+  std::vector<bf16_t> x, w;
+};
+Operands random_operands(int64_t m, int64_t n, int64_t k, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<bf16_t> x(size_t(m * k)), w(size_t(n * k));
-  for (auto& v : x) v = f32_to_bf16(dist(rng));
-  for (auto& v : w) v = f32_to_bf16(dist(rng) * 0.05f);
+  Operands o{std::vector<bf16_t>(size_t(m * k)), std::vector<bf16_t>(size_t(n * k))};
+  for (auto& v : o.x) v = f32_to_bf16(dist(rng));
+  for (auto& v : o.w) v = f32_to_bf16(dist(rng) * 0.05f);
+  return o;
+}
+
+void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream, int variant = 0) {
+  const auto [x, w] = random_operands(m, n, k, seed);
   DeviceMem dx(x.size() * 2), dw(w.size() * 2), df(size_t(m * n) * 4), db(size_t(m * n) * 2);
   dx.upload(x.data(), x.size() * 2);
   dw.upload(w.data(), w.size() * 2);
@@ -83,11 +92,7 @@ void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stre
 
 // act = silu_mul(x . w^T), w = [gate rows; up rows] of n = 2 x inter rows.
 void run_silu_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream, int variant) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<bf16_t> x(size_t(m * k)), w(size_t(n * k));
-  for (auto& v : x) v = f32_to_bf16(dist(rng));
-  for (auto& v : w) v = f32_to_bf16(dist(rng) * 0.05f);
+  const auto [x, w] = random_operands(m, n, k, seed);
   const int64_t inter = n / 2;
   DeviceMem dx(x.size() * 2), dw(w.size() * 2), dgu(size_t(m * n) * 2), dref(size_t(m * inter) * 2),
       dact(size_t(m * inter) * 2);

@@ -797,13 +797,13 @@ class GpuBackend final : public Backend {
   gpu::KvWriteLaunch kv_launch_;
   gpu::AttnLaunch attn_launch_;
   int32_t split_min_keys_decode_ = kSplitPartitionDecode;
+  bool merge_kernel_ = false;  // split attention: a merge kernel, not the merge in the decode blocks
   bool ops_pdl_ = false;  // model ops and attention launched as programmatic dependents
   cudaStream_t stream_ = nullptr;
   blasLtHandle_t blas_ = nullptr;
   DeviceBuffer blas_workspace_;
   DeviceBuffer split_scratch_;  // split-KV attention partials
   DeviceBuffer split_counters_;  // split-KV merge counters, zero between launches
-  bool merge_kernel_ = false;
   DeviceBuffer kv_scratch_;     // the unfused KV write's fp32 and cast intermediates
   DeviceBuffer gemm_f32_;  // fp32 GEMM results of biased linear layers
   DeviceBuffer l2_flush_;  // written between timed GEMM candidates (tuning only)
