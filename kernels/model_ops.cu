@@ -62,46 +62,27 @@ KVFUSE_DEVICE float block_inv_rms(float ss, int64_t cols, float eps, float* part
   return partial[warps];
 }
 
-// One block per row: fp32 sum of squares, then x * rsqrt(mean + eps) * w.
-__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
-    rmsnorm_kernel(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps, bf16_t* out) {
-  grid_dependency_wait();  // PDL: the inputs come from the kernel before
-  launch_dependents();
-  __shared__ float partial[kThreads / kWarpSize + 1];
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const bf16_t* xr = x + row * cols;
-    float ss = 0.0f;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const float v = ld(xr, c);
-      ss += v * v;
-    }
-    const float inv = block_inv_rms(ss, cols, eps, partial);
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      out[row * cols + c] = f32_to_bf16(ld(xr, c) * inv * ld(w, c));
-    }
-    __syncthreads();  // partial[] is reused by the next row
-  }
-}
-
-// The residual add fused with the RMSNorm that follows it: x = bf16(x + y), then
-// out = rmsnorm(x) * w, one block per row. Rows of up to 8 * kNormVec * kThreads bf16
-// (8192) whose pointers are 16-byte aligned go through 16-byte vectors and stay in
-// registers between the two passes; others take the scalar loops. out may be y.
+// The RMSNorm, one block per row: fp32 sum of squares, then out = x * rsqrt(mean + eps)
+// * w. kAdd: the residual add fused before it, x = bf16(x + y) written back, and the
+// norm of that (y unused otherwise, x only read). Rows of up to 8 * kNormVec * kThreads
+// bf16 (8192) whose pointers are 16-byte aligned go through 16-byte vectors and stay in
+// registers between the two passes; others take the scalar loops. out may be x or y.
 constexpr int kNormVec = 4;
 
 KVFUSE_DEVICE bool aligned_16B(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+template <bool kAdd>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
-    add_rmsnorm_kernel(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
-                       bf16_t* out) {
+    rmsnorm_kernel(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
+                   bf16_t* out) {
   grid_dependency_wait();  // PDL: the inputs come from the kernel before
   launch_dependents();
   __shared__ float partial[kThreads / kWarpSize + 1];
   const bool vec = cols % 8 == 0 && cols <= int64_t(8) * kNormVec * blockDim.x && aligned_16B(x) &&
-                   aligned_16B(y) && aligned_16B(w) && aligned_16B(out);
+                   (!kAdd || aligned_16B(y)) && aligned_16B(w) && aligned_16B(out);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     bf16_t* xr = x + row * cols;
-    const bf16_t* yr = y + row * cols;
+    const bf16_t* yr = kAdd ? y + row * cols : nullptr;
     bf16_t* orow = out + row * cols;
     float ss = 0.0f;
     uint4 keep[kNormVec];
@@ -111,25 +92,27 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
         const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
         if (c >= cols) continue;
         const uint4 a = *reinterpret_cast<const uint4*>(xr + c);
-        const uint4 b = *reinterpret_cast<const uint4*>(yr + c);
+        const uint4 b = kAdd ? *reinterpret_cast<const uint4*>(yr + c) : make_uint4(0u, 0u, 0u, 0u);
         const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
         uint32_t ws[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const bf16_t lo = f32_to_bf16(bf16_bits_to_f32(bf16_t(wa[i])) + bf16_bits_to_f32(bf16_t(wb[i])));
+          const bf16_t lo = kAdd ? f32_to_bf16(bf16_bits_to_f32(bf16_t(wa[i])) + bf16_bits_to_f32(bf16_t(wb[i])))
+                                 : bf16_t(wa[i]);
           const bf16_t hi =
-              f32_to_bf16(bf16_bits_to_f32(bf16_t(wa[i] >> 16)) + bf16_bits_to_f32(bf16_t(wb[i] >> 16)));
+              kAdd ? f32_to_bf16(bf16_bits_to_f32(bf16_t(wa[i] >> 16)) + bf16_bits_to_f32(bf16_t(wb[i] >> 16)))
+                   : bf16_t(wa[i] >> 16);
           const float vl = bf16_bits_to_f32(lo), vh = bf16_bits_to_f32(hi);
           ss += vl * vl;
           ss += vh * vh;
           ws[i] = uint32_t(lo) | (uint32_t(hi) << 16);
         }
         keep[k] = make_uint4(ws[0], ws[1], ws[2], ws[3]);
-        store_16B(xr + c, keep[k]);
+        if (kAdd) store_16B(xr + c, keep[k]);
       }
     } else {
       for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-        xr[c] = f32_to_bf16(ld(xr, c) + ld(yr, c));
+        if (kAdd) xr[c] = f32_to_bf16(ld(xr, c) + ld(yr, c));
         const float v = ld(xr, c);
         ss += v * v;
       }
@@ -368,13 +351,15 @@ cudaError_t launch_embedding(const int32_t* ids, int64_t n, const bf16_t* table,
 cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                            bf16_t* out, cudaStream_t stream, bool pdl) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(rmsnorm_kernel, row_blocks(rows), kThreads, stream, pdl, x, w, rows, cols, eps, out);
+  // x is only read (kAdd false).
+  return launch_kernel(rmsnorm_kernel<false>, row_blocks(rows), kThreads, stream, pdl, const_cast<bf16_t*>(x),
+                       static_cast<const bf16_t*>(nullptr), w, rows, cols, eps, out);
 }
 
 cudaError_t launch_add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                                bf16_t* out, cudaStream_t stream, bool pdl) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(add_rmsnorm_kernel, row_blocks(rows), kThreads, stream, pdl, x, y, w, rows, cols, eps,
+  return launch_kernel(rmsnorm_kernel<true>, row_blocks(rows), kThreads, stream, pdl, x, y, w, rows, cols, eps,
                        out);
 }
 

@@ -20,10 +20,13 @@ KVFUSE_DEVICE float silu_mul_f32(float g, float u) { return g / (1.0f + expf(-g)
 
 cudaError_t launch_embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden, bf16_t* out,
                              cudaStream_t stream, bool pdl = false);
+// out = rmsnorm(x) * w, one block per row (16-byte vectors where the row allows). out may
+// alias x.
 cudaError_t launch_rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                            bf16_t* out, cudaStream_t stream, bool pdl = false);
 // x = bf16(x + y) (the residual add), then out = rmsnorm(x) * w: launch_residual_add and
-// launch_rmsnorm in one kernel, with x's bytes exactly theirs. out may alias y.
+// launch_rmsnorm in one kernel (the same kernel, the add compiled in), with x's bytes
+// exactly theirs. out may alias y.
 cudaError_t launch_add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                                bf16_t* out, cudaStream_t stream, bool pdl = false);
 cudaError_t launch_rope_neox(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,

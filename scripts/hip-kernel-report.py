@@ -68,7 +68,7 @@ TARGETS = [
     ("kv-write", r"^kv_write_rope_kernel<", 4),
     ("kv-write", r"^kv_scatter_kernel", 4),
     ("kv-write", r"^kv_(scale|cast_fp8|cast_bf16)_kernel<", 4),
-    ("norm", r"^(add_)?rmsnorm_kernel", 4),
+    ("norm", r"^rmsnorm_kernel<", 4),
     ("rope", r"^rope_kernel", 4),
     ("sampling", r"^(sample_rows|argmax_rows)_kernel", 4),
     ("mfma", r"^mfma_probe_kernel<", 1),
@@ -194,8 +194,7 @@ def occupancy(k, arch):
 # scratch allowed). logprobs_rows keeps each thread's top-20 list in an array indexed at
 # run time, which lives in scratch: recorded, not gated.
 MODEL_OPS = [
-    (r"^add_rmsnorm_kernel$", True, True, False),
-    (r"^rmsnorm_kernel$", True, False, False),
+    (r"^rmsnorm_kernel<(true|false)>$", True, True, False),
     (r"^(rope|silu_mul|residual_add)_kernel<true>$", False, True, False),
     (r"^(argmax_rows|sample_rows)_kernel$", True, True, False),
     (r"^logprobs_rows_kernel$", True, True, True),

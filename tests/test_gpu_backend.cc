@@ -97,6 +97,23 @@ TEST_CASE("gpu backend: row and elementwise ops match the CPU within one bf16 ul
     return out.read(b);
   });
   check_close(rc, rg, 1, 0, "rmsnorm");
+  // Both of the kernel's paths, in place as well: rows of 512 and 8192 take 16-byte
+  // vectors, 8200 (over 8192) and 100 (not a multiple of 8) the scalar loops.
+  for (const int64_t cols : {int64_t(512), int64_t(8192), int64_t(8200), int64_t(100)}) {
+    for (const bool in_place : {false, true}) {
+      CAPTURE(cols, in_place);
+      const int64_t n = 3;
+      const auto xs = random_bf16(size_t(n * cols), 21);
+      const auto ws = random_bf16(size_t(cols), 22, 0.1f);
+      auto run = [&](Backend& b) {
+        Mirror<bf16_t> xa(b, xs), wa(b, ws), oa(b, xs.size());
+        bf16_t* out = in_place ? xa.ptr() : oa.ptr();
+        REQUIRE(b.rmsnorm(xa.ptr(), wa.ptr(), n, cols, 1e-5f, out).ok());
+        return in_place ? xa.read(b) : oa.read(b);
+      };
+      check_close(run(*cpu), run(*gpu), 1, 0, "rmsnorm");
+    }
+  }
 
   auto [ec, eg] = both([&](Backend& b) {
     Mirror<int32_t> i(b, ids);
