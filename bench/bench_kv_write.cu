@@ -9,7 +9,8 @@
 // Caveat printed with the table: up to T = 4096 everything fits in the 50 MB L2 of an
 // H200 and stays there across replays, so small-T bandwidth can exceed HBM peak; those
 // rows measure launch cost and latency, the large-T rows measure HBM.
-// At T <= kKvWriteBlockTeamMaxTokens the fused write runs a block per token row; the
+// At T <= kKvWriteBlockTeamMaxTokens the fused write runs a block per token row
+// (kv_write_token_kernel, a lane per 8 elements); the
 // "fused fp8, warp/row" rows are the same write with a warp per row (the mapping used
 // above that T), the A/B of that choice.
 // The RoPE pair (llama3-8b's 32 query heads over the 8 KV heads, positions up to 131072):

@@ -25,11 +25,11 @@
 //   lane streams kUnroll chunk pairs at a time, 86% of HBM peak on the H200 at T = 65536.
 // - block: one block per row, as many lanes as the row has chunks (up to
 //   kKvWriteMaxBlockThreads). For small T (decode), where the write is one round trip
-//   of latency: a lane converts and stores at most one chunk of K and one of V (rows of
-//   up to 256 chunks, 4096 FP8 or 2048 bf16 elements), all its loads issued before the
-//   slot and the scales arrive, and T rows run on T multiprocessors instead of
-//   T / rows-per-block. With 8 heads x 128 that is 2 warps per FP8 row on NVIDIA (64
-//   chunks) where one warp did 2 chunk pairs per lane, one after the other.
+//   of latency: a lane converts and stores at most one chunk of K and one of V, all its
+//   loads issued before the slot and the scales arrive, and T rows run on T
+//   multiprocessors instead of T / rows-per-block. Rows of up to 2048 elements take
+//   kv_write_token_kernel instead, the same mapping at 8 elements a lane without the
+//   loops (with 8 heads x 128: 4 warps per row); wider rows take this team.
 // gpu.h first: on HIP the vendor runtime header defines __forceinline__, which
 // kernels/host_device.h (reached through the other headers) uses in KVFUSE_HD.
 #include "kernels/gpu.h"
@@ -116,6 +116,14 @@ struct Fp8RowOp {
     for (int i = 0; i < 16; ++i) x[i] *= inv;
     return cvt_fp8x16<F>(x);
   }
+  // Half a chunk, 8 source elements -> 8 bytes: the bytes `convert` gives them.
+  KVFUSE_DEVICE static uint2 convert8(const uint4& raw, float inv) {
+    float x[8];
+    widen8<S>(raw, x);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] *= inv;
+    return make_uint2(cvt_fp8x4<F>(x[0], x[1], x[2], x[3]), cvt_fp8x4<F>(x[4], x[5], x[6], x[7]));
+  }
 };
 
 // bf16 cache: 8 source elements (one 16-byte load) -> 16 bytes, unscaled.
@@ -184,7 +192,7 @@ enum class RowTeam { warp, block };
 // Launch bounds: every block size the launch options allow (up to
 // kKvWriteMaxBlockThreads) must fit, and kKvWriteMinBlocks of the largest must be
 // resident on a multiprocessor.
-template <class Op, bool kVec, RowTeam kTeam>
+template <class Op, bool kVec, RowTeam kTeam, bool kPdl>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
     kv_write_fused_kernel(KvWriteArgs a) {
   constexpr bool kBlockTeam = kTeam == RowTeam::block;
@@ -198,8 +206,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
   const int rows_per_block = kBlockTeam ? 1 : int(blockDim.x) / kWarpSize;
   const int lane = kBlockTeam ? int(threadIdx.x) : lane_id();
   const int team = kBlockTeam ? 0 : warp_id();
-  grid_dependency_wait();  // PDL: inputs come from the previous kernel
-  launch_dependents();
+  pdl_handshake<kPdl>();  // PDL: inputs come from the previous kernel
   const uint16_t* k_src = static_cast<const uint16_t*>(a.k);
   const uint16_t* v_src = static_cast<const uint16_t*>(a.v);
 
@@ -242,16 +249,63 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
   }
 }
 
+// The decode write (T <= launch.block_team_max_tokens, rows of at most
+// kKvWriteMaxBlockThreads x 8 elements): a block per token row, a lane per 8 elements of
+// K and of V (one 16-byte load each), no loops. Its every load (the row's, the slot's,
+// the scales') is issued before any is used, and its one store per lane and tensor
+// follows. It exists beside the block team of kv_write_fused_kernel for its length: at
+// one token, that kernel (its grid-stride and chunk loops, two 16-byte loads a lane)
+// took 1.40 us a call on an H200 where this shape took 1.06-1.12 us
+// (bench/bench_kv_write_probe.cu). The same bytes: Op::convert8 and Op::convert agree.
+template <class Op, bool kVec, bool kPdl>
+__global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
+    kv_write_token_kernel(KvWriteArgs a) {
+  pdl_handshake<kPdl>();  // PDL: inputs come from the previous kernel
+  const PagedKvView& cache = a.cache;
+  const int64_t t = blockIdx.x;
+  const int64_t e = int64_t(threadIdx.x) * 8;  // this lane's first element of the row
+  const bool live = e < cache.row_elems();
+  uint4 k[1] = {make_uint4(0u, 0u, 0u, 0u)}, v[1] = {make_uint4(0u, 0u, 0u, 0u)};
+  if (live) {
+    k[0] = load_raw8<kVec>(static_cast<const uint16_t*>(a.k) + t * a.k_token_stride + e);
+    v[0] = load_raw8<kVec>(static_cast<const uint16_t*>(a.v) + t * a.v_token_stride + e);
+  }
+  const int64_t raw_slot = a.slot_mapping[t];
+  float inv_k = 1.0f, inv_v = 1.0f;
+  if constexpr (Op::kScaled) {
+    if (cache.k_inv_scale != nullptr && cache.v_inv_scale != nullptr) {
+      load_f32_pair(cache.k_inv_scale, cache.v_inv_scale, inv_k, inv_v);
+    } else {
+      float k_scale, v_scale;
+      load_f32_pair(cache.k_scale, cache.v_scale, k_scale, v_scale);
+      inv_k = recip_rn(k_scale);
+      inv_v = recip_rn(v_scale);
+    }
+  }
+  const int64_t slot = resolve_write_slot(raw_slot, a.swa, cache.num_slots());
+  if (slot < 0 || !live) return;
+  const int64_t at = (slot * cache.row_elems() + e) * Op::kOutBytesPerElem;
+  uint8_t* kd = static_cast<uint8_t*>(cache.k) + at;
+  uint8_t* vd = static_cast<uint8_t*>(cache.v) + at;
+  if constexpr (Op::kScaled) {
+    *reinterpret_cast<uint2*>(kd) = Op::convert8(k[0], inv_k);
+    *reinterpret_cast<uint2*>(vd) = Op::convert8(v[0], inv_v);
+  } else {
+    static_assert(Op::kChunkElems == 8, "a bf16 cache chunk is 8 elements");
+    store_16B(kd, Op::convert(k, 1.0f));
+    store_16B(vd, Op::convert(v, 1.0f));
+  }
+}
+
 // --- Unfused path: five kernels ------------------------------------------------------
 
 // Launches 1 and 2: src rows (strided) -> fp32 scratch [T, row_elems], x * inv for FP8
 // caches, x exactly for bf16 caches. 8 elements per item: one 16-byte load, two stores.
-template <KvSrcDtype S, bool kScaled, bool kVec>
+template <KvSrcDtype S, bool kScaled, bool kVec, bool kPdl>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
     kv_scale_kernel(const uint16_t* src, int64_t token_stride, int64_t num_tokens, int64_t row_elems,
                     const float* scale, float* out) {
-  grid_dependency_wait();
-  launch_dependents();
+  pdl_handshake<kPdl>();
   const int64_t per_row = row_elems / 8;
   const int64_t items = num_tokens * per_row;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < items;
@@ -281,11 +335,10 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
 }
 
 // Launches 3 and 4, FP8: 16 fp32 -> 16 bytes per item.
-template <Fp8Format F>
+template <Fp8Format F, bool kPdl>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
     kv_cast_fp8_kernel(const float* in, int64_t count, uint8_t* out) {
-  grid_dependency_wait();
-  launch_dependents();
+  pdl_handshake<kPdl>();
   grid_stride_loop(count / 16, [&](int64_t i) {
     float x[16];
     load_f32x4s(in + i * 16, x);
@@ -296,11 +349,10 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
 // Launches 3 and 4, bf16 cache: 8 fp32 -> 8 bf16 per item. The scratch of a bf16 source
 // holds exact widenings, so the high half is the source's bits (NaN payloads included);
 // an f16 source rounds to nearest even, as in the fused path.
-template <KvSrcDtype S>
+template <KvSrcDtype S, bool kPdl>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
     kv_cast_bf16_kernel(const float* in, int64_t count, uint8_t* out) {
-  grid_dependency_wait();
-  launch_dependents();
+  pdl_handshake<kPdl>();
   grid_stride_loop(count / 8, [&](int64_t i) {
     float x[8];
     load_f32x4s(in + i * 8, x);
@@ -319,6 +371,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kElementwiseBlock, 1)
 // Launch 5: scatter the cast rows of K and V into their slots, one warp per row, with
 // the fused kernel's row pipeline (RowGroup over 16-byte bit copies): rows are loaded
 // before the slot is resolved, so the unfused path gets the same latency care.
+template <bool kPdl>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
     kv_scatter_kernel(const uint8_t* k_rows, const uint8_t* v_rows, int64_t row_bytes, KvWriteArgs a) {
   using Copy = Bf16RowOp<KvSrcDtype::bf16>;  // 8 x 16 bits in, the same 16 bytes out
@@ -326,8 +379,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
   const int rows_per_block = int(blockDim.x) / kWarpSize;
   const int chunks = int(row_bytes / 16);
   const int lane = lane_id();
-  grid_dependency_wait();
-  launch_dependents();
+  pdl_handshake<kPdl>();
   for (int64_t t = int64_t(blockIdx.x) * rows_per_block + warp_id(); t < a.num_tokens;
        t += int64_t(gridDim.x) * rows_per_block) {
     const int64_t raw_slot = a.slot_mapping[t];
@@ -363,16 +415,30 @@ bool src_vectorizable(const KvWriteArgs& a) {
 template <class Op, RowTeam kTeam>
 cudaError_t launch_fused_team(const KvWriteArgs& a, unsigned grid, unsigned block, cudaStream_t stream,
                               bool pdl) {
-  return src_vectorizable(a)
-             ? launch_kernel(kv_write_fused_kernel<Op, true, kTeam>, grid, block, stream, pdl, a)
-             : launch_kernel(kv_write_fused_kernel<Op, false, kTeam>, grid, block, stream, pdl, a);
+  return with_pdl(pdl, [&](auto p) {
+    constexpr bool kPdl = decltype(p)::value;
+    return src_vectorizable(a)
+               ? launch_kernel(kv_write_fused_kernel<Op, true, kTeam, kPdl>, grid, block, stream, kPdl, a)
+               : launch_kernel(kv_write_fused_kernel<Op, false, kTeam, kPdl>, grid, block, stream, kPdl, a);
+  });
 }
 
-// Block teams up to launch.block_team_max_tokens tokens, warp teams above. A block team
-// has a lane per chunk of the row, whole warps, at most kKvWriteMaxBlockThreads (wider
-// rows loop).
+// Up to launch.block_team_max_tokens tokens kv_write_token_kernel (or, for rows over
+// kKvWriteMaxBlockThreads x 8 elements, block teams: a lane per chunk of the row, whole
+// warps, at most kKvWriteMaxBlockThreads, wider rows loop); warp teams above.
 template <class Op>
 cudaError_t launch_fused_op(const KvWriteArgs& a, cudaStream_t stream, const KvWriteLaunch& l) {
+  const int64_t lanes8 = a.cache.row_elems() / 8;  // kv_write_token_kernel's lanes
+  if (a.num_tokens <= l.block_team_max_tokens && lanes8 <= kKvWriteMaxBlockThreads) {
+    const unsigned block = unsigned((lanes8 + kWarpSize - 1) / kWarpSize * kWarpSize);
+    return with_pdl(l.pdl, [&](auto p) {
+      constexpr bool kPdl = decltype(p)::value;
+      const unsigned grid = unsigned(a.num_tokens);
+      return src_vectorizable(a)
+                 ? launch_kernel(kv_write_token_kernel<Op, true, kPdl>, grid, block, stream, kPdl, a)
+                 : launch_kernel(kv_write_token_kernel<Op, false, kPdl>, grid, block, stream, kPdl, a);
+    });
+  }
   if (a.num_tokens <= l.block_team_max_tokens) {
     const int64_t chunks = a.cache.row_elems() / Op::kChunkElems;
     const int64_t warps = (chunks + kWarpSize - 1) / kWarpSize;
@@ -403,11 +469,14 @@ cudaError_t launch_scale(const void* src, int64_t stride, const KvWriteArgs& a, 
   const unsigned grid = grid_blocks(a.num_tokens * (row_elems / 8), kElementwiseBlock);
   const uint16_t* s = static_cast<const uint16_t*>(src);
   const int64_t T = a.num_tokens;
-  return is_aligned(src, 16) && stride % 8 == 0
-             ? launch_kernel(kv_scale_kernel<S, kScaled, true>, grid, kElementwiseBlock, stream, pdl, s,
-                             stride, T, row_elems, scale, out)
-             : launch_kernel(kv_scale_kernel<S, kScaled, false>, grid, kElementwiseBlock, stream, pdl, s,
-                             stride, T, row_elems, scale, out);
+  return with_pdl(pdl, [&](auto p) {
+    constexpr bool kPdl = decltype(p)::value;
+    return is_aligned(src, 16) && stride % 8 == 0
+               ? launch_kernel(kv_scale_kernel<S, kScaled, true, kPdl>, grid, kElementwiseBlock, stream, kPdl,
+                               s, stride, T, row_elems, scale, out)
+               : launch_kernel(kv_scale_kernel<S, kScaled, false, kPdl>, grid, kElementwiseBlock, stream,
+                               kPdl, s, stride, T, row_elems, scale, out);
+  });
 }
 
 template <KvSrcDtype S>
@@ -415,13 +484,17 @@ cudaError_t launch_cast(const float* in, int64_t count, KvFormat dtype, uint8_t*
                         bool pdl) {
   return dispatch_kv_format(dtype, [&](auto fmt) {
     constexpr KvFormat F = decltype(fmt)::value;
-    if constexpr (F == KvFormat::bf16) {
-      return launch_kernel(kv_cast_bf16_kernel<S>, grid_blocks(count / 8, kElementwiseBlock),
-                           kElementwiseBlock, stream, pdl, in, count, out);
-    } else {
-      return launch_kernel(kv_cast_fp8_kernel<kv_fp8_format(F)>, grid_blocks(count / 16, kElementwiseBlock),
-                           kElementwiseBlock, stream, pdl, in, count, out);
-    }
+    return with_pdl(pdl, [&](auto p) {
+      constexpr bool kPdl = decltype(p)::value;
+      if constexpr (F == KvFormat::bf16) {
+        return launch_kernel(kv_cast_bf16_kernel<S, kPdl>, grid_blocks(count / 8, kElementwiseBlock),
+                             kElementwiseBlock, stream, kPdl, in, count, out);
+      } else {
+        return launch_kernel(kv_cast_fp8_kernel<kv_fp8_format(F), kPdl>,
+                             grid_blocks(count / 16, kElementwiseBlock), kElementwiseBlock, stream, kPdl, in,
+                             count, out);
+      }
+    });
   });
 }
 
@@ -451,8 +524,11 @@ cudaError_t launch_unfused_src(const KvWriteArgs& a, const cpu::KvWriteScratch& 
   const int64_t row_bytes = row_elems * kv_format_bytes(a.cache.format);
   const uint8_t* k_rows = s.k_cast;
   const uint8_t* v_rows = s.v_cast;
-  return launch_kernel(kv_scatter_kernel, grid_blocks(a.num_tokens, kKvWriteBlockThreads / kWarpSize),
-                       kKvWriteBlockThreads, stream, pdl, k_rows, v_rows, row_bytes, a);
+  return with_pdl(pdl, [&](auto p) {
+    constexpr bool kPdl = decltype(p)::value;
+    return launch_kernel(kv_scatter_kernel<kPdl>, grid_blocks(a.num_tokens, kKvWriteBlockThreads / kWarpSize),
+                         kKvWriteBlockThreads, stream, kPdl, k_rows, v_rows, row_bytes, a);
+  });
 }
 
 const char* src_name(KvSrcDtype s) { return s == KvSrcDtype::bf16 ? "bf16" : "f16"; }

@@ -36,8 +36,8 @@ constexpr int kKvWriteBlockThreads = 64;
 // registers so low that the CDNA kernels spilled.
 constexpr int kKvWriteMaxBlockThreads = 256;
 // Up to this many tokens the fused write gives each token row a block of its own, a
-// lane per 16-byte chunk of the row (decode: latency-bound, one chunk of K and one of V
-// per lane); above, a warp per row (bandwidth-bound: each lane streams several chunks).
+// lane per 8 elements of K and of V (decode: latency-bound, one 16-byte load of each per
+// lane); above, a warp per row (bandwidth-bound: each lane streams several chunks).
 // Decode batches of 1 .. 8 sequences; see kernels/kv_write.cu for the mapping.
 constexpr int kKvWriteBlockTeamMaxTokens = 8;
 struct KvWriteLaunch {

@@ -187,7 +187,7 @@ struct ItemGroup {
   }
 };
 
-template <int D, KvFormat F>
+template <int D, KvFormat F, bool kPdl>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kMinBlocks)
     kv_write_rope_kernel(KvWriteRopeArgs a) {
   constexpr int kHalf = D / 2;
@@ -200,8 +200,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kMinBlocks)
   const int64_t row_bytes = row_elems * (kFp8 ? 1 : 2);
   const int64_t num_slots = cache.num_slots();
   const int lanes = int(blockDim.x);
-  grid_dependency_wait();  // PDL: q, k, v come from the kernel before
-  launch_dependents();
+  pdl_handshake<kPdl>();  // PDL: q, k, v come from the kernel before
 
   for (int64_t t = blockIdx.x; t < kv.num_tokens; t += gridDim.x) {
     const int64_t raw_slot = kv.slot_mapping[t];
@@ -295,8 +294,11 @@ LaunchStatus launch_kv_write_rope(const KvWriteRopeArgs& args, cudaStream_t stre
   if (T == 0) return cudaSuccess;  // an empty step: no launch
   const unsigned block = unsigned(kv_write_rope_block_threads(args));
   return dispatch_head_dim_format(args.kv.cache.head_dim, args.kv.cache.format, [&](auto hd, auto fmt) {
-    return launch_kernel(kv_write_rope_kernel<decltype(hd)::value, decltype(fmt)::value>, grid_blocks(T, 1),
-                         block, stream, launch.pdl, args);
+    return with_pdl(launch.pdl, [&](auto p) {
+      constexpr bool kPdl = decltype(p)::value;
+      return launch_kernel(kv_write_rope_kernel<decltype(hd)::value, decltype(fmt)::value, kPdl>,
+                           grid_blocks(T, 1), block, stream, kPdl, args);
+    });
   });
 }
 

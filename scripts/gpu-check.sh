@@ -9,7 +9,8 @@
 # It needs only the vendor toolkit, cmake (>= 3.22) and a host compiler: it configures the
 # standalone GPU build of tests/gpu/CMakeLists.txt (kernels, the CPU KV-write and
 # attention references, the tests and bench/; no absl, gRPC or BLAS), builds it, runs
-# the parity programs, bench_kv_write and bench_attention, then (if compute-sanitizer
+# the parity programs, bench_kv_write and bench_attention (and, where torch and Triton
+# are installed, bench/anchor/kv_write_triton.py), then (if compute-sanitizer
 # is there and works) the KV-write and attention tests once more under memcheck (reduced
 # matrices). Files go to $OUT (the device runner's output folder; at most 8 files come
 # back from it; this writes 10: summary.txt, build.log, gpu_tests.log with every test
@@ -122,7 +123,7 @@ for t in "${tests[@]}"; do
   ((rc == 0)) || status=1
 done
 
-for b in bench_kv_write bench_attention; do
+for b in bench_kv_write bench_kv_write_probe bench_attention; do
   rounds=${KVFUSE_BENCH_ROUNDS:-15}
   [[ $b == bench_attention ]] && rounds=${KVFUSE_ATTN_BENCH_ROUNDS:-9}
   "$build/bench/$b" --json "$out/$b.json" --rounds "$rounds" >"$out/$b.txt" 2>&1
@@ -131,6 +132,18 @@ for b in bench_kv_write bench_attention; do
   note "$b: exit $rc ($(elapsed))"
   ((rc == 0)) || status=1
 done
+
+# The Triton peer of the fused write (bench/anchor/kv_write_triton.py), timed the way
+# bench_kv_write times its own, in the same run: where torch and Triton are installed.
+if [[ $vendor == CUDA ]] && python3 -c "import torch, triton" >/dev/null 2>&1; then
+  python3 bench/anchor/kv_write_triton.py --rounds "${KVFUSE_BENCH_ROUNDS:-15}" >"$out/kv_write_triton.txt" 2>&1
+  rc=$?
+  cat "$out/kv_write_triton.txt"
+  note "kv_write_triton: exit $rc ($(elapsed))"
+  ((rc == 0)) || status=1
+else
+  note "kv_write_triton: SKIP (needs CUDA, torch and Triton)"
+fi
 
 if [[ $benches_only == 1 ]]; then
   note "tests, memcheck, engine: SKIP (KVFUSE_CHECK_BENCHES_ONLY=1)"

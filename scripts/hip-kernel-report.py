@@ -65,6 +65,7 @@ SIMDS_PER_CU = 4
 # (family, name pattern, minimum waves per SIMD). First match wins.
 TARGETS = [
     ("kv-write", r"^kv_write_fused_kernel<", 4),
+    ("kv-write", r"^kv_write_token_kernel<", 4),
     ("kv-write", r"^kv_write_rope_kernel<", 4),
     ("kv-write", r"^kv_scatter_kernel", 4),
     ("kv-write", r"^kv_(scale|cast_fp8|cast_bf16)_kernel<", 4),
@@ -328,8 +329,8 @@ def main():
             if r["occ"] < r["target"]:
                 bad.append("occupancy")
             verdict = "FAIL " + ",".join(bad) if bad else "ok"
-        fused = (re.match(r"^kv_write_fused_kernel<fp8<\w+,(\w+)>", r["name"]) or
-                 re.match(r"^kv_write_rope_kernel<\d+,(e4m3fn|e4m3fnuz|e5m2)>", r["name"]))
+        fused = (re.match(r"^kv_write_(?:fused|token)_kernel<fp8<\w+,(\w+)>", r["name"]) or
+                 re.match(r"^kv_write_rope_kernel<\d+,(e4m3fn|e4m3fnuz|e5m2)[,>]", r["name"]))
         if fused:
             fmt = fused.group(1)
             need = not (r["arch"] == "gfx950" and fmt == "e4m3fnuz")

@@ -12,6 +12,8 @@
 #define KVFUSE_GPU_VENDOR "cuda"
 // Every NVIDIA warp is 32 lanes. Kernels use kvfuse::gpu::kWarpSize, never the literal.
 #define KVFUSE_WARP_SIZE 32
+// Programmatic dependent launch (sm_90+; launches ask for it, kernels wait for it).
+#define KVFUSE_HAS_PDL 1
 
 // Launch bounds (kernels/gpu.h, KVFUSE_LAUNCH_BOUNDS): CUDA's second argument already
 // is the minimum of resident blocks per multiprocessor.

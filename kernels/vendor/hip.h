@@ -16,6 +16,8 @@
 // test is on the target family: every gfx9 target (GCN, CDNA) runs 64-lane wavefronts,
 // gfx10-12 (RDNA) default to 32. The backend also checks warpSize at run time.
 #define KVFUSE_WARP_SIZE 64
+// No programmatic dependent launch on AMD.
+#define KVFUSE_HAS_PDL 0
 #if defined(__HIP_DEVICE_COMPILE__) && !defined(__GFX9__)
 #error "kvfuse's HIP kernels assume 64-lane wavefronts (CDNA, gfx9 family); this target is not one"
 #endif
