@@ -365,8 +365,9 @@ def main():
                "-" if r["target"] is None else r["target"], r["fp8"] + r["bf8"] or "",
                sum(r["mfma"].values()) or "", verdict or "recorded"))
     for arch in ARCH:
-        n = sum(r["fp8"] + r["bf8"] for r in rows if r["arch"] == arch and r["name"].startswith("kv_write_fused"))
-        fused = sum(1 for r in rows if r["arch"] == arch and r["name"].startswith("kv_write_fused_kernel<fp8"))
+        writes = ("kv_write_fused_kernel<fp8", "kv_write_token_kernel<fp8")
+        n = sum(r["fp8"] + r["bf8"] for r in rows if r["arch"] == arch and r["name"].startswith(writes))
+        fused = sum(1 for r in rows if r["arch"] == arch and r["name"].startswith(writes))
         print("hip-kernel-report: %s: %d packed FP8 conversions in %d fused FP8 KV-write kernels" % (arch, n, fused))
         rope = [r for r in rows if r["arch"] == arch and r["name"].startswith("kv_write_rope_kernel<")]
         print("hip-kernel-report: %s: %d packed FP8 conversions in %d RoPE + KV-write kernels" %
