@@ -428,18 +428,18 @@ cudaError_t launch_fused_team(const KvWriteArgs& a, unsigned grid, unsigned bloc
 // warps, at most kKvWriteMaxBlockThreads, wider rows loop); warp teams above.
 template <class Op>
 cudaError_t launch_fused_op(const KvWriteArgs& a, cudaStream_t stream, const KvWriteLaunch& l) {
-  const int64_t lanes8 = a.cache.row_elems() / 8;  // kv_write_token_kernel's lanes
-  if (a.num_tokens <= l.block_team_max_tokens && lanes8 <= kKvWriteMaxBlockThreads) {
-    const unsigned block = unsigned((lanes8 + kWarpSize - 1) / kWarpSize * kWarpSize);
-    return with_pdl(l.pdl, [&](auto p) {
-      constexpr bool kPdl = decltype(p)::value;
-      const unsigned grid = unsigned(a.num_tokens);
-      return src_vectorizable(a)
-                 ? launch_kernel(kv_write_token_kernel<Op, true, kPdl>, grid, block, stream, kPdl, a)
-                 : launch_kernel(kv_write_token_kernel<Op, false, kPdl>, grid, block, stream, kPdl, a);
-    });
-  }
   if (a.num_tokens <= l.block_team_max_tokens) {
+    const int64_t lanes8 = a.cache.row_elems() / 8;  // kv_write_token_kernel's lanes
+    if (lanes8 <= kKvWriteMaxBlockThreads) {
+      const unsigned block = unsigned((lanes8 + kWarpSize - 1) / kWarpSize * kWarpSize);
+      return with_pdl(l.pdl, [&](auto p) {
+        constexpr bool kPdl = decltype(p)::value;
+        const unsigned grid = unsigned(a.num_tokens);
+        return src_vectorizable(a)
+                   ? launch_kernel(kv_write_token_kernel<Op, true, kPdl>, grid, block, stream, kPdl, a)
+                   : launch_kernel(kv_write_token_kernel<Op, false, kPdl>, grid, block, stream, kPdl, a);
+      });
+    }
     const int64_t chunks = a.cache.row_elems() / Op::kChunkElems;
     const int64_t warps = (chunks + kWarpSize - 1) / kWarpSize;
     const int64_t block = std::min<int64_t>(warps * kWarpSize, kKvWriteMaxBlockThreads);
