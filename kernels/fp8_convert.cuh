@@ -21,8 +21,24 @@
 #include "kernels/gpu.h"
 
 #include "kernels/fp8.h"
+#include "kernels/kv_types.h"
 
 namespace kvfuse::gpu {
+
+// The 1 / scale pair of a scaled KV write: the reciprocals the pool keeps beside the
+// scales when it has them (PagedKvView::k_inv_scale), else recip_rn of the scales, both
+// loads issued before either value is used (load_f32_pair). The fused, decode-token and
+// RoPE writes read them per row, after the row's own loads are issued.
+KVFUSE_DEVICE void load_inv_scales(const PagedKvView& cache, float& inv_k, float& inv_v) {
+  if (cache.k_inv_scale != nullptr && cache.v_inv_scale != nullptr) {
+    load_f32_pair(cache.k_inv_scale, cache.v_inv_scale, inv_k, inv_v);
+  } else {
+    float k_scale, v_scale;
+    load_f32_pair(cache.k_scale, cache.v_scale, k_scale, v_scale);
+    inv_k = recip_rn(k_scale);
+    inv_v = recip_rn(v_scale);
+  }
+}
 
 // The AMD conversion recipe, written for both hosts and devices so tests can run it
 // with an emulated instruction (tests/gpu) — there is no AMD GPU to run it on.

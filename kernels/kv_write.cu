@@ -224,18 +224,9 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
     // +0.2 us per call at T = 1, against the bf16 store). A warp writes one row in all
     // but giant grids, so this costs nothing extra; inside the loop the compiler cannot
     // hoist the load, since the loop stores to memory that might alias it.
-    // Both loads before either reciprocal, for the same reason (load_f32_pair).
+    // Both loads before either reciprocal, for the same reason (load_inv_scales).
     float inv_k = 1.0f, inv_v = 1.0f;
-    if constexpr (Op::kScaled) {
-      if (cache.k_inv_scale != nullptr && cache.v_inv_scale != nullptr) {
-        load_f32_pair(cache.k_inv_scale, cache.v_inv_scale, inv_k, inv_v);  // 1/scale, kept by the pool
-      } else {
-        float k_scale, v_scale;
-        load_f32_pair(cache.k_scale, cache.v_scale, k_scale, v_scale);
-        inv_k = recip_rn(k_scale);
-        inv_v = recip_rn(v_scale);
-      }
-    }
+    if constexpr (Op::kScaled) load_inv_scales(cache, inv_k, inv_v);
     const int64_t slot = resolve_write_slot(raw_slot, a.swa, num_slots);
     if (slot < 0) continue;  // padding or SWA-unmapped: nothing is written
     uint8_t* kd = static_cast<uint8_t*>(cache.k) + slot * row_bytes;
@@ -272,16 +263,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kKvWriteMinBlocks)
   }
   const int64_t raw_slot = a.slot_mapping[t];
   float inv_k = 1.0f, inv_v = 1.0f;
-  if constexpr (Op::kScaled) {
-    if (cache.k_inv_scale != nullptr && cache.v_inv_scale != nullptr) {
-      load_f32_pair(cache.k_inv_scale, cache.v_inv_scale, inv_k, inv_v);
-    } else {
-      float k_scale, v_scale;
-      load_f32_pair(cache.k_scale, cache.v_scale, k_scale, v_scale);
-      inv_k = recip_rn(k_scale);
-      inv_v = recip_rn(v_scale);
-    }
-  }
+  if constexpr (Op::kScaled) load_inv_scales(cache, inv_k, inv_v);
   const int64_t slot = resolve_write_slot(raw_slot, a.swa, cache.num_slots());
   if (slot < 0 || !live) return;
   const int64_t at = (slot * cache.row_elems() + e) * Op::kOutBytesPerElem;

@@ -215,18 +215,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kMinBlocks)
     ItemGroup<D, F> g;
     g.load(r, n, int(threadIdx.x), lanes);  // independent of slot and position: overlaps their round trip
     r.inv_k = r.inv_v = 1.0f;
-    if constexpr (kFp8) {
-      // As in the fused write: read per token after the row loads are issued, the
-      // reciprocals the pool keeps when it has them.
-      if (cache.k_inv_scale != nullptr && cache.v_inv_scale != nullptr) {
-        load_f32_pair(cache.k_inv_scale, cache.v_inv_scale, r.inv_k, r.inv_v);
-      } else {
-        float k_scale, v_scale;
-        load_f32_pair(cache.k_scale, cache.v_scale, k_scale, v_scale);
-        r.inv_k = recip_rn(k_scale);
-        r.inv_v = recip_rn(v_scale);
-      }
-    }
+    if constexpr (kFp8) load_inv_scales(cache, r.inv_k, r.inv_v);  // as the fused write, per token
     // rope_kernel's expressions, so that the values are its values.
     for (int i = int(threadIdx.x); i < kHalf; i += lanes) {
       const float angle = float(pos) * a.inv_freq[i];

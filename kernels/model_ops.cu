@@ -67,6 +67,9 @@ KVFUSE_DEVICE float block_inv_rms(float ss, int64_t cols, float eps, float* part
 // norm of that (y unused otherwise, x only read). Rows of up to 8 * kNormVec * kThreads
 // bf16 (8192) whose pointers are 16-byte aligned go through 16-byte vectors and stay in
 // registers between the two passes; others take the scalar loops. out may be x or y.
+// w is the model's norm weight, never written by the kernel before: on the vector path
+// each thread loads its chunks of it before the programmatic-launch wait, so that round
+// trip overlaps the kernel before's tail instead of following the sum of squares.
 constexpr int kNormVec = 4;
 
 KVFUSE_DEVICE bool aligned_16B(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -75,11 +78,19 @@ template <bool kAdd>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     rmsnorm_kernel(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                    bf16_t* out) {
-  grid_dependency_wait();  // PDL: the inputs come from the kernel before
-  launch_dependents();
   __shared__ float partial[kThreads / kWarpSize + 1];
   const bool vec = cols % 8 == 0 && cols <= int64_t(8) * kNormVec * blockDim.x && aligned_16B(x) &&
                    (!kAdd || aligned_16B(y)) && aligned_16B(w) && aligned_16B(out);
+  uint4 wvec[kNormVec];  // the vector path's chunks of w, the same for every row
+  if (vec) {
+#pragma unroll
+    for (int k = 0; k < kNormVec; ++k) {
+      const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
+      wvec[k] = c < cols ? load_ro_16B(w + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+  }
+  grid_dependency_wait();  // PDL: x and y come from the kernel before
+  launch_dependents();
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     bf16_t* xr = x + row * cols;
     const bf16_t* yr = kAdd ? y + row * cols : nullptr;
@@ -123,7 +134,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
       for (int k = 0; k < kNormVec; ++k) {
         const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
         if (c >= cols) continue;
-        const uint4 wv = load_ro_16B(w + c);
+        const uint4 wv = wvec[k];
         const uint32_t wx[4] = {keep[k].x, keep[k].y, keep[k].z, keep[k].w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
         uint32_t wo[4];
 #pragma unroll

@@ -6,7 +6,9 @@
 //
 // `pdl`: launch as a programmatic dependent of the kernel before (CUDA sm_90+; ignored
 // on HIP). Every kernel here waits for its predecessor's completion before it touches
-// memory, so any predecessor is safe; the gain is the launch overlapping its tail.
+// memory, so any predecessor is safe; the gain is the launch overlapping its tail. The
+// one exception is the norms' weight w, read before the wait: it must not come from the
+// kernel just before (the model's weights never do).
 #pragma once
 
 #include "kernels/bf16.h"

@@ -29,7 +29,8 @@
 # (default: the GPU's), KVFUSE_GPU_BUILD_DIR (default build-gpu-check), KVFUSE_BENCH_ROUNDS
 # (default 15), KVFUSE_ATTN_BENCH_ROUNDS (default 9), KVFUSE_SANITIZER_TIMEOUT (s per
 # memcheck run, 150), KVFUSE_CHECK_BENCHES_ONLY=1 (build, then only the two kernel
-# benchmarks: no tests, memcheck or engine step).
+# benchmarks: no tests, memcheck or engine step), KVFUSE_CHECK_BUILD_ONLY=1 (configure and
+# build, nothing else: scripts/gpu-kv-write-sass.sh builds this way).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${KVFUSE_GPU_BUILD_DIR:-build-gpu-check}
@@ -105,6 +106,7 @@ if ! cmake --build "$build" -j"$(nproc)" >>"$log" 2>&1; then
   exit 1
 fi
 note "built in $(elapsed)"
+[[ ${KVFUSE_CHECK_BUILD_ONLY:-0} == 1 ]] && exit 0
 
 status=0
 tests_log="$out/gpu_tests.log"
