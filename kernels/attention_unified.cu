@@ -45,9 +45,11 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
   const int32_t H = a.cache.num_kv_heads;
   const int32_t G = a.num_q_heads / H;
 
-  grid_dependency_wait();
-
-  // ---- the rows and keys of this block
+  // ---- the rows and keys of this block, and the block-table entries of its first two
+  // tiles: all from the step's batch metadata, which the host copies in before the step's
+  // first kernel and no kernel writes, so they are read before the programmatic-launch
+  // wait and their round trips overlap the kernel before. Q and the step's new K/V rows
+  // come from the kernels before: everything from the Q fragment on follows the wait.
   int32_t seq, kvh, row0, nrows, pos0, part = 0;
   if (p.mode == kModeDecode) {
     const int64_t per_part = int64_t(a.batch.num_seqs) * H;
@@ -91,6 +93,35 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
 
   const int l = glane(), g = l >> 2, c = l & 3, w = group_id();
   const int nvalid = nrows * G;  // rows of the 8-row tile in use: token n / G, head n % G
+
+  const int32_t ps = a.cache.page_size;
+  const int32_t* table = a.batch.block_table + int64_t(seq) * a.batch.max_pages_per_seq;
+  // Block-table entry of tile t0 (kPageTiles: of its first key; else: of key t0 + lane %
+  // 16), issued a tile ahead so that its latency overlaps other work. Nothing outside
+  // [begin, end) is read: those pages may be -1. (A page-aligned first tile may start
+  // before begin, but in begin's page.)
+  const auto fetch = [&](int32_t t0) {
+    Ent e{-1, 0};
+    const int32_t key = kPageTiles ? t0 : t0 + (l & (kTileKeys - 1));
+    if ((kPageTiles || key >= begin) && key < end) {
+      int32_t idx;
+      if (p.ps_shift >= 0) {
+        idx = key >> p.ps_shift;
+        e.inpage = key & (ps - 1);
+      } else {
+        idx = key / ps;
+        e.inpage = key - idx * ps;
+      }
+      e.page = table[idx];
+    }
+    return e;
+  };
+  // The group's tiles: 16-aligned, every kGroups-th tile of [begin, end) (the loop below).
+  const int32_t stride = kTileKeys * kGroups;
+  const int32_t t_first = (begin & ~(kTileKeys - 1)) + kTileKeys * w;
+  const Ent e_first = fetch(t_first), e_second = fetch(t_first + stride);
+
+  grid_dependency_wait();
 
   // ---- Q fragment (B of S^T = K Q^T): lane (g, c) holds row g, its D/4 dimensions in
   // K-load order: element e is dimension (4 * (e / kPiece) + c) * kPiece + e % kPiece.
@@ -158,32 +189,9 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
   }
 
   // ---- addressing of a tile's keys
-  const int32_t ps = a.cache.page_size;
-  const int32_t* table = a.batch.block_table + int64_t(seq) * a.batch.max_pages_per_seq;
   const int64_t row_bytes = int64_t(H) * D * kEb;
   const uint8_t* kbase = static_cast<const uint8_t*>(a.cache.k) + int64_t(kvh) * D * kEb;
   const uint8_t* vbase = static_cast<const uint8_t*>(a.cache.v) + int64_t(kvh) * D * kEb;
-
-  // Block-table entry of tile t0 (kPageTiles: of its first key; else: of key t0 + lane %
-  // 16), issued a tile ahead so that its latency overlaps other work. Nothing outside
-  // [begin, end) is read: those pages may be -1. (A page-aligned first tile may start
-  // before begin, but in begin's page.)
-  const auto fetch = [&](int32_t t0) {
-    Ent e{-1, 0};
-    const int32_t key = kPageTiles ? t0 : t0 + (l & (kTileKeys - 1));
-    if ((kPageTiles || key >= begin) && key < end) {
-      int32_t idx;
-      if (p.ps_shift >= 0) {
-        idx = key >> p.ps_shift;
-        e.inpage = key & (ps - 1);
-      } else {
-        idx = key / ps;
-        e.inpage = key - idx * ps;
-      }
-      e.page = table[idx];
-    }
-    return e;
-  };
   // Page-aligned tiles: the 16 keys of a tile are consecutive slots of one page with a
   // valid table entry, so this lane's rows lie at fixed offsets from the tile's first
   // row, and loading keys outside [begin, end) is memory-safe: their K only yields masked
@@ -350,20 +358,16 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
     }
   };
 
-  // ---- the group's tiles: 16-aligned, every kGroups-th tile of [begin, end). One
-  // buffer per operand: the next tile's K loads are issued as soon as QK has consumed
-  // this tile's K (kEarlyK), its V loads once PV has consumed this V, so a tile is always
-  // in flight while the block table runs one more tile ahead.
-  const int32_t stride = kTileKeys * kGroups;
-  int32_t t = (begin & ~(kTileKeys - 1)) + kTileKeys * w;
+  // ---- the group's tiles (t_first, + stride, ...: their first two table entries were
+  // read before the wait). One buffer per operand: the next tile's K loads are issued as
+  // soon as QK has consumed this tile's K (kEarlyK), its V loads once PV has consumed
+  // this V, so a tile is always in flight while the block table runs one more tile ahead.
+  int32_t t = t_first;
   if (t < end) {
     Raw<D, K> r;
-    {
-      const Ent e0 = fetch(t);
-      load_k(r, e0);
-      load_v(r, t, e0);
-    }
-    Ent e_next = fetch(t + stride);
+    load_k(r, e_first);
+    load_v(r, t, e_first);
+    Ent e_next = e_second;
     for (;;) {
       const Ent e_after = fetch(t + 2 * stride);
       const bool more = t + stride < end;

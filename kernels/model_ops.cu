@@ -168,15 +168,25 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     rope_kernel(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride, int32_t kv_heads,
                 int32_t head_dim, const int32_t* positions, int64_t n, const float* __restrict__ inv_freq,
                 float attention_scaling) {
-  grid_dependency_wait();  // PDL: the inputs come from the kernel before
-  launch_dependents();
   const int32_t half = head_dim / 2;
   constexpr int32_t kPairs = kVec ? 8 : 1;  // pairs per thread
   const int32_t groups = half / kPairs;
   const int64_t heads = int64_t(q_heads) + kv_heads;
   const int64_t total = n * heads * groups;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
-       idx += int64_t(gridDim.x) * blockDim.x) {
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  // The scalar kernel's first pair (a decode step's only one): its angle needs only the
+  // positions (batch metadata: copied in before the step's first kernel, written by no
+  // kernel) and the model's table, so cos and sin are done before the programmatic-launch
+  // wait, overlapping the kernel before; q and k come from it and wait.
+  float c_first = 0.0f, s_first = 0.0f;
+  if (!kVec && first < total) {
+    const float angle = float(positions[first / (groups * heads)]) * inv_freq[int32_t(first % groups)];
+    c_first = cosf(angle) * attention_scaling;
+    s_first = sinf(angle) * attention_scaling;
+  }
+  grid_dependency_wait();  // PDL: q and k come from the kernel before
+  launch_dependents();
+  for (int64_t idx = first; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
     const int32_t i = int32_t(idx % groups) * kPairs;
     const int64_t h = (idx / groups) % heads;
     const int64_t t = idx / (groups * heads);
@@ -197,8 +207,12 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
       store_16B(row + i, pack_bf16x8(y0));
       store_16B(row + i + half, pack_bf16x8(y1));
     } else {
-      const float angle = float(positions[t]) * inv_freq[i];
-      const float c = cosf(angle) * attention_scaling, s = sinf(angle) * attention_scaling;
+      float c = c_first, s = s_first;
+      if (idx != first) {
+        const float angle = float(positions[t]) * inv_freq[i];
+        c = cosf(angle) * attention_scaling;
+        s = sinf(angle) * attention_scaling;
+      }
       const float x0 = ld(row, i), x1 = ld(row, i + half);
       row[i] = f32_to_bf16(x0 * c - x1 * s);
       row[i + half] = f32_to_bf16(x1 * c + x0 * s);

@@ -7,8 +7,10 @@
 // `pdl`: launch as a programmatic dependent of the kernel before (CUDA sm_90+; ignored
 // on HIP). Every kernel here waits for its predecessor's completion before it touches
 // memory, so any predecessor is safe; the gain is the launch overlapping its tail. The
-// one exception is the norms' weight w, read before the wait: it must not come from the
-// kernel just before (the model's weights never do).
+// exceptions, read before the wait: the norms' weight w, and rope's positions and
+// frequency table (its first pair's cos and sin are done before the wait). They must not
+// come from the kernel just before: the model's weights and the step's batch metadata
+// (copied in before the step's first kernel) never do.
 #pragma once
 
 #include "kernels/bf16.h"
