@@ -178,12 +178,15 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   // positions (batch metadata: copied in before the step's first kernel, written by no
   // kernel) and the model's table, so cos and sin are done before the programmatic-launch
   // wait, overlapping the kernel before; q and k come from it and wait.
+  // The scalar kernel's cos and sin of pair i of token t (the first pair's and the
+  // loop's: one expression, so both give the same bits).
+  const auto rotation = [&](int64_t t, int32_t i, float& c, float& s) {
+    const float angle = float(positions[t]) * inv_freq[i];
+    c = cosf(angle) * attention_scaling;
+    s = sinf(angle) * attention_scaling;
+  };
   float c_first = 0.0f, s_first = 0.0f;
-  if (!kVec && first < total) {
-    const float angle = float(positions[first / (groups * heads)]) * inv_freq[int32_t(first % groups)];
-    c_first = cosf(angle) * attention_scaling;
-    s_first = sinf(angle) * attention_scaling;
-  }
+  if (!kVec && first < total) rotation(first / (groups * heads), int32_t(first % groups), c_first, s_first);
   grid_dependency_wait();  // PDL: q and k come from the kernel before
   launch_dependents();
   for (int64_t idx = first; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
@@ -208,11 +211,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
       store_16B(row + i + half, pack_bf16x8(y1));
     } else {
       float c = c_first, s = s_first;
-      if (idx != first) {
-        const float angle = float(positions[t]) * inv_freq[i];
-        c = cosf(angle) * attention_scaling;
-        s = sinf(angle) * attention_scaling;
-      }
+      if (idx != first) rotation(t, i, c, s);
       const float x0 = ld(row, i), x1 = ld(row, i + half);
       row[i] = f32_to_bf16(x0 * c - x1 * s);
       row[i + half] = f32_to_bf16(x1 * c + x0 * s);
