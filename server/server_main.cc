@@ -51,8 +51,8 @@ int run_follower(const Config& cfg) {
                cfg.tp_rank, cfg.tensor_parallel, cfg.tp_rendezvous);
   auto engine = Engine::create(cfg);
   if (!engine.ok()) return fail("start_failed", engine.status());
-  spdlog::info("event=joined rank={} tensor_parallel={} leader={}", cfg.tp_rank, cfg.tensor_parallel,
-               cfg.tp_rendezvous);
+  spdlog::info("event=joined rank={} local_ranks={} tensor_parallel={} leader={}", cfg.tp_rank,
+               (*engine)->num_local_ranks(), cfg.tensor_parallel, cfg.tp_rendezvous);
   std::atomic<bool> done{false};
   absl::Status result;
   std::thread follower([&] {

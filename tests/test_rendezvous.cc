@@ -258,3 +258,78 @@ TEST_CASE("rendezvous: serve_group and rendezvous_join_group keep each peer's co
     CHECK(in == byte);
   }
 }
+
+TEST_CASE("rendezvous: processes that hold several ranks form one world, every rank held once",
+          "[parallel][rendezvous]") {
+  // World 6: rank 0's process holds ranks 0 and 1, one peer 2..4, another 5.
+  RendezvousOptions lo = opts(6, 0, 0);
+  lo.ranks = 2;
+  auto listened = RendezvousServer::listen(lo);
+  REQUIRE(listened.ok());
+  auto& server = *listened;
+  const auto join = [&](int rank, int ranks) {
+    RendezvousOptions o = opts(6, rank, server->port());
+    o.ranks = ranks;
+    return rendezvous_join_group(o);
+  };
+  SECTION("the group forms; one connection per process, at its first rank") {
+    absl::StatusOr<RendezvousMember> a = absl::UnknownError("not run"), b = absl::UnknownError("not run");
+    std::thread ta([&] { a = join(2, 3); });
+    std::thread tb([&] { b = join(5, 1); });
+    auto fds = server->serve_group(make_id(9));
+    ta.join();
+    tb.join();
+    INFO(fds.status().ToString());
+    REQUIRE(fds.ok());
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->id == make_id(9));
+    CHECK(b->id == make_id(9));
+    REQUIRE(fds->size() == 6);
+    for (int r = 0; r < 6; ++r) CHECK((*fds)[size_t(r)].valid() == (r == 2 || r == 5));
+  }
+  SECTION("a rank that rank 0's process holds is refused on every process") {
+    absl::StatusOr<RendezvousMember> a = absl::UnknownError("not run");
+    std::thread ta([&] { a = join(1, 2); });
+    const absl::Status st = server->serve(make_id(9));
+    ta.join();
+    CHECK(st.code() == absl::StatusCode::kAlreadyExists);
+    CHECK_THAT(std::string(st.message()), ContainsSubstring("rank 1 arrived twice (from rank 0's process and"));
+    CHECK(a.status().code() == absl::StatusCode::kAlreadyExists);
+  }
+  SECTION("overlapping peers, and ranks past the world") {
+    absl::StatusOr<RendezvousMember> a = absl::UnknownError("not run"), b = absl::UnknownError("not run");
+    std::thread ta([&] { a = join(2, 3); });
+    std::this_thread::sleep_for(milliseconds(50));
+    std::thread tb([&] { b = join(4, 2); });
+    const absl::Status st = server->serve(make_id(9));
+    ta.join();
+    tb.join();
+    CHECK(st.code() == absl::StatusCode::kAlreadyExists);
+    CHECK_THAT(std::string(st.message()), ContainsSubstring("rank 4 arrived twice"));
+    CHECK(b.status().code() == absl::StatusCode::kAlreadyExists);
+    // Ranks 5 and 6 of a world of 6: refused before anything is sent.
+    RendezvousOptions o = opts(6, 5, server->port());
+    o.ranks = 2;
+    auto past = rendezvous_join_group(o);
+    CHECK(past.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(past.status().message()), ContainsSubstring("2 rank(s) from rank 5 do not fit"));
+  }
+  SECTION("a missing process: the timeout names the ranks nobody holds") {
+    RendezvousOptions so = opts(6, 0, 0, milliseconds(300));
+    so.ranks = 2;
+    auto short_server = RendezvousServer::listen(so);
+    REQUIRE(short_server.ok());
+    absl::StatusOr<RendezvousMember> a = absl::UnknownError("not run");
+    std::thread ta([&] {
+      RendezvousOptions o = opts(6, 2, (*short_server)->port(), milliseconds(2000));
+      o.ranks = 3;
+      a = rendezvous_join_group(o);
+    });
+    const absl::Status st = (*short_server)->serve(make_id(9));
+    ta.join();
+    CHECK(st.code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK_THAT(std::string(st.message()), ContainsSubstring("5 of 6 ranks arrived (0, 1, 2, 3, 4)"));
+    CHECK_THAT(std::string(st.message()), ContainsSubstring("missing rank(s) 5"));
+  }
+}

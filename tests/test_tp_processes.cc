@@ -152,19 +152,33 @@ std::unique_ptr<Engine> make_leader(const nlohmann::json& keys, int port) {
 
 }  // namespace
 
-TEST_CASE("tensor parallel across processes (cpu): a follower process computes tp 2's bits, tiny and hybrid",
+TEST_CASE("tensor parallel across processes (cpu): a follower process computes one process's bits",
           "[tp][processes][engine]") {
-  for (const bool hybrid : {false, true}) {
-    DYNAMIC_SECTION((hybrid ? "hybrid" : "tiny") << " fp8 KV") {
-      nlohmann::json keys = with(kBase, {{"kv_cache_dtype", "fp8_e4m3"}});
-      if (hybrid) keys = with(keys, {{"sliding_window", 24}, {"swa_layers", "alternate"}});
-      const Run ref = run_model(*make_engine(keys));
-
+  // tp 2 of one rank per process, tiny and hybrid; and tp 4 of two processes that hold two
+  // ranks each (devices "0,1": rank 0's process ranks 0 and 1, kvfuse-run's 2 and 3).
+  const nlohmann::json fp8 = with(kBase, {{"kv_cache_dtype", "fp8_e4m3"}});
+  const nlohmann::json swa = {{"sliding_window", 24}, {"swa_layers", "alternate"}};
+  struct Case {
+    const char* name;
+    nlohmann::json keys;
+    int local;  // ranks per process
+    const char* follows;
+  };
+  const std::vector<Case> cases = {
+      {"tiny fp8 KV", fp8, 1, "rank 1 of 2 follows rank 0 at 127.0.0.1:"},
+      {"hybrid fp8 KV", with(fp8, swa), 1, "rank 1 of 2 follows rank 0 at 127.0.0.1:"},
+      {"hybrid fp8 KV, tp 4 in two processes of two ranks", with(with(fp8, swa), {{"tensor_parallel", 4}}), 2,
+       "ranks 2-3 of 4 follow rank 0 at 127.0.0.1:"},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      const Run ref = run_model(*make_engine(c.keys));
+      const nlohmann::json keys = c.local == 1 ? c.keys : with(c.keys, {{"devices", "0,1"}});
       const int port = free_loopback_port();
-      FollowerProcess follower(keys, port, 1);
+      FollowerProcess follower(keys, port, c.local);
       auto leader = make_leader(keys, port);
-      CHECK(leader->num_ranks() == 2);
-      CHECK(leader->num_local_ranks() == 1);
+      CHECK(leader->num_ranks() == c.keys["tensor_parallel"].get<int>());
+      CHECK(leader->num_local_ranks() == c.local);
       CHECK_FALSE(leader->is_follower());
       const Run got = run_model(*leader);
       CHECK(got.greedy == ref.greedy);
@@ -183,7 +197,7 @@ TEST_CASE("tensor parallel across processes (cpu): a follower process computes t
       const int rc = follower.wait(std::chrono::seconds(30));
       INFO(follower.output());
       CHECK(rc == 0);
-      CHECK_THAT(follower.output(), ContainsSubstring("rank 1 of 2 follows rank 0 at 127.0.0.1:"));
+      CHECK_THAT(follower.output(), ContainsSubstring(c.follows));
     }
   }
 }
@@ -297,11 +311,11 @@ TEST_CASE(
     CHECK_THAT(std::string(leader.status().message()), ContainsSubstring("has world size 4, rank 0 has 2"));
     REQUIRE_FALSE(follower.engine.ok());
   }
-  SECTION("one rank per process") {
-    auto e =
-        Engine::create(config_of(with(group_keys(kBase, free_loopback_port(), 0), {{"devices", "0,1"}})));
-    CHECK(e.status().code() == absl::StatusCode::kUnimplemented);
-    CHECK_THAT(std::string(e.status().message()), ContainsSubstring("a process holds one rank"));
+  SECTION("ranks past the world") {
+    // tp_rank 1 with two devices: ranks 1 and 2 of a group of 2.
+    auto cfg = config_from_json(with(group_keys(kBase, free_loopback_port(), 1), {{"devices", "0,1"}}));
+    REQUIRE_FALSE(cfg.ok());
+    CHECK_THAT(std::string(cfg.status().message()), ContainsSubstring("go past tensor_parallel 2"));
   }
   SECTION("a follower does not run steps itself") {
     const int port = free_loopback_port();

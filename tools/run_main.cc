@@ -94,8 +94,11 @@ int main(int argc, char** argv) {
       kv_gib, init_ms);
   if (e.is_follower()) {
     // Rank 0's process runs the prompts; this one runs its steps' share until it is done.
-    std::printf("kvfuse-run: rank %d of %d follows rank 0 at %s\n", cfg->tp_rank, cfg->tensor_parallel,
-                cfg->tp_rendezvous.c_str());
+    const int32_t local = e.num_local_ranks();
+    const std::string ranks = local == 1 ? absl::StrCat("rank ", cfg->tp_rank)
+                                         : absl::StrCat("ranks ", cfg->tp_rank, "-", cfg->tp_rank + local - 1);
+    std::printf("kvfuse-run: %s of %d follow%s rank 0 at %s\n", ranks.c_str(), cfg->tensor_parallel,
+                local == 1 ? "s" : "", cfg->tp_rendezvous.c_str());
     std::fflush(stdout);
     if (auto st = e.follow(); !st.ok()) return fail(st);
     std::printf("kvfuse-run: rank 0 shut the group down\n");

@@ -69,11 +69,12 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"tensor_parallel", "1 .. 64", "ranks (GPUs, or CPU threads) a model is sharded over (default 1)"},
       {"devices", "[ordinal, ...] or \"0,1,...\"",
        "GPU ordinals, one per rank this process holds, no duplicates; empty (default): 0 .. "
-       "tensor_parallel-1 (with tp_rendezvous: one GPU, default 0)"},
+       "tensor_parallel-1 (with tp_rendezvous: one GPU, 0; a list of n: ranks tp_rank .. tp_rank+n-1)"},
       {"tp_rendezvous", "host:port, or \"\"",
        "rank 0's address when the ranks span processes or nodes; \"\" (default): all ranks in this process"},
       {"tp_rank", "0 .. tensor_parallel-1",
-       "with tp_rendezvous: the rank this process holds (default 0); 0 serves, the others follow it"},
+       "with tp_rendezvous: the first rank this process holds (default 0); rank 0's process serves, the "
+       "others follow it"},
       {"tp_rendezvous_timeout_s", "1 .. 3600",
        "how long ranks wait for each other at the rendezvous (default 120)"},
       {"tp_allreduce", "auto | nccl",

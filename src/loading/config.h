@@ -59,11 +59,11 @@ struct Config {
   // (off: between the two, on the step's critical path; for A/B).
   bool overlap_fanout = true;
   // Tensor parallelism (src/parallel; docs in README "Tensor parallelism"): the ranks in one
-  // process, or one rank per process with tp_rendezvous.
+  // process, or, with tp_rendezvous, spread over processes (one or several ranks each).
   int32_t tensor_parallel = 1;   // ranks in the group (the world size)
   std::vector<int32_t> devices;  // this process's GPU ordinals, one per rank it holds; empty: 0 .. n-1
   std::string tp_rendezvous;     // host:port of rank 0 when the group spans processes; empty: one process
-  int32_t tp_rank = 0;           // with tp_rendezvous: the rank this process holds
+  int32_t tp_rank = 0;           // with tp_rendezvous: the first rank this process holds
   int32_t tp_rendezvous_timeout_s = 120;
   TpAllReduce tp_allreduce = TpAllReduce::auto_;
   // Ranks this process holds: len(devices), or tensor_parallel (one process) / 1 (rendezvous).

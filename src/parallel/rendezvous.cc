@@ -27,8 +27,9 @@ using net::UniqueFd;
 
 constexpr char kMagic[8] = {'K', 'V', 'F', 'U', 'S', 'E', 'T', 'P'};
 // 2: the hello's last word is the length of a config fingerprint that follows it.
-constexpr uint32_t kVersion = 2;
-constexpr size_t kHelloBytes = 24;
+// 3: the hello says how many consecutive ranks from its first the process holds.
+constexpr uint32_t kVersion = 3;
+constexpr size_t kHelloBytes = 28;
 constexpr size_t kReplyHeaderBytes = 20;
 constexpr uint32_t kMaxMessageBytes = 4096;
 
@@ -91,6 +92,10 @@ absl::Status check_options(const RendezvousOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("tp rendezvous: rank ", o.rank, " is outside [0, ", o.world_size, ")"));
   }
+  if (o.ranks < 1 || o.rank + o.ranks > o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("tp rendezvous: ", o.ranks, " rank(s) from rank ", o.rank,
+                                                   " do not fit in a world of ", o.world_size));
+  }
   if (o.timeout.count() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("tp rendezvous: timeout ", o.timeout.count(), " ms must be > 0"));
   }
@@ -151,14 +156,17 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
   struct Conn {
     UniqueFd fd;
     std::string peer;
-    std::vector<uint8_t> hello;  // the 24 bytes, then the fingerprint
-    int rank = -1;               // once the hello is complete and valid
+    std::vector<uint8_t> hello;  // the fixed part, then the fingerprint
+    int rank = -1;               // its first rank, once the hello is complete and valid
   };
   const RendezvousOptions& o = options_;
   const auto start = Clock::now();
   const auto deadline = start + o.timeout;
   std::vector<Conn> conns;
-  std::map<int, size_t> arrived;  // rank -> index in conns
+  std::map<int, size_t> arrived;  // a process's first rank -> index in conns
+  std::vector<int> holder(size_t(o.world_size), -1);  // rank -> the first rank of its process
+  for (int r = 0; r < o.ranks; ++r) holder[size_t(r)] = 0;
+  int covered = o.ranks;
   absl::Status failure;
 
   auto finish = [&](const std::vector<uint8_t>& message, bool only_arrived) {
@@ -171,14 +179,11 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
     }
   };
 
-  while (int(arrived.size()) < o.world_size - 1) {
+  while (covered < o.world_size) {
     const int wait = net::remaining_ms(deadline);
     if (wait == 0) {
-      std::vector<int> have = {0}, missing;
-      for (const auto& [r, _] : arrived) have.push_back(r);
-      for (int r = 1; r < o.world_size; ++r) {
-        if (!arrived.count(r)) missing.push_back(r);
-      }
+      std::vector<int> have, missing;
+      for (int r = 0; r < o.world_size; ++r) (holder[size_t(r)] >= 0 ? have : missing).push_back(r);
       failure = absl::DeadlineExceededError(absl::StrCat(
           "tp rendezvous at ", o.address, " (port ", port_, "): ", have.size(), " of ", o.world_size,
           " ranks arrived (", absl::StrJoin(have, ", "), ") in ", o.timeout.count(), " ms; missing rank(s) ",
@@ -214,7 +219,7 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
       // The fixed part first, then the fingerprint whose length it gives.
       const size_t want = c.hello.size() < kHelloBytes
                               ? kHelloBytes
-                              : kHelloBytes + std::min(get_u32(c.hello.data() + 20), kMaxMessageBytes);
+                              : kHelloBytes + std::min(get_u32(c.hello.data() + 24), kMaxMessageBytes);
       uint8_t buf[kHelloBytes + kMaxMessageBytes];
       const ssize_t r = ::recv(c.fd.get(), buf, want - c.hello.size(), 0);
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
@@ -228,14 +233,22 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
         c.fd.reset();
         continue;
       }
-      if (c.hello.size() < kHelloBytes) continue;
+      // The version as soon as its word is in: an older peer's hello is shorter than this
+      // one's fixed part, and it is told about its version rather than left waiting.
+      const bool other_version = c.hello.size() >= 12 && get_u32(c.hello.data() + 8) != kVersion;
+      if (c.hello.size() < kHelloBytes && !other_version) continue;
       const uint32_t version = get_u32(c.hello.data() + 8);
-      const uint32_t world = get_u32(c.hello.data() + 12);
-      const uint32_t rank = get_u32(c.hello.data() + 16);
-      const uint32_t fp_length = get_u32(c.hello.data() + 20);
-      // A version-1 peer has no fingerprint: its version is what it is told about.
-      if (version == kVersion && fp_length <= kMaxMessageBytes && c.hello.size() < kHelloBytes + fp_length)
-        continue;
+      const uint32_t world = other_version ? 0 : get_u32(c.hello.data() + 12);
+      const uint32_t rank = other_version ? 0 : get_u32(c.hello.data() + 16);
+      const uint32_t count = other_version ? 0 : get_u32(c.hello.data() + 20);
+      const uint32_t fp_length = other_version ? 0 : get_u32(c.hello.data() + 24);
+      if (!other_version && fp_length <= kMaxMessageBytes && c.hello.size() < kHelloBytes + fp_length) continue;
+      const bool in_world =
+          rank >= 1 && rank < uint32_t(o.world_size) && count >= 1 && count <= uint32_t(o.world_size) - rank;
+      int twice = -1;  // a rank of this process that another holds already
+      for (uint32_t r = rank; in_world && r < rank + count && twice < 0; ++r) {
+        if (holder[r] >= 0) twice = int(r);
+      }
       const std::string who = absl::StrCat("a peer at ", c.peer);
       const std::string diff =
           version == kVersion && fp_length <= kMaxMessageBytes
@@ -249,24 +262,27 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
       } else if (world != uint32_t(o.world_size)) {
         failure = absl::InvalidArgumentError(absl::StrCat("tp rendezvous at ", o.address, ": rank ", rank, " (", who,
                                                           ") has world size ", world, ", rank 0 has ", o.world_size));
-      } else if (rank < 1 || rank >= uint32_t(o.world_size)) {
+      } else if (!in_world) {
         failure = absl::InvalidArgumentError(absl::StrCat("tp rendezvous at ", o.address, ": ", who,
-                                                          " announced rank ", rank, ", outside [1, ", o.world_size,
-                                                          ")"));
+                                                          " announced ", count, " rank(s) from rank ", rank,
+                                                          ", outside [1, ", o.world_size, ")"));
       } else if (fp_length > kMaxMessageBytes) {
         failure =
             absl::InvalidArgumentError(absl::StrCat("tp rendezvous at ", o.address, ": ", who,
                                                     " sent a config fingerprint of ", fp_length, " bytes"));
-      } else if (auto it = arrived.find(int(rank)); it != arrived.end()) {
-        failure = absl::AlreadyExistsError(absl::StrCat("tp rendezvous at ", o.address, ": rank ", rank,
-                                                        " arrived twice (from ", conns[it->second].peer, " and ",
-                                                        c.peer, ")"));
+      } else if (twice >= 0) {
+        const int first = holder[size_t(twice)];
+        failure = absl::AlreadyExistsError(absl::StrCat(
+            "tp rendezvous at ", o.address, ": rank ", twice, " arrived twice (from ",
+            first == 0 ? std::string("rank 0's process") : conns[arrived.at(first)].peer, " and ", c.peer, ")"));
       } else if (!diff.empty()) {
         failure = absl::InvalidArgumentError(absl::StrCat("tp rendezvous at ", o.address, ": rank ", rank,
                                                           " (", who, ") has another config: ", diff));
       } else {
         c.rank = int(rank);
         arrived[int(rank)] = which[k - 1];
+        for (uint32_t r = rank; r < rank + count; ++r) holder[r] = int(rank);
+        covered += int(count);
       }
       if (!failure.ok()) {
         // The offending peer hears it too, even though it never became a rank.
@@ -333,7 +349,8 @@ absl::StatusOr<RendezvousMember> rendezvous_join_group(const RendezvousOptions& 
   put_u32(hello.data() + 8, kVersion);
   put_u32(hello.data() + 12, uint32_t(o.world_size));
   put_u32(hello.data() + 16, uint32_t(o.rank));
-  put_u32(hello.data() + 20, uint32_t(o.fingerprint.size()));
+  put_u32(hello.data() + 20, uint32_t(o.ranks));
+  put_u32(hello.data() + 24, uint32_t(o.fingerprint.size()));
   std::memcpy(hello.data() + kHelloBytes, o.fingerprint.data(), o.fingerprint.size());
   if (!send_all(fd.get(), hello.data(), hello.size(), deadline)) {
     return absl::UnavailableError(absl::StrCat(me, ": sending the hello failed"));

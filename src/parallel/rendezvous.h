@@ -1,19 +1,21 @@
 // Rendezvous of the ranks of a tensor-parallel group that spans processes or nodes: they
 // must agree on one opaque 128-byte id (NCCL's ncclUniqueId) before ncclCommInitRank.
-// Rank 0 listens on a TCP address (config key tp_rendezvous), makes the id, and waits
-// until each of the other world_size - 1 ranks has connected and announced itself; only
-// then does it send the id to all of them, so that a misconfigured group fails everywhere
-// with one message instead of hanging in NCCL. Plain POSIX sockets, one thread.
+// A process holds one rank or several consecutive ones (a node's GPUs). Rank 0's process
+// listens on a TCP address (config key tp_rendezvous), makes the id, and waits until the
+// other processes have connected and announced their ranks, every rank of the world
+// held once; only then does it send the id to all of them, so that a misconfigured group
+// fails everywhere with one message instead of hanging in NCCL. Plain POSIX sockets, one
+// thread.
 //
 // Wire format (integers big-endian):
-//   hello, peer -> rank 0:  "KVFUSETP" u32 version u32 world_size u32 rank u32 length,
-//                           fingerprint (length bytes)
+//   hello, peer -> rank 0:  "KVFUSETP" u32 version u32 world_size u32 first rank
+//                           u32 ranks u32 length, fingerprint (length bytes)
 //   reply, rank 0 -> peer:  "KVFUSETP" u32 version u32 code u32 length, payload
 // code 0 (OK) carries the id; any other code is an absl::StatusCode with its message.
 // A connection that does not open with the magic (a port scanner, a stray client) is
-// closed and ignored; a peer that announces another version, another world size, a rank
-// outside [1, world_size), a rank that already arrived or another config fingerprint fails
-// the whole rendezvous.
+// closed and ignored; a peer that announces another version, another world size, ranks
+// outside [1, world_size), a rank that another process holds or another config
+// fingerprint fails the whole rendezvous.
 //
 // The fingerprint is what the ranks must agree on, as "key=value" lines (the engine sends
 // its model's shape, the pool's geometry, the KV dtype...); a mismatch names each key
@@ -41,7 +43,8 @@ using RendezvousId = std::array<uint8_t, kRendezvousIdBytes>;
 struct RendezvousOptions {
   std::string address;  // host:port ([v6]:port); rank 0 listens there (port 0: any free port)
   int world_size = 1;
-  int rank = 0;
+  int rank = 0;   // this process's first rank
+  int ranks = 1;  // how many consecutive ranks from `rank` this process holds
   // How long rank 0 waits for all peers, and a peer for rank 0 (retrying while it is not
   // listening yet) and its answer.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
@@ -67,8 +70,9 @@ class RendezvousServer {
   // Waits for every peer, then sends each the id. DEADLINE_EXCEEDED naming the address and
   // the ranks that arrived when the timeout passes first; the peers' own errors otherwise.
   absl::Status serve(const RendezvousId& id);
-  // The same, keeping each peer's connection open: element r is rank r's (element 0 is
-  // empty). The peers' ends are what rendezvous_join_group returns.
+  // The same, keeping each peer's connection open: element r is that of the process
+  // whose first rank is r, empty for every other r (rank 0's among them). The peers'
+  // ends are what rendezvous_join_group returns.
   absl::StatusOr<std::vector<net::UniqueFd>> serve_group(const RendezvousId& id);
 
  private:
@@ -80,8 +84,8 @@ class RendezvousServer {
   int port_ = 0;
 };
 
-// A peer's side (rank >= 1): connects to rank 0 (retrying until the timeout while nothing
-// listens there), announces itself and returns the id.
+// A peer's side (first rank >= 1): connects to rank 0 (retrying until the timeout while
+// nothing listens there), announces its ranks and returns the id.
 absl::StatusOr<RendezvousId> rendezvous_join(const RendezvousOptions& options);
 // The same, keeping the connection to rank 0 open.
 struct RendezvousMember {

@@ -103,12 +103,6 @@ absl::Status Engine::init() {
   const size_t L = size_t(s.num_layers);
   if (cfg_.tensor_parallel > 1) {
     KVFUSE_RETURN_IF_ERROR(check_tensor_parallel(s, cfg_.tensor_parallel));
-    if (!cfg_.tp_rendezvous.empty() && cfg_.tp_local_ranks() != 1) {
-      return absl::UnimplementedError(
-          absl::StrCat("across processes (tp_rendezvous ", cfg_.tp_rendezvous,
-                       ") a process holds one rank, and devices lists ", cfg_.tp_local_ranks(),
-                       " GPUs: start one process per GPU, each with its tp_rank and one device"));
-    }
   }
   if (backend_->device() == Device::cpu) {
     KVFUSE_RETURN_IF_ERROR(check_cpu_weight_memory(s, available_memory_gib()));

@@ -202,10 +202,16 @@ class Engine {
   // Tensor parallelism: ranks 1.. (their backends, communicators, models, runners), set up
   // by init_ranks; rank 0's are the members below. model_weights loads every rank's slices.
   absl::Status init_ranks(const ModelSpec& spec, KvPoolConfig& pc);
+  // Both ways of a group: this process's ranks other than its first (threads, backends:
+  // cfg_.tp_local_ranks() in all), then, once their communicators exist (element r is
+  // local rank r's), the pool with each local rank's storage and every local rank's model.
+  absl::Status start_local_ranks();
+  absl::Status init_rank_models(const ModelSpec& spec, KvPoolConfig& pc, const TensorParallelShard& shard,
+                                std::vector<std::unique_ptr<Communicator>> comms);
   // The shard of a rank, once its shapes are known to run on the backend.
   absl::StatusOr<TensorParallelShard> rank_shard(const ModelSpec& spec, KvFormat format) const;
-  // A group across processes (engine_group.cc): this process's one rank, the rendezvous
-  // (rank 0 keeps a connection to each other process), the communicator, the pool.
+  // A group across processes (engine_group.cc): this process's ranks, the rendezvous
+  // (rank 0 keeps a connection to each other process), the communicators, the pool.
   absl::Status init_process_group(const ModelSpec& spec, KvPoolConfig& pc);
   // Leader: sends a command to every follower before this rank runs its part. A follower
   // that already failed, or cannot be reached, fails the group.

@@ -1,6 +1,7 @@
 // Tensor parallelism across processes (README "Tensor parallelism"): the engine's part
-// that forms the group (rendezvous, communicator, one rank per process), the leader's
-// commands to the other processes and a follower's loop that runs them.
+// that forms the group (rendezvous, communicators; a process holds one rank or several
+// consecutive ones, each on its own thread and device), the leader's commands to the
+// other processes and a follower's loop that runs them on every rank it holds.
 //
 // Rank 0 (the leader) is an ordinary engine: scheduler, page allocator, gRPC service.
 // Its pool records the SWA table changes of its allocations; each forward pass goes to
@@ -66,10 +67,12 @@ std::string group_fingerprint(const Config& cfg, const ModelSpec& s, const KvPoo
 
 absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
   const int32_t tp = cfg_.tensor_parallel;
-  const int32_t rank = cfg_.tp_rank;
+  const int32_t first = cfg_.tp_rank;  // this process's ranks: first .. first + local - 1
   auto shard = rank_shard(s, pc.format);
   if (!shard.ok()) return shard.status();
   KVFUSE_RETURN_IF_ERROR(backend_->bind_thread());
+  KVFUSE_RETURN_IF_ERROR(start_local_ranks());
+  const int32_t local = num_local_ranks();
   auto host_port = parse_host_port(cfg_.tp_rendezvous);
   if (!host_port.ok()) return host_port.status();
   const std::string& host = host_port->first;
@@ -78,7 +81,8 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
   RendezvousOptions ro;
   ro.address = cfg_.tp_rendezvous;
   ro.world_size = tp;
-  ro.rank = rank;
+  ro.rank = first;
+  ro.ranks = local;
   ro.timeout = timeout;
   ro.fingerprint = group_fingerprint(cfg_, s, pc, backend_->device());
   const bool cpu = backend_->device() == Device::cpu;
@@ -97,7 +101,7 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
     lib = *l;
   }
 #endif
-  if (rank == 0) {
+  if (first == 0) {
     auto server = RendezvousServer::listen(ro);
     if (!server.ok()) return server.status();
     if (cpu) {
@@ -124,47 +128,43 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
     leader_fd = std::move(m->leader);
   }
 
-  if (cpu) {
-    auto c = rank == 0 ? TcpCommunicator::accept(std::move(listener), tp, timeout)
-                       : TcpCommunicator::connect(host, id, rank, tp, timeout);
-    if (!c.ok()) return c.status();
-    comm_ = std::move(*c);
-  } else {
+  // Every local rank's communicator at once, each on its rank's thread: rank 0's TCP
+  // accept waits for the connections of the other ranks (its own process's among them),
+  // and NCCL's init for the whole group.
+  std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(local));
+  KVFUSE_RETURN_IF_ERROR(for_each_rank(
+      [&](int32_t r) -> absl::Status {
+        const int32_t rank = first + r;
+        if (cpu) {
+          auto c = rank == 0 ? TcpCommunicator::accept(std::move(listener), tp, timeout)
+                             : TcpCommunicator::connect(host, id, rank, tp, timeout);
+          if (!c.ok()) return c.status();
+          comms[size_t(r)] = std::move(*c);
+          return absl::OkStatus();
+        }
 #if defined(KVFUSE_HAVE_GPU)
-    nccl::ncclUniqueId nid;
-    std::memcpy(nid.internal, id.data(), id.size());
-    auto c = NcclCommunicator::create(*lib, nid, rank, tp, cfg_.tp_device(0), backend_->native_stream());
-    if (!c.ok()) return c.status();
-    comm_ = std::move(*c);
+        nccl::ncclUniqueId nid;
+        std::memcpy(nid.internal, id.data(), id.size());
+        auto c = NcclCommunicator::create(*lib, nid, rank, tp, cfg_.tp_device(r), rank_backend(r).native_stream());
+        if (!c.ok()) return c.status();
+        comms[size_t(r)] = std::move(*c);
+        return absl::OkStatus();
 #else
-    return absl::FailedPreconditionError("tensor parallelism on a GPU needs a GPU build");
+        return absl::FailedPreconditionError("tensor parallelism on a GPU needs a GPU build");
 #endif
-  }
-  // From here a rank that goes away aborts this one's communicator at once.
-  Communicator* comm = comm_.get();
-  if (rank == 0) {
+      },
+      false));
+  KVFUSE_RETURN_IF_ERROR(init_rank_models(s, pc, *shard, std::move(comms)));
+  // From here a process that goes away aborts this one's communicators at once.
+  if (first == 0) {
     follower_links_ =
-        std::make_unique<FollowerLinks>(std::move(follower_fds), timeout, [comm] { comm->abort(); });
+        std::make_unique<FollowerLinks>(std::move(follower_fds), timeout, [this] { abort_communicators(); });
+    // Rank 0 allocates the pages of every rank and sends the SWA table changes with each step.
+    pool_->track_swa_changes();
   } else {
-    leader_link_ =
-        std::make_unique<LeaderLink>(std::move(leader_fd), cfg_.tp_rendezvous, [comm] { comm->abort(); });
+    leader_link_ = std::make_unique<LeaderLink>(std::move(leader_fd), cfg_.tp_rendezvous,
+                                                [this] { abort_communicators(); });
   }
-
-  // This rank's KV heads; rank 0 allocates the pages of every rank and sends the SWA
-  // table changes with each step.
-  pc.num_kv_heads = shard->num_kv_heads;
-  auto pool = KvPool::create(*backend_, pc);
-  if (!pool.ok()) return pool.status();
-  pool_ = std::move(*pool);
-  if (rank == 0) pool_->track_swa_changes();
-  ModelShard ms;
-  ms.shard = *shard;
-  ms.rank = rank;
-  ms.local_rank = 0;
-  ms.comm = comm_.get();
-  auto m = Model::create_shard(*backend_, s, ms);
-  if (!m.ok()) return m.status();
-  model_ = std::move(*m);
   return absl::OkStatus();
 }
 

@@ -97,13 +97,11 @@ absl::StatusOr<TensorParallelShard> Engine::rank_shard(const ModelSpec& s, KvFor
   return shard;
 }
 
-absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
-  const int32_t tp = cfg_.tensor_parallel;
-  auto shard = rank_shard(s, pc.format);
-  if (!shard.ok()) return shard.status();
-  for (int32_t r = 1; r < tp; ++r) ranks_.push_back(std::make_unique<Rank>());
+absl::Status Engine::start_local_ranks() {
+  const int32_t local = cfg_.tp_local_ranks();
+  for (int32_t r = 1; r < local; ++r) ranks_.push_back(std::make_unique<Rank>());
   // Every rank's backend on its own thread, so that a GPU rank's device is current there.
-  for (int32_t r = 1; r < tp; ++r) {
+  for (int32_t r = 1; r < local; ++r) {
     Rank& rank = *ranks_[size_t(r - 1)];
     rank.thread = std::make_unique<RankThread>();
     const Device device = backend_->device();
@@ -117,6 +115,48 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
                                })
                                .get());
   }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::init_rank_models(const ModelSpec& s, KvPoolConfig& pc, const TensorParallelShard& shard,
+                                      std::vector<std::unique_ptr<Communicator>> comms) {
+  const int32_t local = num_local_ranks();
+  if (collectives_path_.empty()) collectives_path_ = comms[0]->name();
+  comm_ = std::move(comms[0]);
+  for (int32_t r = 1; r < local; ++r) ranks_[size_t(r - 1)]->comm = std::move(comms[size_t(r)]);
+
+  // One pool of pages; each local rank's storage holds its KV heads.
+  pc.num_kv_heads = shard.num_kv_heads;
+  absl::StatusOr<std::unique_ptr<KvPool>> pool =
+      local == 1 ? KvPool::create(*backend_, pc) : KvPool::create_shared(pc, local);
+  if (!pool.ok()) return pool.status();
+  pool_ = std::move(*pool);
+  std::vector<std::unique_ptr<Model>> models(static_cast<size_t>(local));
+  KVFUSE_RETURN_IF_ERROR(for_each_rank(
+      [&](int32_t r) -> absl::Status {
+        Backend& be = rank_backend(r);
+        if (local > 1) KVFUSE_RETURN_IF_ERROR(pool_->add_storage(r, be));
+        ModelShard ms;
+        ms.shard = shard;
+        ms.rank = cfg_.tp_rank + r;
+        ms.local_rank = r;
+        ms.comm = &rank_comm(r);
+        auto m = Model::create_shard(be, s, ms);
+        if (!m.ok()) return m.status();
+        models[size_t(r)] = std::move(*m);
+        return absl::OkStatus();
+      },
+      false));
+  model_ = std::move(models[0]);
+  for (int32_t r = 1; r < local; ++r) ranks_[size_t(r - 1)]->model = std::move(models[size_t(r)]);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
+  const int32_t tp = cfg_.tensor_parallel;
+  auto shard = rank_shard(s, pc.format);
+  if (!shard.ok()) return shard.status();
+  KVFUSE_RETURN_IF_ERROR(start_local_ranks());
   // The communicators: every rank's made at once (NCCL's init waits for the whole group).
   std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(tp));
   if (backend_->device() == Device::cpu) {
@@ -147,34 +187,7 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
     return absl::FailedPreconditionError("tensor parallelism on a GPU needs a GPU build");
 #endif
   }
-  if (collectives_path_.empty()) collectives_path_ = comms[0]->name();
-  comm_ = std::move(comms[0]);
-  for (int32_t r = 1; r < tp; ++r) ranks_[size_t(r - 1)]->comm = std::move(comms[size_t(r)]);
-
-  // One pool of pages; each rank's storage holds its KV heads.
-  pc.num_kv_heads = shard->num_kv_heads;
-  auto pool = KvPool::create_shared(pc, tp);
-  if (!pool.ok()) return pool.status();
-  pool_ = std::move(*pool);
-  std::vector<std::unique_ptr<Model>> models(static_cast<size_t>(tp));
-  KVFUSE_RETURN_IF_ERROR(for_each_rank(
-      [&](int32_t r) -> absl::Status {
-        Backend& be = rank_backend(r);
-        KVFUSE_RETURN_IF_ERROR(pool_->add_storage(r, be));
-        ModelShard ms;
-        ms.shard = *shard;
-        ms.rank = r;
-        ms.local_rank = r;
-        ms.comm = &rank_comm(r);
-        auto m = Model::create_shard(be, s, ms);
-        if (!m.ok()) return m.status();
-        models[size_t(r)] = std::move(*m);
-        return absl::OkStatus();
-      },
-      false));
-  model_ = std::move(models[0]);
-  for (int32_t r = 1; r < tp; ++r) ranks_[size_t(r - 1)]->model = std::move(models[size_t(r)]);
-  return absl::OkStatus();
+  return init_rank_models(s, pc, *shard, std::move(comms));
 }
 
 absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator>>& comms) {
