@@ -252,35 +252,44 @@ TEST_CASE("tensor parallel across processes (cpu): a killed follower fails rank 
 TEST_CASE(
     "tensor parallel across processes (cpu): a follower that fails mid-step says why and stops the group",
     "[tp][processes][errors]") {
-  const int port = free_loopback_port();
-  auto owned = std::make_unique<FailingAttentionBackend>();
-  FailingAttentionBackend* rank1 = owned.get();
-  FollowerThread follower(kBase, port, 1, std::move(owned));
-  auto leader = make_leader(kBase, port);
-  REQUIRE(leader->add_sequence(1, prompt_of(20, 1, 1024), SamplingParams{}).ok());
-  REQUIRE(leader->step({StepItem{1, 20, true}}).ok());
-  // The collectives of another process, and a rank that is not 0 in calibration: refused.
-  auto ms = leader->collectives_ms(2, 2);
-  INFO(ms.status().ToString());
-  CHECK(ms.ok());
-  CHECK(measure_kv_amax(*leader, {prompt_of(8, 1, 1024)}).status().code() ==
-        absl::StatusCode::kFailedPrecondition);
+  // tp 2 of one rank per process; tp 4 of two processes of two ranks, where the follower's
+  // first rank (2) fails and its second must not hold the group up.
+  for (const int local : {1, 2}) {
+    DYNAMIC_SECTION(local << " rank(s) per process") {
+      const int tp = 2 * local;
+      const nlohmann::json keys =
+          local == 1 ? kBase : with(kBase, {{"tensor_parallel", tp}, {"devices", "0,1"}});
+      const int port = free_loopback_port();
+      auto owned = std::make_unique<FailingAttentionBackend>();
+      FailingAttentionBackend* failing = owned.get();
+      FollowerThread follower(keys, port, local, std::move(owned));
+      auto leader = make_leader(keys, port);
+      REQUIRE(leader->add_sequence(1, prompt_of(20, 1, 1024), SamplingParams{}).ok());
+      REQUIRE(leader->step({StepItem{1, 20, true}}).ok());
+      // The collectives of another process, and a rank that is not 0 in calibration: refused.
+      auto ms = leader->collectives_ms(2, 2);
+      INFO(ms.status().ToString());
+      CHECK(ms.ok());
+      CHECK(measure_kv_amax(*leader, {prompt_of(8, 1, 1024)}).status().code() ==
+            absl::StatusCode::kFailedPrecondition);
 
-  rank1->fail = true;
-  const auto t0 = Clock::now();
-  auto failed = leader->step({StepItem{1, 1, true}});
-  CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 30);
-  REQUIRE_FALSE(failed.ok());
-  INFO(failed.status().ToString());
-  CHECK(failed.status().code() == absl::StatusCode::kInternal);
-  CHECK_THAT(std::string(failed.status().message()),
-             ContainsSubstring("rank 1: forward failed: injected device failure"));
-  follower.join();
-  CHECK_THAT(std::string(follower.followed.message()), ContainsSubstring("injected device failure"));
-  auto later = leader->step({StepItem{1, 1, true}});
-  CHECK(later.status().code() == absl::StatusCode::kFailedPrecondition);
-  REQUIRE(leader->release(1).ok());
-  CHECK(leader->pool().usage(PoolKind::full).used_pages == 0);
+      failing->fail = true;
+      const auto t0 = Clock::now();
+      auto failed = leader->step({StepItem{1, 1, true}});
+      CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 30);
+      REQUIRE_FALSE(failed.ok());
+      INFO(failed.status().ToString());
+      CHECK(failed.status().code() == absl::StatusCode::kInternal);
+      CHECK_THAT(std::string(failed.status().message()),
+                 ContainsSubstring("rank " + std::to_string(local) + ": forward failed: injected device failure"));
+      follower.join();
+      CHECK_THAT(std::string(follower.followed.message()), ContainsSubstring("injected device failure"));
+      auto later = leader->step({StepItem{1, 1, true}});
+      CHECK(later.status().code() == absl::StatusCode::kFailedPrecondition);
+      REQUIRE(leader->release(1).ok());
+      CHECK(leader->pool().usage(PoolKind::full).used_pages == 0);
+    }
+  }
 }
 
 TEST_CASE(
