@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tensor parallelism on a machine with two GPUs, in one run, from the bundle that
+# Tensor parallelism on a machine with two GPUs (or more), in one run, from the bundle that
 # scripts/gpu-bundle.sh packs (carry .device-bundle or .device-bundle.tar.xz along):
 #   1. test_gpu_nccl, test_gpu_peer_allreduce (the all-reduce over peer memory against the
 #      rank-ordered sum, graphs, abort/timeout) and tests/test_gpu_tp (tp 2 against tp 1:
@@ -16,7 +16,9 @@
 #   5. tp 2 across two processes: llama3-8b, a follower kvfuse-run holding rank 1 on GPU 1
 #      and the leader kvfuse-run (rank 0) on GPU 0, meeting at tp_rendezvous
 #      127.0.0.1:$TP_PORT (default 29500) over NCCL; their greedy tokens must equal those of
-#      tp 2 in one process, and the follower must exit 0 once the leader is done.
+#      tp 2 in one process (NCCL's all-reduce there too), and the follower must exit 0
+#      once the leader is done. With 4 GPUs or more, also tp 4 across two processes of two
+#      GPUs each (ranks 0-1 on GPUs 0,1; ranks 2-3 on GPUs 2,3).
 # GPU_TP_ONLY=processes runs step 5 alone, GPU_TP_ONLY=one-process steps 1-4.
 # NCCL comes from the loader's path, KVFUSE_NCCL_LIBRARY, or a pip-installed
 # libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
@@ -83,31 +85,40 @@ if [[ ${GPU_TP_ONLY:-} != processes ]]; then
   fi
 fi
 
-# Two processes, one GPU each: the same prompts as tp 2 in one process, tokens compared.
-# KVFUSE_GEMM_TUNE=0: every run takes cuBLASLt's first heuristic choice for each GEMM, so
-# that the three runs compute with the same kernels whatever a timing would pick.
-if [[ ${GPU_TP_ONLY:-} != one-process ]]; then
-  port=${TP_PORT:-29500}
-  export KVFUSE_GEMM_TUNE=0
-  mp=(--set model=llama3-8b --set tensor_parallel=2 --set num_pages=4096 -n 8 -m 32 -q)
-  run run-llama3-8b-tp2-one-process "$bundle/kvfuse-run" "${mp[@]}"
-  "$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:$port --set tp_rank=1 --set devices=1 \
-    >"$out/run-llama3-8b-tp2-follower.txt" 2>&1 &
-  follower=$!
-  run run-llama3-8b-tp2-leader "$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:$port --set devices=0
+# A group across two processes against the same group in one process (tp_allreduce nccl:
+# both sum through NCCL), the same prompts, greedy tokens compared. KVFUSE_GEMM_TUNE=0:
+# every run takes cuBLASLt's first heuristic choice for each GEMM, so that the runs compute
+# with the same kernels whatever a timing would pick.
+across_processes() {  # tp, ranks per process
+  local tp=$1 local_ranks=$2 port=${TP_PORT:-29500}
+  local lead_dev follow_dev name="llama3-8b-tp$1-x$2"
+  lead_dev=$(seq -s, 0 $((local_ranks - 1)))
+  follow_dev=$(seq -s, "$local_ranks" $((tp - 1)))
+  local mp=(--set model=llama3-8b --set tensor_parallel="$tp" --set num_pages=4096 -n 8 -m 32 -q)
+  run "run-$name-one-process" "$bundle/kvfuse-run" "${mp[@]}" --set tp_allreduce=nccl
+  "$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:"$port" --set tp_rank="$local_ranks" \
+    --set devices="$follow_dev" >"$out/run-$name-follower.txt" 2>&1 &
+  local follower=$!
+  run "run-$name-leader" "$bundle/kvfuse-run" "${mp[@]}" --set tp_rendezvous=127.0.0.1:"$port" \
+    --set devices="$lead_dev"
   wait $follower
-  frc=$?
-  note "run-llama3-8b-tp2-follower: exit $frc"
+  local frc=$?
+  note "run-$name-follower: exit $frc"
   ((frc == 0)) || status=1
-  if diff <(grep '^sequence' "$out/run-llama3-8b-tp2-one-process.txt") \
-    <(grep '^sequence' "$out/run-llama3-8b-tp2-leader.txt") >"$out/tp2-processes-diff.txt" &&
-    [[ $(grep -c '^sequence' "$out/run-llama3-8b-tp2-leader.txt") == 8 ]]; then
-    note "tp 2 across two processes: greedy tokens equal tp 2 in one process (8 sequences x 32 tokens)"
+  if diff <(grep '^sequence' "$out/run-$name-one-process.txt") \
+    <(grep '^sequence' "$out/run-$name-leader.txt") >"$out/$name-processes-diff.txt" &&
+    [[ $(grep -c '^sequence' "$out/run-$name-leader.txt") == 8 ]]; then
+    note "tp $tp across two processes of $local_ranks GPU(s): greedy tokens equal tp $tp in one process (8 sequences x 32 tokens)"
   else
-    note "FAIL: tp 2 across two processes: tokens differ from tp 2 in one process ($out/tp2-processes-diff.txt)"
+    note "FAIL: tp $tp across two processes of $local_ranks GPU(s): tokens differ from one process ($out/$name-processes-diff.txt)"
     status=1
   fi
-  tail -1 "$out/run-llama3-8b-tp2-leader.txt" | tee -a "$summary"
+  tail -1 "$out/run-$name-leader.txt" | tee -a "$summary"
+}
+if [[ ${GPU_TP_ONLY:-} != one-process ]]; then
+  export KVFUSE_GEMM_TUNE=0
+  across_processes 2 1
+  ((gpus >= 4)) && across_processes 4 2
   unset KVFUSE_GEMM_TUNE
 fi
 
