@@ -127,15 +127,14 @@ absl::Status Engine::init_rank_models(const ModelSpec& s, KvPoolConfig& pc, cons
 
   // One pool of pages; each local rank's storage holds its KV heads.
   pc.num_kv_heads = shard.num_kv_heads;
-  absl::StatusOr<std::unique_ptr<KvPool>> pool =
-      local == 1 ? KvPool::create(*backend_, pc) : KvPool::create_shared(pc, local);
+  auto pool = KvPool::create_shared(pc, local);
   if (!pool.ok()) return pool.status();
   pool_ = std::move(*pool);
   std::vector<std::unique_ptr<Model>> models(static_cast<size_t>(local));
   KVFUSE_RETURN_IF_ERROR(for_each_rank(
       [&](int32_t r) -> absl::Status {
         Backend& be = rank_backend(r);
-        if (local > 1) KVFUSE_RETURN_IF_ERROR(pool_->add_storage(r, be));
+        KVFUSE_RETURN_IF_ERROR(pool_->add_storage(r, be));
         ModelShard ms;
         ms.shard = shard;
         ms.rank = cfg_.tp_rank + r;
