@@ -25,6 +25,14 @@ cp "$build/kvfuse-run" "$build/kvfuse-eval" "$build/kvfuse-calibrate" "$build/be
   "$build/bench/engine/kvfuse-bench-engine" "$build/tests/test_gpu_backend" "$build/tests/test_gpu_engine" \
   "$build/tests/test_gpu_nccl" "$build/tests/test_gpu_peer_allreduce" "$build/tests/test_gpu_tp" \
   "$build/bench/allreduce/kvfuse-bench-allreduce" "$build/kvfuse-server" "$build/kvfuse-bench-serve" "$bundle/"
+# KVFUSE_BUNDLE_KERNEL_TESTS="test_gemv_gpu ...": these kernel parity tests (tests/gpu) too,
+# in kernel-tests/ (scripts/gpu-ab.sh runs them), so the GPU machine compiles nothing.
+if [[ -n ${KVFUSE_BUNDLE_KERNEL_TESTS:-} ]]; then
+  # shellcheck disable=SC2086  # a list of target names
+  ninja -C "$build" -j"${KVFUSE_JOBS:-$(nproc)}" $KVFUSE_BUNDLE_KERNEL_TESTS
+  mkdir -p "$bundle/kernel-tests"
+  for t in $KVFUSE_BUNDLE_KERNEL_TESTS; do cp "$build/tests/gpu/$t" "$bundle/kernel-tests/"; done
+fi
 # Every shared library outside libc's own set and the CUDA toolkit.
 for bin in "$bundle"/kvfuse-* "$bundle"/test_gpu_*; do
   ldd "$bin" | awk '/=> \// {print $3}'

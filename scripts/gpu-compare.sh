@@ -14,7 +14,8 @@
 #
 # Environment: COMPARE_ROUNDS (alternations, default 2), COMPARE_BATCH / COMPARE_CONTEXT
 # (engine cells, default 1,8,64 x 512,2048), COMPARE_KERNELS=0 (engine benchmark only),
-# COMPARE_ENGINE=0 (kernel benchmarks only:
+# COMPARE_ENGINE_ARGS (more kvfuse-bench-engine arguments for both sides, e.g. "--set
+# kv_write=fused_rope"), COMPARE_ENGINE=0 (kernel benchmarks only:
 # then .device-baseline needs only src.tar.xz, e.g. `git archive REV | xz`), KVFUSE_CUDA_ARCH
 # (default 90a).
 # Writes $OUT (or build-gpu-compare/): summary.txt and compare.tgz with every run's
@@ -71,6 +72,8 @@ cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/l
 export LD_LIBRARY_PATH="$PWD/.device-bundle/lib:$PWD/.device-baseline/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 batch=${COMPARE_BATCH:-1,8,64}
 context=${COMPARE_CONTEXT:-512,2048}
+# shellcheck disable=SC2206  # the arguments are words
+engine_args=(${COMPARE_ENGINE_ARGS:-})
 run() {  # side, name, command...
   local side=$1 name=$2
   shift 2
@@ -93,7 +96,7 @@ for r in $(seq 1 "$rounds"); do
       [[ -n $env_base ]] && eng=(env $env_base .device-bundle/kvfuse-bench-engine)
     fi
     ((engine)) && run "$side" "engine.$side.$r" "${eng[@]}" --set model=llama3-8b --set device=cuda --set kv_cache_dtype=fp8_e4m3 \
-      --batch "$batch" --context "$context" --attention split --graphs on --reps 3 \
+      --batch "$batch" --context "$context" --attention split --graphs on --reps 3 "${engine_args[@]}" \
       --json "$work/runs/engine.$side.$r.json"
     note "round $r $side done"
   done

@@ -19,7 +19,10 @@
 #      tp 2 in one process (NCCL's all-reduce there too), and the follower must exit 0
 #      once the leader is done. With 4 GPUs or more, also tp 4 across two processes of two
 #      GPUs each (ranks 0-1 on GPUs 0,1; ranks 2-3 on GPUs 2,3).
-# GPU_TP_ONLY=processes runs step 5 alone, GPU_TP_ONLY=one-process steps 1-4.
+# GPU_TP_ONLY=processes runs step 5 alone, GPU_TP_ONLY=one-process steps 1-4. On a machine
+# of one GPU only the peer all-reduce runs, with two ranks sharing the GPU (a test mode: the
+# protocol, kernels, graphs and abort, and the kernel's own cost per call; not the links):
+# test_gpu_peer_allreduce and kvfuse-bench-allreduce --share-gpu.
 # NCCL comes from the loader's path, KVFUSE_NCCL_LIBRARY, or a pip-installed
 # libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
 # build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
@@ -28,7 +31,7 @@ cd "$(dirname "$0")/.."
 source scripts/gpu-run-common.sh gpu-tp
 [[ -x $bundle/test_gpu_tp ]] || { note "FAIL: no $bundle (scripts/gpu-bundle.sh)"; exit 1; }
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-((gpus >= 2)) || { note "FAIL: $gpus GPU(s) visible, tensor parallelism needs 2"; exit 1; }
+((gpus >= 1)) || { note "FAIL: no GPU visible"; exit 1; }
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 if [[ -z ${KVFUSE_NCCL_LIBRARY:-} ]] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
   nccl_lib=$(find /opt /usr -name libnccl.so.2 2>/dev/null | head -1)
@@ -46,6 +49,15 @@ run() {  # name, command...
   return $rc
 }
 
+if ((gpus == 1)); then
+  note "one GPU: the peer all-reduce with two ranks sharing it, nothing else (tensor parallelism needs 2 GPUs)"
+  run test_gpu_peer_allreduce "$bundle/test_gpu_peer_allreduce"
+  grep -E "share GPU|skipped|passed|failed" "$out/test_gpu_peer_allreduce.txt" | tail -3 | tee -a "$summary"
+  run bench-allreduce-shared "$bundle/kvfuse-bench-allreduce" --share-gpu --rounds 7 --json "$out/allreduce-shared.json"
+  grep -E "^ +[0-9]+ |share|SKIP" "$out/bench-allreduce-shared.txt" | tee -a "$summary"
+  note "$( ((status == 0)) && echo PASS || echo FAIL)"
+  exit $status
+fi
 if [[ ${GPU_TP_ONLY:-} != processes ]]; then
   run test_gpu_nccl "$bundle/test_gpu_nccl"
   if [[ -x $bundle/test_gpu_peer_allreduce ]]; then

@@ -9,8 +9,12 @@
 //   - PeerAllReduceCommunicator: small all-reduces over peer memory, larger ones through
 //     NCCL, which agrees within bf16/f32 rounding;
 //   - abort() and the timeout end a kernel whose peer never comes.
-// Skips, saying why, without a GPU, with fewer than two, or without peer access between
-// them (and the NCCL part without NCCL/RCCL). Built with the GPU backend only.
+// With one GPU visible, two ranks share it (PeerAllReduceOptions::share_devices, for tests
+// only): the protocol, the kernels, graphs, abort and the timeout run, the links between
+// GPUs are not exercised, and the NCCL part is skipped (NCCL refuses two ranks on one GPU).
+// Skips, saying why, without a GPU, without peer access between the GPUs, or when one GPU
+// cannot hold both ranks' blocks at once (and the NCCL part without NCCL/RCCL). Built with
+// the GPU backend only.
 #include <algorithm>
 #include <barrier>
 #include <chrono>
@@ -38,52 +42,129 @@ using namespace kvfuse;
 
 namespace {
 
-// The GPUs of the group (0 .. n-1, n <= 8), or none after saying why the test is skipped.
-std::vector<int> devices_or_skip() {
+// The GPUs of the group's ranks, in rank order, and whether ranks share a GPU.
+struct Devices {
+  std::vector<int> gpus;  // empty: the test is skipped
+  bool shared = false;    // two ranks on GPU 0 (PeerAllReduceOptions::share_devices)
+
+  bool empty() const { return gpus.empty(); }
+  // The group's options: `base` with share_devices set to match.
+  PeerAllReduceOptions options(PeerAllReduceOptions base = {}) const {
+    base.share_devices = shared;
+    return base;
+  }
+};
+
+// The GPUs of the group (0 .. n-1, n <= 8; with one GPU visible, {0, 0}: two ranks share
+// it), or none after saying why the test is skipped.
+Devices devices_or_skip() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     WARN("peer all-reduce tests skipped: no GPU is visible");
     return {};
   }
+  Devices d;
   if (n < 2) {
-    WARN("peer all-reduce tests skipped: they need 2 GPUs, " << n << " visible");
-    return {};
+    d.gpus = {0, 0};
+    d.shared = true;
+  } else {
+    d.gpus.resize(size_t(std::min(n, PeerAllReduceGroup::kMaxRanks)));
+    for (size_t i = 0; i < d.gpus.size(); ++i) d.gpus[i] = int(i);
   }
-  std::vector<int> devices(size_t(std::min(n, PeerAllReduceGroup::kMaxRanks)));
-  for (size_t i = 0; i < devices.size(); ++i) devices[i] = int(i);
-  if (const absl::Status st = PeerAllReduceGroup::check(devices); !st.ok()) {
+  // Refused also when one GPU cannot hold both ranks' blocks at once: a skip, not a failure.
+  if (const absl::Status st = PeerAllReduceGroup::check(d.gpus, d.shared); !st.ok()) {
     WARN("peer all-reduce tests skipped: " << st.message());
     return {};
   }
-  return devices;
+  if (d.shared) {
+    WARN("peer all-reduce: one GPU visible: 2 ranks share GPU 0 (the protocol, kernels, graphs and abort run; "
+         "the links are not exercised)");
+  }
+  return d;
 }
 
-// Runs f(rank, stream) on one thread per rank (its device current, its own non-blocking
-// stream); the first error.
-absl::Status run_ranks(int n, const std::function<absl::Status(int, cudaStream_t)>& f) {
+// Runs f(rank, stream) on one thread per rank, rank r on GPU devices[r] (made current),
+// each with its own non-blocking stream; the first error. The streams are created here,
+// one after another, and each runs a first piece of work (a memset) before f, for ranks
+// that share a GPU (src/parallel/peer_allreduce.h, "Ranks sharing a GPU"): so they get
+// different hardware queues of it, and no call is the first work of a fresh stream (two
+// ranks sharing an H200 then hung until the timeout in a few groups in a hundred, never
+// with the memset, as if that first submission waited behind the peer's spinning kernel).
+absl::Status run_ranks(const std::vector<int>& devices, const std::function<absl::Status(int, cudaStream_t)>& f) {
+  const int n = int(devices.size());
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) return absl::InternalError("cudaGetDevice");
+  std::vector<cudaStream_t> streams;
+  absl::Status made;
+  for (int r = 0; r < n && made.ok(); ++r) {
+    cudaStream_t stream{};
+    void* scratch = nullptr;
+    if (cudaSetDevice(devices[size_t(r)]) != cudaSuccess) {
+      made.Update(absl::InternalError(absl::StrCat("rank ", r, ": cudaSetDevice")));
+    } else if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+      made.Update(absl::InternalError(absl::StrCat("rank ", r, ": cudaStreamCreateWithFlags")));
+    } else {
+      streams.push_back(stream);
+      const bool ran = cudaMalloc(&scratch, 16) == cudaSuccess &&
+                       cudaMemsetAsync(scratch, 0, 16, stream) == cudaSuccess &&
+                       cudaStreamSynchronize(stream) == cudaSuccess;
+      if ((scratch != nullptr && cudaFree(scratch) != cudaSuccess) || !ran) {
+        made.Update(absl::InternalError(absl::StrCat("rank ", r, ": the stream's first memset")));
+      }
+    }
+  }
   std::mutex mu;
-  absl::Status first;
+  absl::Status first = made;
   std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < n && made.ok(); ++r) {
     threads.emplace_back([&, r] {
       absl::Status st = [&]() -> absl::Status {
-        if (cudaSetDevice(r) != cudaSuccess) return absl::InternalError("cudaSetDevice");
-        cudaStream_t stream{};
-        if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-          return absl::InternalError("cudaStreamCreateWithFlags");
-        }
-        const absl::Status s = f(r, stream);
-        const bool destroyed = cudaStreamDestroy(stream) == cudaSuccess;
-        if (!s.ok()) return s;
-        return destroyed ? absl::OkStatus() : absl::InternalError("cudaStreamDestroy");
+        if (cudaSetDevice(devices[size_t(r)]) != cudaSuccess) return absl::InternalError("cudaSetDevice");
+        return f(r, streams[size_t(r)]);
       }();
       std::lock_guard<std::mutex> lock(mu);
       if (!st.ok()) first.Update(absl::Status(st.code(), absl::StrCat("rank ", r, ": ", st.message())));
     });
   }
   for (auto& t : threads) t.join();
+  for (size_t r = 0; r < streams.size(); ++r) {
+    if (cudaSetDevice(devices[r]) != cudaSuccess || cudaStreamDestroy(streams[r]) != cudaSuccess) {
+      first.Update(absl::InternalError(absl::StrCat("rank ", r, ": cudaStreamDestroy")));
+    }
+  }
+  (void)cudaSetDevice(current);
   return first;
 }
+
+// The GPUs of `g`'s ranks, in rank order.
+std::vector<int> devices_of(const PeerAllReduceGroup& g) {
+  std::vector<int> devices;
+  for (int r = 0; r < g.size(); ++r) devices.push_back(g.device(r));
+  return devices;
+}
+
+// The point where every rank has allocated its buffers, before any rank's first call: a
+// device memory allocation may wait for the kernels running on its GPU (CUDA's implicit
+// synchronisation), and where ranks share a GPU those include a peer's first call, which
+// spins until this rank's comes. Each rank arrives once: at arrive(), or on its way out
+// after an early return (then it drops out, so that the others do not wait for it).
+class Allocated {
+ public:
+  explicit Allocated(std::barrier<>& all) : all_(all) {}
+  ~Allocated() {
+    if (!arrived_) all_.arrive_and_drop();
+  }
+  Allocated(const Allocated&) = delete;
+  Allocated& operator=(const Allocated&) = delete;
+  void arrive() {
+    arrived_ = true;
+    all_.arrive_and_wait();
+  }
+
+ private:
+  std::barrier<>& all_;
+  bool arrived_ = false;
+};
 
 absl::Status gpu_ok(cudaError_t err, const char* what) {
   return err == cudaSuccess ? absl::OkStatus() : absl::InternalError(gpu::error_message(err, what));
@@ -152,7 +233,9 @@ std::vector<int64_t> counts_for(DType dtype, int64_t staging_bytes) {
 
 // Every case on every rank, all enqueued back to back on the rank's stream before one wait.
 absl::Status run_cases(PeerAllReduceGroup& g, std::vector<Case>& cases) {
-  return run_ranks(g.size(), [&](int r, cudaStream_t stream) -> absl::Status {
+  std::barrier<> allocated(g.size());
+  return run_ranks(devices_of(g), [&](int r, cudaStream_t stream) -> absl::Status {
+    Allocated ready(allocated);
     std::vector<void*> mem(cases.size(), nullptr);
     auto buf = [&](size_t i) { return static_cast<char*>(mem[i]) + cases[i].offset; };
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -160,6 +243,7 @@ absl::Status run_cases(PeerAllReduceGroup& g, std::vector<Case>& cases) {
       GPU_OK(cudaMalloc(&mem[i], bytes + 16));
       GPU_OK(cudaMemcpy(buf(i), cases[i].in[size_t(r)].data(), bytes, cudaMemcpyHostToDevice));
     }
+    ready.arrive();
     for (size_t i = 0; i < cases.size(); ++i) {
       KVFUSE_RETURN_IF_ERROR(g.all_reduce_sum(r, buf(i), cases[i].count, cases[i].dtype, stream));
     }
@@ -176,12 +260,32 @@ absl::Status run_cases(PeerAllReduceGroup& g, std::vector<Case>& cases) {
 
 }  // namespace
 
+TEST_CASE("peer all-reduce: check() refuses two ranks on one GPU unless they may share it", "[gpu][peer]") {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    WARN("peer all-reduce tests skipped: no GPU is visible");
+    return;
+  }
+  const absl::Status st = PeerAllReduceGroup::check({0, 0});
+  INFO(st.ToString());
+  CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(st.message()), Catch::Matchers::ContainsSubstring("both on GPU 0"));
+  CHECK(PeerAllReduceGroup::create({0, 0}).status().code() == absl::StatusCode::kFailedPrecondition);
+  // With share_devices: OK, or refused only because GPU 0 cannot hold both ranks' blocks.
+  const absl::Status shared = PeerAllReduceGroup::check({0, 0}, /*share_devices=*/true);
+  INFO(shared.ToString());
+  if (!shared.ok()) {
+    CHECK(shared.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK_THAT(std::string(shared.message()), Catch::Matchers::ContainsSubstring("sharing GPU 0"));
+  }
+}
+
 TEST_CASE("peer all-reduce: bf16 and f32 equal the rank-ordered sum bit for bit on every rank, all sizes",
           "[gpu][peer]") {
-  const std::vector<int> devices = devices_or_skip();
+  const Devices devices = devices_or_skip();
   if (devices.empty()) return;
-  const int n = int(devices.size());
-  auto g = PeerAllReduceGroup::create(devices);
+  const int n = int(devices.gpus.size());
+  auto g = PeerAllReduceGroup::create(devices.gpus, devices.options());
   REQUIRE(g.ok());
   std::vector<Case> cases;
   uint32_t seed = 1;
@@ -216,10 +320,10 @@ TEST_CASE("peer all-reduce: bf16 and f32 equal the rank-ordered sum bit for bit 
 
 TEST_CASE("peer all-reduce: calls captured in a graph per rank, replayed 300 times on every GPU at once",
           "[gpu][peer][graphs]") {
-  const std::vector<int> devices = devices_or_skip();
+  const Devices devices = devices_or_skip();
   if (devices.empty()) return;
-  const int n = int(devices.size());
-  auto g = PeerAllReduceGroup::create(devices);
+  const int n = int(devices.gpus.size());
+  auto g = PeerAllReduceGroup::create(devices.gpus, devices.options());
   REQUIRE(g.ok());
   // A decode step's shapes: batch 1 and 64 of a 4096-wide hidden state, and an odd f32 one.
   std::vector<Case> cases = {make_case(DType::bf16, 4096, true, n, 11), make_case(DType::bf16, 64 * 4096, true, n, 12),
@@ -227,7 +331,9 @@ TEST_CASE("peer all-reduce: calls captured in a graph per rank, replayed 300 tim
   constexpr int kReplays = 300, kCheckEvery = 60;
   std::mutex mu;
   std::vector<std::string> mismatches;
-  const absl::Status st = run_ranks(n, [&](int r, cudaStream_t stream) -> absl::Status {
+  std::barrier<> allocated(n);
+  const absl::Status st = run_ranks(devices.gpus, [&](int r, cudaStream_t stream) -> absl::Status {
+    Allocated ready(allocated);
     std::vector<void*> src(cases.size()), mem(cases.size());
     auto buf = [&](size_t i) { return static_cast<char*>(mem[i]) + cases[i].offset; };
     for (size_t i = 0; i < cases.size(); ++i) {
@@ -252,6 +358,7 @@ TEST_CASE("peer all-reduce: calls captured in a graph per rank, replayed 300 tim
     GPU_OK(cudaStreamEndCapture(stream, &graph));
     KVFUSE_RETURN_IF_ERROR(recorded);
     GPU_OK(cudaGraphInstantiate(&exec, graph, 0));
+    ready.arrive();
     for (int k = 1; k <= kReplays; ++k) {
       GPU_OK(cudaGraphLaunch(exec, stream));
       if (k % kCheckEvery != 0) continue;
@@ -286,9 +393,13 @@ TEST_CASE("peer all-reduce: calls captured in a graph per rank, replayed 300 tim
 
 TEST_CASE("peer all-reduce communicator: small all-reduces over peer memory, larger through NCCL; abort",
           "[gpu][peer][nccl]") {
-  const std::vector<int> devices = devices_or_skip();
+  const Devices devices = devices_or_skip();
   if (devices.empty()) return;
-  const int n = int(devices.size());
+  if (devices.shared) {
+    WARN("the NCCL part is skipped: its 2 ranks share GPU 0, and NCCL refuses two ranks on one GPU");
+    return;
+  }
+  const int n = int(devices.gpus.size());
   setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // no NVLink multicast (README)
   auto lib = nccl::NcclLibrary::load();
   if (!lib.ok()) {
@@ -297,7 +408,7 @@ TEST_CASE("peer all-reduce communicator: small all-reduces over peer memory, lar
   }
   PeerAllReduceOptions opts;
   opts.staging_bytes = 64 << 10;
-  auto g = PeerAllReduceGroup::create(devices, opts);
+  auto g = PeerAllReduceGroup::create(devices.gpus, devices.options(opts));
   REQUIRE(g.ok());
   auto id = NcclCommunicator::unique_id(**lib);
   REQUIRE(id.ok());
@@ -309,8 +420,8 @@ TEST_CASE("peer all-reduce communicator: small all-reduces over peer memory, lar
   std::barrier sync(n);
   std::vector<std::string> names(static_cast<size_t>(n));
   std::vector<absl::StatusCode> after_abort(static_cast<size_t>(n));
-  const absl::Status st = run_ranks(n, [&](int r, cudaStream_t stream) -> absl::Status {
-    auto nccl = NcclCommunicator::create(**lib, *id, r, n, r, stream);
+  const absl::Status st = run_ranks(devices.gpus, [&](int r, cudaStream_t stream) -> absl::Status {
+    auto nccl = NcclCommunicator::create(**lib, *id, r, n, devices.gpus[size_t(r)], stream);
     KVFUSE_RETURN_IF_ERROR(nccl.status());
     NcclCommunicator* plain = nccl->get();
     auto c = PeerAllReduceCommunicator::create(*g, r, stream, std::move(*nccl));
@@ -386,18 +497,18 @@ TEST_CASE("peer all-reduce communicator: small all-reduces over peer memory, lar
 }
 
 TEST_CASE("peer all-reduce: abort() and the timeout end a kernel whose peers never come", "[gpu][peer][abort]") {
-  const std::vector<int> devices = devices_or_skip();
+  const Devices devices = devices_or_skip();
   if (devices.empty()) return;
   using Clock = std::chrono::steady_clock;
   for (const bool by_abort : {true, false}) {
     CAPTURE(by_abort);
     PeerAllReduceOptions opts;
     opts.timeout_s = by_abort ? 60.0 : 0.25;
-    auto g = PeerAllReduceGroup::create(devices, opts);
+    auto g = PeerAllReduceGroup::create(devices.gpus, devices.options(opts));
     REQUIRE(g.ok());
     double waited_s = -1;
     // Rank 0 alone calls; the others never do.
-    const absl::Status st = run_ranks(1, [&](int r, cudaStream_t stream) -> absl::Status {
+    const absl::Status st = run_ranks({devices.gpus[0]}, [&](int r, cudaStream_t stream) -> absl::Status {
       void* mem = nullptr;
       GPU_OK(cudaMalloc(&mem, 4096 * 2));
       GPU_OK(cudaMemset(mem, 0, 4096 * 2));

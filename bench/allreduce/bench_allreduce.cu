@@ -9,6 +9,12 @@
 // Each figure is the median over --rounds rounds, the slowest rank's. Bus bandwidth is
 // nccl-tests' busbw: bytes / time * 2 (n - 1) / n, what each link carries in a ring.
 //
+// --share-gpu puts the ranks (--gpus of them, default 2) on GPU 0 and times the peer
+// all-reduce alone (NCCL refuses two ranks on one GPU; PeerAllReduceOptions::share_devices,
+// a test mode): the kernel's own cost per call, its flags and every rank's staging in one
+// GPU's memory. A floor for the same call across GPUs, where each rank reads the others'
+// staging over the links; no figure for the links themselves.
+//
 // NCCL_NVLS_ENABLE=0 is set unless the environment sets it: NVLink multicast (NVLS) can
 // take a shared machine's GPUs out of service, and the decode-sized messages measured
 // here do not need it.
@@ -40,11 +46,14 @@ struct Args {
   int rounds = 7;
   double link_gbs = 0;  // 0: from the device name (NVLink 4 on H100/H200), else not shown
   bool peer = true;
+  bool share_gpu = false;
   std::string json_path;
 };
 
 int usage(FILE* to) {
-  std::fprintf(to, "usage: %s [--gpus N] [--calls N] [--rounds N] [--link-gbs GBS] [--no-peer] [--json PATH]\n",
+  std::fprintf(to,
+               "usage: %s [--gpus N] [--calls N] [--rounds N] [--link-gbs GBS] [--no-peer] [--share-gpu] "
+               "[--json PATH]\n",
                kProgram);
   return to == stdout ? 0 : 2;
 }
@@ -63,6 +72,79 @@ struct Figures {
   double peer_eager_us = 0, peer_graph_us = 0;  // the peer all-reduce, when it runs
 };
 
+// --share-gpu: `n` ranks on GPU 0, the peer all-reduce only.
+int run_shared(const Args& args) {
+  const int n = args.gpus > 0 ? args.gpus : 2;
+  constexpr size_t kSizeCount = sizeof(kSizes) / sizeof(kSizes[0]);
+  PeerAllReduceOptions opts;
+  opts.staging_bytes = kSizes[kSizeCount - 1];
+  opts.share_devices = true;
+  auto g = PeerAllReduceGroup::create(std::vector<int>(size_t(n), 0), opts);
+  if (!g.ok()) {
+    std::printf("SKIP %s --share-gpu: %s\n", kProgram, std::string(g.status().message()).c_str());
+    return 0;
+  }
+  const std::optional<DeviceInfo> dev = query_device(0);
+  if (!dev) fail("cannot query GPU 0");
+  std::printf("%s --share-gpu: %d ranks on one %s, the peer all-reduce only (no links between GPUs)\n", kProgram, n,
+              device_label(*dev).c_str());
+  std::printf("bf16 all_reduce_sum, one thread per rank; %d calls per graph, median of %d rounds, slowest rank\n",
+              args.calls, args.rounds);
+  // The ranks' streams made one after another, each with a first piece of work, and their
+  // buffers allocated before any call (src/parallel/peer_allreduce.h, "Ranks sharing a GPU").
+  BENCH_GPU(cudaSetDevice(0));
+  std::vector<std::unique_ptr<GpuTimer>> timers;
+  std::vector<void*> bufs(size_t(n), nullptr);
+  for (int r = 0; r < n; ++r) {
+    timers.push_back(std::make_unique<GpuTimer>());
+    BENCH_GPU(cudaMalloc(&bufs[size_t(r)], size_t(kSizes[kSizeCount - 1])));
+    BENCH_GPU(cudaMemsetAsync(bufs[size_t(r)], 0, size_t(kSizes[kSizeCount - 1]), timers.back()->stream()));
+    BENCH_GPU(cudaStreamSynchronize(timers.back()->stream()));
+  }
+  std::vector<std::vector<Figures>> figures(static_cast<size_t>(n), std::vector<Figures>(kSizeCount, Figures{}));
+  std::barrier sync(n);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back([&, r] {
+      BENCH_GPU(cudaSetDevice(0));
+      for (size_t s = 0; s < kSizeCount; ++s) {
+        const int64_t count = kSizes[s] / 2;
+        auto call = [&](cudaStream_t st) { check((*g)->all_reduce_sum(r, bufs[size_t(r)], count, DType::bf16, st)); };
+        sync.arrive_and_wait();
+        figures[size_t(r)][s].peer_eager_us = timers[size_t(r)]->eager_us(call, args.calls, /*warmup=*/20, args.rounds);
+        sync.arrive_and_wait();
+        figures[size_t(r)][s].peer_graph_us =
+            timers[size_t(r)]->graph_us(call, args.calls, args.rounds, [&] { sync.arrive_and_wait(); });
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  check((*g)->status());
+  for (void* b : bufs) BENCH_GPU(cudaFree(b));
+  std::printf("\n%10s %15s %15s\n", "bytes", "peer eager us", "peer graph us");
+  std::vector<std::string> rows;
+  for (size_t s = 0; s < kSizeCount; ++s) {
+    Figures worst;
+    for (int r = 0; r < n; ++r) {
+      worst.peer_eager_us = std::max(worst.peer_eager_us, figures[size_t(r)][s].peer_eager_us);
+      worst.peer_graph_us = std::max(worst.peer_graph_us, figures[size_t(r)][s].peer_graph_us);
+    }
+    std::printf("%10lld %15.2f %15.2f\n", (long long)kSizes[s], worst.peer_eager_us, worst.peer_graph_us);
+    rows.push_back(json_object({{"bytes", kSizes[s]},
+                                {"peer_eager_us", Fixed{worst.peer_eager_us, 2}},
+                                {"peer_graph_us", Fixed{worst.peer_graph_us, 2}}}));
+  }
+  if (!args.json_path.empty()) {
+    JsonResultsFile f;
+    f.str("device", device_label(*dev));
+    f.raw("ranks_on_one_gpu", std::to_string(n));
+    f.raw("calls_per_graph", std::to_string(args.calls));
+    f.rows("allreduce_bf16", rows);
+    if (!f.write(args.json_path, kProgram)) return 2;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -79,6 +161,8 @@ int main(int argc, char** argv) {
       args.link_gbs = std::atof(argv[++i]);
     } else if (!std::strcmp(argv[i], "--no-peer")) {
       args.peer = false;
+    } else if (!std::strcmp(argv[i], "--share-gpu")) {
+      args.share_gpu = true;
     } else if (!std::strcmp(argv[i], "--json") && v) {
       args.json_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
@@ -94,6 +178,7 @@ int main(int argc, char** argv) {
     std::printf("SKIP %s: no GPU\n", kProgram);
     return 0;
   }
+  if (args.share_gpu) return run_shared(args);
   const int n = args.gpus > 0 ? args.gpus : visible;
   if (n < 2 || n > visible) {
     std::printf("SKIP %s: needs %d GPUs (at least 2), %d visible\n", kProgram, std::max(n, 2), visible);

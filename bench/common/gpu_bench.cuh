@@ -114,20 +114,27 @@ class GpuTimer {
   cudaStream_t stream() const { return stream_; }
 
   // `calls` calls of call(stream) captured in one graph, replayed twice, then timed
-  // `rounds` times (time / calls).
-  template <class Call>
-  double graph_us(Call&& call, int calls, int rounds) {
+  // `rounds` times (time / calls). ready() runs between the graph's instantiation and its
+  // first launch (ranks sharing a GPU wait there for each other: an instantiation may wait
+  // for the kernels running on the GPU, a peer's spinning all-reduce among them).
+  template <class Call, class Ready>
+  double graph_us(Call&& call, int calls, int rounds, Ready&& ready) {
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     BENCH_GPU(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < calls; ++i) call(stream_);
     BENCH_GPU(cudaStreamEndCapture(stream_, &graph));
     BENCH_GPU(cudaGraphInstantiate(&exec, graph, 0));
+    ready();
     for (int i = 0; i < 2; ++i) BENCH_GPU(cudaGraphLaunch(exec, stream_));
     const double us = median_us(rounds, calls, [&] { BENCH_GPU(cudaGraphLaunch(exec, stream_)); });
     BENCH_GPU(cudaGraphExecDestroy(exec));
     BENCH_GPU(cudaGraphDestroy(graph));
     return us;
+  }
+  template <class Call>
+  double graph_us(Call&& call, int calls, int rounds) {
+    return graph_us(call, calls, rounds, [] {});
   }
 
   // `warmup` calls, then `rounds` timed rounds of `calls` back-to-back calls.

@@ -207,7 +207,34 @@ int PeerAllReduceGroup::blocks_for(int64_t bytes) {
   return int(std::clamp<int64_t>(blocks, 1, kMaxBlocks));
 }
 
-absl::Status PeerAllReduceGroup::check(const std::vector<int>& devices) {
+namespace {
+
+// Blocks of the kernel (the smaller of its two instances) that `device` holds at once:
+// per multiprocessor, from the runtime's occupancy calculator (registers and threads of
+// the build at hand), times the multiprocessors. The current device is left as it was.
+absl::StatusOr<int64_t> resident_blocks(int device) {
+  int current = 0;
+  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDevice(&current), "cudaGetDevice"));
+  int per_sm_bf16 = 0, per_sm_f32 = 0;
+  cudaDeviceProp prop{};
+  const absl::Status st = [&] {
+    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(device), "cudaSetDevice"));
+    KVFUSE_RETURN_IF_ERROR(gpu_check(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_bf16, peer_all_reduce_kernel<uint16_t>, kThreads, 0),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
+    KVFUSE_RETURN_IF_ERROR(gpu_check(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f32, peer_all_reduce_kernel<float>, kThreads, 0),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
+    return gpu_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  }();
+  (void)cudaSetDevice(current);
+  if (!st.ok()) return st;
+  return int64_t(std::min(per_sm_bf16, per_sm_f32)) * prop.multiProcessorCount;
+}
+
+}  // namespace
+
+absl::Status PeerAllReduceGroup::check(const std::vector<int>& devices, bool share_devices) {
   const int n = int(devices.size());
   if (n < 2 || n > kMaxRanks) {
     return absl::FailedPreconditionError(
@@ -220,7 +247,7 @@ absl::Status PeerAllReduceGroup::check(const std::vector<int>& devices) {
       return absl::FailedPreconditionError(absl::StrCat("peer all-reduce: GPU ", devices[size_t(i)], " of rank ", i,
                                                         " is outside the ", visible, " visible GPU(s)"));
     }
-    for (int j = 0; j < i; ++j) {
+    for (int j = 0; j < i && !share_devices; ++j) {
       if (devices[size_t(i)] == devices[size_t(j)]) {
         return absl::FailedPreconditionError(
             absl::StrCat("peer all-reduce: ranks ", j, " and ", i, " are both on GPU ", devices[size_t(i)]));
@@ -229,7 +256,8 @@ absl::Status PeerAllReduceGroup::check(const std::vector<int>& devices) {
   }
   for (int i = 0; i < n; ++i) {
     for (int j = 0; j < n; ++j) {
-      if (i == j) continue;
+      // Ranks that share a GPU read each other's buffers as local memory: no peer access.
+      if (devices[size_t(i)] == devices[size_t(j)]) continue;
       int can = 0;
       KVFUSE_RETURN_IF_ERROR(
           gpu_check(cudaDeviceCanAccessPeer(&can, devices[size_t(i)], devices[size_t(j)]), "cudaDeviceCanAccessPeer"));
@@ -238,6 +266,25 @@ absl::Status PeerAllReduceGroup::check(const std::vector<int>& devices) {
                                                           " cannot access the memory of GPU ", devices[size_t(j)],
                                                           " (no peer access between them)"));
       }
+    }
+  }
+  // The blocks of a call spin until the same block of every peer has arrived, so on a GPU
+  // of several ranks all of their blocks must be resident at once: a rank whose blocks
+  // fill the GPU would otherwise wait for a peer that cannot start. The largest grid
+  // (kMaxBlocks) of every rank on the GPU, whatever the calls' sizes. A GPU of one rank
+  // needs no such bound: its blocks wait for other GPUs, which go on regardless.
+  for (int i = 0; i < n && share_devices; ++i) {
+    const int d = devices[size_t(i)];
+    if (std::find(devices.begin(), devices.begin() + i, d) != devices.begin() + i) continue;  // counted already
+    const int64_t ranks_here = std::count(devices.begin(), devices.end(), d);
+    if (ranks_here < 2) continue;
+    auto resident = resident_blocks(d);
+    KVFUSE_RETURN_IF_ERROR(resident.status());
+    if (*resident < ranks_here * kMaxBlocks) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "peer all-reduce: the ", ranks_here, " ranks sharing GPU ", d, " need ", ranks_here, " x ", kMaxBlocks,
+          " = ", ranks_here * kMaxBlocks, " blocks of ", kThreads, " threads resident at once, and it holds ",
+          *resident, " (its ranks' kernels could wait for each other until the timeout)"));
     }
   }
   return absl::OkStatus();
@@ -249,7 +296,7 @@ PeerAllReduceGroup::PeerAllReduceGroup(std::vector<int> devices, PeerAllReduceOp
 
 absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::create(const std::vector<int>& devices,
                                                                              PeerAllReduceOptions options) {
-  KVFUSE_RETURN_IF_ERROR(check(devices));
+  KVFUSE_RETURN_IF_ERROR(check(devices, options.share_devices));
   if (options.staging_bytes < kVecBytes || options.staging_bytes > (int64_t(1) << 30)) {
     return absl::InvalidArgumentError(
         absl::StrCat("peer all-reduce: staging_bytes ", options.staging_bytes, " is outside [16, 1 GiB]"));
@@ -275,8 +322,13 @@ absl::Status PeerAllReduceGroup::allocate() {
   std::memset(host_, 0, sizeof(HostSignals));
   for (Rank& r : ranks_) {
     KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(r.device), "cudaSetDevice"));
+    // Both kernels referenced on this GPU now, so that the runtime loads them here rather
+    // than at their first launch: with lazy loading (CUDA's default) loading a kernel may
+    // wait for the kernels running on its GPU, and a rank's call can be running there,
+    // waiting for a peer's launch.
+    KVFUSE_RETURN_IF_ERROR(resident_blocks(r.device).status());  // queries both kernels' occupancy
     for (const Rank& peer : ranks_) {
-      if (peer.device == r.device) continue;
+      if (peer.device == r.device) continue;  // itself, or a rank sharing its GPU (share_devices)
       const cudaError_t err = cudaDeviceEnablePeerAccess(peer.device, 0);
       if (err == cudaErrorPeerAccessAlreadyEnabled) {
         (void)cudaGetLastError();  // NCCL, or an earlier group, enabled it: fine

@@ -51,6 +51,21 @@
 // PeerAllReduceCommunicator sends everything else to NCCL. KVFUSE_PEER_ALLREDUCE=0 turns
 // it off (peer_allreduce_disabled_by_env).
 //
+// Ranks sharing a GPU (PeerAllReduceOptions::share_devices), for tests only: on a machine
+// of one GPU the protocol, the kernels, graph capture and replay, abort and the timeout
+// all run, with several ranks' buffers on the same GPU; the links between GPUs do not,
+// and the sum is no faster than one rank's. A block spins until its peers' blocks have
+// stored their flags, so the ranks' kernels on one GPU must all be resident at once:
+// check() refuses a GPU that cannot hold (ranks on it) * kMaxBlocks blocks. Nothing a rank
+// does before its call may wait for the GPU's running kernels either, a peer's spinning
+// one among them: each rank's stream must reach the GPU through a hardware queue of its
+// own (CUDA hands its CUDA_DEVICE_MAX_CONNECTIONS queues, 8 by default, to streams in turn
+// as they are created; with CUDA_DEVICE_MAX_CONNECTIONS=1 two ranks on an H200 hang until
+// the timeout in their first call), every rank allocates its memory before any rank calls
+// (an allocation may synchronise the GPU), and a group's first call is not the first work
+// of a fresh stream (seen to hang now and then on an H200). tests/test_gpu_peer_allreduce.cu
+// does all three (run_ranks, Allocated).
+//
 // Built only with a GPU backend; no CUDA types in this header (streams are void*).
 #pragma once
 
@@ -68,6 +83,10 @@ namespace kvfuse {
 struct PeerAllReduceOptions {
   int64_t staging_bytes = int64_t(2) << 20;  // per staging buffer: the largest call served
   double timeout_s = 10.0;                   // how long a block waits for a peer
+  // Ranks may share a GPU. For tests on a machine of one GPU: the protocol, the kernels,
+  // graphs, abort and the timeout run, the links between GPUs do not, and there is no
+  // speed-up; never for serving (see "Ranks sharing a GPU" above).
+  bool share_devices = false;
 };
 
 class PeerAllReduceGroup {
@@ -78,9 +97,13 @@ class PeerAllReduceGroup {
 
   // OK when ranks on `devices` (GPU ordinals, rank order) can use the group; otherwise
   // FAILED_PRECONDITION saying why (count, a repeated GPU, no peer access between a pair).
-  static absl::Status check(const std::vector<int>& devices);
-  // Enables peer access between every pair and allocates every rank's buffers. Any thread;
-  // its current device is left as it was.
+  // With `share_devices` (tests only: PeerAllReduceOptions) a GPU may repeat; peer access
+  // is then needed between distinct GPUs only, and every GPU of several ranks must hold
+  // all their blocks at once (FAILED_PRECONDITION naming the numbers if not).
+  static absl::Status check(const std::vector<int>& devices, bool share_devices = false);
+  // check(devices, options.share_devices), then enables peer access between every pair of
+  // distinct GPUs and allocates every rank's buffers. Any thread; its current device is
+  // left as it was.
   static absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> create(const std::vector<int>& devices,
                                                                     PeerAllReduceOptions options = {});
   ~PeerAllReduceGroup();
