@@ -30,6 +30,10 @@ constexpr char kMagic[8] = {'K', 'V', 'F', 'U', 'S', 'E', 'T', 'P'};
 // 3: the hello says how many consecutive ranks from its first the process holds.
 constexpr uint32_t kVersion = 3;
 constexpr size_t kHelloBytes = 28;
+// Offsets of the hello's words, after the magic: the version first (where every version
+// has it), then this version's fields.
+constexpr size_t kHelloVersion = 8, kHelloWorld = 12, kHelloRank = 16, kHelloRanks = 20, kHelloFpLength = 24;
+static_assert(kHelloFpLength + 4 == kHelloBytes, "the fingerprint length is the fixed part's last word");
 constexpr size_t kReplyHeaderBytes = 20;
 constexpr uint32_t kMaxMessageBytes = 4096;
 
@@ -217,9 +221,10 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
       if (fds[k].revents == 0) continue;
       Conn& c = conns[which[k - 1]];
       // The fixed part first, then the fingerprint whose length it gives.
-      const size_t want = c.hello.size() < kHelloBytes
-                              ? kHelloBytes
-                              : kHelloBytes + std::min(get_u32(c.hello.data() + 24), kMaxMessageBytes);
+      const size_t want =
+          c.hello.size() < kHelloBytes
+              ? kHelloBytes
+              : kHelloBytes + std::min(get_u32(c.hello.data() + kHelloFpLength), kMaxMessageBytes);
       uint8_t buf[kHelloBytes + kMaxMessageBytes];
       const ssize_t r = ::recv(c.fd.get(), buf, want - c.hello.size(), 0);
       if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
@@ -235,13 +240,14 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
       }
       // The version as soon as its word is in: an older peer's hello is shorter than this
       // one's fixed part, and it is told about its version rather than left waiting.
-      const bool other_version = c.hello.size() >= 12 && get_u32(c.hello.data() + 8) != kVersion;
+      const bool other_version =
+          c.hello.size() >= kHelloVersion + 4 && get_u32(c.hello.data() + kHelloVersion) != kVersion;
       if (c.hello.size() < kHelloBytes && !other_version) continue;
-      const uint32_t version = get_u32(c.hello.data() + 8);
-      const uint32_t world = other_version ? 0 : get_u32(c.hello.data() + 12);
-      const uint32_t rank = other_version ? 0 : get_u32(c.hello.data() + 16);
-      const uint32_t count = other_version ? 0 : get_u32(c.hello.data() + 20);
-      const uint32_t fp_length = other_version ? 0 : get_u32(c.hello.data() + 24);
+      const uint32_t version = get_u32(c.hello.data() + kHelloVersion);
+      const uint32_t world = other_version ? 0 : get_u32(c.hello.data() + kHelloWorld);
+      const uint32_t rank = other_version ? 0 : get_u32(c.hello.data() + kHelloRank);
+      const uint32_t count = other_version ? 0 : get_u32(c.hello.data() + kHelloRanks);
+      const uint32_t fp_length = other_version ? 0 : get_u32(c.hello.data() + kHelloFpLength);
       if (!other_version && fp_length <= kMaxMessageBytes && c.hello.size() < kHelloBytes + fp_length) continue;
       const bool in_world =
           rank >= 1 && rank < uint32_t(o.world_size) && count >= 1 && count <= uint32_t(o.world_size) - rank;
@@ -346,11 +352,11 @@ absl::StatusOr<RendezvousMember> rendezvous_join_group(const RendezvousOptions& 
 
   std::vector<uint8_t> hello(kHelloBytes + o.fingerprint.size());
   std::memcpy(hello.data(), kMagic, 8);
-  put_u32(hello.data() + 8, kVersion);
-  put_u32(hello.data() + 12, uint32_t(o.world_size));
-  put_u32(hello.data() + 16, uint32_t(o.rank));
-  put_u32(hello.data() + 20, uint32_t(o.ranks));
-  put_u32(hello.data() + 24, uint32_t(o.fingerprint.size()));
+  put_u32(hello.data() + kHelloVersion, kVersion);
+  put_u32(hello.data() + kHelloWorld, uint32_t(o.world_size));
+  put_u32(hello.data() + kHelloRank, uint32_t(o.rank));
+  put_u32(hello.data() + kHelloRanks, uint32_t(o.ranks));
+  put_u32(hello.data() + kHelloFpLength, uint32_t(o.fingerprint.size()));
   std::memcpy(hello.data() + kHelloBytes, o.fingerprint.data(), o.fingerprint.size());
   if (!send_all(fd.get(), hello.data(), hello.size(), deadline)) {
     return absl::UnavailableError(absl::StrCat(me, ": sending the hello failed"));
