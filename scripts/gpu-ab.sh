@@ -13,7 +13,8 @@
 # sharing one GEMM cache file, which the first run fills: each side runs the same GEMMs.
 # Environment: AB_BATCH / AB_CONTEXT (cells, default 1 x 512,2048), AB_ARGS (more engine
 # arguments for every side, e.g. "--set kv_write=fused_rope"), AB_TEST_ARGS (TEST:ARG words,
-# an argument for a kernel test that takes one), AB_SKIP_TESTS=1.
+# an argument for a kernel test that takes one), AB_SKIP_TESTS=1, AB_TEST_TIMEOUT (seconds
+# a test may run, default 900), AB_STOP_ON_FAIL=1 (no A/B after a failed test).
 # Writes $OUT (or build-gpu-ab/): summary.txt (each step time and each side's ratio
 # against the side with no switch, median over rounds) and ab.tgz with every run's output.
 set -uo pipefail
@@ -25,8 +26,9 @@ runs=$(mktemp -d)
 check() {  # name, command...: a test, its last lines to the summary
   local name=$1 rc
   shift
-  "$@" >"$runs/$name.txt" 2>&1
+  timeout "${AB_TEST_TIMEOUT:-900}" "$@" >"$runs/$name.txt" 2>&1
   rc=$?
+  ((rc == 124)) && echo "$name: timed out after ${AB_TEST_TIMEOUT:-900} s" >>"$runs/$name.txt"
   grep -E "passed|failed|skipped|share GPU|test cases|assertions" "$runs/$name.txt" | tail -3 | sed "s/^/  /" |
     tee -a "$summary"
   note "$name: exit $rc"
@@ -45,6 +47,11 @@ if [[ ${AB_SKIP_TESTS:-0} != 1 ]]; then
     check test_gpu_peer_allreduce env NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" "$bundle/test_gpu_peer_allreduce"
 fi
 
+if ((status != 0)) && [[ ${AB_STOP_ON_FAIL:-0} == 1 ]]; then
+  tar -czf "$out/ab.tgz" -C "$runs" .
+  note "FAILED: a test failed, no A/B (AB_STOP_ON_FAIL=1)"
+  exit 1
+fi
 IFS=';' read -r -a sides <<<"${AB_ENV:-}"
 sides=("" "${sides[@]}")
 export KVFUSE_GEMM_CACHE="$runs/gemm-algos.json"

@@ -5,7 +5,8 @@
 #   for each side: KVFUSE_GEMM_TUNE_LOG=1 kvfuse-bench-engine at batch $TUNE_BATCH x
 #   context 512 with its own empty cache file, so each side tunes on its own (the
 #   log's lines: every candidate's time per call in a graph, and the choice);
-#   then this bundle again with KVFUSE_GEMV=0 (the library alone).
+#   then this bundle again with KVFUSE_GEMV=0 (no GEMV) and with KVFUSE_GEMM_SKINNY=0 (no
+#   skinny GEMM), each against the bundle's own side in the same run.
 # Environment: MODEL (default llama3-8b), TUNE_BATCH (default 1,8). Writes $OUT (or
 # build-gpu-gemm-tune/): summary.txt and every run's output.
 set -uo pipefail
@@ -29,6 +30,7 @@ if [[ -x .device-baseline/kvfuse-bench-engine ]]; then
 fi
 side bundle "$bundle/kvfuse-bench-engine"
 side bundle-no-gemv KVFUSE_GEMV=0 "$bundle/kvfuse-bench-engine"
+side bundle-no-skinny KVFUSE_GEMM_SKINNY=0 "$bundle/kvfuse-bench-engine"
 rm -rf "$work"
 note "$( ((status == 0)) && echo DONE || echo FAIL)"
 exit $status

@@ -6,12 +6,14 @@
 // The file is JSON: {"format": "kvfuse-gemm-algos-v1", "entries": [{"device", "m", "n",
 // "k", "out", "algo", "us", "method", "kernel"}, ...]}. "device" names the GPU, its
 // architecture and the BLAS-Lt library and version (an algorithm is only valid for the
-// library that made it); "algo" is the library's opaque algorithm struct in hex, or empty
-// when "kernel" names kvfuse's own kernel instead ("kvfuse-gemv/N", variant N of
-// kernels/gemv.cuh; absent for the library's). Writers take an advisory
-// lock (flock on "<file>.lock"), merge with what is there and replace the file by a
-// rename, so concurrent processes never leave a torn file and never lose each other's
-// entries. A file that cannot be parsed is ignored (and replaced at the next store).
+// library that made it), and ends in " +skinny" where kvfuse's skinny GEMM was among
+// the candidates; "algo" is the library's opaque algorithm struct in hex, or empty when
+// "kernel" names kvfuse's own kernel instead ("kvfuse-gemv/N", variant N of
+// kernels/gemv.cuh, or "kvfuse-skinny/N", of kernels/gemm_skinny.cuh; absent for the
+// library's). Writers take an advisory lock (flock on "<file>.lock"), merge with what is
+// there and replace the file by a rename, so concurrent processes never leave a torn file
+// and never lose each other's entries. A file that cannot be parsed is ignored (and
+// replaced at the next store).
 #pragma once
 
 #include <cstdint>
@@ -39,7 +41,7 @@ struct GemmCacheEntry {
   std::vector<uint8_t> algo;  // the opaque algorithm struct's bytes
   double us = 0;              // its time per call when it was chosen
   std::string method;         // how it was timed ("graph")
-  std::string kernel;         // "" (the library's algorithm) or "kvfuse-gemv/N"
+  std::string kernel;         // "" (the library's algorithm), "kvfuse-gemv/N" or "kvfuse-skinny/N"
 };
 
 class GemmAlgoCache {

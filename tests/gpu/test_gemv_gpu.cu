@@ -12,14 +12,22 @@
 // The fused silu_mul variant (launch_gemv_silu_mul_bf16) is checked bit for bit against
 // the same variant's bf16 GEMV followed by launch_silu_mul: the sums are the same, so
 // must the bits be.
+//
+// The skinny tensor-core GEMM (kernels/gemm_skinny.cuh, m up to 64) is held to the same
+// bound for every variant (k split 1 to 8 ways: the parts are fp32 sums too, and adding
+// them is more fp32 additions, within gamma(k)), its bf16 output must be its fp32 output
+// rounded, and each variant must repeat its own bits on a second launch.
 #include "kernels/gpu.h"
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "kernels/gemm_skinny.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/model_ops.cuh"
 #include "tests/gpu/gpu_test_util.h"
@@ -116,6 +124,101 @@ void run_silu_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t
                          " outputs differ from the GEMV then silu_mul");
 }
 
+// Every variant of the skinny GEMM for one shape, fp32 and bf16 outputs, against the
+// exact products (computed once).
+void run_skinny_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream) {
+  const auto [x, w] = random_operands(m, n, k, seed);
+  std::vector<double> exact(size_t(m * n)), mag(size_t(m * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double e = 0.0, a = 0.0;
+      const bf16_t* xr = &x[size_t(i * k)];
+      const bf16_t* wr = &w[size_t(j * k)];
+      for (int64_t c = 0; c < k; ++c) {
+        const double p = double(bf16_to_f32(xr[c])) * double(bf16_to_f32(wr[c]));
+        e += p;
+        a += std::fabs(p);
+      }
+      exact[size_t(i * n + j)] = e;
+      mag[size_t(i * n + j)] = a;
+    }
+  }
+  DeviceMem dx(x.size() * 2), dw(w.size() * 2), df(size_t(m * n) * 4), db(size_t(m * n) * 2);
+  dx.upload(x.data(), x.size() * 2);
+  dw.upload(w.data(), w.size() * 2);
+  const double u = std::ldexp(1.0, -24), gamma = double(k) * u / (1.0 - double(k) * u);
+  for (int v = 0; v < gpu::kSkinnyVariants; ++v) {
+    const std::string what = "skinny " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
+                             " variant " + std::to_string(v);
+    if (!gpu::skinny_unsupported(dx.get(), m, dw.get(), n, k, df.get(), v).empty()) {
+      check(gpu::skinny_splits(v) > k / gpu::kSkinnyStepK,
+            what + ": refused only for more splits than k's steps");
+      continue;
+    }
+    const gpu::LaunchStatus sf = gpu::launch_gemm_skinny_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k,
+                                                              df.get(), true, stream, false, v);
+    check(sf.ok(), what + " f32: " + sf.message());
+    const gpu::LaunchStatus sb = gpu::launch_gemm_skinny_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k,
+                                                              db.get(), false, stream, true, v);
+    check(sb.ok(), what + " bf16: " + sb.message());
+    KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
+    const std::vector<float> of = df.download<float>(size_t(m * n));
+    const std::vector<bf16_t> ob = db.download<bf16_t>(size_t(m * n));
+    int64_t bad_f = 0, bad_b = 0, bad_bits = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < exact.size(); ++i) {
+      const double tol = gamma * mag[i];
+      const double ef = std::fabs(double(of[i]) - exact[i]);
+      const double eb = std::fabs(double(bf16_to_f32(ob[i])) - exact[i]);
+      bad_f += !(ef <= tol);
+      bad_b += !(eb <= tol + bf16_ulp(exact[i]));
+      bad_bits += f32_to_bf16(of[i]) != ob[i];  // the same sums, rounded once
+      if (tol > 0) worst = std::max(worst, ef / tol);
+    }
+    check(bad_f == 0 && bad_b == 0, what + ": " + std::to_string(bad_f) + " fp32 and " + std::to_string(bad_b) +
+                                        " bf16 outputs outside the bound (worst fp32 " + std::to_string(worst) +
+                                        " of it)");
+    check(bad_bits == 0, what + ": " + std::to_string(bad_bits) + " bf16 outputs are not the fp32 ones rounded");
+    // Again: the same bits.
+    KVFUSE_TEST_GPU(cudaMemsetAsync(df.get(), 0xff, size_t(m * n) * 4, stream));
+    check(gpu::launch_gemm_skinny_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, df.get(), true, stream,
+                                       false, v)
+              .ok(),
+          what + ": second launch");
+    KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
+    const std::vector<float> again = df.download<float>(size_t(m * n));
+    check(std::memcmp(again.data(), of.data(), of.size() * 4) == 0,
+          what + ": a second launch gives other bits");
+  }
+}
+
+// Why the skinny GEMM refuses this device (it is built for sm_90 only), or empty.
+std::string skinny_device_refusal() {
+  DeviceMem a(1 << 16), b(1 << 16), c(1 << 16);
+  const std::string why = gpu::skinny_unsupported(a.get(), 16, b.get(), 16, 64, c.get(), 0);
+  return why.find("sm_90 only") != std::string::npos ? why : std::string();
+}
+
+void test_skinny_refusals(cudaStream_t stream) {
+  DeviceMem a(1 << 20), b(1 << 20), c(1 << 20);
+  const auto launch = [&](int64_t m, int64_t n, int64_t k, int v, int a_off = 0) {
+    return gpu::launch_gemm_skinny_bf16(a.get<bf16_t>() + a_off, m, b.get<bf16_t>(), n, k, c.get(), true,
+                                        stream, false, v)
+        .ok();
+  };
+  check(!launch(65, 16, 64, 0), "skinny: m = 65 refused");
+  check(!launch(0, 16, 64, 0), "skinny: m = 0 refused");
+  check(!launch(16, 24, 64, 0), "skinny: n = 24 refused");
+  check(!launch(16, 16, 96, 0), "skinny: k = 96 refused");
+  check(!launch(16, 16, 64, 0, 1), "skinny: unaligned x refused");
+  check(!launch(16, 16, 128, 2), "skinny: 3 splits of 2 steps refused");
+  check(!launch(16, 16, 64, gpu::kSkinnyVariants), "skinny: a variant past kSkinnyVariants refused");
+  check(!launch(16, 16, 64, -1), "skinny: a negative variant refused");
+  check(launch(16, 16, 64, 0), "skinny: 16 x 16 x 64 unsplit");
+  check(launch(16, 16, 128, 1), "skinny: 16 x 16 x 128 in 2 splits");
+  KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
+}
+
 void test_refusals(cudaStream_t stream) {
   DeviceMem a(4096), b(4096), c(4096);
   check(!gpu::launch_gemv_bf16(a.get<bf16_t>(), 9, b.get<bf16_t>(), 4, 8, c.get(), true, stream).ok(),
@@ -135,41 +238,63 @@ void test_refusals(cudaStream_t stream) {
 
 }  // namespace
 
-int main() {
+// With --skinny, only the skinny GEMM's cases.
+int main(int argc, char** argv) {
   if (!gpu_test::gpu_available("test_gemv_gpu")) return 0;
+  const bool skinny_only = argc > 1 && std::string(argv[1]) == "--skinny";
   cudaStream_t stream;
   KVFUSE_TEST_GPU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  test_refusals(stream);
   uint64_t seed = 1;
-  for (int64_t m = 1; m <= gpu::kGemvMaxRows; ++m) {
-    for (int v = 0; v < gpu::gemv_variants(m); ++v) {
-      for (const auto& [n, k] :
-           std::vector<std::pair<int64_t, int64_t>>{{1, 8}, {3, 136}, {130, 1000}, {4096, 4096}, {7, 4104}}) {
-        run_shape(m, n, k, ++seed, stream, v);
+  if (!skinny_only) {
+    test_refusals(stream);
+    for (int64_t m = 1; m <= gpu::kGemvMaxRows; ++m) {
+      for (int v = 0; v < gpu::gemv_variants(m); ++v) {
+        for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{
+                 {1, 8}, {3, 136}, {130, 1000}, {4096, 4096}, {7, 4104}}) {
+          run_shape(m, n, k, ++seed, stream, v);
+        }
       }
     }
-  }
-  // llama3-8b's decode shapes at m = 1 and 8: qkv, o, gate/up, down (lm_head's n is the
-  // vocabulary, 128256: its 8 x 4096 row is the o shape's).
-  for (int64_t m : {1, 8}) {
-    for (int v = 0; v < gpu::gemv_variants(m); ++v) {
-      for (const auto& [n, k] :
-           std::vector<std::pair<int64_t, int64_t>>{{6144, 4096}, {28672, 4096}, {4096, 14336}}) {
-        run_shape(m, n, k, ++seed, stream, v);
+    // llama3-8b's decode shapes at m = 1 and 8: qkv, o, gate/up, down (lm_head's n is the
+    // vocabulary, 128256: its 8 x 4096 row is the o shape's).
+    for (int64_t m : {1, 8}) {
+      for (int v = 0; v < gpu::gemv_variants(m); ++v) {
+        for (const auto& [n, k] :
+             std::vector<std::pair<int64_t, int64_t>>{{6144, 4096}, {28672, 4096}, {4096, 14336}}) {
+          run_shape(m, n, k, ++seed, stream, v);
+        }
       }
     }
-  }
-  // The fused silu_mul epilogue: small and odd shapes for every m and variant, then
-  // llama3-8b's gate/up (2 x 14336 rows of 4096) at m = 1 and 8.
-  for (int64_t m = 1; m <= gpu::kGemvMaxRows; ++m) {
-    for (int v = 0; v < gpu::gemv_variants(m); ++v) {
-      for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{2, 8}, {6, 136}, {260, 1000}}) {
-        run_silu_shape(m, n, k, ++seed, stream, v);
+    // The fused silu_mul epilogue: small and odd shapes for every m and variant, then
+    // llama3-8b's gate/up (2 x 14336 rows of 4096) at m = 1 and 8.
+    for (int64_t m = 1; m <= gpu::kGemvMaxRows; ++m) {
+      for (int v = 0; v < gpu::gemv_variants(m); ++v) {
+        for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{2, 8}, {6, 136}, {260, 1000}}) {
+          run_silu_shape(m, n, k, ++seed, stream, v);
+        }
       }
     }
+    for (int64_t m : {1, 8}) {
+      for (int v = 0; v < gpu::gemv_variants(m); ++v) run_silu_shape(m, 28672, 4096, ++seed, stream, v);
+    }
   }
-  for (int64_t m : {1, 8}) {
-    for (int v = 0; v < gpu::gemv_variants(m); ++v) run_silu_shape(m, 28672, 4096, ++seed, stream, v);
+  if (const std::string why = skinny_device_refusal(); !why.empty()) {
+    std::printf("test_gemv_gpu: the skinny GEMM's cases skipped: %s\n", why.c_str());
+  } else {
+    // The skinny GEMM: every token-tile count (m up to 16, 32, 64) with partial tiles, n
+    // of one MMA tile, of a partial 128-row block and of several blocks, k of one 64-column
+    // step up to 1024 (k splits that leave the last blocks no step); then llama3-8b's o,
+    // qkv, down and gate/up shapes at batch sizes the engine runs.
+    test_skinny_refusals(stream);
+    for (int64_t m : {1, 8, 9, 16, 17, 31, 32, 33, 48, 63, 64}) {
+      for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{16, 64}, {144, 1024}, {400, 256}}) {
+        run_skinny_shape(m, n, k, ++seed, stream);
+      }
+    }
+    for (const auto& [m, n, k] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {64, 4096, 4096}, {40, 6144, 4096}, {64, 4096, 14336}, {12, 4096, 4096}, {16, 28672, 4096}}) {
+      run_skinny_shape(m, n, k, ++seed, stream);
+    }
   }
   KVFUSE_TEST_GPU(cudaStreamDestroy(stream));
   return gpu_test::tally().report("test_gemv_gpu");

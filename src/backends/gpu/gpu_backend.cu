@@ -4,14 +4,15 @@
 // (copy_to_host, synchronize), so a step has no host synchronisation inside it.
 #include "kernels/gpu.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -19,13 +20,14 @@
 #include "absl/strings/str_format.h"
 #include "kernels/attention.cuh"
 #include "kernels/dispatch.h"
+#include "kernels/gemm_skinny.cuh"
+#include "kernels/gemv.cuh"
 #include "kernels/kv_write.cuh"
 #include "kernels/kv_write_rope.cuh"
 #include "kernels/model_ops.cuh"
 #include "kernels/sampling.cuh"
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
-#include "kernels/gemv.cuh"
 #include "src/backends/gemm_cache.h"
 #include "src/backends/gpu/blaslt.h"
 #include "src/common/status_macros.h"
@@ -446,6 +448,7 @@ class GpuBackend final : public Backend {
     blasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     blasLtMatmulAlgo_t algo{};
     int gemv = -1;  // >= 0: kvfuse's GEMV (kernels/gemv.cuh) of that variant instead of the library
+    int skinny = -1;  // >= 0: kvfuse's skinny GEMM (kernels/gemm_skinny.cuh) of that variant
     GemmPlan() = default;
     GemmPlan(const GemmPlan&) = delete;
     GemmPlan& operator=(const GemmPlan&) = delete;
@@ -493,7 +496,8 @@ class GpuBackend final : public Backend {
   }
   struct TunedChoice {
     blasLtMatmulAlgo_t algo;
-    int gemv;  // as GemmPlan::gemv
+    int gemv;    // as GemmPlan::gemv
+    int skinny;  // as GemmPlan::skinny
   };
   static std::map<std::pair<int, GemmKey>, TunedChoice>& tuned_algos() {
     static auto* m = new std::map<std::pair<int, GemmKey>, TunedChoice>();
@@ -507,8 +511,11 @@ class GpuBackend final : public Backend {
     const char* v = std::getenv(name);
     return v == nullptr || *v == '\0' ? dflt : std::string(v) != "0";
   }
+  // Choices made with the skinny GEMM among the candidates are kept apart from those made
+  // without it (KVFUSE_GEMM_SKINNY=0, or a file written before it existed).
   GemmCacheKey cache_key(const GemmKey& k) const {
-    return GemmCacheKey{algo_device_, k.m, k.n, k.k, k.out_type == int(BLAS_R_32F) ? "f32" : "bf16"};
+    return GemmCacheKey{skinny_enabled() ? algo_device_ + " +skinny" : algo_device_, k.m, k.n, k.k,
+                        k.out_type == int(BLAS_R_32F) ? "f32" : "bf16"};
   }
 
   // Milliseconds per call of `algo`, timed as TuneMode::graph says; negative when the
@@ -531,6 +538,19 @@ class GpuBackend final : public Backend {
         [&](const void* wc) {
           return gpu::launch_gemv_bf16(x, m, static_cast<const bf16_t*>(wc), w.n, w.k, out, out_f32, stream_,
                                        ops_pdl_, variant)
+              .ok();
+        },
+        weights, e0, e1);
+  }
+
+  // The same for kvfuse's skinny GEMM.
+  float time_skinny_in_graph(const bf16_t* x, int64_t m, const LinearWeight& w, void* out, bool out_f32,
+                             int variant, const std::vector<const void*>& weights, cudaEvent_t e0,
+                             cudaEvent_t e1) {
+    return time_calls_in_graph(
+        [&](const void* wc) {
+          return gpu::launch_gemm_skinny_bf16(x, m, static_cast<const bf16_t*>(wc), w.n, w.k, out, out_f32,
+                                              stream_, ops_pdl_, variant, skinny_early_weights())
               .ok();
         },
         weights, e0, e1);
@@ -592,14 +612,13 @@ class GpuBackend final : public Backend {
     return ok ? total / 3.0f : -1.0f;
   }
 
-  // The GEMV variant a cache entry's "kernel" names ("kvfuse-gemv/N"), or -1.
-  static int gemv_variant_of(const std::string& kernel, int64_t m) {
-    const std::string prefix = "kvfuse-gemv/";
+  // The variant a cache entry's "kernel" names ("<prefix>N", N < variants), or -1.
+  static int kernel_variant_of(const std::string& kernel, const std::string& prefix, int variants) {
     if (kernel.rfind(prefix, 0) != 0) return -1;
     const std::string rest = kernel.substr(prefix.size());
     if (rest.empty() || rest.size() > 2 || rest.find_first_not_of("0123456789") != std::string::npos) return -1;
     const int v = std::stoi(rest);
-    return v < gpu::gemv_variants(m) ? v : -1;
+    return v < variants ? v : -1;
   }
 
   // kvfuse's GEMV may run this call (it is a candidate and the operands suit it).
@@ -609,6 +628,32 @@ class GpuBackend final : public Backend {
   }
   static bool gemv_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out) {
     return gemv_enabled() && gpu::gemv_unsupported(x, m, w.w.get(), w.n, w.k, out).empty();
+  }
+  // kvfuse's skinny GEMM the same way (KVFUSE_GEMM_SKINNY=0 leaves it out: the A/B), for
+  // calls of at most KVFUSE_GEMM_SKINNY_ROWS rows (default 16, at most 64). Above 16 rows
+  // its calls won in the tuner's graphs and the llama3-8b step still lost 1-2% at batch 32
+  // on an H200, attention before it slower by about 4 us a layer (bench/RESULTS.md).
+  static bool skinny_enabled() {
+    static const bool on = env_flag("KVFUSE_GEMM_SKINNY", true);
+    return on;
+  }
+  static int64_t skinny_rows() {
+    static const int64_t rows = [] {
+      const char* v = std::getenv("KVFUSE_GEMM_SKINNY_ROWS");
+      const long long r = v == nullptr || *v == '\0' ? 16 : std::atoll(v);
+      return int64_t(std::clamp<long long>(r, 0, gpu::kSkinnyMaxRows));
+    }();
+    return rows;
+  }
+  // Whether its first weights are read before the kernel in front of it has finished
+  // (KVFUSE_GEMM_SKINNY_EARLY=0: after).
+  static bool skinny_early_weights() {
+    static const bool on = env_flag("KVFUSE_GEMM_SKINNY_EARLY", true);
+    return on;
+  }
+  static bool skinny_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out, int variant) {
+    return skinny_enabled() && m <= skinny_rows() &&
+           gpu::skinny_unsupported(x, m, w.w.get(), w.n, w.k, out, variant).empty();
   }
 
   absl::StatusOr<GemmPlan*> gemm_plan(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
@@ -627,28 +672,31 @@ class GpuBackend final : public Backend {
 
     const TuneMode mode = capturing_ || m > kTuneMaxRows ? TuneMode::off : tune_mode();
     const std::pair<int, GemmKey> tuned_key{device_, key};
-    int cached_gemv = -1;
+    int cached_gemv = -1, cached_skinny = -1;
     if (mode != TuneMode::off) {
       std::lock_guard<std::mutex> lock(tuned_mutex());
       auto it = tuned_algos().find(tuned_key);
       if (it != tuned_algos().end()) {
         plan->algo = it->second.algo;
         plan->gemv = it->second.gemv;
+        plan->skinny = it->second.skinny;
         return plans_.emplace(key, std::move(plan)).first->second.get();
       }
       // Another process's choice for this device, library and shape.
       auto cached = algo_cache().find(cache_key(key));
       // kvfuse's GEMV: the library's first choice is still looked up below, for calls
       // whose operands the GEMV does not take.
-      cached_gemv = cached ? gemv_variant_of(cached->kernel, m) : -1;
+      cached_gemv = cached ? kernel_variant_of(cached->kernel, "kvfuse-gemv/", gpu::gemv_variants(m)) : -1;
       if (!gemv_usable(x, m, w, out)) cached_gemv = -1;
+      cached_skinny = cached ? kernel_variant_of(cached->kernel, "kvfuse-skinny/", gpu::kSkinnyVariants) : -1;
+      if (cached_skinny >= 0 && !skinny_usable(x, m, w, out, cached_skinny)) cached_skinny = -1;
       if (cached && cached->kernel.empty() && cached->algo.size() == sizeof(blasLtMatmulAlgo_t)) {
         std::memcpy(&plan->algo, cached->algo.data(), sizeof(blasLtMatmulAlgo_t));
         const float alpha = 1.0f, beta = 0.0f;
         // It must run here (the file could come from another build of the same version).
         if (blasLtMatmul(blas_, plan->desc, &alpha, w.w.get(), plan->a, x, plan->b, &beta, out, plan->d, out, plan->d,
                          &plan->algo, blas_workspace_.get(), blas_workspace_.bytes(), stream_) == BLAS_STATUS_SUCCESS) {
-          tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, -1});
+          tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, -1, -1});
           return plans_.emplace(key, std::move(plan)).first->second.get();
         }
         (void)cudaGetLastError();
@@ -666,7 +714,7 @@ class GpuBackend final : public Backend {
         blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     blasLtMatmulHeuristicResult_t heur[kTuneCandidates] = {};
     int found_n = 0;
-    const bool timed = mode != TuneMode::off && cached_gemv < 0;
+    const bool timed = mode != TuneMode::off && cached_gemv < 0 && cached_skinny < 0;
     KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p,
                                              timed ? kTuneCandidates : 1, heur, &found_n));
     if (found_n == 0) {
@@ -675,8 +723,8 @@ class GpuBackend final : public Backend {
     }
     int best = 0;
     std::vector<float> ms(size_t(found_n), -1.0f);
-    float gemv_ms = -1.0f;
-    int gemv_best = -1;
+    float gemv_ms = -1.0f, skinny_ms = -1.0f;
+    int gemv_best = -1, skinny_best = -1;
     if (timed && found_n > 1) {
       // Timed on the real operands (the output is rewritten by the call that follows).
       if (l2_flush_.bytes() == 0) {
@@ -708,27 +756,51 @@ class GpuBackend final : public Backend {
           gemv_best = v;
         }
       }
+      for (int v = 0; mode == TuneMode::graph && v < gpu::kSkinnyVariants; ++v) {
+        if (!skinny_usable(x, m, w, out, v)) continue;
+        const float t_ms = time_skinny_in_graph(x, m, w, out, out_type == BLAS_R_32F, v, weights, e0, e1);
+        if (env_flag("KVFUSE_GEMM_TUNE_LOG", false)) {
+          std::fprintf(
+              stderr,
+              "kvfuse gemm tune %lldx%lldx%lld: kvfuse skinny variant %d (%d splits, %d rows) %.4f ms\n",
+              (long long)m, (long long)w.n, (long long)w.k, v, gpu::skinny_splits(v),
+              gpu::skinny_block_rows(v), double(t_ms));
+        }
+        if (t_ms >= 0 && (skinny_ms < 0 || t_ms < skinny_ms)) {
+          skinny_ms = t_ms;
+          skinny_best = v;
+        }
+      }
       KVFUSE_CUDA(cudaEventDestroy(e0));
       KVFUSE_CUDA(cudaEventDestroy(e1));
       KVFUSE_CUDA(cudaStreamSynchronize(stream_));
       for (int c = 0; c < found_n; ++c) {
         if (ms[size_t(c)] >= 0 && (ms[size_t(best)] < 0 || ms[size_t(c)] < ms[size_t(best)])) best = c;
       }
-      plan->gemv = gemv_ms >= 0 && (ms[size_t(best)] < 0 || gemv_ms < ms[size_t(best)]) ? gemv_best : -1;
+      // The fastest of the three kinds; the library on a tie.
+      const auto faster = [](float a, float b) { return a >= 0 && (b < 0 || a < b); };
+      const float lib_ms = ms[size_t(best)];
+      if (faster(gemv_ms, lib_ms) && !faster(skinny_ms, gemv_ms)) {
+        plan->gemv = gemv_best;
+      } else if (faster(skinny_ms, lib_ms)) {
+        plan->skinny = skinny_best;
+      }
       if (env_flag("KVFUSE_GEMM_TUNE_LOG", false)) {
         std::fprintf(stderr,
                      "kvfuse gemm tune (%s) %lldx%lldx%lld %s: %d candidates, heuristic first %.4f ms, best #%d "
-                     "%.4f ms, kvfuse gemv %.4f ms (variant %d): %s\n",
+                     "%.4f ms, kvfuse gemv %.4f ms (variant %d), kvfuse skinny %.4f ms (variant %d): %s\n",
                      mode == TuneMode::graph ? "graph" : "isolated", (long long)m, (long long)w.n, (long long)w.k,
-                     out_type == BLAS_R_32F ? "f32" : "bf16", found_n, double(ms[0]), best,
-                     double(ms[size_t(best)]), double(gemv_ms), gemv_best, plan->gemv >= 0 ? "gemv" : "library");
+                     out_type == BLAS_R_32F ? "f32" : "bf16", found_n, double(ms[0]), best, double(lib_ms),
+                     double(gemv_ms), gemv_best, double(skinny_ms), skinny_best,
+                     plan->gemv >= 0 ? "gemv" : plan->skinny >= 0 ? "skinny" : "library");
       }
     }
     plan->algo = heur[best].algo;
     if (cached_gemv >= 0) plan->gemv = cached_gemv;
+    if (cached_gemv < 0 && cached_skinny >= 0) plan->skinny = cached_skinny;
     if (mode != TuneMode::off) {
       std::lock_guard<std::mutex> lock(tuned_mutex());
-      tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, plan->gemv});
+      tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, plan->gemv, plan->skinny});
       // A choice made without the GEMV (KVFUSE_GEMV=0) stays in this process: the file is
       // for choices among every candidate.
       const bool every_candidate = gemv_enabled() || m > gpu::kGemvMaxRows;
@@ -737,6 +809,9 @@ class GpuBackend final : public Backend {
         if (plan->gemv >= 0) {
           e.kernel = "kvfuse-gemv/" + std::to_string(plan->gemv);
           e.us = double(gemv_ms) * 1e3;
+        } else if (plan->skinny >= 0) {
+          e.kernel = "kvfuse-skinny/" + std::to_string(plan->skinny);
+          e.us = double(skinny_ms) * 1e3;
         } else {
           e.algo.resize(sizeof(blasLtMatmulAlgo_t));
           std::memcpy(e.algo.data(), &plan->algo, sizeof(blasLtMatmulAlgo_t));
@@ -765,6 +840,12 @@ class GpuBackend final : public Backend {
       return cuda_status(gpu::launch_gemv_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, out_type == BLAS_R_32F,
                                                stream_, ops_pdl_, p.gemv),
                          "gemv");
+    }
+    if (p.skinny >= 0 && skinny_usable(x, m, w, out, p.skinny)) {
+      return cuda_status(
+          gpu::launch_gemm_skinny_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, out_type == BLAS_R_32F, stream_,
+                                       ops_pdl_, p.skinny, skinny_early_weights()),
+          "skinny gemm");
     }
     const float alpha = 1.0f, beta = 0.0f;
     KVFUSE_BLAS(blasLtMatmul(blas_, p.desc, &alpha, w.w.get(), p.a, x, p.b, &beta, out, p.d, out, p.d, &p.algo,
