@@ -40,7 +40,6 @@
 // shaped for 64-lane matrix instructions; launch_attention_blocks picks it.
 #pragma once
 
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -105,26 +104,6 @@ KVFUSE_DEVICE void put_words(uint32_t (&w)[N], int at, uint4 x) {
 }
 
 // ---- host side ------------------------------------------------------------------------
-
-// query() for the current device, asked once per device and slot (0 .. kSlots-1) and kept
-// by the calling site (each lambda type has its own cache): device properties and
-// occupancy do not change while the process runs. `fallback` when the device or the slot
-// is out of range.
-template <int kSlots, class Query>
-int32_t once_per_device(int slot, int32_t fallback, Query&& query) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int32_t> cache[kMaxDevices][kSlots];
-  int dev = 0;
-  if (slot < 0 || slot >= kSlots || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    return fallback;
-  }
-  int32_t n = cache[dev][slot].load(std::memory_order_relaxed);
-  if (n == 0) {
-    n = query();
-    cache[dev][slot].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
 
 // Launches `blocks` blocks of the block kernel with p (p.mode says which rows they take)
 // for the cache's head_dim and format: kernels/attention_unified.cu, the one place the

@@ -3,7 +3,6 @@
 
 #include "kernels/gemm_skinny.cuh"
 
-#include <atomic>
 #include <climits>
 
 #if !defined(KVFUSE_HIP)
@@ -419,26 +418,17 @@ bool make_tensor_map(CUtensorMap* map, const void* base, int64_t rows, int64_t c
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-constexpr int kMaxDevices = 64;
-
 // The current device is an sm_90 (the kernel is built for sm_90a only); asked once a device.
 bool device_is_sm90() {
-  static std::atomic<int> known[kMaxDevices] = {};  // 0 unknown, 1 yes, 2 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  int v = known[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0, minor = 0;
-    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
-    if (!ok) (void)cudaGetLastError();
-    v = ok && major == 9 && minor == 0 ? 1 : 2;
-    known[dev].store(v, std::memory_order_relaxed);
-  }
-  return v == 1;
+  return once_per_device<1>(0, 2, [] {  // 1 yes, 2 no
+           int dev = 0, major = 0, minor = 0;
+           const bool ok =
+               cudaGetDevice(&dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess;
+           if (!ok) (void)cudaGetLastError();
+           return ok && major == 9 && minor == 0 ? 1 : 2;
+         }) == 1;
 }
 
 // The kernel with its shared memory allowed on the current device (more than the 48 KiB a
@@ -448,27 +438,21 @@ template <int kN, int kRT, bool kSwap, bool kF32>
 cudaError_t launch_instance(unsigned blocks, cudaStream_t stream, bool pdl, const CUtensorMap& wmap,
                             const CUtensorMap& xmap, int m, int n, int k, void* out, int splits,
                             bool early_w) {
-  static std::atomic<bool> allowed[kMaxDevices] = {};
-  int dev = 0;
-  if (cudaError_t e = cudaGetDevice(&dev); e != cudaSuccess) return e;
-  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  if (!allowed[dev].load(std::memory_order_acquire)) {
+  // Once a device; a failure is asked again at the next launch (0: not known yet).
+  cudaError_t err = cudaSuccess;
+  const int32_t allowed = once_per_device<1>(0, 0, [&] {
     const void* fn = reinterpret_cast<const void*>(skinny_kernel<kN, kRT, kSwap, kF32>);
-    if (cudaError_t e =
-            cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes(kN, kRT)));
-        e != cudaSuccess) {
-      return e;
-    }
+    err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes(kN, kRT)));
     // The whole of L1 as shared memory whatever the instance needs, as the library's large
     // GEMMs take it: an SM whose split of L1 must change between two kernels idles first
     // (3-4 us seen on an H200 before a library GEMM that followed this kernel and a norm).
-    if (cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             cudaSharedmemCarveoutMaxShared);
-        e != cudaSuccess) {
-      return e;
+    if (err == cudaSuccess) {
+      err = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
     }
-    allowed[dev].store(true, std::memory_order_release);
-  }
+    return err == cudaSuccess ? 1 : 0;
+  });
+  if (allowed != 1) return err != cudaSuccess ? err : cudaErrorInvalidDevice;
   cudaLaunchAttribute attr[2] = {};
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = unsigned(splits);

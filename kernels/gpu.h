@@ -12,6 +12,7 @@
 #include "kernels/vendor/cuda.h"
 #endif
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -275,6 +276,26 @@ inline cudaError_t malloc_signals(void** p, size_t bytes) { return vendor_malloc
 // Pinned host memory, mapped into every GPU at the same address, coherent while kernels
 // run (free with cudaFreeHost).
 inline cudaError_t host_alloc_mapped(void** p, size_t bytes) { return vendor_host_alloc_mapped(p, bytes); }
+
+// query() for the current device, asked once per device and slot (0 .. kSlots-1) and kept
+// by the calling site (each lambda type has its own cache): device properties and
+// occupancy do not change while the process runs. `fallback` when the device or the slot
+// is out of range. A query that returns 0 is not kept: it is asked again at the next call.
+template <int kSlots, class Query>
+int32_t once_per_device(int slot, int32_t fallback, Query&& query) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int32_t> cache[kMaxDevices][kSlots];
+  int dev = 0;
+  if (slot < 0 || slot >= kSlots || cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    return fallback;
+  }
+  int32_t n = cache[dev][slot].load(std::memory_order_relaxed);
+  if (n == 0) {
+    n = query();
+    cache[dev][slot].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
 
 // Grid size for `items` work items of `per_block` each, capped at the largest 1D grid
 // every vendor accepts (kernels that use it loop with a grid stride).
