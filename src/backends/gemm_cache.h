@@ -7,7 +7,7 @@
 // "k", "out", "algo", "us", "method", "kernel"}, ...]}. "device" names the GPU, its
 // architecture and the BLAS-Lt library and version (an algorithm is only valid for the
 // library that made it), and ends in " +skinny" where kvfuse's skinny GEMM was among
-// the candidates; "algo" is the library's opaque algorithm struct in hex, or empty when
+// the shape's candidates; "algo" is the library's opaque algorithm struct in hex, or empty when
 // "kernel" names kvfuse's own kernel instead ("kvfuse-gemv/N", variant N of
 // kernels/gemv.cuh, or "kvfuse-skinny/N", of kernels/gemm_skinny.cuh; absent for the
 // library's). Writers take an advisory lock (flock on "<file>.lock"), merge with what is

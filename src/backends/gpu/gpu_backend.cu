@@ -512,9 +512,11 @@ class GpuBackend final : public Backend {
     return v == nullptr || *v == '\0' ? dflt : std::string(v) != "0";
   }
   // Choices made with the skinny GEMM among the candidates are kept apart from those made
-  // without it (KVFUSE_GEMM_SKINNY=0, or a file written before it existed).
+  // without it (KVFUSE_GEMM_SKINNY=0, m above KVFUSE_GEMM_SKINNY_ROWS, or a file written
+  // before it existed), so raising KVFUSE_GEMM_SKINNY_ROWS tunes the newly offered shapes.
   GemmCacheKey cache_key(const GemmKey& k) const {
-    return GemmCacheKey{skinny_enabled() ? algo_device_ + " +skinny" : algo_device_, k.m, k.n, k.k,
+    const bool skinny = skinny_enabled() && k.m <= skinny_rows();
+    return GemmCacheKey{skinny ? algo_device_ + " +skinny" : algo_device_, k.m, k.n, k.k,
                         k.out_type == int(BLAS_R_32F) ? "f32" : "bf16"};
   }
 
