@@ -57,8 +57,52 @@ Operands random_operands(int64_t m, int64_t n, int64_t k, uint64_t seed) {
   return o;
 }
 
+// out = x . w^T in double (products exact, sums of at most 14336 terms) and sum |x w| of
+// every output, the bound's scale.
+struct Exact {
+  std::vector<double> value, mag;
+};
+Exact exact_products(const Operands& o, int64_t m, int64_t n, int64_t k) {
+  Exact e{std::vector<double>(size_t(m * n)), std::vector<double>(size_t(m * n))};
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0.0, mag = 0.0;
+      for (int64_t c = 0; c < k; ++c) {
+        const double p =
+            double(bf16_to_f32(o.x[size_t(i * k + c)])) * double(bf16_to_f32(o.w[size_t(j * k + c)]));
+        sum += p;
+        mag += std::fabs(p);
+      }
+      e.value[size_t(i * n + j)] = sum;
+      e.mag[size_t(i * n + j)] = mag;
+    }
+  }
+  return e;
+}
+
+// The fp32 outputs within gamma(k) sum |x w| of the exact ones, the bf16 outputs within
+// that and one ulp (the header's bound).
+void check_bound(const std::string& what, const Exact& e, int64_t k, const std::vector<float>& of,
+                 const std::vector<bf16_t>& ob) {
+  const double u = std::ldexp(1.0, -24), gamma = double(k) * u / (1.0 - double(k) * u);
+  int64_t bad_f = 0, bad_b = 0;
+  double worst = 0.0;
+  for (size_t i = 0; i < e.value.size(); ++i) {
+    const double tol = gamma * e.mag[i];
+    const double ef = std::fabs(double(of[i]) - e.value[i]);
+    const double eb = std::fabs(double(bf16_to_f32(ob[i])) - e.value[i]);
+    bad_f += !(ef <= tol);
+    bad_b += !(eb <= tol + bf16_ulp(e.value[i]));
+    if (tol > 0) worst = std::max(worst, ef / tol);
+  }
+  check(bad_f == 0 && bad_b == 0, what + ": " + std::to_string(bad_f) + " fp32 and " + std::to_string(bad_b) +
+                                      " bf16 outputs outside the bound (worst fp32 " + std::to_string(worst) +
+                                      " of it)");
+}
+
 void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream, int variant = 0) {
-  const auto [x, w] = random_operands(m, n, k, seed);
+  const Operands ops = random_operands(m, n, k, seed);
+  const auto& [x, w] = ops;
   DeviceMem dx(x.size() * 2), dw(w.size() * 2), df(size_t(m * n) * 4), db(size_t(m * n) * 2);
   dx.upload(x.data(), x.size() * 2);
   dw.upload(w.data(), w.size() * 2);
@@ -73,29 +117,7 @@ void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stre
   KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
   const std::vector<float> of = df.download<float>(size_t(m * n));
   const std::vector<bf16_t> ob = db.download<bf16_t>(size_t(m * n));
-  const double u = std::ldexp(1.0, -24), gamma = double(k) * u / (1.0 - double(k) * u);
-  int64_t bad_f = 0, bad_b = 0;
-  double worst = 0.0;
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      double exact = 0.0, mag = 0.0;
-      for (int64_t c = 0; c < k; ++c) {
-        const double p =
-            double(bf16_to_f32(x[size_t(i * k + c)])) * double(bf16_to_f32(w[size_t(j * k + c)]));
-        exact += p;
-        mag += std::fabs(p);
-      }
-      const double tol = gamma * mag;
-      const double ef = std::fabs(double(of[size_t(i * n + j)]) - exact);
-      const double eb = std::fabs(double(bf16_to_f32(ob[size_t(i * n + j)])) - exact);
-      bad_f += !(ef <= tol);
-      bad_b += !(eb <= tol + bf16_ulp(exact));
-      if (tol > 0) worst = std::max(worst, ef / tol);
-    }
-  }
-  check(bad_f == 0 && bad_b == 0, what + ": " + std::to_string(bad_f) + " fp32 and " + std::to_string(bad_b) +
-                                      " bf16 outputs outside the bound (worst fp32 " + std::to_string(worst) +
-                                      " of it)");
+  check_bound(what, exact_products(ops, m, n, k), k, of, ob);
 }
 
 // act = silu_mul(x . w^T), w = [gate rows; up rows] of n = 2 x inter rows.
@@ -127,26 +149,12 @@ void run_silu_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t
 // Every variant of the skinny GEMM for one shape, fp32 and bf16 outputs, against the
 // exact products (computed once).
 void run_skinny_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream) {
-  const auto [x, w] = random_operands(m, n, k, seed);
-  std::vector<double> exact(size_t(m * n)), mag(size_t(m * n));
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      double e = 0.0, a = 0.0;
-      const bf16_t* xr = &x[size_t(i * k)];
-      const bf16_t* wr = &w[size_t(j * k)];
-      for (int64_t c = 0; c < k; ++c) {
-        const double p = double(bf16_to_f32(xr[c])) * double(bf16_to_f32(wr[c]));
-        e += p;
-        a += std::fabs(p);
-      }
-      exact[size_t(i * n + j)] = e;
-      mag[size_t(i * n + j)] = a;
-    }
-  }
+  const Operands ops = random_operands(m, n, k, seed);
+  const auto& [x, w] = ops;
+  const Exact exact = exact_products(ops, m, n, k);
   DeviceMem dx(x.size() * 2), dw(w.size() * 2), df(size_t(m * n) * 4), db(size_t(m * n) * 2);
   dx.upload(x.data(), x.size() * 2);
   dw.upload(w.data(), w.size() * 2);
-  const double u = std::ldexp(1.0, -24), gamma = double(k) * u / (1.0 - double(k) * u);
   for (int v = 0; v < gpu::kSkinnyVariants; ++v) {
     const std::string what = "skinny " + std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k) +
                              " variant " + std::to_string(v);
@@ -164,20 +172,10 @@ void run_skinny_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream
     KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
     const std::vector<float> of = df.download<float>(size_t(m * n));
     const std::vector<bf16_t> ob = db.download<bf16_t>(size_t(m * n));
-    int64_t bad_f = 0, bad_b = 0, bad_bits = 0;
-    double worst = 0.0;
-    for (size_t i = 0; i < exact.size(); ++i) {
-      const double tol = gamma * mag[i];
-      const double ef = std::fabs(double(of[i]) - exact[i]);
-      const double eb = std::fabs(double(bf16_to_f32(ob[i])) - exact[i]);
-      bad_f += !(ef <= tol);
-      bad_b += !(eb <= tol + bf16_ulp(exact[i]));
+    check_bound(what, exact, k, of, ob);
+    int64_t bad_bits = 0;
+    for (size_t i = 0; i < of.size(); ++i)
       bad_bits += f32_to_bf16(of[i]) != ob[i];  // the same sums, rounded once
-      if (tol > 0) worst = std::max(worst, ef / tol);
-    }
-    check(bad_f == 0 && bad_b == 0, what + ": " + std::to_string(bad_f) + " fp32 and " + std::to_string(bad_b) +
-                                        " bf16 outputs outside the bound (worst fp32 " + std::to_string(worst) +
-                                        " of it)");
     check(bad_bits == 0, what + ": " + std::to_string(bad_bits) + " bf16 outputs are not the fp32 ones rounded");
     // Again: the same bits.
     KVFUSE_TEST_GPU(cudaMemsetAsync(df.get(), 0xff, size_t(m * n) * 4, stream));
