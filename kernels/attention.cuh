@@ -65,7 +65,27 @@ struct AttnLaunch {
 // launchers refuse such arguments with cudaErrorInvalidValue and this message.
 std::string attention_unsupported(const AttnArgs& args);
 
-LaunchStatus launch_attention_unified(const AttnArgs& args, cudaStream_t stream, const AttnLaunch& launch = {});
+// RoPE and the KV write taken into the attention kernel (KvWritePath::fused_rope at
+// decode-only steps): given `rope` (kernels/kv_types.h, KvWriteRopeArgs, over the same
+// rows: rope.q is args.q, unrotated, and rope.kv.cache is args.cache), the launchers below
+// leave the cache and the output as launch_kv_write_rope(rope) followed by the same
+// launcher without it would: every block rotates its query heads in shared memory (q
+// itself is left unrotated), and the one block that holds a row's own key (the last
+// partition of a split row) rotates K and writes the row's K and V into its slot with
+// the fused write's conversion before its tiles read them. One launch instead of two;
+// the same cache bytes and the same output bits.
+//
+// Empty if the launchers take `rope` for `args`, else why not: CUDA only (the CDNA
+// kernel does not take the write in); a decode-only batch (max_query_len 1); page sizes
+// a multiple of 16; bf16, e4m3fn (the default decode) or e5m2 caches; what
+// kv_write_rope_unsupported asks; no k_rotated; rope over the same q, cache and tokens.
+std::string attention_rope_unsupported(const AttnArgs& args, const KvWriteRopeArgs& rope,
+                                       const AttnLaunch& launch = {});
+
+// rope: null, or the write taken in (attention_rope_unsupported(args, *rope) must be
+// empty: the launchers refuse it otherwise).
+LaunchStatus launch_attention_unified(const AttnArgs& args, cudaStream_t stream,
+                                      const AttnLaunch& launch = {}, const KvWriteRopeArgs* rope = nullptr);
 
 // Scratch bytes of the split path for `num_tokens` rows up to `max_context_len` keys,
 // with partitions of at least `partition_size` keys. 16-byte aligned memory.
@@ -87,7 +107,7 @@ int64_t attention_split_merge_counters(const AttnArgs& args);
 // partition order); without, or on CDNA, a merge kernel follows. Same bits either way.
 LaunchStatus launch_attention_split(const AttnArgs& args, void* scratch, int32_t partition_size,
                                     cudaStream_t stream, const AttnLaunch& launch = {},
-                                    int32_t* merge_counters = nullptr);
+                                    int32_t* merge_counters = nullptr, const KvWriteRopeArgs* rope = nullptr);
 
 // Keys per partition that launch_attention_split uses for `args` (for logs and benchmarks).
 int32_t attention_split_partition(const AttnArgs& args, int32_t partition_size, const AttnLaunch& launch = {});

@@ -40,6 +40,13 @@ struct Params {
   int32_t mode;
   int32_t ps_shift;    // log2(page_size) for powers of two, else -1
   int32_t page_tiles;  // page_size % kTileKeys == 0: a tile lies in one page
+  // Decode-only batches, when rope_write is set: RoPE and the KV write inside the kernel
+  // (launch_attention_* with an AttnRope, kernels/attention.cuh). a.q is then unrotated;
+  // every block rotates its query heads into shared memory, and the block that holds a
+  // row's own key rotates K and writes the row's K and V into the cache before it reads
+  // them.
+  KvWriteRopeArgs rope;
+  int32_t rope_write;
 };
 
 // Split path: a decode row's visible keys [lo, pos] are cut into partitions of `len`

@@ -59,13 +59,19 @@ int64_t attention_split_merge_counters(const AttnArgs& a) {
 }
 
 LaunchStatus launch_attention_split(const AttnArgs& a, void* scratch, int32_t partition_size,
-                                    cudaStream_t stream, const AttnLaunch& l, int32_t* merge_counters) {
+                                    cudaStream_t stream, const AttnLaunch& l, int32_t* merge_counters,
+                                    const KvWriteRopeArgs* rope) {
   if (std::string why = attention_unsupported(a); !why.empty()) {
     return LaunchStatus::refused(std::move(why));
   }
   if (partition_size <= 0) {
     return LaunchStatus::refused("attention split: partition_size " + std::to_string(partition_size) +
                                  " must be positive");
+  }
+  if (rope != nullptr) {
+    if (std::string why = attention_rope_unsupported(a, *rope, l); !why.empty()) {
+      return LaunchStatus::refused(std::move(why));
+    }
   }
   if (a.batch.num_tokens <= 0 || a.batch.num_seqs <= 0) return cudaSuccess;
   const int32_t len = attention_split_partition(a, partition_size, l);
@@ -79,6 +85,7 @@ LaunchStatus launch_attention_split(const AttnArgs& a, void* scratch, int32_t pa
   // row and KV head to finish); the CDNA kernel's leave it to the merge kernel.
   const bool merge_in_blocks = parts > 1 && kWarpSize == 32 && merge_counters != nullptr;
   if (merge_in_blocks) p.part_done = merge_counters;
+  take_rope(rope, p);
   const int64_t decode_blocks = int64_t(parts) * a.batch.num_seqs * a.cache.num_kv_heads;
   const bool any_prefill = a.batch.max_query_len != 1;
   KVFUSE_GPU_RETURN_IF_ERROR(launch_attention_blocks(p, decode_blocks, l, stream));

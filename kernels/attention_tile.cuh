@@ -111,6 +111,14 @@ KVFUSE_DEVICE void put_words(uint32_t (&w)[N], int at, uint4 x) {
 cudaError_t launch_attention_blocks(const Params& p, int64_t blocks, const AttnLaunch& l,
                                     cudaStream_t stream);
 
+// RoPE and the KV write taken into p's blocks (rope not null; the launcher has checked
+// attention_rope_unsupported).
+inline void take_rope(const KvWriteRopeArgs* rope, Params& p) {
+  if (rope == nullptr) return;
+  p.rope = *rope;
+  p.rope_write = 1;
+}
+
 // On CDNA the blocks are the MFMA kernel's (kernels/attention_mfma.h, launched from
 // kernels/attention_mfma.cu); elsewhere this returns cudaErrorInvalidValue.
 cudaError_t launch_attention_mfma(const Params& p, int64_t blocks, cudaStream_t stream);

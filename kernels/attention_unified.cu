@@ -11,6 +11,8 @@
 
 #include "kernels/attention_tile.cuh"
 #include "kernels/dispatch.cuh"
+#include "kernels/kv_write_rope.cuh"
+#include "kernels/rope_rows.cuh"
 
 namespace kvfuse::gpu {
 namespace {
@@ -36,8 +38,81 @@ struct L2Load {
   KVFUSE_HD float operator()(const float* p) const { return *static_cast<const volatile float*>(p); }
 };
 
-template <int D, KvKind K, bool kPageTiles>
+// The cache format a kernel instance reads (KvKind also names the decode method).
+template <KvKind K>
+constexpr KvFormat kKindFormat = K == KvKind::bf16       ? KvFormat::bf16
+                                 : K == KvKind::e4m3fnuz ? KvFormat::fp8_e4m3fnuz
+                                 : K == KvKind::e5m2     ? KvFormat::fp8_e5m2
+                                                         : KvFormat::fp8_e4m3fn;
+
+// The instances that take RoPE and the KV write in (p.rope_write): the formats a CUDA
+// engine writes, with the hardware e4m3fn decode, page-aligned tiles.
+template <KvKind K>
+constexpr bool kRopeKind = K == KvKind::bf16 || K == KvKind::e4m3fn_hw || K == KvKind::e5m2;
+
+// p.rope_write: RoPE and the KV write of decode row `row0`, KV head kvh, done by one
+// block. Every block rotates its G query heads into q_out (bf16 bits, [head][dim]); with
+// slot >= 0 (the block that holds the row's own key, and a slot to write) it also
+// rotates the K row, and writes K and V into the slot as kv_write_rope_kernel does: the
+// same loads, rotation, rounding and conversion (kernels/rope_rows.cuh), so the same
+// bytes. cos_t/sin_t: the position's cos and sin (rope_rows::cos_sin).
+template <int D, KvKind K>
+KVFUSE_DEVICE void rope_write_row(const Params& p, int32_t row0, int32_t kvh, int32_t G, int64_t slot,
+                                  const float* cos_t, const float* sin_t, uint16_t (*q_out)[D]) {
+  using namespace rope_rows;
+  constexpr KvFormat F = kKindFormat<K>;
+  constexpr bool kFp8 = F != KvFormat::bf16;
+  constexpr int kHalf = D / 2, kPairs = kHalf / kPairElems, kVChunks = D / 16;
+  const KvWriteRopeArgs& r = p.rope;
+  const PagedKvView& cache = p.a.cache;
+  const int nq = G * kPairs, nk = slot >= 0 ? kPairs : 0, nv = slot >= 0 ? kVChunks : 0;
+  const bf16_t* q = r.q + int64_t(row0) * r.q_token_stride + int64_t(kvh) * G * D;
+  const bf16_t* k =
+      static_cast<const bf16_t*>(r.kv.k) + int64_t(row0) * r.kv.k_token_stride + int64_t(kvh) * D;
+  const bf16_t* v =
+      static_cast<const bf16_t*>(r.kv.v) + int64_t(row0) * r.kv.v_token_stride + int64_t(kvh) * D;
+  const int64_t at = (slot * cache.num_kv_heads + kvh) * int64_t(D) * (kFp8 ? 1 : 2);  // bytes
+  uint8_t* k_dst = static_cast<uint8_t*>(cache.k) + at;
+  uint8_t* v_dst = static_cast<uint8_t*>(cache.v) + at;
+  for (int it = int(threadIdx.x); it < nq + nk + nv; it += kThreads) {
+    // The item's two 16-byte loads first, then the scales (their loads are ordered after).
+    const bool pair = it < nq + nk, is_q = it < nq;
+    const int j = is_q ? it : it - nq;
+    const int c0 = pair ? (j % kPairs) * kPairElems : (it - nq - nk) * 16;
+    const bf16_t* src = is_q ? q + (j / kPairs) * D + c0 : pair ? k + c0 : v + c0;
+    const uint4 x0 = *reinterpret_cast<const uint4*>(src);
+    const uint4 x1 = *reinterpret_cast<const uint4*>(src + (pair ? kHalf : 8));
+    float inv_k = 1.0f, inv_v = 1.0f;
+    if constexpr (kFp8) {
+      if (!is_q) load_inv_scales(cache, inv_k, inv_v);  // as the fused write, per token
+    }
+    if (pair) {
+      uint16_t lo[8], hi[8];
+      rotate_pair(x0, x1, cos_t, sin_t, c0, lo, hi);
+      const uint4 lo4 = pack_bf16x8(lo), hi4 = pack_bf16x8(hi);
+      if (is_q) {
+        *reinterpret_cast<uint4*>(&q_out[j / kPairs][c0]) = lo4;
+        *reinterpret_cast<uint4*>(&q_out[j / kPairs][c0 + kHalf]) = hi4;
+      } else if constexpr (kFp8) {
+        *reinterpret_cast<uint2*>(k_dst + c0) = bf16x8_to_fp8<F>(lo4, inv_k);
+        *reinterpret_cast<uint2*>(k_dst + c0 + kHalf) = bf16x8_to_fp8<F>(hi4, inv_k);
+      } else {
+        store_16B(k_dst + 2 * c0, lo4);  // the rounded bits, as the fused write copies them
+        store_16B(k_dst + 2 * (c0 + kHalf), hi4);
+      }
+    } else if constexpr (kFp8) {
+      const uint2 a = bf16x8_to_fp8<F>(x0, inv_v), b = bf16x8_to_fp8<F>(x1, inv_v);
+      store_16B(v_dst + c0, make_uint4(a.x, a.y, b.x, b.y));
+    } else {
+      store_16B(v_dst + 2 * c0, x0);  // bit copy, NaN payloads included
+      store_16B(v_dst + 2 * c0 + 16, x1);
+    }
+  }
+}
+
+template <int D, KvKind K, bool kPageTiles, bool kRope>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel(Params p) {
+  static_assert(!kRope || (kPageTiles && kRopeKind<K>), "the instances with RoPE and the write");
   using Gm = Geo<D, K>;
   constexpr bool kBf16 = Gm::kBf16;
   constexpr int kEb = Gm::kElemBytes;
@@ -121,7 +196,32 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
   const int32_t t_first = (begin & ~(kTileKeys - 1)) + kTileKeys * w;
   const Ent e_first = fetch(t_first), e_second = fetch(t_first + stride);
 
+  // ---- kRope: the rotation's cos and sin need only the row's position, and the write
+  // only the slot of the row's own key: batch metadata, before the wait too. The block
+  // that holds that key writes it: the last partition of a split row (r.last), every
+  // block of the unified grid (the host passes decode-only batches: one block a row and
+  // KV head).
+  __shared__ float rope_cos[kRope ? D / 2 : 1], rope_sin[kRope ? D / 2 : 1];
+  __shared__ __align__(16) uint16_t rope_q[kRope ? kRows : 1][kRope ? D : 8];
+  [[maybe_unused]] int64_t rope_slot = -1;
+  if constexpr (kRope) {
+    const int32_t rpos = p.rope.positions[row0];
+    for (int i = int(threadIdx.x); i < D / 2; i += kThreads) {
+      rope_rows::cos_sin(rpos, p.rope.inv_freq[i], p.rope.attention_scaling, rope_cos[i], rope_sin[i]);
+    }
+    if (p.mode != kModeDecode || part == last_part) {
+      rope_slot = resolve_write_slot(p.rope.kv.slot_mapping[row0], p.rope.kv.swa, a.cache.num_slots());
+    }
+    __syncthreads();  // rope_cos, rope_sin
+  }
+
   grid_dependency_wait();
+  if constexpr (kRope) {
+    // Q rotated into rope_q; the row's K and V into the cache, before any tile loads them
+    // (the barrier orders this block's stores before its loads).
+    rope_write_row<D, K>(p, row0, kvh, G, rope_slot, rope_cos, rope_sin, rope_q);
+    __syncthreads();
+  }
 
   // ---- Q fragment (B of S^T = K Q^T): lane (g, c) holds row g, its D/4 dimensions in
   // K-load order: element e is dimension (4 * (e / kPiece) + c) * kPiece + e % kPiece.
@@ -132,7 +232,10 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
   {
     float qv[Gm::kQElems];
     if (g < nvalid) {
-      const bf16_t* qp = a.q + int64_t(row0 + g / G) * a.q_token_stride + int64_t(kvh * G + g % G) * D;
+      // kRope: one decode row, its G heads rotated in shared memory.
+      const bf16_t* qp = kRope
+                             ? reinterpret_cast<const bf16_t*>(rope_q[g % kRows])
+                             : a.q + int64_t(row0 + g / G) * a.q_token_stride + int64_t(kvh * G + g % G) * D;
 #pragma unroll
       for (int e = 0; e < Gm::kQElems; ++e) {
         qv[e] = bf16_bits_to_f32(qp[(4 * (e / Gm::kPiece) + c) * Gm::kPiece + e % Gm::kPiece]);
@@ -210,6 +313,10 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
     const int32_t page = group_shfl(e.page, i), inpage = group_shfl(e.inpage, i);
     return page < 0 ? -1 : (int64_t(page) * ps + inpage) * row_bytes;
   };
+  // kRope: this block may have written a key of its tiles: plain (coherent) loads.
+  const auto tile_16B = [](const uint8_t* src) {
+    return kRope ? *reinterpret_cast<const uint4*>(src) : load_ro_16B(src);
+  };
   const auto load_k = [&](Raw<D, K>& r, const Ent& e) {
     const uint8_t* tile = kbase + (int64_t(e.page) * ps + e.inpage) * row_bytes;
 #pragma unroll
@@ -219,7 +326,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
 #pragma unroll
       for (int pc = 0; pc < Gm::kKWords / 4; ++pc) {
         uint4 x = make_uint4(0u, 0u, 0u, 0u);
-        if (kPageTiles || off >= 0) x = load_ro_16B(src + 64 * pc);
+        if (kPageTiles || off >= 0) x = tile_16B(src + 64 * pc);
         put_words(r.k[kk], 4 * pc, x);
       }
     }
@@ -239,7 +346,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
 #pragma unroll
         for (int pc = 0; pc < Gm::kVWords / 4; ++pc) {
           uint4 x = make_uint4(0u, 0u, 0u, 0u);
-          if (kPageTiles || off >= 0) x = load_ro_16B(src + 16 * pc);
+          if (kPageTiles || off >= 0) x = tile_16B(src + 16 * pc);
           put_words(r.v[vv], 4 * pc, x);
         }
       }
@@ -480,8 +587,18 @@ template <int D, KvKind K>
 cudaError_t launch_main(const Params& p, int64_t blocks, cudaStream_t stream, bool pdl) {
   if (blocks <= 0) return cudaSuccess;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return p.page_tiles ? launch_kernel(attention_kernel<D, K, true>, unsigned(blocks), kThreads, stream, pdl, p)
-                      : launch_kernel(attention_kernel<D, K, false>, unsigned(blocks), kThreads, stream, pdl, p);
+  if (p.rope_write) {
+    if constexpr (kRopeKind<K>) {
+      if (p.page_tiles) {
+        return launch_kernel(attention_kernel<D, K, true, true>, unsigned(blocks), kThreads, stream, pdl, p);
+      }
+    }
+    return cudaErrorInvalidValue;  // attention_rope_unsupported refuses these
+  }
+  return p.page_tiles
+             ? launch_kernel(attention_kernel<D, K, true, false>, unsigned(blocks), kThreads, stream, pdl, p)
+             : launch_kernel(attention_kernel<D, K, false, false>, unsigned(blocks), kThreads, stream, pdl,
+                             p);
 }
 
 }  // namespace
@@ -527,12 +644,44 @@ std::string attention_unsupported(const AttnArgs& a) {
          kv_format_name(c.format) + "): " + why;
 }
 
-LaunchStatus launch_attention_unified(const AttnArgs& a, cudaStream_t stream, const AttnLaunch& l) {
+std::string attention_rope_unsupported(const AttnArgs& a, const KvWriteRopeArgs& r, const AttnLaunch& l) {
+  const PagedKvView &c = a.cache, &rc = r.kv.cache;
+  std::string why;
+  if (kWarpSize != 32) {
+    why = "the CDNA attention kernel does not take the write in";
+  } else if (a.batch.max_query_len != 1) {
+    why = "a batch with prefill rows (max_query_len " + std::to_string(a.batch.max_query_len) + ")";
+  } else if (c.page_size % kTileKeys != 0) {
+    why = "page size " + std::to_string(c.page_size) + " not a multiple of " + std::to_string(kTileKeys);
+  } else if (c.format == KvFormat::fp8_e4m3fnuz || (c.format == KvFormat::fp8_e4m3fn && l.fp8_decode != 0)) {
+    why = std::string("cache dtype ") + kv_format_name(c.format) + " with this decode";
+  } else if (r.k_rotated != nullptr) {
+    why = "k_rotated is kv_write_rope's alone";
+  } else if (r.q != a.q || r.q_token_stride != a.q_token_stride || r.q_heads != a.num_q_heads ||
+             r.kv.num_tokens != a.batch.num_tokens || rc.k != c.k || rc.v != c.v || rc.format != c.format ||
+             rc.head_dim != c.head_dim || rc.num_kv_heads != c.num_kv_heads || rc.page_size != c.page_size ||
+             rc.num_pages != c.num_pages || rc.k_scale != c.k_scale || rc.v_scale != c.v_scale ||
+             rc.k_inv_scale != c.k_inv_scale || rc.v_inv_scale != c.v_inv_scale) {
+    why = "the write's q, tokens or cache differ from the attention's";
+  } else if (std::string w = kv_write_rope_unsupported(r); !w.empty()) {
+    return w;
+  }
+  return why.empty() ? why : "attention with RoPE and the KV write: " + why;
+}
+
+LaunchStatus launch_attention_unified(const AttnArgs& a, cudaStream_t stream, const AttnLaunch& l,
+                                      const KvWriteRopeArgs* rope) {
   if (std::string why = attention_unsupported(a); !why.empty()) {
     return LaunchStatus::refused(std::move(why));
   }
+  if (rope != nullptr) {
+    if (std::string why = attention_rope_unsupported(a, *rope, l); !why.empty()) {
+      return LaunchStatus::refused(std::move(why));
+    }
+  }
   if (a.batch.num_tokens <= 0 || a.batch.num_seqs <= 0) return cudaSuccess;
   Params p = base_params(a);
+  take_rope(rope, p);
   p.mode = kModeUnified;
   return launch_attention_blocks(p, a.batch.num_tokens * a.cache.num_kv_heads, l, stream);
 }

@@ -38,7 +38,11 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
 // silu_mul(x . w^T): a group's rows are gate rows j.. and up rows inter + j.., each
 // summed exactly as without kSilu, rounded to bf16 and combined by launch_silu_mul's
 // formula, so the bits are the GEMV's and then silu_mul's.
-template <int M, bool kF32, int kRows, int kUnroll, int kSplit, bool kSilu = false>
+//
+// kStream: w is loaded with load_stream_16B (read once a step: no L1 allocation, evicted
+// first from L2), which leaves L1 to x, read by every warp; else with load_ro_16B, as x.
+// The same bits either way.
+template <int M, bool kF32, int kRows, int kUnroll, int kSplit, bool kSilu, bool kStream>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
     gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out) {
   static_assert(kSplit >= 1 && (kThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
@@ -60,13 +64,17 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
     for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
   const bool full = row0 + kOuts <= n_out;
   uint4 wv[kUnroll][kRows];
+  const uint64_t policy = kStream ? l2_evict_first_policy() : 0;
+  const auto load_w_16B = [&](const bf16_t* p) {
+    return kStream ? load_stream_16B(p, policy) : load_ro_16B(p);
+  };
   auto load_w = [&](int64_t c0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t c = c0 + int64_t(u) * kWarpSize * kSplit;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        wv[u][r] = c < chunks && (full || row0 + r % kOuts < n_out) ? load_ro_16B(w + w_row(r) * k + c * 8)
+        wv[u][r] = c < chunks && (full || row0 + r % kOuts < n_out) ? load_w_16B(w + w_row(r) * k + c * 8)
                                                                     : make_uint4(0u, 0u, 0u, 0u);
       }
     }
@@ -153,7 +161,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
 }
 
 // out_kind: 0 bf16, 1 fp32, 2 silu_mul (bf16 act of half the columns).
-template <int M, int kRows, int kUnroll, int kSplit = 1>
+template <int M, int kRows, int kUnroll, int kSplit, bool kStream>
 cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
                          cudaStream_t stream, bool pdl) {
   const int64_t cols = out_kind == 2 ? n / 2 : n;
@@ -162,13 +170,13 @@ cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k,
   const int64_t blocks = (cols + per_block - 1) / per_block;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   if (out_kind == 2) {
-    return launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, true>, unsigned(blocks), kThreads, stream,
-                         pdl, x, w, n, k, out);
+    return launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, true, kStream>, unsigned(blocks),
+                         kThreads, stream, pdl, x, w, n, k, out);
   }
-  return out_kind == 1 ? launch_kernel(gemv_kernel<M, true, kRows, kUnroll, kSplit>, unsigned(blocks), kThreads,
-                                       stream, pdl, x, w, n, k, out)
-                       : launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit>, unsigned(blocks), kThreads,
-                                       stream, pdl, x, w, n, k, out);
+  return out_kind == 1 ? launch_kernel(gemv_kernel<M, true, kRows, kUnroll, kSplit, false, kStream>,
+                                       unsigned(blocks), kThreads, stream, pdl, x, w, n, k, out)
+                       : launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, false, kStream>,
+                                       unsigned(blocks), kThreads, stream, pdl, x, w, n, k, out);
 }
 
 // Split-K over the block's warps: 4 on NVIDIA, 2 on CDNA (128 threads either way).
@@ -179,17 +187,28 @@ constexpr int kBlockSplit = kThreads / kWarpSize;
 // then, for every m: 2 rows x 1 chunk (shorter steps: the first GEMV's loop, which the
 // long-k down projection preferred); last, for every m: 2 rows x 2 chunks split over the
 // block's warps (a block per row pair: long rows on more warps).
-template <int M>
-cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
-                     cudaStream_t stream, bool pdl, int variant) {
+template <int M, bool kStream>
+cudaError_t launch_tiling(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
+                          cudaStream_t stream, bool pdl, int variant) {
   if constexpr (M <= 2) {
-    if (variant == 1) return launch_shape<M, 2, 4>(x, w, n, k, out, out_kind, stream, pdl);
-    if (variant == 2) return launch_shape<M, 4, 2>(x, w, n, k, out, out_kind, stream, pdl);
+    if (variant == 1) return launch_shape<M, 2, 4, 1, kStream>(x, w, n, k, out, out_kind, stream, pdl);
+    if (variant == 2) return launch_shape<M, 4, 2, 1, kStream>(x, w, n, k, out, out_kind, stream, pdl);
   }
   if (variant == gemv_variants(M) - 1)
-    return launch_shape<M, 2, 2, kBlockSplit>(x, w, n, k, out, out_kind, stream, pdl);
-  if (variant == gemv_variants(M) - 2) return launch_shape<M, 2, 1>(x, w, n, k, out, out_kind, stream, pdl);
-  return launch_shape<M, 2, 2>(x, w, n, k, out, out_kind, stream, pdl);
+    return launch_shape<M, 2, 2, kBlockSplit, kStream>(x, w, n, k, out, out_kind, stream, pdl);
+  if (variant == gemv_variants(M) - 2)
+    return launch_shape<M, 2, 1, 1, kStream>(x, w, n, k, out, out_kind, stream, pdl);
+  return launch_shape<M, 2, 2, 1, kStream>(x, w, n, k, out, out_kind, stream, pdl);
+}
+
+// HIP has no streaming hint here (load_stream_16B is a plain load): one instance.
+template <int M>
+cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
+                     cudaStream_t stream, bool pdl, int variant, bool stream_w) {
+  if (kWarpSize == 32 && stream_w) {
+    return launch_tiling<M, kWarpSize == 32>(x, w, n, k, out, out_kind, stream, pdl, variant);
+  }
+  return launch_tiling<M, false>(x, w, n, k, out, out_kind, stream, pdl, variant);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -209,8 +228,8 @@ std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n,
 
 namespace {
 
-LaunchStatus launch_any(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
-                        cudaStream_t stream, bool pdl, int variant) {
+LaunchStatus launch_any(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
+                        int out_kind, cudaStream_t stream, bool pdl, int variant, bool stream_w) {
   if (std::string why = gemv_unsupported(x, m, w, n, k, out); !why.empty()) {
     return LaunchStatus::refused(std::move(why));
   }
@@ -220,37 +239,38 @@ LaunchStatus launch_any(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, 
   }
   switch (m) {
     case 1:
-      return launch_m<1>(x, w, n, k, out, out_kind, stream, pdl, variant);
+      return launch_m<1>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
     case 2:
-      return launch_m<2>(x, w, n, k, out, out_kind, stream, pdl, variant);
+      return launch_m<2>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
     case 3:
-      return launch_m<3>(x, w, n, k, out, out_kind, stream, pdl, variant);
+      return launch_m<3>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
     case 4:
-      return launch_m<4>(x, w, n, k, out, out_kind, stream, pdl, variant);
+      return launch_m<4>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
     case 5:
-      return launch_m<5>(x, w, n, k, out, out_kind, stream, pdl, variant);
+      return launch_m<5>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
     case 6:
-      return launch_m<6>(x, w, n, k, out, out_kind, stream, pdl, variant);
+      return launch_m<6>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
     case 7:
-      return launch_m<7>(x, w, n, k, out, out_kind, stream, pdl, variant);
+      return launch_m<7>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
     default:
-      return launch_m<8>(x, w, n, k, out, out_kind, stream, pdl, variant);
+      return launch_m<8>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
   }
 }
 
 }  // namespace
 
 LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
-                              bool out_f32, cudaStream_t stream, bool pdl, int variant) {
-  return launch_any(x, m, w, n, k, out, out_f32 ? 1 : 0, stream, pdl, variant);
+                              bool out_f32, cudaStream_t stream, bool pdl, int variant, bool stream_w) {
+  return launch_any(x, m, w, n, k, out, out_f32 ? 1 : 0, stream, pdl, variant, stream_w);
 }
 
 LaunchStatus launch_gemv_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
-                                       bf16_t* act, cudaStream_t stream, bool pdl, int variant) {
+                                       bf16_t* act, cudaStream_t stream, bool pdl, int variant,
+                                       bool stream_w) {
   if (n % 2 != 0) {
     return LaunchStatus::refused("gemv silu_mul: n " + std::to_string(n) + " must be even (gate rows, then up rows)");
   }
-  return launch_any(x, m, w, n, k, act, 2, stream, pdl, variant);
+  return launch_any(x, m, w, n, k, act, 2, stream, pdl, variant, stream_w);
 }
 
 }  // namespace kvfuse::gpu

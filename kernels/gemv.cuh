@@ -33,15 +33,19 @@ int gemv_variants(int64_t m);
 std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n, int64_t k, const void* out);
 
 // out_f32: out is fp32 [m, n], else bf16 [m, n]. variant: 0 .. gemv_variants(m) - 1.
+// stream_w: w is loaded as data read once (no L1 allocation, evicted first from L2; CUDA
+// only), leaving L1 to x; false loads it as x is loaded. The same bits either way.
 // Asynchronous on `stream`, graph-safe.
 LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
-                              bool out_f32, cudaStream_t stream, bool pdl = false, int variant = 0);
+                              bool out_f32, cudaStream_t stream, bool pdl = false, int variant = 0,
+                              bool stream_w = true);
 
 // act[m, n / 2] = silu_mul(x . w^T) for w = [gate rows; up rows] (n even): the same
 // GEMV (variant as above, the same sums) with each warp's rows paired as gate row j and
 // up row j, and launch_silu_mul's formula in its epilogue: the bits of launch_gemv_bf16
 // into [m, n] followed by launch_silu_mul, in one launch and without the [m, n] rows.
 LaunchStatus launch_gemv_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
-                                       bf16_t* act, cudaStream_t stream, bool pdl = false, int variant = 0);
+                                       bf16_t* act, cudaStream_t stream, bool pdl = false, int variant = 0,
+                                       bool stream_w = true);
 
 }  // namespace kvfuse::gpu

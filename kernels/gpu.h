@@ -80,6 +80,11 @@ KVFUSE_DEVICE T warp_inclusive_sum(T x) {
 // 1/x rounded to nearest even: kernels compute a scale's reciprocal exactly as the CPU
 // reference does (kernels/cpu/kv_write.cc), or the bytes would differ.
 KVFUSE_DEVICE float recip_rn(float x) { return vendor_recip_rn(x); }
+// a * b, a + b, a - b each rounded on its own (never contracted into a multiply-add), so
+// that kernels which share an expression give the same bits whatever the compiler fuses.
+KVFUSE_DEVICE float mul_rn(float a, float b) { return vendor_mul_rn(a, b); }
+KVFUSE_DEVICE float add_rn(float a, float b) { return vendor_add_rn(a, b); }
+KVFUSE_DEVICE float sub_rn(float a, float b) { return vendor_sub_rn(a, b); }
 
 // Exact bf16 / f16 -> fp32 widening of raw 16-bit patterns (kernels/bf16.h types).
 KVFUSE_DEVICE float bf16_bits_to_f32(uint16_t bits) { return __uint_as_float(uint32_t(bits) << 16); }
@@ -93,6 +98,12 @@ KVFUSE_DEVICE void load_f32_pair(const float* a, const float* b, float& x, float
 // 16-byte vector memory access. The caller guarantees 16-byte alignment.
 KVFUSE_DEVICE uint4 load_ro_16B(const void* p) { return vendor_load_ro_16B(p); }
 KVFUSE_DEVICE void store_16B(void* p, uint4 v) { *static_cast<uint4*>(p) = v; }
+// Data read once per step (weights): not kept in L1, evicted first from L2 (CUDA; a plain
+// load on HIP). policy: l2_evict_first_policy(), made once per thread.
+KVFUSE_DEVICE uint64_t l2_evict_first_policy() { return vendor_l2_evict_first_policy(); }
+KVFUSE_DEVICE uint4 load_stream_16B(const void* p, uint64_t policy) {
+  return vendor_load_stream_16B(p, policy);
+}
 
 // x[0 .. N) = p[0 .. N) as N/4 16-byte loads. The caller guarantees 16-byte alignment.
 template <int N>

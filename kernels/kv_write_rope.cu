@@ -18,7 +18,7 @@
 //
 // cos and sin of the token's head_dim/2 angles are computed once per block into shared
 // memory (rope_kernel computes them once per pair and head: here a token's 40 heads of
-// llama3-8b share them), with rope_kernel's expressions, so the values are its values.
+// llama3-8b share them), with rope_kernel's expressions (kernels/rope_rows.cuh).
 //
 // gpu.h first: on HIP the vendor runtime header defines __forceinline__, which
 // kernels/host_device.h (reached through the other headers) uses in KVFUSE_HD.
@@ -29,14 +29,18 @@
 #include "kernels/dispatch.cuh"
 #include "kernels/fp8_convert.cuh"
 #include "kernels/kv_write_rope.cuh"
+#include "kernels/rope_rows.cuh"
 
 namespace kvfuse::gpu {
 namespace {
 
+using rope_rows::bf16x8_to_fp8;
+using rope_rows::kPairElems;
+using rope_rows::pack_bf16x8;
+using rope_rows::rotate_pair;
+
 // Items whose loads a lane keeps in flight at once.
 constexpr int kItemsPerLane = 2;
-// Elements of one side of a pair item: one 16-byte load of bf16.
-constexpr int kPairElems = 8;
 // Elements of a V chunk: two 16-byte loads of bf16, one 16-byte FP8 store.
 constexpr int kVChunkElems = 16;
 // Resident blocks of kKvWriteMaxBlockThreads per multiprocessor, as for the fused write
@@ -54,33 +58,6 @@ KVFUSE_HD ItemCounts item_counts(int32_t q_heads, int32_t kv_heads, int32_t head
   return {q_heads * pairs_per_head, kv_heads * pairs_per_head, kv_heads * head_dim / kVChunkElems};
 }
 
-// Eight bf16 (packed, the lower half first) widened exactly to fp32.
-KVFUSE_DEVICE void widen_bf16x8(uint4 raw, float (&x)[8]) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    x[2 * i] = __uint_as_float(w[i] << 16);
-    x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-  }
-}
-
-KVFUSE_DEVICE uint4 pack_bf16x8(const uint16_t (&b)[8]) {
-  return make_uint4(uint32_t(b[0]) | (uint32_t(b[1]) << 16), uint32_t(b[2]) | (uint32_t(b[3]) << 16),
-                    uint32_t(b[4]) | (uint32_t(b[5]) << 16), uint32_t(b[6]) | (uint32_t(b[7]) << 16));
-}
-
-// Eight bf16 to the cache's format: FP8 bytes of x * inv (the fused write's conversion),
-// 8 bytes; unused for bf16 caches, which store the bf16 bits.
-template <KvFormat F>
-KVFUSE_DEVICE uint2 bf16x8_to_fp8(uint4 raw, float inv) {
-  float x[8];
-  widen_bf16x8(raw, x);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) x[i] *= inv;
-  constexpr Fp8Format f = kv_fp8_format(F);
-  return make_uint2(cvt_fp8x4<f>(x[0], x[1], x[2], x[3]), cvt_fp8x4<f>(x[4], x[5], x[6], x[7]));
-}
-
 KVFUSE_DEVICE uint4 load_16B(const void* p) { return *static_cast<const uint4*>(p); }
 KVFUSE_DEVICE void store_8B(void* p, uint2 v) { *static_cast<uint2*>(p) = v; }
 
@@ -96,21 +73,6 @@ struct TokenRows {
   const float* sin_t;
   float inv_k, inv_v;  // 1/scale (FP8 caches)
 };
-
-// Rotates lo (elements c0 .. c0+7 of a head) with hi (the same of its second half) as
-// rope_kernel does: fp32, one bf16 rounding each.
-KVFUSE_DEVICE void rotate_pair(uint4 lo, uint4 hi, const float* cos_t, const float* sin_t, int c0,
-                               uint16_t (&lo_out)[8], uint16_t (&hi_out)[8]) {
-  float x0[8], x1[8];
-  widen_bf16x8(lo, x0);
-  widen_bf16x8(hi, x1);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float c = cos_t[c0 + e], s = sin_t[c0 + e];
-    lo_out[e] = f32_to_bf16(x0[e] * c - x1[e] * s);
-    hi_out[e] = f32_to_bf16(x1[e] * c + x0[e] * s);
-  }
-}
 
 // The items it, it + lanes, ... (kItemsPerLane of them) of one token, in registers
 // between load and store.
@@ -216,11 +178,9 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kKvWriteMaxBlockThreads, kMinBlocks)
     g.load(r, n, int(threadIdx.x), lanes);  // independent of slot and position: overlaps their round trip
     r.inv_k = r.inv_v = 1.0f;
     if constexpr (kFp8) load_inv_scales(cache, r.inv_k, r.inv_v);  // as the fused write, per token
-    // rope_kernel's expressions, so that the values are its values.
+    // rope_kernel's expressions (rope_rows::cos_sin).
     for (int i = int(threadIdx.x); i < kHalf; i += lanes) {
-      const float angle = float(pos) * a.inv_freq[i];
-      cos_s[i] = cosf(angle) * a.attention_scaling;
-      sin_s[i] = sinf(angle) * a.attention_scaling;
+      rope_rows::cos_sin(pos, a.inv_freq[i], a.attention_scaling, cos_s[i], sin_s[i]);
     }
     const int64_t slot = resolve_write_slot(raw_slot, kv.swa, num_slots);
     r.k_dst = slot < 0 ? nullptr : static_cast<uint8_t*>(cache.k) + slot * row_bytes;

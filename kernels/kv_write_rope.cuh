@@ -6,8 +6,10 @@
 // own. The CPU twin is kvfuse::cpu::kv_write_rope.
 //
 // Numerics: the rotation is rope_kernel's (the angle float(pos) * inv_freq[i], the
-// device's cosf/sinf times attention_scaling, x0 * c - x1 * s and x1 * c + x0 * s in fp32,
-// one bf16 rounding), so q lands within rope's tolerance of the CPU reference (the
+// device's cosf/sinf times attention_scaling, x0 * c - x1 * s and x1 * c + x0 * s in fp32
+// with every operation rounded on its own, as the CPU's, one bf16 rounding; the attention
+// kernel that takes this write in, kernels/attention.cuh, shares the code:
+// kernels/rope_rows.cuh), so q lands within rope's tolerance of the CPU reference (the
 // device's sin and cos are not the libm's). The rotated K, rounded to bf16, then goes
 // through the fused write's conversion: for any K the kernel rotated, the cache bytes are
 // exactly cpu::kv_write_fused's for those rows (k_rotated shows the rows; V is bit-exact

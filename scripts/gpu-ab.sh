@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A short GPU check of a change, for when device time is scarce: the parity tests of the
-# kernels it touched, the GPU engine and peer all-reduce tests, then an A/B of its switches
+# kernels it touched, the GPU backend, engine and peer all-reduce tests, then an A/B of its switches
 # in the decode step, all from the prebuilt bundle (nothing is compiled on the GPU machine).
 #
 #   KVFUSE_BUNDLE_KERNEL_TESTS="test_gemv_gpu test_attention_gpu" scripts/gpu-bundle.sh  (here)
@@ -42,6 +42,7 @@ if [[ ${AB_SKIP_TESTS:-0} != 1 ]]; then
     for a in ${AB_TEST_ARGS:-}; do [[ ${a%%:*} == "$name" ]] && targs+=("${a#*:}"); done
     check "$name" "$t" "${targs[@]}"
   done
+  [[ -x $bundle/test_gpu_backend ]] && check test_gpu_backend "$bundle/test_gpu_backend"
   [[ -x $bundle/test_gpu_engine ]] && check test_gpu_engine "$bundle/test_gpu_engine"
   [[ -x $bundle/test_gpu_peer_allreduce ]] &&
     check test_gpu_peer_allreduce env NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" "$bundle/test_gpu_peer_allreduce"

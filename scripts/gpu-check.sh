@@ -111,7 +111,7 @@ note "built in $(elapsed)"
 status=0
 tests_log="$out/gpu_tests.log"
 : >"$tests_log"
-tests=(test_fp8_convert_gpu test_kv_write_gpu test_kv_write_rope_gpu test_attention_gpu test_gemv_gpu)
+tests=(test_fp8_convert_gpu test_kv_write_gpu test_kv_write_rope_gpu test_attention_gpu test_attention_rope_gpu test_gemv_gpu)
 [[ $vendor == HIP ]] && tests+=(test_mfma_gpu)
 benches_only=${KVFUSE_CHECK_BENCHES_ONLY:-0}
 [[ $benches_only == 1 ]] && tests=()

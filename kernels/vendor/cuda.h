@@ -82,6 +82,10 @@ __device__ __forceinline__ uint32_t vendor_byte_perm(uint32_t x, uint32_t y, uin
 
 // 1/x correctly rounded (IEEE round to nearest even), as the CPU reference computes it.
 __device__ __forceinline__ float vendor_recip_rn(float x) { return __frcp_rn(x); }
+// fp32 products and sums rounded on their own: never contracted into a multiply-add.
+__device__ __forceinline__ float vendor_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float vendor_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float vendor_sub_rn(float a, float b) { return __fsub_rn(a, b); }
 
 // Exact widening of an IEEE half bit pattern (cvt.f32.f16). NaN payloads are not
 // guaranteed to survive, which is fine for FP8 targets (every NaN becomes the canonical
@@ -94,6 +98,29 @@ __device__ __forceinline__ float vendor_f16_to_f32(uint16_t bits) {
 // never written by the kernel that reads them.
 __device__ __forceinline__ uint4 vendor_load_ro_16B(const void* p) {
   return __ldg(static_cast<const uint4*>(p));
+}
+
+// 16-byte load of data read once (a GEMV's weights): the non-coherent path without
+// allocating in L1 (which keeps the small, reused operand there) and marked to be evicted
+// first from L2 (keeping the step's activations). `policy` is l2_evict_first_policy().
+__device__ __forceinline__ uint64_t vendor_l2_evict_first_policy() {
+  uint64_t policy = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+  return policy;
+}
+__device__ __forceinline__ uint4 vendor_load_stream_16B(const void* p, uint64_t policy) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "l"(policy));
+  return v;
+#else
+  (void)policy;
+  return __ldg(static_cast<const uint4*>(p));
+#endif
 }
 
 // Two fp32 loads issued back to back in one asm statement, so that a long-latency use

@@ -207,6 +207,20 @@ __device__ __forceinline__ uint32_t vendor_byte_perm(uint32_t x, uint32_t y, uin
 // approximation (1 ulp), and the CPU reference divides exactly. clang compiles fp32
 // division correctly rounded for HIP by default (-fhip-fp32-correctly-rounded-divide-sqrt).
 __device__ __forceinline__ float vendor_recip_rn(float x) { return 1.0f / x; }
+// fp32 products and sums rounded on their own: never contracted into a multiply-add
+// (HIP's __fmul_rn and friends are plain operators, which contraction may fuse).
+__device__ __forceinline__ float vendor_mul_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a * b;
+}
+__device__ __forceinline__ float vendor_add_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a + b;
+}
+__device__ __forceinline__ float vendor_sub_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a - b;
+}
 
 // Exact widening of an IEEE half bit pattern (v_cvt_f32_f16).
 __device__ __forceinline__ float vendor_f16_to_f32(uint16_t bits) {
@@ -216,6 +230,12 @@ __device__ __forceinline__ float vendor_f16_to_f32(uint16_t bits) {
 // AMD has no separate read-only cache path to ask for: a plain 16-byte load
 // (global_load_dwordx4).
 __device__ __forceinline__ uint4 vendor_load_ro_16B(const void* p) { return *static_cast<const uint4*>(p); }
+
+// Data read once: a plain load on AMD (no L1/L2 hint wired up here).
+__device__ __forceinline__ uint64_t vendor_l2_evict_first_policy() { return 0; }
+__device__ __forceinline__ uint4 vendor_load_stream_16B(const void* p, uint64_t) {
+  return *static_cast<const uint4*>(p);
+}
 
 // Two fp32 loads. AMD's correctly rounded division has no branch to schedule around.
 __device__ __forceinline__ void vendor_load_f32_pair(const float* a, const float* b, float& x, float& y) {

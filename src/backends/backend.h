@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/kv_types.h"
 #include "kernels/sampling.h"
+#include "src/common/status_macros.h"
 #include "src/loading/config.h"
 #include "src/loading/model_spec.h"
 
@@ -181,6 +182,14 @@ class Backend {
   // graphs captured at any batch size never see it move. Later steps may still grow it.
   virtual absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) = 0;
   virtual absl::Status attention(const AttnArgs& args, AttentionPath path) = 0;
+  // kv_write_rope(rope) then attention(args, path), where args.q is rope.q: the cache
+  // and the attention output as those two leave them (rope.q may be left unrotated). A
+  // backend may do both in one kernel (the GPU's, for decode-only batches); this is the
+  // reference.
+  virtual absl::Status attention_rope(const AttnArgs& args, const KvWriteRopeArgs& rope, AttentionPath path) {
+    KVFUSE_RETURN_IF_ERROR(kv_write_rope(rope));
+    return attention(args, path);
+  }
   // Per row of logits [rows, vocab]: the greedy token (the first index of the maximum,
   // as kvfuse::argmax) into tokens[row], and 1 into finite[row] if every logit of the
   // row is finite, else 0.

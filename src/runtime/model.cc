@@ -250,25 +250,6 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     w.slot_mapping = p.slot_mapping;
     w.swa = swa ? pool.swa_table(store) : SwaSlotTable{};
     w.cache = pool.layer_view(l, store);
-    if (write == KvWritePath::fused_rope) {
-      // RoPE inside the write's kernel: q rotated in place, K rotated on its way into the
-      // cache (attention reads K from there, so the QKV rows' K is left unrotated).
-      KvWriteRopeArgs r;
-      r.kv = w;
-      r.q = q;
-      r.q_token_stride = qkv_dim;
-      r.q_heads = d.q_heads;
-      r.positions = p.positions;
-      r.inv_freq = rope_inv_freq_.as<float>();
-      r.attention_scaling = rope_attention_scaling_;
-      KVFUSE_RETURN_IF_ERROR(backend_.kv_write_rope(r));
-    } else {
-      KVFUSE_RETURN_IF_ERROR(backend_.rope(q, qkv_dim, d.q_heads, k, qkv_dim, d.kv_heads, s.head_dim,
-                                           p.positions, T, rope_inv_freq_.as<float>(),
-                                           rope_attention_scaling_));
-      KVFUSE_RETURN_IF_ERROR(backend_.kv_write(w, write));
-    }
-
     AttnArgs a;
     a.q = q;
     a.q_token_stride = qkv_dim;
@@ -280,7 +261,26 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     a.batch = p.batch;
     a.batch.block_table = swa ? p.block_table_swa : p.block_table_full;
     a.cache = w.cache;
-    KVFUSE_RETURN_IF_ERROR(backend_.attention(a, attention));
+    if (write == KvWritePath::fused_rope) {
+      // RoPE inside the write's kernel: q rotated, K rotated on its way into the cache
+      // (attention reads K from there, so the QKV rows' K is left unrotated). The backend
+      // may take the write into the attention kernel (the GPU's, at decode-only steps).
+      KvWriteRopeArgs r;
+      r.kv = w;
+      r.q = q;
+      r.q_token_stride = qkv_dim;
+      r.q_heads = d.q_heads;
+      r.positions = p.positions;
+      r.inv_freq = rope_inv_freq_.as<float>();
+      r.attention_scaling = rope_attention_scaling_;
+      KVFUSE_RETURN_IF_ERROR(backend_.attention_rope(a, r, attention));
+    } else {
+      KVFUSE_RETURN_IF_ERROR(backend_.rope(q, qkv_dim, d.q_heads, k, qkv_dim, d.kv_heads, s.head_dim,
+                                           p.positions, T, rope_inv_freq_.as<float>(),
+                                           rope_attention_scaling_));
+      KVFUSE_RETURN_IF_ERROR(backend_.kv_write(w, write));
+      KVFUSE_RETURN_IF_ERROR(backend_.attention(a, attention));
+    }
 
     // Row-parallel O and down: each rank's partial sums, all-reduced.
     KVFUSE_RETURN_IF_ERROR(backend_.linear(p.attn, T, L.o, h));

@@ -9,6 +9,8 @@
 // at most half an ulp of the result: the test allows one ulp. The exact value is computed
 // in double (products exact, sums of at most 14336 terms with 2^-53 rounding each).
 //
+// Weights loaded as streaming data (the default) or through L1 give the same bits.
+//
 // The fused silu_mul variant (launch_gemv_silu_mul_bf16) is checked bit for bit against
 // the same variant's bf16 GEMV followed by launch_silu_mul: the sums are the same, so
 // must the bits be.
@@ -114,9 +116,16 @@ void run_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stre
   const gpu::LaunchStatus sb = gpu::launch_gemv_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, db.get(),
                                                      false, stream, true, variant);
   check(sb.ok(), what + " bf16: " + sb.message());
+  // The weights loaded through L1 as x is (stream_w = false): the same sums, the same bits.
+  DeviceMem dl(size_t(m * n) * 4);
+  const gpu::LaunchStatus sl = gpu::launch_gemv_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, dl.get(),
+                                                     true, stream, false, variant, /*stream_w=*/false);
+  check(sl.ok(), what + " f32, w through L1: " + sl.message());
   KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
   const std::vector<float> of = df.download<float>(size_t(m * n));
   const std::vector<bf16_t> ob = db.download<bf16_t>(size_t(m * n));
+  check(std::memcmp(of.data(), dl.download<float>(size_t(m * n)).data(), of.size() * sizeof(float)) == 0,
+        what + ": the streaming and the L1 weight loads give different bits");
   check_bound(what, exact_products(ops, m, n, k), k, of, ob);
 }
 

@@ -249,8 +249,8 @@ class GpuBackend final : public Backend {
       auto plan = gemm_plan(x, m, w, gate_up, BLAS_R_16BF);
       if (!plan.ok()) return plan.status();
       if ((*plan)->gemv >= 0) {
-        return cuda_status(gpu::launch_gemv_silu_mul_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, act, stream_, ops_pdl_,
-                                                          (*plan)->gemv),
+        return cuda_status(gpu::launch_gemv_silu_mul_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, act, stream_,
+                                                          ops_pdl_, (*plan)->gemv, gemv_stream_),
                            "gemv silu_mul");
       }
     }
@@ -288,6 +288,20 @@ class GpuBackend final : public Backend {
                            /*slack=*/1);
   }
   absl::Status attention(const AttnArgs& args, AttentionPath path) override {
+    return attention_launch(args, path, nullptr);
+  }
+  // At decode-only steps the attention kernel takes RoPE and the KV write in (one launch
+  // instead of two, the same bytes; gpu::attention_rope_unsupported says where it cannot);
+  // elsewhere, and with KVFUSE_ROPE_IN_ATTENTION=0 (the A/B), kv_write_rope then attention.
+  absl::Status attention_rope(const AttnArgs& args, const KvWriteRopeArgs& rope,
+                              AttentionPath path) override {
+    if (rope_in_attention_ && gpu::attention_rope_unsupported(args, rope, attn_launch_).empty() &&
+        gpu::attention_unsupported(args).empty()) {
+      return attention_launch(args, path, &rope);
+    }
+    return Backend::attention_rope(args, rope, path);
+  }
+  absl::Status attention_launch(const AttnArgs& args, AttentionPath path, const KvWriteRopeArgs* rope) {
     if (const std::string why = gpu::attention_unsupported(args); !why.empty()) {
       return absl::InvalidArgumentError(why);
     }
@@ -303,7 +317,8 @@ class GpuBackend final : public Backend {
         decode_only &&
         int64_t(gpu::attention_split_partition(args, min_keys, attn_launch_)) < int64_t(args.batch.max_context_len);
     if (path == AttentionPath::unified && !small_decode) {
-      return cuda_status(gpu::launch_attention_unified(args, stream_, attn_launch_), "attention_unified");
+      return cuda_status(gpu::launch_attention_unified(args, stream_, attn_launch_, rope),
+                         "attention_unified");
     }
     const size_t partials = gpu::attention_split_scratch_bytes(args, min_keys, attn_launch_);
     KVFUSE_RETURN_IF_ERROR(reserve_scratch(split_scratch_, partials, "attention: split"));
@@ -316,9 +331,9 @@ class GpuBackend final : public Backend {
                                              "attention: split merge counters", /*slack=*/2, /*zero=*/true));
       counters = split_counters_.as<int32_t>();
     }
-    return cuda_status(
-        gpu::launch_attention_split(args, split_scratch_.get(), min_keys, stream_, attn_launch_, counters),
-        "attention_split");
+    return cuda_status(gpu::launch_attention_split(args, split_scratch_.get(), min_keys, stream_,
+                                                   attn_launch_, counters, rope),
+                       "attention_split");
   }
   absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
                            int32_t* finite) override {
@@ -410,6 +425,12 @@ class GpuBackend final : public Backend {
     attn_launch_.pdl = ops_pdl_;
     // KVFUSE_ATTN_MERGE_KERNEL=1: the split path's merge as a kernel of its own (the A/B).
     merge_kernel_ = env_flag("KVFUSE_ATTN_MERGE_KERNEL", false);
+    // KVFUSE_GEMV_STREAM=0: the GEMV loads its weights as it loads x (through L1), the A/B
+    // of its streaming loads.
+    gemv_stream_ = env_flag("KVFUSE_GEMV_STREAM", true);
+    // KVFUSE_ROPE_IN_ATTENTION=0: fused_rope's write as a kernel of its own before
+    // attention at every step (the A/B of taking it into attention).
+    rope_in_attention_ = env_flag("KVFUSE_ROPE_IN_ATTENTION", true);
     description_ = absl::StrFormat("cuda %s (sm_%d%d, %.0f GiB)", prop.name, prop.major, prop.minor,
                                    double(prop.totalGlobalMem) / (1 << 30));
 #endif
@@ -539,7 +560,7 @@ class GpuBackend final : public Backend {
     return time_calls_in_graph(
         [&](const void* wc) {
           return gpu::launch_gemv_bf16(x, m, static_cast<const bf16_t*>(wc), w.n, w.k, out, out_f32, stream_,
-                                       ops_pdl_, variant)
+                                       ops_pdl_, variant, gemv_stream_)
               .ok();
         },
         weights, e0, e1);
@@ -840,7 +861,7 @@ class GpuBackend final : public Backend {
     GemmPlan& p = **plan;
     if (p.gemv >= 0 && gemv_usable(x, m, w, out)) {
       return cuda_status(gpu::launch_gemv_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, out_type == BLAS_R_32F,
-                                               stream_, ops_pdl_, p.gemv),
+                                               stream_, ops_pdl_, p.gemv, gemv_stream_),
                          "gemv");
     }
     if (p.skinny >= 0 && skinny_usable(x, m, w, out, p.skinny)) {
@@ -881,6 +902,8 @@ class GpuBackend final : public Backend {
   gpu::AttnLaunch attn_launch_;
   int32_t split_min_keys_decode_ = kSplitPartitionDecode;
   bool merge_kernel_ = false;  // split attention: a merge kernel, not the merge in the decode blocks
+  bool gemv_stream_ = true;    // the GEMV's weights as streaming loads (KVFUSE_GEMV_STREAM)
+  bool rope_in_attention_ = false;  // fused_rope's write inside attention (KVFUSE_ROPE_IN_ATTENTION)
   bool ops_pdl_ = false;  // model ops and attention launched as programmatic dependents
   cudaStream_t stream_ = nullptr;
   blasLtHandle_t blas_ = nullptr;

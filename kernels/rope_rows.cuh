@@ -1,0 +1,70 @@
+// The pieces of RoPE and of the fused write's conversion that the KV write with RoPE
+// (kernels/kv_write_rope.cu) and the attention kernel that takes that write in
+// (kernels/attention_unified.cu, AttnRope) share, so that both give the same bits: the
+// angle's cos and sin (rope_kernel's expressions, kernels/model_ops.cu), the rotation of
+// a pair of 8-element runs with one bf16 rounding, and eight bf16 to the cache's format.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/fp8_convert.cuh"
+#include "kernels/gpu.h"
+#include "kernels/kv_types.h"
+
+namespace kvfuse::gpu::rope_rows {
+
+// Elements of one side of a rotated pair: one 16-byte load of bf16.
+constexpr int kPairElems = 8;
+
+// cos and sin of pair i's angle at position pos, as rope_kernel computes them.
+KVFUSE_DEVICE void cos_sin(int32_t pos, float inv_freq, float attention_scaling, float& c, float& s) {
+  const float angle = float(pos) * inv_freq;
+  c = cosf(angle) * attention_scaling;
+  s = sinf(angle) * attention_scaling;
+}
+
+// Eight bf16 (packed, the lower half first) widened exactly to fp32.
+KVFUSE_DEVICE void widen_bf16x8(uint4 raw, float (&x)[8]) {
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = __uint_as_float(w[i] << 16);
+    x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+
+KVFUSE_DEVICE uint4 pack_bf16x8(const uint16_t (&b)[8]) {
+  return make_uint4(uint32_t(b[0]) | (uint32_t(b[1]) << 16), uint32_t(b[2]) | (uint32_t(b[3]) << 16),
+                    uint32_t(b[4]) | (uint32_t(b[5]) << 16), uint32_t(b[6]) | (uint32_t(b[7]) << 16));
+}
+
+// Eight bf16 to the cache's format: FP8 bytes of x * inv (the fused write's conversion),
+// 8 bytes; unused for bf16 caches, which store the bf16 bits.
+template <KvFormat F>
+KVFUSE_DEVICE uint2 bf16x8_to_fp8(uint4 raw, float inv) {
+  float x[8];
+  widen_bf16x8(raw, x);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] *= inv;
+  constexpr Fp8Format f = kv_fp8_format(F);
+  return make_uint2(cvt_fp8x4<f>(x[0], x[1], x[2], x[3]), cvt_fp8x4<f>(x[4], x[5], x[6], x[7]));
+}
+
+// Rotates lo (elements c0 .. c0+7 of a head) with hi (the same of its second half):
+// x0 c - x1 s and x1 c + x0 s in fp32, every product and sum rounded on its own (never
+// contracted into a multiply-add, whose choice the compiler makes per kernel: the kernels
+// that share this give the same bits), then one bf16 rounding each.
+KVFUSE_DEVICE void rotate_pair(uint4 lo, uint4 hi, const float* cos_t, const float* sin_t, int c0,
+                               uint16_t (&lo_out)[8], uint16_t (&hi_out)[8]) {
+  float x0[8], x1[8];
+  widen_bf16x8(lo, x0);
+  widen_bf16x8(hi, x1);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float c = cos_t[c0 + e], s = sin_t[c0 + e];
+    lo_out[e] = f32_to_bf16(sub_rn(mul_rn(x0[e], c), mul_rn(x1[e], s)));
+    hi_out[e] = f32_to_bf16(add_rn(mul_rn(x1[e], c), mul_rn(x0[e], s)));
+  }
+}
+
+}  // namespace kvfuse::gpu::rope_rows
