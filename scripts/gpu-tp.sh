@@ -5,9 +5,11 @@
 #      rank-ordered sum, graphs, abort/timeout) and tests/test_gpu_tp (tp 2 against tp 1:
 #      logits, greedy tokens, graphs on and off, layer-0 KV bytes per rank; the peer
 #      all-reduce against NCCL's at tp 2);
-#   2. kvfuse-bench-allreduce: NCCL and the peer all-reduce per call, 8 KB - 8 MB;
+#   2. kvfuse-bench-allreduce: NCCL and the peer all-reduce per call, 8 KB - 8 MB (the peer
+#      all-reduce's calls as plain launches, then as programmatic dependents);
 #   3. kvfuse-bench-engine, llama3-8b at tp 1, at tp 2 with the peer all-reduce (the
-#      default) and at tp 2 with KVFUSE_PEER_ALLREDUCE=0 (NCCL only), batch 1/8/64 x
+#      default, its calls programmatic dependents), at tp 2 with KVFUSE_PEER_PDL=0 (plain
+#      launches) and at tp 2 with KVFUSE_PEER_ALLREDUCE=0 (NCCL only), batch 1/8/64 x
 #      context 512/2048, split attention, graphs on; the tp 2 runs time the step's
 #      collectives alone too (their tables and the path they took go to the summary);
 #   4. llama3-70b (synthetic weights, 141 GB in bf16) at tp 2: kvfuse-run with a KV pool of
@@ -22,7 +24,7 @@
 # GPU_TP_ONLY=processes runs step 5 alone, GPU_TP_ONLY=one-process steps 1-4. On a machine
 # of one GPU only the peer all-reduce runs, with two ranks sharing the GPU (a test mode: the
 # protocol, kernels, graphs and abort, and the kernel's own cost per call; not the links):
-# test_gpu_peer_allreduce and kvfuse-bench-allreduce --share-gpu.
+# test_gpu_peer_allreduce and kvfuse-bench-allreduce --share-gpu, with and without --pdl.
 # NCCL comes from the loader's path, KVFUSE_NCCL_LIBRARY, or a pip-installed
 # libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
 # build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
@@ -53,8 +55,16 @@ if ((gpus == 1)); then
   note "one GPU: the peer all-reduce with two ranks sharing it, nothing else (tensor parallelism needs 2 GPUs)"
   run test_gpu_peer_allreduce "$bundle/test_gpu_peer_allreduce"
   grep -E "share GPU|skipped|passed|failed" "$out/test_gpu_peer_allreduce.txt" | tail -3 | tee -a "$summary"
-  run bench-allreduce-shared "$bundle/kvfuse-bench-allreduce" --share-gpu --rounds 7 --json "$out/allreduce-shared.json"
-  grep -E "^ +[0-9]+ |share|SKIP" "$out/bench-allreduce-shared.txt" | tee -a "$summary"
+  # Plain launches and programmatic dependents (--pdl), alternating twice.
+  for round in 1 2; do
+    for mode in plain pdl; do
+      flag=()
+      [[ $mode == pdl ]] && flag=(--pdl)
+      run "bench-allreduce-shared-$mode-$round" "$bundle/kvfuse-bench-allreduce" --share-gpu --rounds 7 "${flag[@]}" \
+        --json "$out/allreduce-shared-$mode-$round.json"
+      grep -E "^ +[0-9]+ |share|SKIP" "$out/bench-allreduce-shared-$mode-$round.txt" | tee -a "$summary"
+    done
+  done
   note "$( ((status == 0)) && echo PASS || echo FAIL)"
   exit $status
 fi
@@ -69,15 +79,18 @@ if [[ ${GPU_TP_ONLY:-} != processes ]]; then
 
   run bench-allreduce "$bundle/kvfuse-bench-allreduce" --gpus 2 --rounds 5 --json "$out/allreduce.json"
   grep -E "^ +[0-9]+ |peer|link" "$out/bench-allreduce.txt" | tee -a "$summary"
+  run bench-allreduce-pdl "$bundle/kvfuse-bench-allreduce" --gpus 2 --rounds 5 --pdl --json "$out/allreduce-pdl.json"
+  grep -E "^ +[0-9]+ |peer|link" "$out/bench-allreduce-pdl.txt" | tee -a "$summary"
 
   # llama3-8b: tp 1, tp 2 over the peer all-reduce, tp 2 over NCCL alone. Context 2048, not
   # 8192: batch 64 x 2048 is the cell the tp 2 target is set at, and shorter runs leave time.
   bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
   cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
-  for variant in tp1 tp2 tp2-nccl; do
+  for variant in tp1 tp2 tp2-plain tp2-nccl; do
     tp=${variant:2:1}
     env=()
     [[ $variant == tp2-nccl ]] && env=(KVFUSE_PEER_ALLREDUCE=0)
+    [[ $variant == tp2-plain ]] && env=(KVFUSE_PEER_PDL=0)
     run "engine-llama3-8b-$variant" env "${env[@]}" "${bench[@]}" --set model=llama3-8b --set tensor_parallel="$tp" \
       "${cells[@]}" --json "$out/engine-llama3-8b-$variant.json"
     echo "llama3-8b $variant:" | tee -a "$summary"

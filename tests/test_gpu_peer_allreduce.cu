@@ -6,6 +6,8 @@
 //     16-byte aligned and unaligned buffers, every call enqueued back to back;
 //   - calls captured in a CUDA/HIP graph per rank and replayed many times, concurrently on
 //     every GPU (the call counters advance on the device);
+//   - both of these with plain launches and with the calls as programmatic dependents
+//     (PeerAllReduceOptions::pdl);
 //   - PeerAllReduceCommunicator: small all-reduces over peer memory, larger ones through
 //     NCCL, which agrees within bf16/f32 rounding;
 //   - abort() and the timeout end a kernel whose peer never comes.
@@ -285,7 +287,12 @@ TEST_CASE("peer all-reduce: bf16 and f32 equal the rank-ordered sum bit for bit 
   const Devices devices = devices_or_skip();
   if (devices.empty()) return;
   const int n = int(devices.gpus.size());
-  auto g = PeerAllReduceGroup::create(devices.gpus, devices.options());
+  // Plain launches, and calls as programmatic dependents (PeerAllReduceOptions::pdl).
+  const bool pdl = GENERATE(false, true);
+  CAPTURE(pdl);
+  PeerAllReduceOptions base;
+  base.pdl = pdl;
+  auto g = PeerAllReduceGroup::create(devices.gpus, devices.options(base));
   REQUIRE(g.ok());
   std::vector<Case> cases;
   uint32_t seed = 1;
@@ -323,7 +330,12 @@ TEST_CASE("peer all-reduce: calls captured in a graph per rank, replayed 300 tim
   const Devices devices = devices_or_skip();
   if (devices.empty()) return;
   const int n = int(devices.gpus.size());
-  auto g = PeerAllReduceGroup::create(devices.gpus, devices.options());
+  const bool pdl =
+      GENERATE(false, true);  // the calls as programmatic dependents of the copies and each other
+  CAPTURE(pdl);
+  PeerAllReduceOptions base;
+  base.pdl = pdl;
+  auto g = PeerAllReduceGroup::create(devices.gpus, devices.options(base));
   REQUIRE(g.ok());
   // A decode step's shapes: batch 1 and 64 of a 4096-wide hidden state, and an odd f32 one.
   std::vector<Case> cases = {make_case(DType::bf16, 4096, true, n, 11), make_case(DType::bf16, 64 * 4096, true, n, 12),

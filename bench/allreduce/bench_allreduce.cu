@@ -15,6 +15,9 @@
 // GPU's memory. A floor for the same call across GPUs, where each rank reads the others'
 // staging over the links; no figure for the links themselves.
 //
+// --pdl launches the peer all-reduce's calls as programmatic dependents
+// (PeerAllReduceOptions::pdl, sm_90+): each call's launch overlaps the call before.
+//
 // NCCL_NVLS_ENABLE=0 is set unless the environment sets it: NVLink multicast (NVLS) can
 // take a shared machine's GPUs out of service, and the decode-sized messages measured
 // here do not need it.
@@ -47,13 +50,14 @@ struct Args {
   double link_gbs = 0;  // 0: from the device name (NVLink 4 on H100/H200), else not shown
   bool peer = true;
   bool share_gpu = false;
+  bool pdl = false;  // the peer all-reduce's calls as programmatic dependents (PeerAllReduceOptions::pdl)
   std::string json_path;
 };
 
 int usage(FILE* to) {
   std::fprintf(to,
                "usage: %s [--gpus N] [--calls N] [--rounds N] [--link-gbs GBS] [--no-peer] [--share-gpu] "
-               "[--json PATH]\n",
+               "[--pdl] [--json PATH]\n",
                kProgram);
   return to == stdout ? 0 : 2;
 }
@@ -79,6 +83,7 @@ int run_shared(const Args& args) {
   PeerAllReduceOptions opts;
   opts.staging_bytes = kSizes[kSizeCount - 1];
   opts.share_devices = true;
+  opts.pdl = args.pdl;
   auto g = PeerAllReduceGroup::create(std::vector<int>(size_t(n), 0), opts);
   if (!g.ok()) {
     std::printf("SKIP %s --share-gpu: %s\n", kProgram, std::string(g.status().message()).c_str());
@@ -86,8 +91,8 @@ int run_shared(const Args& args) {
   }
   const std::optional<DeviceInfo> dev = query_device(0);
   if (!dev) fail("cannot query GPU 0");
-  std::printf("%s --share-gpu: %d ranks on one %s, the peer all-reduce only (no links between GPUs)\n", kProgram, n,
-              device_label(*dev).c_str());
+  std::printf("%s --share-gpu: %d ranks on one %s, the peer all-reduce only (no links between GPUs)%s\n",
+              kProgram, n, device_label(*dev).c_str(), args.pdl ? ", calls as programmatic dependents" : "");
   std::printf("bf16 all_reduce_sum, one thread per rank; %d calls per graph, median of %d rounds, slowest rank\n",
               args.calls, args.rounds);
   // The ranks' streams made one after another, each with a first piece of work, and their
@@ -163,6 +168,8 @@ int main(int argc, char** argv) {
       args.peer = false;
     } else if (!std::strcmp(argv[i], "--share-gpu")) {
       args.share_gpu = true;
+    } else if (!std::strcmp(argv[i], "--pdl")) {
+      args.pdl = true;
     } else if (!std::strcmp(argv[i], "--json") && v) {
       args.json_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
@@ -206,6 +213,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < n; ++r) devices.push_back(r);
     PeerAllReduceOptions opts;
     opts.staging_bytes = kSizes[kSizeCount - 1];
+    opts.pdl = args.pdl;
     auto g = PeerAllReduceGroup::create(devices, opts);
     if (g.ok()) {
       peer = *g;

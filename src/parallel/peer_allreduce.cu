@@ -155,8 +155,9 @@ KVFUSE_DEVICE bool wait_for(const KernelArgs& a, const uint64_t* flag, uint64_t 
 }
 
 // One call on one rank; block b owns elements [b * chunk, (b + 1) * chunk). The protocol
-// and why it is safe: src/parallel/peer_allreduce.h. Launched without PDL, so everything
-// before it in the stream (the input, and this rank's previous call) has completed.
+// and why it is safe: src/parallel/peer_allreduce.h. Nothing is touched before the
+// programmatic-launch wait, so everything before it in the stream (the input, and this
+// rank's previous call) has completed whether it was launched as a dependent or not.
 template <class T>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1) peer_all_reduce_kernel(KernelArgs a) {
   gpu::grid_dependency_wait();
@@ -191,6 +192,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1) peer_all_reduce_kernel(KernelA
     if (!failed) gpu::fence_acquire_system();
   }
   if (__syncthreads_or(failed)) return;  // aborted: no result
+  gpu::launch_dependents();              // every peer's chunk is in: the next kernel may launch
   reduce<T>(a, parity, begin, end);
 }
 
@@ -320,8 +322,14 @@ absl::Status PeerAllReduceGroup::allocate() {
   KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::host_alloc_mapped(&host, sizeof(HostSignals)), "host_alloc_mapped"));
   host_ = static_cast<HostSignals*>(host);
   std::memset(host_, 0, sizeof(HostSignals));
+  pdl_ = options_.pdl && gpu::kWarpSize == 32;  // programmatic launch: CUDA sm_90+ only
   for (Rank& r : ranks_) {
     KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(r.device), "cudaSetDevice"));
+    if (pdl_) {
+      cudaDeviceProp prop{};
+      KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDeviceProperties(&prop, r.device), "cudaGetDeviceProperties"));
+      if (prop.major < 9) pdl_ = false;
+    }
     // Both kernels referenced on this GPU now, so that the runtime loads them here rather
     // than at their first launch: with lazy loading (CUDA's default) loading a kernel may
     // wait for the kernels running on its GPU, and a rank's call can be running there,
@@ -448,9 +456,21 @@ absl::Status PeerAllReduceGroup::all_reduce_sum(int rank, void* buf, int64_t cou
   const auto s = static_cast<cudaStream_t>(stream);
   const cudaError_t err =
       dtype == DType::bf16
-          ? gpu::launch_kernel(peer_all_reduce_kernel<uint16_t>, unsigned(blocks), kThreads, s, false, a)
-          : gpu::launch_kernel(peer_all_reduce_kernel<float>, unsigned(blocks), kThreads, s, false, a);
+          ? gpu::launch_kernel(peer_all_reduce_kernel<uint16_t>, unsigned(blocks), kThreads, s, pdl_, a)
+          : gpu::launch_kernel(peer_all_reduce_kernel<float>, unsigned(blocks), kThreads, s, pdl_, a);
   return gpu_check(err, "peer all-reduce launch");
+}
+
+bool peer_allreduce_pdl_by_env() {
+  static const bool pdl = [] {
+    for (const char* name : {"KVFUSE_PEER_PDL", "KVFUSE_PDL_OPS"}) {
+      const char* v = std::getenv(name);
+      if (v != nullptr && (!std::strcmp(v, "0") || !std::strcmp(v, "off") || !std::strcmp(v, "false")))
+        return false;
+    }
+    return true;
+  }();
+  return pdl;
 }
 
 bool peer_allreduce_disabled_by_env() {

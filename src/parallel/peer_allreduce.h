@@ -29,10 +29,11 @@
 // reads rank p's complete chunk of call e. Rank p next writes staging[p][e % 2] at call
 // e + 2, and it only starts call e + 2 after finishing call e + 1, whose step 3 waited for
 // every rank's call-(e + 1) flag, which each rank stores only after its call e has ended
-// (stream order: the launch of call e + 1 starts after call e's has completed, reads
-// included). So two buffers chosen by the call's parity (the same for all its blocks,
-// whatever the chunk sizes of the calls before) are never written while a peer still
-// reads them. The flags only grow (call numbers, never reset): a peer may already have
+// (stream order: call e + 1 touches memory only after call e has completed, reads
+// included: a call launched as a programmatic dependent, PeerAllReduceOptions::pdl, waits
+// for the kernel before it, griddepcontrol.wait, before its first access). So two buffers chosen by the
+// call's parity (the same for all its blocks, whatever the chunk sizes of the calls before) are never written
+// while a peer still reads them. The flags only grow (call numbers, never reset): a peer may already have
 // stored e + 1 when a rank polls for e, hence >=, and a flag >= e can only come from a
 // peer that has written its chunk of call e and cannot yet overwrite it (that needs this
 // rank's flag e + 1). So one barrier per call is enough.
@@ -87,6 +88,11 @@ struct PeerAllReduceOptions {
   // graphs, abort and the timeout run, the links between GPUs do not, and there is no
   // speed-up; never for serving (see "Ranks sharing a GPU" above).
   bool share_devices = false;
+  // Launch each call as a programmatic dependent of the kernel before it (sm_90+, every
+  // rank's GPU; otherwise ignored): its launch overlaps that kernel's tail, it waits for
+  // it in-kernel before touching memory, and it lets the kernel after it launch once its
+  // peers' flags are in.
+  bool pdl = false;
 };
 
 class PeerAllReduceGroup {
@@ -158,11 +164,17 @@ class PeerAllReduceGroup {
   const PeerAllReduceOptions options_;
   HostSignals* host_ = nullptr;
   int64_t timeout_ticks_ = 0;
+  bool pdl_ = false;  // options_.pdl, where every rank's GPU has programmatic launch
 };
 
 // True when KVFUSE_PEER_ALLREDUCE is set to "0", "off" or "false" (read once per process):
 // every all-reduce then goes through NCCL, for A/B runs against it.
 bool peer_allreduce_disabled_by_env();
+
+// False when KVFUSE_PEER_PDL (or KVFUSE_PDL_OPS, the step's kernels' switch) is "0", "off"
+// or "false" (read once per process): the engine's groups then launch their calls as
+// plain kernels (PeerAllReduceOptions::pdl), for A/B runs.
+bool peer_allreduce_pdl_by_env();
 
 // A GPU rank's communicator: all_reduce_sum over the peer group when the call fits,
 // everything else (larger all-reduces, all_gather, broadcast, barrier) through `fallback`,

@@ -205,7 +205,9 @@ absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator
   for (int32_t r = 0; r < tp; ++r) devices.push_back(cfg_.tp_device(r));
   // Where it does not apply (no peer access between a pair, more than 8 ranks), NCCL
   // carries every collective, as before; the reason is in collectives_path().
-  auto group = PeerAllReduceGroup::create(devices);
+  PeerAllReduceOptions options;
+  options.pdl = peer_allreduce_pdl_by_env();
+  auto group = PeerAllReduceGroup::create(devices, options);
   if (!group.ok()) {
     collectives_path_ += absl::StrCat(" (", group.status().message(), ")");
     return absl::OkStatus();
