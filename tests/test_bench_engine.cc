@@ -162,6 +162,34 @@ TEST_CASE("kvfuse-bench-engine: CPU smoke run writes every cell and variant", "[
   CHECK(text.find("context 64") != std::string::npos);
 }
 
+// Config keys from KVFUSE_<KEY> variables, as every kvfuse program takes them (README,
+// "Configuration"): under --set and --kv-write, over the --config file.
+TEST_CASE("kvfuse-bench-engine: config keys from the environment, under the command line", "[bench][tools]") {
+  const std::string cmd =
+      std::string(KVFUSE_BENCH_ENGINE_BIN) +
+      " --set device=cpu --set model=tiny --batch 1 --context 32 --steps 1 --reps 3 --warmup 1 "
+      "--attention unified --graphs off";
+  {
+    auto [rc, out] = run("KVFUSE_KV_WRITE=unfused KVFUSE_KV_CACHE_DTYPE=fp8_e5m2 " + cmd);
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK(out.find("kv fp8_e5m2, unfused write") != std::string::npos);
+  }
+  {
+    auto [rc, out] = run("KVFUSE_KV_WRITE=unfused " + cmd + " --set kv_write=fused_rope");
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK(out.find(", fused_rope write") != std::string::npos);
+  }
+  {
+    auto [rc, out] = run("KVFUSE_KV_WRITE=sideways " + cmd);
+    INFO(out);
+    CHECK(rc != 0);  // a bad value is an error naming the key and the value
+    CHECK(out.find("kv_write") != std::string::npos);
+    CHECK(out.find("sideways") != std::string::npos);
+  }
+}
+
 TEST_CASE("kvfuse-bench-engine: --kv-write makes each write path a variant of one engine", "[bench][tools]") {
   TempDir dir;
   const std::filesystem::path json_path = dir / "out.json";

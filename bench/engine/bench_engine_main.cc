@@ -168,6 +168,9 @@ int main(int argc, char** argv) {
     j = json::parse(in, nullptr, false, true);
     if (j.is_discarded() || !j.is_object()) return fail(config_path + " is not a JSON object");
   }
+  // KVFUSE_<KEY> variables, as every kvfuse program takes them: over the file, under --set
+  // and --kv-write.
+  if (auto st = apply_config_env(j); !st.ok()) return fail(std::string(st.message()));
   for (const auto& o : overrides) {
     if (auto st = apply_config_override(j, o); !st.ok()) return fail(std::string(st.message()));
   }
