@@ -31,9 +31,10 @@
 // every rank's call-(e + 1) flag, which each rank stores only after its call e has ended
 // (stream order: call e + 1 touches memory only after call e has completed, reads
 // included: a call launched as a programmatic dependent, PeerAllReduceOptions::pdl, waits
-// for the kernel before it, griddepcontrol.wait, before its first access). So two buffers chosen by the
-// call's parity (the same for all its blocks, whatever the chunk sizes of the calls before) are never written
-// while a peer still reads them. The flags only grow (call numbers, never reset): a peer may already have
+// for the kernel before it, griddepcontrol.wait, before its first access). So two buffers
+// chosen by the call's parity (the same for all its blocks, whatever the chunk sizes of
+// the calls before) are never written while a peer still reads them. The flags only grow
+// (call numbers, never reset): a peer may already have
 // stored e + 1 when a rank polls for e, hence >=, and a flag >= e can only come from a
 // peer that has written its chunk of call e and cannot yet overwrite it (that needs this
 // rank's flag e + 1). So one barrier per call is enough.
