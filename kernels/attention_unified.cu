@@ -62,7 +62,7 @@ KVFUSE_DEVICE void rope_write_row(const Params& p, int32_t row0, int32_t kvh, in
   using namespace rope_rows;
   constexpr KvFormat F = kKindFormat<K>;
   constexpr bool kFp8 = F != KvFormat::bf16;
-  constexpr int kHalf = D / 2, kPairs = kHalf / kPairElems, kVChunks = D / 16;
+  constexpr int kHalf = D / 2, kPairs = kHalf / kPairElems, kVChunks = D / kVChunkElems;
   const KvWriteRopeArgs& r = p.rope;
   const PagedKvView& cache = p.a.cache;
   const int nq = G * kPairs, nk = slot >= 0 ? kPairs : 0, nv = slot >= 0 ? kVChunks : 0;
@@ -78,10 +78,10 @@ KVFUSE_DEVICE void rope_write_row(const Params& p, int32_t row0, int32_t kvh, in
     // The item's two 16-byte loads first, then the scales (their loads are ordered after).
     const bool pair = it < nq + nk, is_q = it < nq;
     const int j = is_q ? it : it - nq;
-    const int c0 = pair ? (j % kPairs) * kPairElems : (it - nq - nk) * 16;
+    const int c0 = pair ? (j % kPairs) * kPairElems : (it - nq - nk) * kVChunkElems;
     const bf16_t* src = is_q ? q + (j / kPairs) * D + c0 : pair ? k + c0 : v + c0;
     const uint4 x0 = *reinterpret_cast<const uint4*>(src);
-    const uint4 x1 = *reinterpret_cast<const uint4*>(src + (pair ? kHalf : 8));
+    const uint4 x1 = *reinterpret_cast<const uint4*>(src + (pair ? kHalf : kVChunkElems / 2));
     float inv_k = 1.0f, inv_v = 1.0f;
     if constexpr (kFp8) {
       if (!is_q) load_inv_scales(cache, inv_k, inv_v);  // as the fused write, per token
@@ -93,19 +93,11 @@ KVFUSE_DEVICE void rope_write_row(const Params& p, int32_t row0, int32_t kvh, in
       if (is_q) {
         *reinterpret_cast<uint4*>(&q_out[j / kPairs][c0]) = lo4;
         *reinterpret_cast<uint4*>(&q_out[j / kPairs][c0 + kHalf]) = hi4;
-      } else if constexpr (kFp8) {
-        *reinterpret_cast<uint2*>(k_dst + c0) = bf16x8_to_fp8<F>(lo4, inv_k);
-        *reinterpret_cast<uint2*>(k_dst + c0 + kHalf) = bf16x8_to_fp8<F>(hi4, inv_k);
       } else {
-        store_16B(k_dst + 2 * c0, lo4);  // the rounded bits, as the fused write copies them
-        store_16B(k_dst + 2 * (c0 + kHalf), hi4);
+        store_k_pair<F>(k_dst, c0, kHalf, lo4, hi4, inv_k);
       }
-    } else if constexpr (kFp8) {
-      const uint2 a = bf16x8_to_fp8<F>(x0, inv_v), b = bf16x8_to_fp8<F>(x1, inv_v);
-      store_16B(v_dst + c0, make_uint4(a.x, a.y, b.x, b.y));
     } else {
-      store_16B(v_dst + 2 * c0, x0);  // bit copy, NaN payloads included
-      store_16B(v_dst + 2 * c0 + 16, x1);
+      store_v_chunk<F>(v_dst, c0, x0, x1, inv_v);
     }
   }
 }

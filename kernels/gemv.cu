@@ -5,6 +5,7 @@
 
 #include <climits>
 
+#include "kernels/bf16x8.cuh"
 #include "kernels/model_ops.cuh"
 
 namespace kvfuse::gpu {
@@ -94,14 +95,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
       if (c >= chunks) break;
 #pragma unroll
       for (int i = 0; i < M; ++i) {
-        const uint4 xv = load_ro_16B(x + int64_t(i) * k + c * 8);
-        const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
         float xf[8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          xf[2 * j] = __uint_as_float(xw[j] << 16);
-          xf[2 * j + 1] = __uint_as_float(xw[j] & 0xffff0000u);
-        }
+        widen_bf16x8(load_ro_16B(x + int64_t(i) * k + c * 8), xf);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) acc[r][i] = dot8(cur[u][r], xf, acc[r][i]);
       }

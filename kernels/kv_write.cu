@@ -36,6 +36,7 @@
 
 #include <algorithm>
 
+#include "kernels/bf16x8.cuh"
 #include "kernels/cpu/kv_write.h"
 #include "kernels/dispatch.cuh"
 #include "kernels/fp8_convert.cuh"
@@ -76,13 +77,12 @@ KVFUSE_DEVICE uint4 load_raw8(const uint16_t* p) {
 // conversion: a NaN stays a NaN, which is all an FP8 target needs).
 template <KvSrcDtype S>
 KVFUSE_DEVICE void widen8(uint4 raw, float* x) {
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  if constexpr (S == KvSrcDtype::bf16) {
+    widen_bf16x8(raw, x);
+  } else {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (S == KvSrcDtype::bf16) {
-      x[2 * i] = __uint_as_float(w[i] << 16);
-      x[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    } else {
+    for (int i = 0; i < 4; ++i) {
       x[2 * i] = f16_bits_to_f32(uint16_t(w[i]));
       x[2 * i + 1] = f16_bits_to_f32(uint16_t(w[i] >> 16));
     }

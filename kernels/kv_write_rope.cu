@@ -34,15 +34,14 @@
 namespace kvfuse::gpu {
 namespace {
 
-using rope_rows::bf16x8_to_fp8;
 using rope_rows::kPairElems;
-using rope_rows::pack_bf16x8;
+using rope_rows::kVChunkElems;
 using rope_rows::rotate_pair;
+using rope_rows::store_k_pair;
+using rope_rows::store_v_chunk;
 
 // Items whose loads a lane keeps in flight at once.
 constexpr int kItemsPerLane = 2;
-// Elements of a V chunk: two 16-byte loads of bf16, one 16-byte FP8 store.
-constexpr int kVChunkElems = 16;
 // Resident blocks of kKvWriteMaxBlockThreads per multiprocessor, as for the fused write
 // (kernels/kv_write.cu): at most 64 registers a thread on NVIDIA, 4 waves per SIMD on CDNA.
 constexpr int kMinBlocks = 4;
@@ -59,7 +58,6 @@ KVFUSE_HD ItemCounts item_counts(int32_t q_heads, int32_t kv_heads, int32_t head
 }
 
 KVFUSE_DEVICE uint4 load_16B(const void* p) { return *static_cast<const uint4*>(p); }
-KVFUSE_DEVICE void store_8B(void* p, uint2 v) { *static_cast<uint2*>(p) = v; }
 
 // One token's rows and where they go.
 struct TokenRows {
@@ -104,7 +102,6 @@ struct ItemGroup {
   }
 
   KVFUSE_DEVICE void store(const TokenRows& r, const ItemCounts& n, int it0, int lanes) const {
-    constexpr bool kFp8 = F != KvFormat::bf16;
 #pragma unroll
     for (int u = 0; u < kItemsPerLane; ++u) {
       const int it = it0 + u * lanes;
@@ -126,23 +123,10 @@ struct ItemGroup {
           store_16B(r.k_rot + e0, lo4);
           store_16B(r.k_rot + e0 + kHalf, hi4);
         }
-        if (r.k_dst == nullptr) continue;
-        if constexpr (kFp8) {
-          store_8B(r.k_dst + e0, bf16x8_to_fp8<F>(lo4, r.inv_k));
-          store_8B(r.k_dst + e0 + kHalf, bf16x8_to_fp8<F>(hi4, r.inv_k));
-        } else {
-          store_16B(r.k_dst + 2 * e0, lo4);  // the rounded bits, as the fused write copies them
-          store_16B(r.k_dst + 2 * (e0 + kHalf), hi4);
-        }
+        if (r.k_dst != nullptr) store_k_pair<F>(r.k_dst, e0, kHalf, lo4, hi4, r.inv_k);
       } else if (it < n.total()) {
-        if (r.v_dst == nullptr) continue;
-        const int64_t e0 = int64_t(it - n.q - n.k) * kVChunkElems;
-        if constexpr (kFp8) {
-          const uint2 a = bf16x8_to_fp8<F>(raw[u][0], r.inv_v), b = bf16x8_to_fp8<F>(raw[u][1], r.inv_v);
-          store_16B(r.v_dst + e0, make_uint4(a.x, a.y, b.x, b.y));
-        } else {
-          store_16B(r.v_dst + 2 * e0, raw[u][0]);  // bit copy, NaN payloads included
-          store_16B(r.v_dst + 2 * e0 + 16, raw[u][1]);
+        if (r.v_dst != nullptr) {
+          store_v_chunk<F>(r.v_dst, int64_t(it - n.q - n.k) * kVChunkElems, raw[u][0], raw[u][1], r.inv_v);
         }
       }
     }

@@ -5,32 +5,15 @@
 
 #include "kernels/model_ops.cuh"
 
+#include "kernels/bf16x8.cuh"
+#include "kernels/rope_rows.cuh"
+
 namespace kvfuse::gpu {
 namespace {
 
 constexpr int kThreads = 256;
 
 KVFUSE_DEVICE float ld(const bf16_t* p, int64_t i) { return bf16_bits_to_f32(p[i]); }
-
-// 8 bf16 in a 16-byte vector (element 2i in the low half of word i) widened exactly to
-// fp32, and 8 fp32 rounded back, one rounding each: what the scalar loops compute per
-// element, so a vector path gives the scalar path's bits.
-KVFUSE_DEVICE void unpack_bf16x8(uint4 v, float (&f)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[2 * i] = bf16_bits_to_f32(bf16_t(w[i]));
-    f[2 * i + 1] = bf16_bits_to_f32(bf16_t(w[i] >> 16));
-  }
-}
-
-KVFUSE_DEVICE uint4 pack_bf16x8(const float (&f)[8]) {
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    w[i] = uint32_t(f32_to_bf16(f[2 * i])) | (uint32_t(f32_to_bf16(f[2 * i + 1])) << 16);
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 // A 16-byte load from memory this kernel also writes (load_ro_16B is for inputs only).
 KVFUSE_DEVICE uint4 load_16B(const void* p) { return *static_cast<const uint4*>(p); }
@@ -179,11 +162,9 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   // kernel) and the model's table, so cos and sin are done before the programmatic-launch
   // wait, overlapping the kernel before; q and k come from it and wait.
   // The scalar kernel's cos and sin of pair i of token t (the first pair's and the
-  // loop's: one expression, so both give the same bits).
+  // loop's: one expression, the KV write with RoPE's too, so all give the same bits).
   const auto rotation = [&](int64_t t, int32_t i, float& c, float& s) {
-    const float angle = float(positions[t]) * inv_freq[i];
-    c = cosf(angle) * attention_scaling;
-    s = sinf(angle) * attention_scaling;
+    rope_rows::cos_sin(positions[t], inv_freq[i], attention_scaling, c, s);
   };
   float c_first = 0.0f, s_first = 0.0f;
   if (!kVec && first < total) rotation(first / (groups * heads), int32_t(first % groups), c_first, s_first);
@@ -195,15 +176,14 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     const int64_t t = idx / (groups * heads);
     bf16_t* row = h < q_heads ? q + t * q_stride + h * head_dim : k + t * k_stride + (h - q_heads) * head_dim;
     if constexpr (kVec) {
-      const float pos = float(positions[t]);
       float freq[8], x0[8], x1[8], y0[8], y1[8];
       load_f32x4s(inv_freq + i, freq);
-      unpack_bf16x8(load_16B(row + i), x0);
-      unpack_bf16x8(load_16B(row + i + half), x1);
+      widen_bf16x8(load_16B(row + i), x0);
+      widen_bf16x8(load_16B(row + i + half), x1);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const float angle = pos * freq[j];
-        const float c = cosf(angle) * attention_scaling, s = sinf(angle) * attention_scaling;
+        float c, s;
+        rope_rows::cos_sin(positions[t], freq[j], attention_scaling, c, s);
         y0[j] = x0[j] * c - x1[j] * s;
         y1[j] = x1[j] * c + x0[j] * s;
       }
@@ -239,8 +219,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
       const int64_t t = v / per_row, j = v % per_row * 8;
       const bf16_t* g = gate_up + t * 2 * inter + j;
       float gf[8], uf[8];
-      unpack_bf16x8(load_ro_16B(g), gf);
-      unpack_bf16x8(load_ro_16B(g + inter), uf);
+      widen_bf16x8(load_ro_16B(g), gf);
+      widen_bf16x8(load_ro_16B(g + inter), uf);
 #pragma unroll
       for (int e = 0; e < 8; ++e) gf[e] = silu_mul_f32(gf[e], uf[e]);
       store_16B(out + t * inter + j, pack_bf16x8(gf));
@@ -265,8 +245,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   const int64_t vecs = kVec ? count / 8 : 0;
   grid_stride_loop(vecs, [&](int64_t v) {
     float a[8], b[8];
-    unpack_bf16x8(load_16B(x + 8 * v), a);
-    unpack_bf16x8(load_16B(y + 8 * v), b);
+    widen_bf16x8(load_16B(x + 8 * v), a);
+    widen_bf16x8(load_16B(y + 8 * v), b);
 #pragma unroll
     for (int e = 0; e < 8; ++e) a[e] += b[e];
     store_16B(x + 8 * v, pack_bf16x8(a));
