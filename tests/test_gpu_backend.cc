@@ -76,6 +76,28 @@ void check_close(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b, flo
   CHECK(bad == 0);
 }
 
+// The KV write with RoPE over fused QKV rows [T, (qh + 2 kvh) * D] at qkv (q rotated in
+// place), into `cache`, with the rope table's frequencies at inv_freq.
+KvWriteRopeArgs qkv_rope_args(bf16_t* qkv, int32_t qh, int32_t kvh, int32_t D, int64_t T,
+                              const int64_t* slots, const int32_t* positions, const float* inv_freq,
+                              float attention_scaling, const PagedKvView& cache) {
+  const int64_t stride = int64_t(qh + 2 * kvh) * D;
+  KvWriteRopeArgs r;
+  r.kv.k = qkv + qh * D;
+  r.kv.v = qkv + (qh + kvh) * D;
+  r.kv.k_token_stride = r.kv.v_token_stride = stride;
+  r.kv.num_tokens = T;
+  r.kv.slot_mapping = slots;
+  r.kv.cache = cache;
+  r.q = qkv;
+  r.q_token_stride = stride;
+  r.q_heads = qh;
+  r.positions = positions;
+  r.inv_freq = inv_freq;
+  r.attention_scaling = attention_scaling;
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("gpu backend: row and elementwise ops match the CPU within one bf16 ulp", "[gpu][ops]") {
@@ -605,19 +627,9 @@ TEST_CASE("gpu backend: the KV write with RoPE gives rope's q and the CPU write'
     Mirror<int32_t> p(*gpu, pos);
     Mirror<float> inv(*gpu, table->inv_freq), sc(*gpu, std::vector<float>{0.37f, 2.5f});
     Mirror<uint8_t> kc(*gpu, bytes), vc(*gpu, bytes);
-    KvWriteRopeArgs r;
-    r.kv.k = in.ptr() + qh * D;
-    r.kv.v = in.ptr() + (qh + kvh) * D;
-    r.kv.k_token_stride = r.kv.v_token_stride = stride;
-    r.kv.num_tokens = T;
-    r.kv.slot_mapping = sl.ptr();
-    r.kv.cache = {kc.ptr(), vc.ptr(), pages, ps, kvh, D, dtype, sc.ptr(), sc.ptr() + 1};
-    r.q = in.ptr();
-    r.q_token_stride = stride;
-    r.q_heads = qh;
-    r.positions = p.ptr();
-    r.inv_freq = inv.ptr();
-    r.attention_scaling = table->attention_scaling;
+    KvWriteRopeArgs r =
+        qkv_rope_args(in.ptr(), qh, kvh, D, T, sl.ptr(), p.ptr(), inv.ptr(), table->attention_scaling,
+                      {kc.ptr(), vc.ptr(), pages, ps, kvh, D, dtype, sc.ptr(), sc.ptr() + 1});
     r.k_rotated = rot.ptr() + qh * D;
     REQUIRE(gpu->kv_write_rope(r).ok());
     const auto g_qkv = in.read(*gpu), g_rot = rot.read(*gpu);
@@ -651,5 +663,60 @@ TEST_CASE("gpu backend: the KV write with RoPE gives rope's q and the CPU write'
     REQUIRE(cpu->kv_write(w, KvWritePath::fused).ok());
     CHECK((g_k == want_k));
     CHECK((g_v == want_v));
+  }
+}
+
+TEST_CASE("gpu backend: attention with RoPE that attention refuses writes no KV", "[gpu][attention][rope]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  // Two sequences of llama3-8b's grouping, their new rows at slots 0..3, a negative
+  // window (attention refuses it; the write alone would take these rows). Once as a
+  // decode-only batch (the write may go inside attention), once with a prefill row (the
+  // write would be its own kernel).
+  const int32_t qh = 8, kvh = 2, D = 128, ps = 16, pages = 4;
+  const int64_t stride = int64_t(qh + 2 * kvh) * D;
+  auto table = rope_table(500000.0, D, RopeScaling{});
+  REQUIRE(table.ok());
+  for (const std::vector<int32_t>& qlen : {std::vector<int32_t>{1, 1}, std::vector<int32_t>{2, 1}}) {
+    CAPTURE(qlen[0]);
+    std::vector<int32_t> qstart = {0, qlen[0], qlen[0] + qlen[1]};
+    const int32_t T = qstart[2];
+    const std::vector<int32_t> ctx = {5, 9}, bt = {0, 1};
+    std::vector<int64_t> slots(static_cast<size_t>(T));
+    std::vector<int32_t> pos(static_cast<size_t>(T));
+    for (int32_t t = 0; t < T; ++t) {
+      slots[size_t(t)] = t;
+      pos[size_t(t)] = 4 + t;
+    }
+    const auto src = random_bf16(size_t(T * stride), 32, 3.0f);
+    const size_t bytes = size_t(pages * ps * kvh * D);
+    Mirror<bf16_t> in(*gpu, src), out(*gpu, size_t(T * qh * D));
+    Mirror<int64_t> sl(*gpu, slots);
+    Mirror<int32_t> p(*gpu, pos), QS(*gpu, qstart), CL(*gpu, ctx), BT(*gpu, bt);
+    Mirror<float> inv(*gpu, table->inv_freq), sc(*gpu, std::vector<float>{0.37f, 2.5f});
+    Mirror<uint8_t> kc(*gpu, bytes), vc(*gpu, bytes);
+    AttnArgs a;
+    a.q = in.ptr();
+    a.q_token_stride = stride;
+    a.out = out.ptr();
+    a.out_token_stride = qh * D;
+    a.num_q_heads = qh;
+    a.softmax_scale = 1.0f / std::sqrt(float(D));
+    a.window = -1;
+    a.batch = {2, T, QS.ptr(), CL.ptr(), BT.ptr(), 1, qlen[0], 9};
+    a.cache = {kc.ptr(), vc.ptr(), pages, ps, kvh, D, KvFormat::fp8_e4m3fn, sc.ptr(), sc.ptr() + 1};
+    const KvWriteRopeArgs r = qkv_rope_args(in.ptr(), qh, kvh, D, T, sl.ptr(), p.ptr(), inv.ptr(),
+                                            table->attention_scaling, a.cache);
+    for (AttentionPath path : {AttentionPath::unified, AttentionPath::split}) {
+      const absl::Status st = gpu->attention_rope(a, r, path);
+      INFO(st.message());
+      CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+      CHECK(st.message().find("window") != std::string::npos);
+    }
+    REQUIRE(gpu->synchronize().ok());
+    const std::vector<uint8_t> zeros(bytes, 0);
+    CHECK((kc.read(*gpu) == zeros));
+    CHECK((vc.read(*gpu) == zeros));
+    CHECK((in.read(*gpu) == src));  // q not rotated either
   }
 }
