@@ -202,7 +202,11 @@ cudaError_t vendor_launch(void (*kernel)(Params...), dim3 grid, dim3 block, cuda
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args&&>(args)...);
+  // A refused launch also leaves its error as the thread's last one; taken here, as the
+  // <<<>>> path takes it, so that the next launch does not report it as its own.
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  return err;
 }
 
 }  // namespace kvfuse::gpu

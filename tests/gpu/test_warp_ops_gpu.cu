@@ -7,6 +7,9 @@
 //   host's maximum and the lowest index among ties, in every lane;
 // - warp_inclusive_sum of u64 values: lane i gets the sum of lanes 0..i, exactly.
 // Two warps per block, so that each warp is seen to reduce only its own lanes.
+// Also launch_kernel's errors: a launch the runtime refuses (more threads than a block may
+// have), with and without PDL, returns its error and leaves none behind for the next
+// launch, which succeeds.
 #include "kernels/gpu.h"
 
 #include <cmath>
@@ -168,7 +171,32 @@ void test_all() {
 
 }  // namespace
 
+__global__ void store_kernel(int* p, int v) {
+  if (threadIdx.x == 0) *p = v;
+}
+
+void test_launch_errors() {
+  int* d = nullptr;
+  KVFUSE_TEST_GPU(cudaMalloc(&d, sizeof(int)));
+  for (bool pdl : {false, true}) {
+    const std::string how = pdl ? " (pdl)" : "";
+    const cudaError_t refused = gpu::launch_kernel(store_kernel, 1, 4096, nullptr, pdl, d, 1);
+    check(refused != cudaSuccess, "a block of 4096 threads refused" + how);
+    const cudaError_t next = gpu::launch_kernel(store_kernel, 1, 32, nullptr, false, d, 7);
+    check(next == cudaSuccess, std::string("the next launch succeeds, not reporting the refusal: ") +
+                                   cudaGetErrorString(next) + how);
+    KVFUSE_TEST_GPU(cudaDeviceSynchronize());
+    int v = 0;
+    KVFUSE_TEST_GPU(cudaMemcpy(&v, d, sizeof(int), cudaMemcpyDeviceToHost));
+    check(v == 7, "the next launch ran" + how);
+  }
+  KVFUSE_TEST_GPU(cudaFree(d));
+}
+
 int main() {
-  if (gpu_test::gpu_available("test_warp_ops_gpu")) test_all();
+  if (gpu_test::gpu_available("test_warp_ops_gpu")) {
+    test_all();
+    test_launch_errors();
+  }
   return gpu_test::tally().report("test_warp_ops_gpu");
 }
