@@ -14,7 +14,8 @@
 # Environment: AB_BATCH / AB_CONTEXT (cells, default 1 x 512,2048), AB_ARGS (more engine
 # arguments for every side, e.g. "--set kv_write=fused_rope"), AB_TEST_ARGS (TEST:ARG words,
 # an argument for a kernel test that takes one), AB_SKIP_TESTS=1, AB_TEST_TIMEOUT (seconds
-# a test may run, default 900), AB_STOP_ON_FAIL=1 (no A/B after a failed test).
+# a test or kernel benchmark may run, default 900), AB_STOP_ON_FAIL=1 (no benchmark and no
+# A/B after a failed test).
 # Writes $OUT (or build-gpu-ab/): summary.txt (each step time and each side's ratio
 # against the side with no switch, median over rounds) and ab.tgz with every run's output.
 set -uo pipefail
@@ -47,6 +48,20 @@ if [[ ${AB_SKIP_TESTS:-0} != 1 ]]; then
   [[ -x $bundle/test_gpu_peer_allreduce ]] &&
     check test_gpu_peer_allreduce env NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" "$bundle/test_gpu_peer_allreduce"
 fi
+# The kernel benchmarks gpu-bundle.sh packed into .device-bundle/kernel-benches
+# (KVFUSE_BUNDLE_KERNEL_BENCHES), after the tests: their tables go into ab.tgz, their
+# last lines to the summary. AB_BENCH_ARGS: NAME:ARG words, as AB_TEST_ARGS.
+for b in "$bundle"/kernel-benches/*; do
+  [[ -x $b ]] || continue
+  ((status == 0)) || [[ ${AB_STOP_ON_FAIL:-0} != 1 ]] || break
+  name=$(basename "$b")
+  bargs=()
+  for a in ${AB_BENCH_ARGS:-}; do [[ ${a%%:*} == "$name" ]] && bargs+=("${a#*:}"); done
+  timeout "${AB_TEST_TIMEOUT:-900}" "$b" "${bargs[@]}" >"$runs/$name.txt" 2>&1
+  rc=$?
+  tail -4 "$runs/$name.txt" | sed "s/^/  /" | tee -a "$summary"
+  note "$name: exit $rc"
+done
 
 if ((status != 0)) && [[ ${AB_STOP_ON_FAIL:-0} == 1 ]]; then
   tar -czf "$out/ab.tgz" -C "$runs" .

@@ -33,6 +33,14 @@ if [[ -n ${KVFUSE_BUNDLE_KERNEL_TESTS:-} ]]; then
   mkdir -p "$bundle/kernel-tests"
   for t in $KVFUSE_BUNDLE_KERNEL_TESTS; do cp "$build/tests/gpu/$t" "$bundle/kernel-tests/"; done
 fi
+# KVFUSE_BUNDLE_KERNEL_BENCHES="bench_attention ...": these kernel benchmarks (bench/) too,
+# in kernel-benches/.
+if [[ -n ${KVFUSE_BUNDLE_KERNEL_BENCHES:-} ]]; then
+  # shellcheck disable=SC2086  # a list of target names
+  ninja -C "$build" -j"${KVFUSE_JOBS:-$(nproc)}" $KVFUSE_BUNDLE_KERNEL_BENCHES
+  mkdir -p "$bundle/kernel-benches"
+  for t in $KVFUSE_BUNDLE_KERNEL_BENCHES; do cp "$build/bench/$t" "$bundle/kernel-benches/"; done
+fi
 # Every shared library outside libc's own set and the CUDA toolkit.
 for bin in "$bundle"/kvfuse-* "$bundle"/test_gpu_*; do
   ldd "$bin" | awk '/=> \// {print $3}'
