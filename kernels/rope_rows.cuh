@@ -20,7 +20,8 @@ constexpr int kPairElems = 8;
 // Elements of a V chunk: two 16-byte loads of bf16, one 16-byte FP8 store.
 constexpr int kVChunkElems = 16;
 
-// cos and sin of pair i's angle at position pos, as rope_kernel computes them.
+// cos and sin of pair i's angle at position pos: one expression for rope_kernel, the KV write
+// with RoPE and attention's write.
 KVFUSE_DEVICE void cos_sin(int32_t pos, float inv_freq, float attention_scaling, float& c, float& s) {
   const float angle = float(pos) * inv_freq;
   c = cosf(angle) * attention_scaling;
