@@ -293,14 +293,15 @@ class GpuBackend final : public Backend {
   // At decode-only steps the attention kernel takes RoPE and the KV write in (one launch
   // instead of two, the same bytes; gpu::attention_rope_unsupported says where it cannot);
   // elsewhere, and with KVFUSE_ROPE_IN_ATTENTION=0 (the A/B), kv_write_rope then attention.
-  // Attention arguments the kernel refuses are refused before anything is written.
+  // Attention arguments the kernel refuses are refused before anything is written
+  // (attention_launch checks them first; the two launches are checked here).
   absl::Status attention_rope(const AttnArgs& args, const KvWriteRopeArgs& rope,
                               AttentionPath path) override {
-    if (const std::string why = gpu::attention_unsupported(args); !why.empty()) {
-      return absl::InvalidArgumentError(why);
-    }
     if (rope_in_attention_ && gpu::attention_rope_unsupported(args, rope, attn_launch_).empty()) {
       return attention_launch(args, path, &rope);
+    }
+    if (const std::string why = gpu::attention_unsupported(args); !why.empty()) {
+      return absl::InvalidArgumentError(why);
     }
     return Backend::attention_rope(args, rope, path);
   }
