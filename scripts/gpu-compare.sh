@@ -22,19 +22,13 @@
 # table and JSON. Exit 0 when every run succeeded (the ratios are for reading).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-build-gpu-compare}
-arch=${KVFUSE_CUDA_ARCH:-90a}
+source scripts/gpu-run-common.sh gpu-compare .device-baseline/lib
 rounds=${COMPARE_ROUNDS:-2}
 work=$(mktemp -d)
-mkdir -p "$out" "$work/runs"
-summary="$out/summary.txt"
-: >"$summary"
-t0=$(date +%s)
-note() { echo "gpu-compare: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
+mkdir -p "$work/runs"
 status=0
 engine=${COMPARE_ENGINE:-1}
 env_base=${COMPARE_ENV:-}
-[[ -d .device-bundle ]] || [[ ! -f .device-bundle.tar.xz ]] || tar xJf .device-bundle.tar.xz
 needs=(.device-baseline/src.tar.xz)
 ((engine)) && needs+=(.device-baseline/kvfuse-bench-engine .device-bundle/kvfuse-bench-engine)
 [[ -n $env_base ]] && needs=(.device-bundle/kvfuse-bench-engine) && engine=1
@@ -51,15 +45,10 @@ kernels=${COMPARE_KERNELS:-1}
 mkdir -p "$work/base"
 if ((kernels)); then
   tar -xJf .device-baseline/src.tar.xz -C "$work/base"
-  nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
-  gen=()
-  command -v ninja >/dev/null && gen=(-G Ninja)
   for side in base new; do
     src=$PWD
     [[ $side == base ]] && src=$work/base
-    if ! { cmake -S "$src/tests/gpu" -B "$work/build-$side" "${gen[@]}" -DKVFUSE_GPU=CUDA -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
-      cmake --build "$work/build-$side" -j"$(nproc)" --target bench_kv_write bench_attention; } >"$work/runs/build-$side.log" 2>&1; then
+    if ! build_gpu_targets "$src" "$work/build-$side" "$work/runs/build-$side.log" bench_kv_write bench_attention; then
       tail -20 "$work/runs/build-$side.log"
       note "FAIL: build of the $side kernel benchmarks"
       exit 1
@@ -68,8 +57,6 @@ if ((kernels)); then
   note "kernel benchmarks built"
 fi
 
-cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH="$PWD/.device-bundle/lib:$PWD/.device-baseline/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 batch=${COMPARE_BATCH:-1,8,64}
 context=${COMPARE_CONTEXT:-512,2048}
 # shellcheck disable=SC2206  # the arguments are words

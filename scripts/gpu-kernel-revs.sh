@@ -11,24 +11,16 @@
 # Environment: REVS_BENCH (default bench_attention), REVS_ARGS (its arguments), REVS_GREP
 # (an extended regex: the table rows to put in the summary, default every row),
 # REVS_ROUNDS (default 2), KVFUSE_CUDA_ARCH (default 90a).
-# Writes $OUT (or build-gpu-revs/): summary.txt (each round's rows per side) and revs.tgz
+# Writes $OUT (or build-gpu-kernel-revs/): summary.txt (each round's rows per side) and revs.tgz
 # with every build log and run. Exit 0 when every build and run succeeded.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${OUT:-build-gpu-revs}
-arch=${KVFUSE_CUDA_ARCH:-90a}
+source scripts/gpu-run-common.sh gpu-kernel-revs
 bench=${REVS_BENCH:-bench_attention}
 work=$(mktemp -d)
-mkdir -p "$out" "$work/runs"
-summary="$out/summary.txt"
-: >"$summary"
-t0=$(date +%s)
-note() { echo "gpu-kernel-revs: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
+mkdir -p "$work/runs"
 status=0
 note "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%FT%TZ)"
-nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
-gen=()
-command -v ninja >/dev/null && gen=(-G Ninja)
 sides=()
 for t in .device-revs/*.tar.xz; do
   [[ -e $t ]] || continue
@@ -41,9 +33,7 @@ sides+=(new)
 for side in "${sides[@]}"; do
   src=$work/src-$side
   [[ $side == new ]] && src=$PWD
-  if { cmake -S "$src/tests/gpu" -B "$work/build-$side" "${gen[@]}" -DKVFUSE_GPU=CUDA -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
-    cmake --build "$work/build-$side" -j"$(nproc)" --target "$bench"; } >"$work/runs/build-$side.log" 2>&1; then
+  if build_gpu_targets "$src" "$work/build-$side" "$work/runs/build-$side.log" "$bench"; then
     note "built $side"
   else
     tail -20 "$work/runs/build-$side.log"

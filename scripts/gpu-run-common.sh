@@ -1,11 +1,12 @@
 # The start that the scripts running the device bundle on a GPU machine share
-# (gpu-serve.sh, gpu-gemm-tune.sh, gpu-tp.sh), sourced from the repository root:
+# (gpu-ab.sh, gpu-compare.sh, gpu-gemm-tune.sh, gpu-kernel-revs.sh, gpu-profile.sh,
+# gpu-serve.sh, gpu-tp.sh), sourced from the repository root:
 #   source scripts/gpu-run-common.sh NAME [EXTRA_LIBRARY_DIR]
 # sets out ($OUT, default build-NAME), summary ($out/summary.txt, emptied), note() (a line
 # with the seconds since the start, to the terminal and the summary), bundle
 # (.device-bundle, unpacked from .device-bundle.tar.xz when only the archive was carried
 # along), and LD_LIBRARY_PATH (the bundle's libraries, EXTRA_LIBRARY_DIR, then the
-# machine's own CUDA libraries for cuBLASLt and the runtime).
+# machine's own CUDA libraries for cuBLASLt and the runtime); and build_gpu_targets.
 run_name=$1
 out=${OUT:-build-$run_name}
 mkdir -p "$out"
@@ -15,5 +16,24 @@ t0=$(date +%s)
 note() { echo "$run_name: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
 bundle=.device-bundle
 [[ -d $bundle ]] || [[ ! -f $bundle.tar.xz ]] || tar xJf "$bundle.tar.xz"
+machine_ld_path=${LD_LIBRARY_PATH:-}  # the machine's own, for its tools (build_gpu_targets)
 cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="$PWD/$bundle/lib${2:+:$PWD/$2}:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# build_gpu_targets SRC BUILD LOG TARGET...: the targets of SRC's standalone GPU build
+# (SRC/tests/gpu: kernels, kernel tests and benchmarks) for CUDA sm_$KVFUSE_CUDA_ARCH
+# (default 90a), in BUILD, its output into LOG. Fails as the build does. The build's tools
+# run with the machine's library path, not the bundle's Debian libraries.
+build_gpu_targets() {
+  local src=$1 build=$2 log=$3
+  shift 3
+  local nvcc gen=()
+  nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  (
+    export LD_LIBRARY_PATH=$machine_ld_path
+    cmake -S "$src/tests/gpu" -B "$build" "${gen[@]}" -DKVFUSE_GPU=CUDA -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="${KVFUSE_CUDA_ARCH:-90a}" &&
+      cmake --build "$build" -j"$(nproc)" --target "$@"
+  ) >"$log" 2>&1
+}
