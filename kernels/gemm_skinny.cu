@@ -2,10 +2,8 @@
 #include "kernels/gpu.h"
 
 #include "kernels/gemm_skinny.cuh"
-#include "kernels/model_ops.cuh"
 
 #include <climits>
-#include <iterator>
 
 #if !defined(KVFUSE_HIP)
 #include <cuda.h>  // CUtensorMap and its enums (the encoder comes from the runtime, no -lcuda)
@@ -18,25 +16,17 @@ namespace {
 constexpr int kConsumers = 2;                   // warpgroups
 constexpr int kMinBlockRows = 64 * kConsumers;  // a row block: kRT 64-row MMA tiles per warpgroup
 constexpr int kSplitCounts = 6;
-constexpr int kSplits[kSplitCounts] = {1, 2, 3, 4, 6, 8};
-constexpr int kTilings = 3;
-constexpr int kMulticasts[] = {1, 2, 4};
-[[maybe_unused]] constexpr int kMaxCluster = 8;  // blocks a cluster (the portable limit)
-static_assert(kSkinnyVariants == kSplitCounts * kTilings * int(std::size(kMulticasts)),
-              "a variant: a split count, one of three tilings and a multicast");
+constexpr int kSplits[kSplitCounts] = {1, 2, 3, 4, 6, 8};  // a cluster each: at most 8 blocks
+static_assert(kSkinnyVariants == 3 * kSplitCounts, "a variant: a split count and one of three tilings");
 
-// Variant v: kSplits[v % 6] splits of k; (v / 6) % 3: row blocks of 128 rows (two blocks
-// an SM), of 256 (one block an SM, half the reads of x per row of w), or of 256 with the
-// tokens as the MMA's M (64 of them, padded) and each warpgroup's 128 rows of w as its N;
-// v / 18: x shared by 1, 2 or 4 row blocks (multicast). A cluster is the splits of that
-// many row blocks.
+// Variant v: kSplits[v % 6] splits of k; v / 6: row blocks of 128 rows (two blocks an SM),
+// of 256 (one block an SM, half the reads of x per row of w), or of 256 with the tokens as
+// the MMA's M (64 of them, padded) and each warpgroup's 128 rows of w as its N.
 int splits_of(int variant) { return kSplits[variant % kSplitCounts]; }
-int tiling_of(int variant) { return (variant / kSplitCounts) % kTilings; }
-int row_tiles_of(int variant) { return tiling_of(variant) == 0 ? 1 : 2; }
-int multicast_of(int variant) { return kMulticasts[variant / (kSplitCounts * kTilings)]; }
+int row_tiles_of(int variant) { return variant < kSplitCounts ? 1 : 2; }
 
 #if !defined(KVFUSE_HIP)
-bool tokens_as_m(int variant) { return tiling_of(variant) == 2; }
+bool tokens_as_m(int variant) { return variant >= 2 * kSplitCounts; }
 // Tokens per block: the MMA's N, m rounded up to 16, 32 or 64.
 int tokens_for(int64_t m) { return m <= 16 ? 16 : m <= 32 ? 32 : 64; }
 constexpr int kThreads = 128 * kConsumers + 32;  // and one producer warp
@@ -113,22 +103,6 @@ __device__ __forceinline__ void tma_load_evict_first(void* dst, const CUtensorMa
       "%4}], [%2], %5;" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(col), "r"(row), "l"(policy)
       : "memory");
-}
-// The same box into shared memory at the same offset in every block of the cluster whose bit
-// is set in `mask`, each counting it on its own barrier at `bar`'s offset.
-__device__ __forceinline__ void tma_load_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int col,
-                                                   int row, uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], "
-      "[%1, {%4, %5}], [%2], %3;" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "h"(mask), "r"(col), "r"(row)
-      : "memory");
-}
-// An arrival on the barrier at `bar`'s offset in block `rank` of the cluster.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, int rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote) : "memory");
 }
 // The shared-memory descriptor of a K-major operand in 128-byte swizzled rows (as TMA's
 // CU_TENSOR_MAP_SWIZZLE_128B lays them out): 8-row groups 1024 bytes apart. A k16 step
@@ -247,17 +221,11 @@ struct Wgmma<128> {
 #endif  // KVFUSE_SKINNY_HW
 
 // Block b takes row block b / splits (kBlockRows = 128 kRT rows of w) over split b %
-// splits of k's 64-column steps; the splits of `mcast` consecutive row blocks are one
-// cluster (rank (row block % mcast) splits + split). Warp 8, one lane, streams each step's
-// box of w (kBlockRows rows x 64 columns) and of x (kN tokens, past m zeros) into a stage
-// by TMA, 128-byte swizzled, and waits for the consumers to free a stage before refilling
-// it; warpgroup c multiplies its kRT tiles of 64 rows with wgmma m64nkNk16 (four a tile
-// per step), keeping one step's MMAs in flight.
-//
-// With mcast > 1 the row blocks of a cluster that share a split read x once: each loads
-// kN / mcast of its tokens and multicasts them into the same stage of all of them, so a
-// stage is refilled only once every one of them has freed it (its empty barrier counts
-// their consumers).
+// splits of k's 64-column steps; the splits of a row block are one cluster. Warp 8, one
+// lane, streams each step's box of w (kBlockRows rows x 64 columns) and of x (kN tokens,
+// past m zeros) into a stage by TMA, 128-byte swizzled, and waits for the consumers to
+// free a stage before refilling it; warpgroup c multiplies its kRT tiles of 64 rows with
+// wgmma m64nkNk16 (four a tile per step), keeping one step's MMAs in flight.
 //
 // The weights do not come from the kernel before: with early_w the first stages' w boxes
 // are requested before the programmatic-launch wait (while the kernel before runs), x's
@@ -267,15 +235,10 @@ struct Wgmma<128> {
 // adds the splits' sums of its share of the outputs, in split order (so the bits do not
 // depend on timing), read from the blocks' shared memory, and writes them: 4 rows of a
 // token a thread, coalesced.
-// What the kernel writes: bf16 or fp32 [m, n], or (kSiluOut, w = [gate rows; up rows]) bf16
-// act[m, n / 2] = silu_mul of the bf16 outputs. Then a row block is kBlockRows / 2 gate rows
-// and the up rows n / 2 past them, loaded as two boxes into each stage.
-enum OutKind : int { kBf16Out = 0, kF32Out = 1, kSiluOut = 2 };
-
-template <int kN, int kRT, bool kSwap, int kOut>
+template <int kN, int kRT, bool kSwap, bool kF32>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     skinny_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, int m,
-                  int n, int k, void* out, int splits, int mcast, bool early_w) {
+                  int n, int k, void* out, int splits, bool early_w) {
 #if KVFUSE_SKINNY_HW
   constexpr int kBlockRows = kMinBlockRows * kRT;
   constexpr int kStages = stages_for(kN, kRT);
@@ -286,8 +249,6 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   constexpr int kAcc = kSwap ? 64 : kN / 2;    // accumulators per tile and thread
   constexpr int kTileBytes = 64 * kStepK * 2;  // a 64-row MMA tile of w in a stage
   constexpr int kStride = part_stride(kRT);
-  constexpr int kOutRows = kOut == kSiluOut ? kBlockRows / 2 : kBlockRows;  // outputs a row block
-  const int inter = n / 2;                                                  // kSiluOut: act's columns
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -298,13 +259,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   float* part = reinterpret_cast<float*>(smem);  // [kN][kStride], after the last step
 
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  const int rb = int(blockIdx.x) / splits, split = int(blockIdx.x) % splits;
-  const int share = rb % mcast;                  // this block's part of x's tokens
-  const int rank0 = share * splits;              // the cluster rank of its split 0
-  const int x_rows = kN / mcast;                 // tokens a block loads for all
-  const int x_part_bytes = x_rows * kStepK * 2;  // at 1024-byte multiples: whole swizzle periods
-  uint16_t x_mask = 0;                           // the blocks of the cluster with this split
-  for (int r = 0; r < mcast; ++r) x_mask |= uint16_t(1u << (r * splits + split));
+  const int rb = int(blockIdx.x) / splits,
+            split = int(blockIdx.x) % splits;  // split: the rank in the cluster
   const int total = k / kStepK;
   const int per = (total + splits - 1) / splits;
   const int first = split * per;
@@ -313,51 +269,31 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], kConsumers * mcast);
+      mbar_init(&empty[s], kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if (mcast > 1) {
-    cluster_sync();  // the others' barriers are ready before they are loaded into or arrived on
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
 
   if (warp == 4 * kConsumers) {  // the producer
     if (lane == 0) {
       uint64_t policy;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-      const int row0 = rb * kOutRows;
-      const auto load_w = [&](int slot, int s) {
-        uint8_t* dst = sw + slot * kWTileBytes;
-        tma_load_evict_first(dst, &wmap, &full[slot], (first + s) * kStepK, row0, policy);
-        if constexpr (kOut == kSiluOut) {  // the up rows of the same outputs
-          tma_load_evict_first(dst + kWTileBytes / 2, &wmap, &full[slot], (first + s) * kStepK, inter + row0,
-                               policy);
-        }
-      };
+      const int row0 = rb * kBlockRows;
       const int pre = min(steps, kStages);
       if (!early_w) grid_dependency_wait();
       for (int s = 0; s < pre; ++s) {
         mbar_expect_tx(&full[s], kWTileBytes + kXTileBytes);
-        load_w(s, s);
+        tma_load_evict_first(sw + s * kWTileBytes, &wmap, &full[s], (first + s) * kStepK, row0, policy);
       }
       if (early_w) grid_dependency_wait();
-      const auto load_x = [&](int slot, int s) {
-        if (mcast == 1) {
-          tma_load(sx + slot * kXTileBytes, &xmap, &full[slot], (first + s) * kStepK, 0);
-        } else {
-          tma_load_multicast(sx + slot * kXTileBytes + share * x_part_bytes, &xmap, &full[slot],
-                             (first + s) * kStepK, share * x_rows, x_mask);
-        }
-      };
-      for (int s = 0; s < pre; ++s) load_x(s, s);
+      for (int s = 0; s < pre; ++s) tma_load(sx + s * kXTileBytes, &xmap, &full[s], (first + s) * kStepK, 0);
       for (int s = kStages; s < steps; ++s) {
         const int slot = s % kStages;
         mbar_wait(&empty[slot], ((s / kStages) - 1) & 1);
         mbar_expect_tx(&full[slot], kWTileBytes + kXTileBytes);
-        load_w(slot, s);
-        load_x(slot, s);
+        tma_load_evict_first(sw + slot * kWTileBytes, &wmap, &full[slot], (first + s) * kStepK, row0, policy);
+        tma_load(sx + slot * kXTileBytes, &xmap, &full[slot], (first + s) * kStepK, 0);
       }
     }
     __syncwarp();
@@ -398,13 +334,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
       fence_all();
       wgmma_wait<1>();  // the step before has been read: its stage is free
       fence_all();
-      if (s > 0 && t == 0) {
-        if (mcast == 1) {
-          mbar_arrive(&empty[(s - 1) % kStages]);
-        } else {
-          for (int r = 0; r < mcast; ++r) mbar_arrive_cluster(&empty[(s - 1) % kStages], r * splits + split);
-        }
-      }
+      if (s > 0 && t == 0) mbar_arrive(&empty[(s - 1) % kStages]);
     }
     wgmma_wait<0>();
     fence_all();
@@ -430,47 +360,32 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
   }
   cluster_sync();  // every block's sums are in its shared memory (a block of its own: splits = 1)
 
-  // Block `split` of the cluster: its share of the [kN][kOutRows] outputs, 4 rows a
+  // Block `split` of the cluster: its share of the [kN][kBlockRows] outputs, 4 rows a
   // thread (every thread of the block, the producer's warp too).
-  const auto sum_splits = [&](const float* src) {
-    float4 sum = splits == 1 ? *reinterpret_cast<const float4*>(src) : load_cluster(src, rank0);
-    for (int s = 1; s < splits; ++s) {  // split order, whichever block this is
-      const float4 p = load_cluster(src, rank0 + s);
-      sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
-    }
-    return sum;
-  };
-  const auto pack4 = [](float a, float b, float c, float d) {
-    return make_uint2(uint32_t(f32_to_bf16(a)) | (uint32_t(f32_to_bf16(b)) << 16),
-                      uint32_t(f32_to_bf16(c)) | (uint32_t(f32_to_bf16(d)) << 16));
-  };
-  constexpr int kQuads = kN * kOutRows / 4;
+  constexpr int kQuads = kN * kBlockRows / 4;
   const int lo = split * kQuads / splits, hi = (split + 1) * kQuads / splits;
   for (int q = lo + tid; q < hi; q += kThreads) {
-    const int token = q / (kOutRows / 4), row = (q % (kOutRows / 4)) * 4;
+    const int token = q / (kBlockRows / 4), row = (q % (kBlockRows / 4)) * 4;
     const float* src = part + token * kStride + row;
-    const float4 sum = sum_splits(src);
-    const int64_t grow = int64_t(rb) * kOutRows + row;
-    const int64_t cols = kOut == kSiluOut ? inter : n;
-    // n (kSiluOut: n / 2) is a multiple of 16: the 4 rows are all in or all out.
-    if (token >= m || grow >= cols) continue;
-    const int64_t at = int64_t(token) * cols + grow;
-    if constexpr (kOut == kF32Out) {
+    float4 sum = splits == 1 ? *reinterpret_cast<const float4*>(src) : load_cluster(src, 0);
+    for (int s = 1; s < splits; ++s) {  // split order, whichever block this is
+      const float4 p = load_cluster(src, s);
+      sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
+    }
+    const int64_t grow = int64_t(rb) * kBlockRows + row;
+    if (token >= m || grow >= n) continue;  // n is a multiple of 16: the 4 rows are all in or all out
+    const int64_t at = int64_t(token) * n + grow;
+    if constexpr (kF32) {
       *reinterpret_cast<float4*>(static_cast<float*>(out) + at) = sum;
-    } else if constexpr (kOut == kBf16Out) {
-      *reinterpret_cast<uint2*>(static_cast<bf16_t*>(out) + at) = pack4(sum.x, sum.y, sum.z, sum.w);
-    } else {  // the bf16 outputs of gate and up, then launch_silu_mul's formula
-      const float4 up = sum_splits(src + kOutRows);
-      const auto act = [](float g, float u) {
-        return silu_mul_f32(bf16_to_f32(f32_to_bf16(g)), bf16_to_f32(f32_to_bf16(u)));
-      };
-      *reinterpret_cast<uint2*>(static_cast<bf16_t*>(out) + at) =
-          pack4(act(sum.x, up.x), act(sum.y, up.y), act(sum.z, up.z), act(sum.w, up.w));
+    } else {
+      const uint32_t lo2 = uint32_t(f32_to_bf16(sum.x)) | (uint32_t(f32_to_bf16(sum.y)) << 16);
+      const uint32_t hi2 = uint32_t(f32_to_bf16(sum.z)) | (uint32_t(f32_to_bf16(sum.w)) << 16);
+      *reinterpret_cast<uint2*>(static_cast<bf16_t*>(out) + at) = make_uint2(lo2, hi2);
     }
   }
   cluster_sync();  // no block leaves while another still reads its shared memory
 #else
-  (void)wmap, (void)xmap, (void)m, (void)n, (void)k, (void)out, (void)splits, (void)mcast, (void)early_w;
+  (void)wmap, (void)xmap, (void)m, (void)n, (void)k, (void)out, (void)splits, (void)early_w;
 #endif
 }
 
@@ -519,14 +434,14 @@ bool device_is_sm90() {
 // The kernel with its shared memory allowed on the current device (more than the 48 KiB a
 // kernel gets without asking; once per device and instance), launched with the splits of
 // a row block as one cluster, and as a programmatic dependent when pdl.
-template <int kN, int kRT, bool kSwap, int kOut>
+template <int kN, int kRT, bool kSwap, bool kF32>
 cudaError_t launch_instance(unsigned blocks, cudaStream_t stream, bool pdl, const CUtensorMap& wmap,
-                            const CUtensorMap& xmap, int m, int n, int k, void* out, int splits, int mcast,
+                            const CUtensorMap& xmap, int m, int n, int k, void* out, int splits,
                             bool early_w) {
   // Once a device; a failure is asked again at the next launch (0: not known yet).
   cudaError_t err = cudaSuccess;
   const int32_t allowed = once_per_device<1>(0, 0, [&] {
-    const void* fn = reinterpret_cast<const void*>(skinny_kernel<kN, kRT, kSwap, kOut>);
+    const void* fn = reinterpret_cast<const void*>(skinny_kernel<kN, kRT, kSwap, kF32>);
     err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes(kN, kRT)));
     // The whole of L1 as shared memory whatever the instance needs, as the library's large
     // GEMMs take it: an SM whose split of L1 must change between two kernels idles first
@@ -540,7 +455,7 @@ cudaError_t launch_instance(unsigned blocks, cudaStream_t stream, bool pdl, cons
   if (allowed != 1) return err != cudaSuccess ? err : cudaErrorInvalidDevice;
   cudaLaunchAttribute attr[2] = {};
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = unsigned(splits * mcast);
+  attr[0].val.clusterDim.x = unsigned(splits);
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -552,61 +467,33 @@ cudaError_t launch_instance(unsigned blocks, cudaStream_t stream, bool pdl, cons
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = pdl ? 2 : 1;
-  return cudaLaunchKernelEx(&cfg, skinny_kernel<kN, kRT, kSwap, kOut>, wmap, xmap, m, n, k, out, splits,
-                            mcast, early_w);
+  return cudaLaunchKernelEx(&cfg, skinny_kernel<kN, kRT, kSwap, kF32>, wmap, xmap, m, n, k, out, splits,
+                            early_w);
 }
 
 template <int kN, int kRT, bool kSwap>
-cudaError_t launch_config(const bf16_t* x, int m, const bf16_t* w, int n, int k, void* out, OutKind kind,
-                          int splits, int mcast, cudaStream_t stream, bool pdl, bool early_w) {
-  // Rows of w a box (kSiluOut: two boxes a stage) and outputs a row block.
-  const int out_rows = kind == kSiluOut ? kMinBlockRows * kRT / 2 : kMinBlockRows * kRT;
+cudaError_t launch_config(const bf16_t* x, int m, const bf16_t* w, int n, int k, void* out, bool out_f32,
+                          int splits, cudaStream_t stream, bool pdl, bool early_w) {
+  constexpr int kBlockRows = kMinBlockRows * kRT;
   CUtensorMap wmap, xmap;
-  if (!make_tensor_map(&wmap, w, n, k, out_rows) || !make_tensor_map(&xmap, x, m, k, kN / mcast)) {
+  if (!make_tensor_map(&wmap, w, n, k, kBlockRows) || !make_tensor_map(&xmap, x, m, k, kN)) {
     return cudaErrorInvalidValue;
   }
-  // Row blocks rounded up to whole clusters: those past the outputs read zeros of w (TMA
-  // fills outside the tensor) for their share of x, and write nothing.
-  const int64_t cols = kind == kSiluOut ? n / 2 : n;
-  const int64_t row_blocks = (cols + out_rows - 1) / out_rows;
-  const int64_t blocks = (row_blocks + mcast - 1) / mcast * mcast * splits;
+  const int64_t blocks = (int64_t(n) + kBlockRows - 1) / kBlockRows * splits;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  const auto go = [&](auto instance) {
-    return instance(unsigned(blocks), stream, pdl, wmap, xmap, m, n, k, out, splits, mcast, early_w);
-  };
-  switch (kind) {
-    case kF32Out:
-      return go(launch_instance<kN, kRT, kSwap, kF32Out>);
-    case kSiluOut:
-      return go(launch_instance<kN, kRT, kSwap, kSiluOut>);
-    default:
-      return go(launch_instance<kN, kRT, kSwap, kBf16Out>);
-  }
+  return out_f32 ? launch_instance<kN, kRT, kSwap, true>(unsigned(blocks), stream, pdl, wmap, xmap, m, n, k,
+                                                         out, splits, early_w)
+                 : launch_instance<kN, kRT, kSwap, false>(unsigned(blocks), stream, pdl, wmap, xmap, m, n, k,
+                                                          out, splits, early_w);
 }
 
 template <int kN>
-cudaError_t launch_tokens(const bf16_t* x, int m, const bf16_t* w, int n, int k, void* out, OutKind kind,
+cudaError_t launch_tokens(const bf16_t* x, int m, const bf16_t* w, int n, int k, void* out, bool out_f32,
                           int variant, cudaStream_t stream, bool pdl, bool early_w) {
-  const int splits = splits_of(variant), mcast = multicast_of(variant);
-  return row_tiles_of(variant) == 1
-             ? launch_config<kN, 1, false>(x, m, w, n, k, out, kind, splits, mcast, stream, pdl, early_w)
-             : launch_config<kN, 2, false>(x, m, w, n, k, out, kind, splits, mcast, stream, pdl, early_w);
-}
-
-LaunchStatus launch_kind(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
-                         OutKind kind, cudaStream_t stream, bool pdl, int variant, bool early_w) {
-  if (tokens_as_m(variant)) {
-    return launch_config<64, 2, true>(x, int(m), w, int(n), int(k), out, kind, splits_of(variant),
-                                      multicast_of(variant), stream, pdl, early_w);
-  }
-  switch (tokens_for(m)) {
-    case 16:
-      return launch_tokens<16>(x, int(m), w, int(n), int(k), out, kind, variant, stream, pdl, early_w);
-    case 32:
-      return launch_tokens<32>(x, int(m), w, int(n), int(k), out, kind, variant, stream, pdl, early_w);
-    default:
-      return launch_tokens<64>(x, int(m), w, int(n), int(k), out, kind, variant, stream, pdl, early_w);
-  }
+  return row_tiles_of(variant) == 1 ? launch_config<kN, 1, false>(x, m, w, n, k, out, out_f32,
+                                                                  splits_of(variant), stream, pdl, early_w)
+                                    : launch_config<kN, 2, false>(x, m, w, n, k, out, out_f32,
+                                                                  splits_of(variant), stream, pdl, early_w);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -618,10 +505,6 @@ int skinny_splits(int variant) { return variant >= 0 && variant < kSkinnyVariant
 
 int skinny_block_rows(int variant) {
   return variant >= 0 && variant < kSkinnyVariants ? kMinBlockRows * row_tiles_of(variant) : 0;
-}
-
-int skinny_multicast(int variant) {
-  return variant >= 0 && variant < kSkinnyVariants ? multicast_of(variant) : 0;
 }
 
 std::string skinny_unsupported(const void* x, int64_t m, const void* w, int64_t n, int64_t k, const void* out,
@@ -645,15 +528,6 @@ std::string skinny_unsupported(const void* x, int64_t m, const void* w, int64_t 
   if (k / kStepK < splits)
     return "skinny gemm: k " + std::to_string(k) + " has fewer " + std::to_string(kStepK) +
            "-column steps than " + std::to_string(splits) + " splits";
-  const int mcast = multicast_of(variant);
-  if (splits * mcast > kMaxCluster)
-    return "skinny gemm: variant " + std::to_string(variant) + "'s cluster of " + std::to_string(splits) +
-           " splits x " + std::to_string(mcast) + " row blocks is over " + std::to_string(kMaxCluster) +
-           " blocks";
-  const int tokens = tokens_as_m(variant) ? 64 : tokens_for(m);
-  if (tokens / mcast < 8)
-    return "skinny gemm: " + std::to_string(tokens) + " tokens in " + std::to_string(mcast) +
-           " multicast parts are under 8 rows each (m " + std::to_string(m) + ")";
   return {};
 #endif
 }
@@ -668,25 +542,18 @@ LaunchStatus launch_gemm_skinny_bf16(const bf16_t* x, int64_t m, const bf16_t* w
   (void)out_f32, (void)stream, (void)pdl, (void)early_w;
   return LaunchStatus::refused("skinny gemm: NVIDIA only");
 #else
-  return launch_kind(x, m, w, n, k, out, out_f32 ? kF32Out : kBf16Out, stream, pdl, variant, early_w);
-#endif
-}
-
-LaunchStatus launch_gemm_skinny_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n,
-                                              int64_t k, bf16_t* act, cudaStream_t stream, bool pdl,
-                                              int variant, bool early_w) {
-  if (std::string why = skinny_unsupported(x, m, w, n, k, act, variant); !why.empty()) {
-    return LaunchStatus::refused(std::move(why));
+  if (tokens_as_m(variant)) {
+    return launch_config<64, 2, true>(x, int(m), w, int(n), int(k), out, out_f32, splits_of(variant), stream,
+                                      pdl, early_w);
   }
-  if (n % 32 != 0) {
-    return LaunchStatus::refused("skinny gemm silu_mul: n " + std::to_string(n) +
-                                 " must be gate rows then as many up rows, a multiple of 16 each");
+  switch (tokens_for(m)) {
+    case 16:
+      return launch_tokens<16>(x, int(m), w, int(n), int(k), out, out_f32, variant, stream, pdl, early_w);
+    case 32:
+      return launch_tokens<32>(x, int(m), w, int(n), int(k), out, out_f32, variant, stream, pdl, early_w);
+    default:
+      return launch_tokens<64>(x, int(m), w, int(n), int(k), out, out_f32, variant, stream, pdl, early_w);
   }
-#if defined(KVFUSE_HIP)
-  (void)stream, (void)pdl, (void)early_w;
-  return LaunchStatus::refused("skinny gemm: NVIDIA only");
-#else
-  return launch_kind(x, m, w, n, k, act, kSiluOut, stream, pdl, variant, early_w);
 #endif
 }
 

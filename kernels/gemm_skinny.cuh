@@ -13,10 +13,7 @@
 // splits k over skinny_splits(v) blocks per row block, launched as one cluster: each
 // leaves its fp32 partial sums in its shared memory, and each block adds its share of
 // the outputs' parts from all of them (distributed shared memory) in split order, so the
-// result does not depend on timing, and writes it. Every block of a row block reads the
-// same x, so at m near 64 x's reads from L2 are half of w's with 128-row blocks: the
-// multicast variants have 2 or 4 row blocks share one read of each box of x (TMA
-// multicast within their cluster). Bits are deterministic for a (shape, variant); they are
+// result does not depend on timing, and writes it. Bits are deterministic for a (shape, variant); they are
 // not the GEMV's or the library's (another summation order), and the CPU reference (kernels/cpu/gemm.h) is
 // the same math in yet another order.
 //
@@ -37,24 +34,18 @@ namespace kvfuse::gpu {
 constexpr int64_t kSkinnyMaxRows = 64;
 constexpr int64_t kSkinnyStepK = 64;  // k is a whole number of these
 // Variant v splits k over skinny_splits(v) blocks, 1, 2, 3, 4, 6 or 8 (v % 6), with row
-// blocks of skinny_block_rows(v) rows of w: 128 ((v / 6) % 3 == 0, two blocks an SM) or
-// 256 (one block an SM, half the reads of x per row of w); with (v / 6) % 3 == 2 the
-// tokens are the MMA's M (padded to 64) and each warpgroup's 128 rows its N (wgmma
-// m64n128k16, fewer and larger MMAs for m near 64). skinny_multicast(v), 1, 2 or 4
-// (v / 18), row blocks read x once between them: each loads its part of the tokens and
-// TMA multicasts it to all (a cluster of splits x multicast blocks, at most 8), which
-// divides the reads of x from L2 by that much. All 0 for a v out of range.
-constexpr int kSkinnyVariants = 54;
+// blocks of skinny_block_rows(v) rows of w: 128 (v < 6, two blocks an SM) or 256 (one
+// block an SM, half the reads of x per row of w); from v = 12 on, the tokens are the
+// MMA's M (padded to 64) and each warpgroup's 128 rows its N (wgmma m64n128k16, fewer and
+// larger MMAs for m near 64). Both 0 for a v out of range.
+constexpr int kSkinnyVariants = 18;
 int skinny_splits(int variant);
 int skinny_block_rows(int variant);
-int skinny_multicast(int variant);
 
 // Empty if launch_gemm_skinny_bf16 supports the call on the current device, else why not:
 // an NVIDIA build on an sm_90 device, 1 <= m <= kSkinnyMaxRows, n a positive multiple of
 // 16, k a positive multiple of kSkinnyStepK with at least one such step per split, x, w
-// and out 16-byte aligned (x and w rows contiguous, k apart); a cluster of at most 8
-// blocks (splits x multicast) and at least 8 tokens (m rounded up to 16, 32 or 64) in
-// each multicast part.
+// and out 16-byte aligned (x and w rows contiguous, k apart).
 std::string skinny_unsupported(const void* x, int64_t m, const void* w, int64_t n, int64_t k, const void* out,
                                int variant);
 
@@ -65,14 +56,5 @@ std::string skinny_unsupported(const void* x, int64_t m, const void* w, int64_t 
 LaunchStatus launch_gemm_skinny_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
                                      void* out, bool out_f32, cudaStream_t stream, bool pdl = false,
                                      int variant = 0, bool early_w = true);
-
-// act[m, n / 2] = silu_mul(x . w^T) for w = [gate rows; up rows] (n a multiple of 32): a
-// row block takes gate rows j.. and up rows n / 2 + j.., sums each as
-// launch_gemm_skinny_bf16 does with the same variant, rounds it to bf16 and combines them
-// by launch_silu_mul's formula, so the bits are launch_gemm_skinny_bf16's into [m, n]
-// followed by launch_silu_mul, in one launch and without the [m, n] rows.
-LaunchStatus launch_gemm_skinny_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n,
-                                              int64_t k, bf16_t* act, cudaStream_t stream, bool pdl = false,
-                                              int variant = 0, bool early_w = true);
 
 }  // namespace kvfuse::gpu

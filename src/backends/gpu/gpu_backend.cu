@@ -238,9 +238,9 @@ class GpuBackend final : public Backend {
   absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
     return cuda_status(gpu::launch_silu_mul(gate_up, n, inter, out, stream_, ops_pdl_), "silu_mul");
   }
-  // At the sizes where the tuner picked kvfuse's GEMV or skinny GEMM for gate/up, that
-  // kernel writes act from its epilogue (no silu_mul launch, no gate_up rows); elsewhere
-  // linear, then silu_mul. KVFUSE_GEMV_SILU=0 keeps the two launches (the A/B).
+  // At the sizes where the tuner picked kvfuse's GEMV for gate/up, the GEMV writes act
+  // from its epilogue (no silu_mul launch, no gate_up rows); elsewhere linear, then
+  // silu_mul. KVFUSE_GEMV_SILU=0 keeps the two launches (the A/B).
   absl::Status linear_silu_mul(const bf16_t* x, int64_t m, const LinearWeight& w, int64_t inter, bf16_t* gate_up,
                                bf16_t* act) override {
     static const bool fuse = env_flag("KVFUSE_GEMV_SILU", true);
@@ -252,17 +252,6 @@ class GpuBackend final : public Backend {
         return cuda_status(gpu::launch_gemv_silu_mul_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, act, stream_,
                                                           ops_pdl_, (*plan)->gemv, gemv_stream_),
                            "gemv silu_mul");
-      }
-    }
-    if (fuse && m > 0 && !w.bias.get() && w.n == 2 * inter && w.n % 32 == 0 && skinny_enabled() &&
-        m <= skinny_rows()) {
-      auto plan = gemm_plan(x, m, w, gate_up, BLAS_R_16BF);
-      if (!plan.ok()) return plan.status();
-      if ((*plan)->gemv < 0 && (*plan)->skinny >= 0 && skinny_usable(x, m, w, act, (*plan)->skinny)) {
-        return cuda_status(
-            gpu::launch_gemm_skinny_silu_mul_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, act, stream_, ops_pdl_,
-                                                  (*plan)->skinny, skinny_early_weights()),
-            "skinny gemm silu_mul");
       }
     }
     return Backend::linear_silu_mul(x, m, w, inter, gate_up, act);
@@ -549,12 +538,11 @@ class GpuBackend final : public Backend {
   }
   // Choices made with the skinny GEMM among the candidates are kept apart from those made
   // without it (KVFUSE_GEMM_SKINNY=0, m above KVFUSE_GEMM_SKINNY_ROWS, or a file written
-  // before it existed), so raising KVFUSE_GEMM_SKINNY_ROWS tunes the newly offered shapes;
-  // and those made with its multicast variants from those made without them.
+  // before it existed), so raising KVFUSE_GEMM_SKINNY_ROWS tunes the newly offered shapes.
   GemmCacheKey cache_key(const GemmKey& k) const {
     const bool skinny = skinny_enabled() && k.m <= skinny_rows();
-    const char* tag = !skinny ? "" : skinny_multicast_enabled() ? " +skinny +multicast" : " +skinny";
-    return GemmCacheKey{algo_device_ + tag, k.m, k.n, k.k, k.out_type == int(BLAS_R_32F) ? "f32" : "bf16"};
+    return GemmCacheKey{skinny ? algo_device_ + " +skinny" : algo_device_, k.m, k.n, k.k,
+                        k.out_type == int(BLAS_R_32F) ? "f32" : "bf16"};
   }
 
   // Milliseconds per call of `algo`, timed as TuneMode::graph says; negative when the
@@ -690,15 +678,8 @@ class GpuBackend final : public Backend {
     static const bool on = env_flag("KVFUSE_GEMM_SKINNY_EARLY", true);
     return on;
   }
-  // Whether its variants that multicast x to several row blocks are offered
-  // (KVFUSE_GEMM_SKINNY_MULTICAST=0: only those where each block reads its own).
-  static bool skinny_multicast_enabled() {
-    static const bool on = env_flag("KVFUSE_GEMM_SKINNY_MULTICAST", true);
-    return on;
-  }
   static bool skinny_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out, int variant) {
     return skinny_enabled() && m <= skinny_rows() &&
-           (skinny_multicast_enabled() || gpu::skinny_multicast(variant) == 1) &&
            gpu::skinny_unsupported(x, m, w.w.get(), w.n, w.k, out, variant).empty();
   }
 
@@ -808,10 +789,9 @@ class GpuBackend final : public Backend {
         if (env_flag("KVFUSE_GEMM_TUNE_LOG", false)) {
           std::fprintf(
               stderr,
-              "kvfuse gemm tune %lldx%lldx%lld: kvfuse skinny variant %d (%d splits, %d rows, x to %d) "
-              "%.4f ms\n",
+              "kvfuse gemm tune %lldx%lldx%lld: kvfuse skinny variant %d (%d splits, %d rows) %.4f ms\n",
               (long long)m, (long long)w.n, (long long)w.k, v, gpu::skinny_splits(v),
-              gpu::skinny_block_rows(v), gpu::skinny_multicast(v), double(t_ms));
+              gpu::skinny_block_rows(v), double(t_ms));
         }
         if (t_ms >= 0 && (skinny_ms < 0 || t_ms < skinny_ms)) {
           skinny_ms = t_ms;
