@@ -1,5 +1,6 @@
 // Decode attention benchmark (issue 5): split and unified paged attention for a decode
-// batch of B sequences x context C (B in {1, 8, 64, 256}, C in {512, 4096, 32768}), 32
+// batch of B sequences x context C (by default B in {1, 8, 64, 256}, C in {512, 4096,
+// 32768}; --batch and --context give other lists, B up to 256, C up to 32768), 32
 // query heads over 8 KV heads x 128 (llama3-8b), page 16 with pages scattered at random
 // over the pool, fp8 e4m3fn and bf16 caches. Each figure is the median of several timed
 // rounds of CUDA-graph replay (several calls captured in one graph, time / calls) after
@@ -10,6 +11,7 @@
 // Combinations that do not fit the device memory are skipped.
 //
 //   bench_attention [--json PATH] [--rounds N] [--peak-gbs GBS] [--target-only]
+//                   [--batch N,...] [--context N,...]
 //
 // --target-only launches split then unified once each at the target shape (batch 64 x
 // context 4096, fp8), eagerly and untimed: for profilers. "% of peak" is of the device's
@@ -176,7 +178,9 @@ std::vector<std::string> json_rows(const std::vector<Row>& rows, const PeakBandw
 
 int main(int argc, char** argv) {
   KernelBench kb;
-  if (auto rc = start_kernel_bench(argc, argv, {"bench_attention", 7, true}, "", kb)) return *rc;
+  KernelBenchSpec spec{"bench_attention", 7, true};
+  spec.grid = true;
+  if (auto rc = start_kernel_bench(argc, argv, spec, "", kb)) return *rc;
   const PeakBandwidth& peak = kb.peak;
   const int rounds = kb.args.rounds;
   const bool target_only = kb.args.target_only;
@@ -184,9 +188,25 @@ int main(int argc, char** argv) {
       "decode: %d q heads over %d KV heads x %d, page %d (scattered), partition_size %d, graph replay\n",
       kQHeads, kKvHeads, kHeadDim, kPage, kPartition);
 
-  const int batches[] = {1, 8, 64, 256};
-  const int contexts[] = {512, 4096, 32768};
-  const int64_t max_tokens = 256LL * 32768;
+  // The grid: --batch and --context, or batch 1, 8, 64, 256 x context 512, 4096, 32768.
+  constexpr int kMaxBatch = 256, kMaxContext = 32768;
+  const std::vector<int> batches =
+      kb.args.batches.empty() ? std::vector<int>{1, 8, 64, 256} : kb.args.batches;
+  const std::vector<int> contexts =
+      kb.args.contexts.empty() ? std::vector<int>{512, 4096, 32768} : kb.args.contexts;
+  for (int batch : batches) {
+    if (batch > kMaxBatch) {
+      std::fprintf(stderr, "bench_attention: --batch %d: at most %d\n", batch, kMaxBatch);
+      return 2;
+    }
+  }
+  for (int ctx : contexts) {
+    if (ctx > kMaxContext) {
+      std::fprintf(stderr, "bench_attention: --context %d: at most %d\n", ctx, kMaxContext);
+      return 2;
+    }
+  }
+  const int64_t max_tokens = int64_t(kMaxBatch) * kMaxContext;
   Buffers b;
   // K and V capacity: the largest bf16 shape if it fits, else as much as allocates.
   for (int64_t want = max_tokens * kRowElems * 2; want >= (int64_t(1) << 26); want /= 2) {

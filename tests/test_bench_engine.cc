@@ -350,6 +350,31 @@ TEST_CASE("bench/common: kernel benchmark arguments", "[bench]") {
   CHECK(parse({"--peak-gbs", "-1"}, false, a) == 2);
   CHECK(parse({"--peak-gbs", "abc"}, false, a) == 2);
   CHECK(parse({"--bogus"}, false, a) == 2);
+  CHECK(parse({"--batch", "64"}, false, a) == 2);  // no grid for this program
+  CHECK(a.batches.empty());
+}
+
+TEST_CASE("bench/common: a kernel benchmark's grid from --batch and --context", "[bench]") {
+  const auto parse = [](std::vector<std::string> words, KernelBenchArgs& a) {
+    words.insert(words.begin(), "bench_x");
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    KernelBenchSpec spec{"bench_x", 7, false};
+    spec.grid = true;
+    return parse_kernel_bench_args(int(argv.size()), argv.data(), spec, a);
+  };
+  KernelBenchArgs a;
+  CHECK(!parse({}, a).has_value());
+  CHECK(a.batches.empty());
+  CHECK(a.contexts.empty());
+  CHECK(!parse({"--batch", "1,64", "--context", "16,2048,32768"}, a).has_value());
+  CHECK(a.batches == std::vector<int>{1, 64});
+  CHECK(a.contexts == std::vector<int>{16, 2048, 32768});
+  for (const char* bad : {"", "0", "-4", "1,", ",1", "1,,2", "8x", "1.5", "99999999999"}) {
+    CAPTURE(bad);
+    CHECK(parse({"--context", bad}, a) == 2);
+  }
+  CHECK(parse({"--batch"}, a) == 2);  // no value
 }
 
 TEST_CASE("bench-engine plot: y ticks fit the data's range") {

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "bench/common/peak_bandwidth.h"
 
@@ -15,7 +16,26 @@ const char* g_program = "bench";
 
 std::string usage(const KernelBenchSpec& spec) {
   return std::string("usage: ") + spec.program + " [--json PATH] [--rounds N] [--peak-gbs GBS]" +
-         (spec.target_only ? " [--target-only]" : "");
+         (spec.target_only ? " [--target-only]" : "") +
+         (spec.grid ? " [--batch N,...] [--context N,...]" : "");
+}
+
+// "1,64,256" into {1, 64, 256}; false (and `out` untouched) for anything but
+// comma-separated positive integers.
+bool parse_int_list(const char* text, std::vector<int>& out) {
+  std::vector<int> values;
+  const char* p = text;
+  for (;;) {
+    char* end = nullptr;
+    const long v = std::strtol(p, &end, 10);
+    if (end == p || v <= 0 || v > 1L << 30) return false;
+    values.push_back(int(v));
+    if (*end == '\0') break;
+    if (*end != ',') return false;
+    p = end + 1;
+  }
+  out = std::move(values);
+  return true;
 }
 
 }  // namespace
@@ -44,6 +64,15 @@ std::optional<int> parse_kernel_bench_args(int argc, char** argv, const KernelBe
       args.peak_gbs = v;
     } else if (spec.target_only && !std::strcmp(argv[i], "--target-only")) {
       args.target_only = true;
+    } else if (spec.grid && (!std::strcmp(argv[i], "--batch") || !std::strcmp(argv[i], "--context")) &&
+               has_value) {
+      const char* flag = argv[i];
+      std::vector<int>& list = !std::strcmp(flag, "--batch") ? args.batches : args.contexts;
+      if (!parse_int_list(argv[++i], list)) {
+        std::fprintf(stderr, "%s: %s takes comma-separated positive integers, got '%s'\n%s\n", spec.program,
+                     flag, argv[i], usage(spec).c_str());
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
       std::printf("%s\n  --peak-gbs: %s\n", usage(spec).c_str(), kPeakGbsHelp);
       return 0;
