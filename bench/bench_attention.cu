@@ -24,6 +24,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench/common/gpu_bench.cuh"
@@ -194,16 +195,13 @@ int main(int argc, char** argv) {
       kb.args.batches.empty() ? std::vector<int>{1, 8, 64, 256} : kb.args.batches;
   const std::vector<int> contexts =
       kb.args.contexts.empty() ? std::vector<int>{512, 4096, 32768} : kb.args.contexts;
-  for (int batch : batches) {
-    if (batch > kMaxBatch) {
-      std::fprintf(stderr, "bench_attention: --batch %d: at most %d\n", batch, kMaxBatch);
-      return 2;
-    }
-  }
-  for (int ctx : contexts) {
-    if (ctx > kMaxContext) {
-      std::fprintf(stderr, "bench_attention: --context %d: at most %d\n", ctx, kMaxContext);
-      return 2;
+  for (const auto& [flag, list, most] :
+       {std::tuple{"--batch", &batches, kMaxBatch}, std::tuple{"--context", &contexts, kMaxContext}}) {
+    for (int v : *list) {
+      if (v > most) {
+        std::fprintf(stderr, "bench_attention: %s %d: at most %d\n", flag, v, most);
+        return 2;
+      }
     }
   }
   const int64_t max_tokens = int64_t(kMaxBatch) * kMaxContext;
@@ -226,26 +224,26 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("KV cache capacity: 2 x %.1f GB\n", double(b.cache_bytes) / 1e9);
-  BENCH_GPU(cudaMalloc(&b.q, size_t(256) * kQHeads * kHeadDim * 2));
-  BENCH_GPU(cudaMalloc(&b.out, size_t(256) * kQHeads * kHeadDim * 2));
-  BENCH_GPU(cudaMalloc(&b.query_start, 257 * 4));
-  BENCH_GPU(cudaMalloc(&b.context_len, 256 * 4));
+  BENCH_GPU(cudaMalloc(&b.q, size_t(kMaxBatch) * kQHeads * kHeadDim * 2));
+  BENCH_GPU(cudaMalloc(&b.out, size_t(kMaxBatch) * kQHeads * kHeadDim * 2));
+  BENCH_GPU(cudaMalloc(&b.query_start, (kMaxBatch + 1) * 4));
+  BENCH_GPU(cudaMalloc(&b.context_len, kMaxBatch * 4));
   b.table_entries = max_tokens / kPage;
   BENCH_GPU(cudaMalloc(&b.block_table, size_t(b.table_entries) * 4));
   BENCH_GPU(cudaMalloc(&b.scales, 8));
   b.scratch_bytes = kScratchBytes;
   BENCH_GPU(cudaMalloc(&b.scratch, b.scratch_bytes));
-  BENCH_GPU(cudaMalloc(&b.merge_counters, 256 * kKvHeads * sizeof(int32_t)));
-  BENCH_GPU(cudaMemset(b.merge_counters, 0, 256 * kKvHeads * sizeof(int32_t)));
+  BENCH_GPU(cudaMalloc(&b.merge_counters, kMaxBatch * kKvHeads * sizeof(int32_t)));
+  BENCH_GPU(cudaMemset(b.merge_counters, 0, kMaxBatch * kKvHeads * sizeof(int32_t)));
   GpuTimer timer;
   const cudaStream_t s = timer.stream();
   {
     const float scales[2] = {0.37f, 2.9f};
     BENCH_GPU(cudaMemcpy(b.scales, scales, 8, cudaMemcpyHostToDevice));
-    std::vector<int32_t> qs(257);
+    std::vector<int32_t> qs(kMaxBatch + 1);
     std::iota(qs.begin(), qs.end(), 0);
     BENCH_GPU(cudaMemcpy(b.query_start, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
-    fill(b.q, int64_t(256) * kQHeads * kHeadDim * 2, true, 7u, s);
+    fill(b.q, int64_t(kMaxBatch) * kQHeads * kHeadDim * 2, true, 7u, s);
   }
 
   std::vector<Row> rows;

@@ -328,12 +328,20 @@ TEST_CASE("bench/common: the results file keeps the kernel benchmarks' layout", 
   CHECK(banner.find("peak memory bandwidth: 5300 GB/s (table: AMD Instinct MI300X)") != std::string::npos);
 }
 
+namespace {
+// parse_kernel_bench_args over "bench_x" and `words`.
+std::optional<int> parse_bench_x(std::vector<std::string> words, const KernelBenchSpec& spec,
+                                 KernelBenchArgs& a) {
+  words.insert(words.begin(), "bench_x");
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  return parse_kernel_bench_args(int(argv.size()), argv.data(), spec, a);
+}
+}  // namespace
+
 TEST_CASE("bench/common: kernel benchmark arguments", "[bench]") {
   const auto parse = [](std::vector<std::string> words, bool target_only, KernelBenchArgs& a) {
-    words.insert(words.begin(), "bench_x");
-    std::vector<char*> argv;
-    for (auto& w : words) argv.push_back(w.data());
-    return parse_kernel_bench_args(int(argv.size()), argv.data(), {"bench_x", 15, target_only}, a);
+    return parse_bench_x(std::move(words), {"bench_x", 15, target_only}, a);
   };
   KernelBenchArgs a;
   CHECK(!parse({}, false, a).has_value());
@@ -356,12 +364,9 @@ TEST_CASE("bench/common: kernel benchmark arguments", "[bench]") {
 
 TEST_CASE("bench/common: a kernel benchmark's grid from --batch and --context", "[bench]") {
   const auto parse = [](std::vector<std::string> words, KernelBenchArgs& a) {
-    words.insert(words.begin(), "bench_x");
-    std::vector<char*> argv;
-    for (auto& w : words) argv.push_back(w.data());
     KernelBenchSpec spec{"bench_x", 7, false};
     spec.grid = true;
-    return parse_kernel_bench_args(int(argv.size()), argv.data(), spec, a);
+    return parse_bench_x(std::move(words), spec, a);
   };
   KernelBenchArgs a;
   CHECK(!parse({}, a).has_value());

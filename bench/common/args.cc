@@ -21,7 +21,8 @@ std::string usage(const KernelBenchSpec& spec) {
 }
 
 // "1,64,256" into {1, 64, 256}; false (and `out` untouched) for anything but
-// comma-separated positive integers.
+// comma-separated positive integers. Not the tools' kvfuse::parse_int_list
+// (src/loading/int_list.h): that one needs absl, which the standalone GPU build lacks.
 bool parse_int_list(const char* text, std::vector<int>& out) {
   std::vector<int> values;
   const char* p = text;
