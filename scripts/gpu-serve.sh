@@ -6,8 +6,12 @@
 #      $SERVE_S seconds, overlap_fanout on and off in turn, $ROUNDS rounds;
 #   2. kvfuse-bench-engine, the same engine in-process: the decode step at batch $STREAMS
 #      x the streams' mean context (32 + $TOKENS / 2).
-# Prints each run's ITL p50 and its ratio to the in-process step. Writes $OUT (or
-# build-gpu-serve/): summary.txt and every program's output. Exit 0 when everything ran.
+# Prints each run's ITL p50 and its ratio to the in-process step, and how many GEMM shapes
+# each server chose (timed or read from the cache) after it reported engine_ready, that
+# is while serving. The servers share one GEMM cache file, new for each run of this script
+# (in $OUT): the first server starts from an empty cache, as a fresh machine or container
+# does. Writes $OUT (or build-gpu-serve/): summary.txt and every program's output. Exit 0
+# when everything ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-run-common.sh gpu-serve
@@ -21,10 +25,12 @@ port=${PORT:-50151}
 engine=(--set model="${MODEL:-llama3-8b}" --set kv_cache_dtype=fp8_e4m3 --set attention=split --set graphs=on)
 note "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%FT%TZ), $streams streams x $tokens tokens"
 status=0
+export KVFUSE_GEMM_CACHE="$out/gemm-algos.json"
+rm -f "$KVFUSE_GEMM_CACHE"
 
 serve() {  # name, overlap_fanout value
   local name=$1 log="$out/server-$1.txt"
-  "$bundle/kvfuse-server" "${engine[@]}" --set max_running_seqs="$streams" --set num_pages="${NUM_PAGES:-16384}" \
+  KVFUSE_GEMM_TUNE_LOG=1 "$bundle/kvfuse-server" "${engine[@]}" --set max_running_seqs="$streams" --set num_pages="${NUM_PAGES:-16384}" \
     --set overlap_fanout="$2" --listen "127.0.0.1:$port" \
     --metrics-port -1 >"$log" 2>&1 &
   local pid=$!
@@ -48,7 +54,10 @@ serve() {  # name, overlap_fanout value
   ((rc == 0)) || status=1
   local itl
   itl=$(awk '/^ITL/ {print $4}' "$out/bench-$name.txt")
-  note "$name: exit $rc, ITL p50 ${itl:-?} ms, $(grep -E '^output' "$out/bench-$name.txt")"
+  local chosen
+  chosen=$(awk '/event=engine_ready/ {r = 1} r && /^kvfuse gemm tune \(/ {n++} END {print n + 0}' "$log")
+  note "$name: exit $rc, ITL p50 ${itl:-?} ms, $(grep -E '^output' "$out/bench-$name.txt"), $chosen GEMM shapes chosen while serving"
+  grep -E '^(TTFT|ITL)' "$out/bench-$name.txt" | sed "s/^/  $name /" | tee -a "$summary"
   echo "$name ${itl:-nan}" >>"$out/itl.txt"
 }
 

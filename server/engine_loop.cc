@@ -276,7 +276,16 @@ absl::Status EngineLoop::warm_up() {
   // Decode graphs (GPU, graphs: on): capture every batch bucket now, not on a request.
   auto warmed = engine_->warm_up_decode_graphs();
   if (!warmed.ok()) return warmed.status();
-  if (*warmed > 0) spdlog::info("event=graphs_captured buckets={}", *warmed);
+  if (*warmed > 0) {
+    spdlog::info("event=graphs_captured buckets={}", *warmed);
+    // The decode graphs' GEMM shapes are tuned now: a shape first seen while serving (a
+    // mixed prefill step's token count) runs an untimed choice rather than make its
+    // step wait while its candidates are timed. Without graphs every decode batch size
+    // is such a shape, and tuning goes on as they come.
+    auto ended = engine_->end_gemm_tuning();
+    if (!ended.ok()) return ended.status();
+    if (*ended) spdlog::info("event=gemm_tuning_ended shapes_timed={}", engine_->gemm_shapes_timed());
+  }
 
   limits_ = opts_.limits;
   limits_.vocab = engine_->spec().vocab;

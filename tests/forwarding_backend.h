@@ -54,6 +54,8 @@ class ForwardingBackend : public Backend {
                     const int32_t* pos, int64_t n, const float* inv_freq, float scaling) override {
     return in_->rope(q, qs, qh, k, ks, kh, hd, pos, n, inv_freq, scaling);
   }
+  bool end_gemm_tuning() override { return in_->end_gemm_tuning(); }
+  int64_t gemm_shapes_timed() const override { return in_->gemm_shapes_timed(); }
   absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
     return in_->silu_mul(gate_up, n, inter, out);
   }

@@ -3,6 +3,7 @@
 // says so and passes without checking anything else.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -456,6 +457,49 @@ TEST_CASE("gpu backend: linear layers match OpenBLAS within fp32 accumulation an
       INFO("linear_logits max |difference| " << worst);
       CHECK(worst < 1e-4f);
     }
+  }
+}
+
+// A server ends GEMM tuning after its warm-up, so that a step whose GEMM shape is new
+// (a mixed prefill step's token count) does not wait while the shape's candidates are
+// timed: such a shape then runs an untimed choice, with the same results within the
+// GEMM's tolerance.
+TEST_CASE("gpu backend: after end_gemm_tuning a new GEMM shape runs untimed and right", "[gpu][gemm]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend();
+  // Shapes that no other test, and no earlier run (choices persist in the GEMM cache
+  // file), is likely to have timed.
+  std::random_device rd;
+  const int64_t k = 256, n = 16 * (64 + int64_t(rd() % 4096));
+  const auto w = random_bf16(size_t(n * k), 30, 1.0f / 16);
+  auto lw_gpu = gpu->upload_linear(w.data(), n, k, nullptr);
+  auto lw_cpu = cpu->upload_linear(w.data(), n, k, nullptr);
+  REQUIRE(lw_gpu.ok());
+  REQUIRE(lw_cpu.ok());
+  const auto linear = [&](Backend& b, const LinearWeight& lw, int64_t m) {
+    const auto x = random_bf16(size_t(m * k), uint32_t(31 + m));
+    Mirror<bf16_t> in(b, x), o(b, size_t(m * n));
+    REQUIRE(b.linear(in.ptr(), m, lw, o.ptr()).ok());
+    return o.read(b);
+  };
+  const char* tune = std::getenv("KVFUSE_GEMM_TUNE");
+  const bool tuning = tune == nullptr || (std::strcmp(tune, "0") != 0 && std::strcmp(tune, "off") != 0);
+  const char* keep = std::getenv("KVFUSE_GEMM_TUNE_WHILE_SERVING");
+  const bool ends = keep == nullptr || std::strcmp(keep, "1") != 0;
+  CAPTURE(n, tuning, ends);
+
+  const int64_t before = gpu->gemm_shapes_timed();
+  check_close(linear(*cpu, *lw_cpu, 3), linear(*gpu, *lw_gpu, 3), 1, 1e-4f, "linear, m 3, tuned");
+  const int64_t after_first = gpu->gemm_shapes_timed();
+  if (tuning) CHECK(after_first == before + 1);
+  CHECK(gpu->end_gemm_tuning() == ends);
+  check_close(linear(*cpu, *lw_cpu, 6), linear(*gpu, *lw_gpu, 6), 1, 1e-4f, "linear, m 6, after the end");
+  check_close(linear(*cpu, *lw_cpu, 3), linear(*gpu, *lw_gpu, 3), 1, 1e-4f, "linear, m 3, again");
+  if (ends) {
+    CHECK(gpu->gemm_shapes_timed() == after_first);
+  } else {
+    WARN("KVFUSE_GEMM_TUNE_WHILE_SERVING=1: the backend keeps tuning, as asked");
   }
 }
 

@@ -219,6 +219,19 @@ class Backend {
   // Changes whenever the backend replaces internal memory a captured graph may use
   // (scratch buffers that grew): graphs captured under an older value must be dropped.
   virtual uint64_t graph_epoch() const { return 0; }
+
+  // GEMM tuning. A backend may time each new GEMM shape's candidates on its first use
+  // (the GPU backend does, for decode-sized shapes: tens to hundreds of milliseconds a
+  // shape). end_gemm_tuning() ends that: a shape first seen afterwards runs a choice
+  // already made (in this process or the GEMM cache file) or the library's first
+  // heuristic pick, untimed. A server calls it once its warm-up has tuned the decode
+  // graphs' shapes, so that no request waits while a step's new shape (the token count of
+  // a mixed prefill step) is timed. Any thread. True when tuning has ended; false where
+  // there is none, or where the backend keeps tuning (the GPU backend under
+  // KVFUSE_GEMM_TUNE_WHILE_SERVING=1).
+  virtual bool end_gemm_tuning() { return false; }
+  // GEMM shapes this backend has timed so far (for logs and tests).
+  virtual int64_t gemm_shapes_timed() const { return 0; }
 };
 
 // The concrete storage of a configured KV dtype: fp8_e4m3 is e4m3fnuz on devices whose

@@ -172,6 +172,13 @@ class Engine {
   // number of buckets warmed; 0 and nothing done elsewhere. Needs no live sequences' pages beyond one per bucket
   // slot; RESOURCE_EXHAUSTED stops at the largest bucket that fits.
   absl::StatusOr<int> warm_up_decode_graphs();
+  // Ends GEMM tuning on every rank's backend, in this process and in the followers
+  // (Backend::end_gemm_tuning): shapes first seen afterwards run untimed choices. A
+  // server calls it after warm_up_decode_graphs(), before its first request. Returns
+  // rank 0's backend's answer: whether tuning has ended there.
+  absl::StatusOr<bool> end_gemm_tuning();
+  // GEMM shapes rank 0's backend has timed so far (Backend::gemm_shapes_timed).
+  int64_t gemm_shapes_timed() const;
 
   // For decode benchmarks: treats the first `n` pending tokens of a sequence as computed
   // without running them. Their pages are reserved; the cache keeps whatever bytes the

@@ -205,6 +205,9 @@ absl::Status Engine::follow() {
           st = for_each_rank([&](int32_t r) { return run_collectives(r, tokens, reps, ms); }, true);
         break;
       }
+      case RankCommand::end_gemm_tuning:
+        for (int32_t r = 0; r < num_local_ranks(); ++r) (void)rank_backend(r).end_gemm_tuning();
+        break;
       case RankCommand::shutdown:
         return absl::OkStatus();
       default:

@@ -251,6 +251,19 @@ absl::Status Engine::load_weights(HostWeightSource& weights) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Engine::end_gemm_tuning() {
+  if (is_follower()) return absl::FailedPreconditionError("end_gemm_tuning: rank 0's process runs it");
+  if (follower_links_) KVFUSE_RETURN_IF_ERROR(post_to_followers(RankCommand::end_gemm_tuning, {}));
+  bool ended = false;
+  for (int32_t r = 0; r < num_local_ranks(); ++r) {
+    const bool e = rank_backend(r).end_gemm_tuning();
+    if (r == 0) ended = e;
+  }
+  return ended;
+}
+
+int64_t Engine::gemm_shapes_timed() const { return backend_->gemm_shapes_timed(); }
+
 absl::StatusOr<double> Engine::collectives_ms(int32_t tokens, int reps) {
   if (num_ranks() == 1) return absl::FailedPreconditionError("collectives_ms: tensor_parallel is 1");
   if (is_follower()) return absl::FailedPreconditionError("collectives_ms: rank 0's process runs it");

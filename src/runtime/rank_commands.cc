@@ -76,6 +76,8 @@ const char* to_string(RankCommand c) {
       return "shutdown";
     case RankCommand::error:
       return "error";
+    case RankCommand::end_gemm_tuning:
+      return "end_gemm_tuning";
   }
   return "unknown";
 }

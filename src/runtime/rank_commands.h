@@ -21,10 +21,11 @@
 namespace kvfuse {
 
 enum class RankCommand : uint32_t {
-  forward = 1,      // leader -> follower: a step's ForwardBatch, its ForwardOptions, SWA table changes
-  collectives = 2,  // leader -> follower: Engine::collectives_ms(tokens, reps)
-  shutdown = 3,     // leader -> follower: the engine is going away; exit cleanly
-  error = 4,        // follower -> leader: the follower failed (its message); it aborts and exits
+  forward = 1,          // leader -> follower: a step's ForwardBatch, its ForwardOptions, SWA table changes
+  collectives = 2,      // leader -> follower: Engine::collectives_ms(tokens, reps)
+  shutdown = 3,         // leader -> follower: the engine is going away; exit cleanly
+  error = 4,            // follower -> leader: the follower failed (its message); it aborts and exits
+  end_gemm_tuning = 5,  // leader -> follower: Engine::end_gemm_tuning (no payload)
 };
 const char* to_string(RankCommand c);
 

@@ -5,6 +5,7 @@
 #include "kernels/gpu.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -356,6 +357,15 @@ class GpuBackend final : public Backend {
                        "logprobs_rows");
   }
 
+  // KVFUSE_GEMM_TUNE_WHILE_SERVING=1 keeps timing new shapes (the behaviour before the
+  // server ended tuning after its warm-up), for A/B runs.
+  bool end_gemm_tuning() override {
+    static const bool keep = env_flag("KVFUSE_GEMM_TUNE_WHILE_SERVING", false);
+    if (!keep) tuning_ended_.store(true, std::memory_order_relaxed);
+    return !keep;
+  }
+  int64_t gemm_shapes_timed() const override { return shapes_timed_.load(std::memory_order_relaxed); }
+
   bool supports_graphs() const override { return true; }
   absl::Status begin_capture() override {
     if (capturing_) return absl::FailedPreconditionError("begin_capture: a capture is already open");
@@ -698,6 +708,8 @@ class GpuBackend final : public Backend {
     KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->d, out_type, uint64_t(w.n), uint64_t(m), int64_t(w.n)));
 
     const TuneMode mode = capturing_ || m > kTuneMaxRows ? TuneMode::off : tune_mode();
+    // After end_gemm_tuning(): choices already made are still taken, none is timed.
+    const bool may_time = !tuning_ended_.load(std::memory_order_relaxed);
     const std::pair<int, GemmKey> tuned_key{device_, key};
     int cached_gemv = -1, cached_skinny = -1;
     if (mode != TuneMode::off) {
@@ -741,7 +753,7 @@ class GpuBackend final : public Backend {
         blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
     blasLtMatmulHeuristicResult_t heur[kTuneCandidates] = {};
     int found_n = 0;
-    const bool timed = mode != TuneMode::off && cached_gemv < 0 && cached_skinny < 0;
+    const bool timed = mode != TuneMode::off && may_time && cached_gemv < 0 && cached_skinny < 0;
     KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p,
                                              timed ? kTuneCandidates : 1, heur, &found_n));
     if (found_n == 0) {
@@ -801,6 +813,7 @@ class GpuBackend final : public Backend {
       KVFUSE_CUDA(cudaEventDestroy(e0));
       KVFUSE_CUDA(cudaEventDestroy(e1));
       KVFUSE_CUDA(cudaStreamSynchronize(stream_));
+      shapes_timed_.fetch_add(1, std::memory_order_relaxed);
       for (int c = 0; c < found_n; ++c) {
         if (ms[size_t(c)] >= 0 && (ms[size_t(best)] < 0 || ms[size_t(c)] < ms[size_t(best)])) best = c;
       }
@@ -825,7 +838,9 @@ class GpuBackend final : public Backend {
     plan->algo = heur[best].algo;
     if (cached_gemv >= 0) plan->gemv = cached_gemv;
     if (cached_gemv < 0 && cached_skinny >= 0) plan->skinny = cached_skinny;
-    if (mode != TuneMode::off) {
+    // An untimed pick after end_gemm_tuning() stays with this backend: the process's
+    // choices (and the file) are for timed ones and the file's.
+    if (mode != TuneMode::off && (may_time || cached_gemv >= 0 || cached_skinny >= 0)) {
       std::lock_guard<std::mutex> lock(tuned_mutex());
       tuned_algos().emplace(tuned_key, TunedChoice{plan->algo, plan->gemv, plan->skinny});
       // A choice made without the GEMV (KVFUSE_GEMV=0) stays in this process: the file is
@@ -896,6 +911,8 @@ class GpuBackend final : public Backend {
 
   std::string description_;
   std::string algo_device_;  // the GEMM cache's device key: name, architecture, library and version
+  std::atomic<bool> tuning_ended_{false};  // end_gemm_tuning()
+  std::atomic<int64_t> shapes_timed_{0};   // gemm_shapes_timed()
   bool cache_warned_ = false;
   int device_ = 0;
   std::map<GemmKey, std::unique_ptr<GemmPlan>> plans_;
