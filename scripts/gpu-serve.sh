@@ -3,7 +3,7 @@
 # scripts/gpu-bundle.sh packs (carry .device-bundle.tar.xz along):
 #   1. kvfuse-server, $MODEL (default llama3-8b, synthetic bf16 weights), fp8 KV, split attention, graphs
 #      on, and kvfuse-bench-serve at $STREAMS streams (prompt 32, $TOKENS tokens each) for
-#      $SERVE_S seconds, overlap_fanout on and off in turn, $ROUNDS rounds;
+#      $SERVE_S seconds, overlap_fanout on and off in turn ($FANOUT: "on off" by default), $ROUNDS rounds;
 #   2. kvfuse-bench-engine, the same engine in-process: the decode step at batch $STREAMS
 #      x the streams' mean context (32 + $TOKENS / 2).
 # Prints each run's ITL p50 and its ratio to the in-process step, and how many GEMM shapes
@@ -63,8 +63,7 @@ serve() {  # name, overlap_fanout value
 
 : >"$out/itl.txt"
 for r in $(seq "$rounds"); do
-  serve "on-$r" on
-  serve "off-$r" off
+  for mode in ${FANOUT:-on off}; do serve "$mode-$r" "$mode"; done
 done
 
 ctx=$((32 + tokens / 2))
