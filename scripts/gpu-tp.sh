@@ -22,9 +22,13 @@
 #      once the leader is done. With 4 GPUs or more, also tp 4 across two processes of two
 #      GPUs each (ranks 0-1 on GPUs 0,1; ranks 2-3 on GPUs 2,3).
 # GPU_TP_ONLY=processes runs step 5 alone, GPU_TP_ONLY=one-process steps 1-4. On a machine
-# of one GPU only the peer all-reduce runs, with two ranks sharing the GPU (a test mode: the
+# of one GPU: (a) the peer all-reduce with two ranks sharing the GPU (a test mode: the
 # protocol, kernels, graphs and abort, and the kernel's own cost per call; not the links):
-# test_gpu_peer_allreduce and kvfuse-bench-allreduce --share-gpu, with and without --pdl.
+# test_gpu_peer_allreduce and kvfuse-bench-allreduce --share-gpu, with and without --pdl;
+# (b) kvfuse-bench-engine --tp-rank-alone: rank 0 of tp 2 alone (its shard, no collectives)
+# against tp 1 for llama3-8b, alternating twice, and llama3-70b's rank 0 with its KV pool
+# (TP_70B_ALONE=0 leaves it out; TP_ALONE_ROUNDS=0 leaves llama3-8b out). GPU_TP_ONLY=peer
+# runs (a) alone, GPU_TP_ONLY=rank-alone (b).
 # NCCL comes from the loader's path, KVFUSE_NCCL_LIBRARY, or a pip-installed
 # libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
 # build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
@@ -52,19 +56,47 @@ run() {  # name, command...
 }
 
 if ((gpus == 1)); then
-  note "one GPU: the peer all-reduce with two ranks sharing it, nothing else (tensor parallelism needs 2 GPUs)"
-  run test_gpu_peer_allreduce "$bundle/test_gpu_peer_allreduce"
-  grep -E "share GPU|skipped|passed|failed" "$out/test_gpu_peer_allreduce.txt" | tail -3 | tee -a "$summary"
-  # Plain launches and programmatic dependents (--pdl), alternating twice.
-  for round in 1 2; do
-    for mode in plain pdl; do
-      flag=()
-      [[ $mode == pdl ]] && flag=(--pdl)
-      run "bench-allreduce-shared-$mode-$round" "$bundle/kvfuse-bench-allreduce" --share-gpu --rounds 7 "${flag[@]}" \
-        --json "$out/allreduce-shared-$mode-$round.json"
-      grep -E "^ +[0-9]+ |share|SKIP" "$out/bench-allreduce-shared-$mode-$round.txt" | tee -a "$summary"
+  note "one GPU: tensor parallelism needs 2; what runs here is the peer all-reduce with two ranks sharing the GPU, and rank 0 of tp 2 alone"
+  if [[ ${GPU_TP_ONLY:-} != rank-alone ]]; then
+    run test_gpu_peer_allreduce "$bundle/test_gpu_peer_allreduce"
+    grep -E "share GPU|skipped|passed|failed" "$out/test_gpu_peer_allreduce.txt" | tail -3 | tee -a "$summary"
+    # Plain launches and programmatic dependents (--pdl), alternating twice.
+    for round in 1 2; do
+      for mode in plain pdl; do
+        flag=()
+        [[ $mode == pdl ]] && flag=(--pdl)
+        run "bench-allreduce-shared-$mode-$round" "$bundle/kvfuse-bench-allreduce" --share-gpu --rounds 7 "${flag[@]}" \
+          --json "$out/allreduce-shared-$mode-$round.json"
+        grep -E "^ +[0-9]+ |share|SKIP" "$out/bench-allreduce-shared-$mode-$round.txt" | tee -a "$summary"
+      done
     done
-  done
+  fi
+  if [[ ${GPU_TP_ONLY:-} != peer ]]; then
+    # What one rank of tp 2 computes, against tp 1, in one run (kvfuse-bench-engine
+    # --tp-rank-alone: rank 0's shard with every collective left out), alternating twice;
+    # the step of a real group adds its collectives and the wait for the slower rank.
+    bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
+    cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
+    for round in $(seq 1 "${TP_ALONE_ROUNDS:-2}"); do
+      for variant in tp1 tp2-alone; do
+        flag=()
+        [[ $variant == tp2-alone ]] && flag=(--set tensor_parallel=2 --tp-rank-alone)
+        run "engine-llama3-8b-$variant-$round" "${bench[@]}" --set model=llama3-8b "${flag[@]}" "${cells[@]}" \
+          --json "$out/engine-llama3-8b-$variant-$round.json"
+        echo "llama3-8b $variant (round $round):" | tee -a "$summary"
+        grep -E "^ +(1|8|64) " "$out/engine-llama3-8b-$variant-$round.txt" | tee -a "$summary"
+      done
+    done
+    # llama3-70b's rank 0 at tp 2: half its 141 GB of bf16 weights and a KV pool of
+    # $TP_70B_PAGES pages (default 25000: 30.5 GiB of fp8 KV) on this GPU, what each of two
+    # GPUs would hold.
+    if [[ ${TP_70B_ALONE:-1} == 1 ]]; then
+      run engine-llama3-70b-tp2-alone "${bench[@]}" --set model=llama3-70b --set tensor_parallel=2 --tp-rank-alone \
+        --set num_pages="${TP_70B_PAGES:-25000}" --batch 1,8,64 --context 512 --max-kv-gib 40 \
+        --json "$out/engine-llama3-70b-tp2-alone.json"
+      grep -E "building engine|engine ready|^ +(1|8|64) " "$out/engine-llama3-70b-tp2-alone.txt" | tee -a "$summary"
+    fi
+  fi
   note "$( ((status == 0)) && echo PASS || echo FAIL)"
   exit $status
 fi

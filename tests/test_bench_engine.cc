@@ -397,3 +397,37 @@ TEST_CASE("bench-engine plot: y ticks fit the data's range") {
   // A narrow range still gets at least one tick.
   CHECK(!y_ticks(1.0, 1.06).empty());
 }
+
+// --tp-rank-alone: rank 0 of a tensor_parallel group times its own shard on one device; the
+// collectives are left out, so no collectives table, and the banner says what was timed.
+TEST_CASE("kvfuse-bench-engine: --tp-rank-alone times rank 0's shard alone", "[bench][tools][tp]") {
+  TempDir dir;
+  const std::filesystem::path json_path = dir / "out.json";
+  const std::string base = std::string(KVFUSE_BENCH_ENGINE_BIN) +
+                           " --set device=cpu --set model=tiny --batch 1,2 --context 32 --attention split "
+                           "--graphs off --steps 1 --reps 3 --warmup 0";
+  auto [rc, out] = run(base + " --set tensor_parallel=2 --tp-rank-alone --json " + json_path.string());
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(out.find("tensor_parallel 2, rank 0 alone (--tp-rank-alone)") != std::string::npos);
+  CHECK(out.find("collectives ms") == std::string::npos);
+  const nlohmann::json j = read_json(json_path);
+  CHECK(j["meta"]["tensor_parallel"] == 2);
+  CHECK(j["meta"]["tp_rank_alone"] == true);
+  CHECK(j["meta"]["collectives"].get<std::string>().find("rank 0 of 2 alone") != std::string::npos);
+  REQUIRE(j["cells"].size() == 2);
+  for (const auto& c : j["cells"]) {
+    CHECK_FALSE(c.contains("collectives_ms"));
+    CHECK(c["variants"][0]["step_ms"].get<double>() > 0);
+  }
+  // The byte counts are rank 0's: half the tiny model's layer weights at tp 2.
+  auto [rc1, out1] = run(base + " --json " + (dir / "one.json"));
+  INFO(out1);
+  REQUIRE(rc1 == 0);
+  const nlohmann::json one = read_json(dir / "one.json");
+  CHECK(j["meta"]["weight_bytes"].get<int64_t>() < one["meta"]["weight_bytes"].get<int64_t>());
+
+  std::tie(rc, out) = run(base + " --tp-rank-alone");
+  CHECK(rc != 0);
+  CHECK(out.find("--tp-rank-alone needs tensor_parallel >= 2") != std::string::npos);
+}

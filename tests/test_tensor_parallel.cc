@@ -300,3 +300,68 @@ TEST_CASE("tensor parallel (cpu): logprobs, prompt logprobs in chunks, and prefi
   for (SeqId id : {SeqId(1), SeqId(2)}) REQUIRE(two->release(id).ok());
   CHECK(two->pool().usage(PoolKind::full).used_pages == 0);
 }
+
+// Config::tp_rank_alone (kvfuse-bench-engine --tp-rank-alone): rank 0 of a group on one
+// device with no peers, to time a rank's own work on a machine of one GPU. Its shard is
+// the group's rank 0's: layer 0's pages, written before any collective, hold the group's
+// rank-0 bytes. Steps run (the tokens mean nothing without the all-reduces, but lie in the
+// vocabulary), pages come back, and it is refused where it has no meaning.
+TEST_CASE("tensor parallel (cpu): rank 0 alone computes the group's rank-0 shard", "[tp][engine][kv]") {
+  auto alone_engine = [](const nlohmann::json& keys) -> absl::StatusOr<std::unique_ptr<Engine>> {
+    nlohmann::json j = {{"model", "tiny"}, {"device", "cpu"}, {"num_pages", 512}, {"max_seq_len", 1024}};
+    for (const auto& [k, v] : keys.items()) j[k] = v;
+    auto cfg = config_from_json(j);
+    REQUIRE(cfg.ok());
+    cfg->tp_rank_alone = true;
+    return Engine::create(*cfg);
+  };
+  for (const int tp : {2, 4}) {
+    DYNAMIC_SECTION("tp " << tp) {
+      const nlohmann::json keys = {{"kv_cache_dtype", "fp8_e4m3"}, {"tensor_parallel", tp}};
+      auto group = make_engine(keys);
+      auto made = alone_engine(keys);
+      INFO(made.status().ToString());
+      REQUIRE(made.ok());
+      Engine& alone = **made;
+      CHECK(alone.rank_alone());
+      CHECK(alone.num_ranks() == tp);
+      CHECK(alone.num_local_ranks() == 1);
+      CHECK_THAT(alone.collectives_path(), ContainsSubstring("rank 0 of " + std::to_string(tp) + " alone"));
+      CHECK(alone.collectives_ms(1, 1).status().code() == absl::StatusCode::kFailedPrecondition);
+      const int32_t vocab = alone.spec().vocab;
+      for (Engine* e : {group.get(), &alone}) {
+        REQUIRE(e->add_sequence(7, prompt_of(45, 2, vocab), SamplingParams{}).ok());
+        REQUIRE(e->add_sequence(8, prompt_of(20, 9, vocab), SamplingParams{}).ok());
+        auto r = e->step({StepItem{7, 45, true}, StepItem{8, 20, true}});
+        REQUIRE(r.ok());
+      }
+      for (const bool v_side : {false, true}) {
+        const std::vector<uint8_t> want = storage_bytes(*group, 0, 0, v_side);
+        const std::vector<uint8_t> got = storage_bytes(alone, 0, 0, v_side);
+        CHECK(std::count(got.begin(), got.end(), uint8_t{0}) < std::ptrdiff_t(got.size()));
+        CHECK((got == want));
+      }
+      for (int i = 0; i < 4; ++i) {
+        auto r = alone.step({StepItem{7, 1, true}, StepItem{8, 1, true}});
+        REQUIRE(r.ok());
+        for (const StepResult& x : *r) {
+          REQUIRE(x.status.ok());
+          REQUIRE(x.token.has_value());
+          CHECK((*x.token >= 0 && *x.token < vocab));
+        }
+      }
+      REQUIRE(alone.release(7).ok());
+      REQUIRE(alone.release(8).ok());
+      CHECK(alone.pool().usage(PoolKind::full).used_pages == 0);
+      REQUIRE(alone.pool().check_invariants().ok());
+    }
+  }
+  SECTION("refused at tensor_parallel 1 and across processes") {
+    auto one = alone_engine({});
+    CHECK(one.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(one.status().message()), ContainsSubstring("needs tensor_parallel >= 2"));
+    auto spread = alone_engine({{"tensor_parallel", 2}, {"tp_rendezvous", "127.0.0.1:1"}});
+    CHECK(spread.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(spread.status().message()), ContainsSubstring("tp_rendezvous must be empty"));
+  }
+}

@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> overrides;
   int steps = 8, reps = 5, warmup = 2;
   double peak_flag = 0, max_kv_gib = -1;
+  bool rank_alone = false;
   app.add_option("--config", config_path, "engine config JSON (default: the built-in defaults)");
   app.add_option("-s,--set", overrides, "override a config key: key=value (repeatable)");
   app.add_option("--batch", batches, "batch sizes, comma-separated");
@@ -117,6 +118,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-kv-gib", max_kv_gib,
                  "KV budget in GiB; bigger cells are skipped (default 100 on a GPU, 2 on the CPU)")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--tp-rank-alone", rank_alone,
+               "with tensor_parallel >= 2: rank 0 alone on one device, its shard's kernels only; every "
+               "collective left out (what a rank computes, on a machine of one GPU; logits meaningless)");
   app.add_option("--json", json_path, "write every figure as JSON");
   app.add_option("--svg", svg_path, "write the plot as SVG");
   app.add_option("--title", title, "plot title");
@@ -188,6 +192,8 @@ int main(int argc, char** argv) {
   const ModelSpec spec = *spec_or;
   // Byte counts and KV footprints are one GPU's: its rank's shapes under tensor parallelism.
   const int tp = base->tensor_parallel;
+  if (rank_alone && tp < 2)
+    return fail("--tp-rank-alone needs tensor_parallel >= 2 (--set tensor_parallel=N)");
   auto rank_or = rank_shapes(spec, tp);
   if (!rank_or.ok()) return fail(std::string(rank_or.status().message()));
   const ModelSpec rank_spec = *rank_or;
@@ -257,6 +263,7 @@ int main(int argc, char** argv) {
     if (spec.any_swa()) used["swa_num_pages"] = std::max(swa_pages, j.value("swa_num_pages", int64_t(0)));
     auto cfg = config_from_json(used);
     if (!cfg.ok()) return fail(std::string(cfg.status().message()));
+    cfg->tp_rank_alone = rank_alone;
     std::fprintf(stderr,
                  "kvfuse-bench-engine: building engine (%s, %s KV, %.3f GiB of KV pages, weights generated: "
                  "this can take a while)...\n",
@@ -303,7 +310,14 @@ int main(int argc, char** argv) {
       write_names.c_str(), reps, warmup, steps);
   std::printf("roofline: (%.3f GB of bf16 weights + KV attended) per step at a peak of %.0f GB/s (%s)\n",
               double(weight_bytes) / 1e9, peak_gbs, peak.source.c_str());
-  if (tp > 1) {
+  if (tp > 1 && e.rank_alone()) {
+    std::printf(
+        "tensor_parallel %d, rank 0 alone (--tp-rank-alone): its shard of the weights and its KV heads on "
+        "one "
+        "device, no other rank; the step's %d all-reduces and the logits gather are left out, so a step here "
+        "is a rank's own work, without the collectives it would wait for in a group\n",
+        tp, 2 * spec.num_layers);
+  } else if (tp > 1) {
     std::printf(
         "tensor_parallel %d: %d ranks; byte counts and the roofline are one GPU's (its shard of the weights, its "
         "KV heads); each step runs %d all-reduces of batch x %d bf16 and one all-gather of the logits\n",
@@ -360,7 +374,7 @@ int main(int argc, char** argv) {
         cell.s[size_t(v)].push_back(smp);
       }
     }
-    if (tp > 1) {
+    if (tp > 1 && !e.rank_alone()) {
       // The same collectives alone, as the step's graphs run them.
       auto cm = e.collectives_ms(b, std::max(reps * steps, 10));
       if (!cm.ok()) return fail(absl::StrFormat("batch %d: timing the collectives: %s", b, cm.status().ToString()));
@@ -444,7 +458,7 @@ int main(int argc, char** argv) {
         "interval over paired repetitions)\n");
   }
 
-  if (tp > 1) {
+  if (tp > 1 && !e.rank_alone()) {
     std::printf("\n%6s %8s  %18s  %s\n", "batch", "context", "collectives ms", "share of each variant's step");
     for (const Cell& cell : cells) {
       if (!cell.skip.empty()) continue;
@@ -475,6 +489,7 @@ int main(int argc, char** argv) {
                    {"max_kv_gib", max_kv_gib},
                    {"weight_bytes", weight_bytes},
                    {"tensor_parallel", tp},
+                   {"tp_rank_alone", rank_alone},
                    {"collectives", e.collectives_path()},
                    {"date", now_iso8601()},
                    {"command_line", cmdline},

@@ -211,6 +211,7 @@ absl::Status check_tensor_parallel_keys(const Config& c) {
 }  // namespace
 
 int32_t Config::tp_local_ranks() const {
+  if (tp_rank_alone) return 1;
   if (!devices.empty()) return int32_t(devices.size());
   return tp_rendezvous.empty() ? tensor_parallel : 1;
 }

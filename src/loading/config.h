@@ -66,6 +66,12 @@ struct Config {
   int32_t tp_rank = 0;           // with tp_rendezvous: the first rank this process holds
   int32_t tp_rendezvous_timeout_s = 120;
   TpAllReduce tp_allreduce = TpAllReduce::auto_;
+  // Not a config key (no file or --set reaches it): kvfuse-bench-engine --tp-rank-alone sets
+  // it to time rank 0 of a tensor_parallel group on one device with no peers, its shard's
+  // own kernels only: every collective is left out (the all-reduces keep this rank's partial
+  // sums; the logits gather copies this rank's slice and zeroes the others). Its logits and
+  // tokens mean nothing; it measures what a rank computes, for a machine of one GPU.
+  bool tp_rank_alone = false;
   // Ranks this process holds: len(devices), or tensor_parallel (one process) / 1 (rendezvous).
   int32_t tp_local_ranks() const;
   // GPU ordinal of local rank i: devices[i], or i when devices is empty.

@@ -103,6 +103,9 @@ absl::Status Engine::init() {
   const size_t L = size_t(s.num_layers);
   if (cfg_.tensor_parallel > 1) {
     KVFUSE_RETURN_IF_ERROR(check_tensor_parallel(s, cfg_.tensor_parallel));
+  } else if (cfg_.tp_rank_alone) {
+    return absl::InvalidArgumentError(
+        "tp_rank_alone: needs tensor_parallel >= 2 (the group whose rank 0 runs)");
   }
   if (backend_->device() == Device::cpu) {
     KVFUSE_RETURN_IF_ERROR(check_cpu_weight_memory(s, available_memory_gib()));
@@ -148,7 +151,9 @@ absl::Status Engine::init() {
   const std::unique_ptr<HostWeightSource> weights =
       ckpt ? ckpt->weights() : make_synthetic_weights(s, cfg_.seed);
   if (cfg_.tensor_parallel > 1) {
-    KVFUSE_RETURN_IF_ERROR(cfg_.tp_rendezvous.empty() ? init_ranks(s, pc) : init_process_group(s, pc));
+    KVFUSE_RETURN_IF_ERROR(cfg_.tp_rank_alone           ? init_rank_alone(s, pc)
+                           : cfg_.tp_rendezvous.empty() ? init_ranks(s, pc)
+                                                        : init_process_group(s, pc));
     return load_weights(*weights);
   }
   auto pool = KvPool::create(*backend_, pc);

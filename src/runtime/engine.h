@@ -190,8 +190,10 @@ class Engine {
   // alone — two all-reduces per layer of `tokens` rows of the hidden size (bf16) and the
   // logits gather of `tokens` rows — replayed `reps` times back to back after one warm-up
   // (captured in a graph per rank where the backend has graphs, as a step's are), on this
-  // engine's communicators. FAILED_PRECONDITION at tensor_parallel 1.
+  // engine's communicators. FAILED_PRECONDITION at tensor_parallel 1 and for a rank alone.
   absl::StatusOr<double> collectives_ms(int32_t tokens, int reps);
+  // Config::tp_rank_alone: rank 0 of the group runs without its peers or collectives.
+  bool rank_alone() const { return cfg_.tp_rank_alone; }
   // Which communicator carries the collectives at tensor_parallel > 1 and, for GPU ranks,
   // whether all-reduces go over peer memory (and why not, when they do not); "" at 1.
   const std::string& collectives_path() const { return collectives_path_; }
@@ -209,6 +211,9 @@ class Engine {
   // Tensor parallelism: ranks 1.. (their backends, communicators, models, runners), set up
   // by init_ranks; rank 0's are the members below. model_weights loads every rank's slices.
   absl::Status init_ranks(const ModelSpec& spec, KvPoolConfig& pc);
+  // Config::tp_rank_alone: rank 0's shard, pool storage and model on this backend, with a
+  // communicator whose collectives are left out (engine_ranks.cc); no other rank exists.
+  absl::Status init_rank_alone(const ModelSpec& spec, KvPoolConfig& pc);
   // Both ways of a group: this process's ranks other than its first (threads, backends:
   // cfg_.tp_local_ranks() in all), then, once their communicators exist (element r is
   // local rank r's), the pool with each local rank's storage and every local rank's model.

@@ -3,6 +3,7 @@
 // each), made and loaded at creation; every call that runs on all ranks at once
 // (for_each_rank); the group's failure handling; and the collectives benchmark. The step
 // itself is src/runtime/engine.cc's; across processes, src/runtime/engine_group.cc.
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <future>
@@ -28,6 +29,54 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
+
+// Rank 0 of a group of `size` whose other ranks do not exist (Config::tp_rank_alone): each
+// collective does only what keeps this rank's own work well-formed, on the backend's stream
+// (so a graph records it). An all-reduce leaves this rank's partial sum in place; a gather
+// places this rank's part and zeroes the others' (the sampler then reads finite logits);
+// a broadcast from this rank is already everywhere, from another root it is refused.
+class LoneRankCommunicator final : public Communicator {
+ public:
+  LoneRankCommunicator(int32_t size, Backend& backend) : size_(size), backend_(backend) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  const char* name() const override { return "none (rank 0 alone)"; }
+  absl::Status all_reduce_sum(void* buf, int64_t count, DType) override {
+    KVFUSE_RETURN_IF_ERROR(check_collective_args("all_reduce_sum", buf, count, *this));
+    return aborted_ ? aborted() : absl::OkStatus();
+  }
+  absl::Status all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype) override {
+    KVFUSE_RETURN_IF_ERROR(check_collective_args("all_gather", send, count_per_rank, *this));
+    KVFUSE_RETURN_IF_ERROR(check_collective_args("all_gather", recv, count_per_rank, *this));
+    if (aborted_) return aborted();
+    const size_t part = size_t(count_per_rank) * dtype_size(dtype);
+    if (part == 0) return absl::OkStatus();
+    auto* out = static_cast<uint8_t*>(recv);
+    if (send != out) KVFUSE_RETURN_IF_ERROR(backend_.copy_2d(out, part, send, part, part, 1));
+    return backend_.memset(out + part, 0, part * size_t(size_ - 1));
+  }
+  absl::Status broadcast(void* buf, int64_t bytes, int root) override {
+    KVFUSE_RETURN_IF_ERROR(check_collective_args("broadcast", buf, bytes, *this));
+    KVFUSE_RETURN_IF_ERROR(check_root("broadcast", root, *this));
+    if (root != 0) {
+      return absl::FailedPreconditionError(absl::StrCat("broadcast from rank ", root,
+                                                        ": rank 0 runs alone (tp_rank_alone), rank ", root,
+                                                        " does not exist"));
+    }
+    return aborted_ ? aborted() : absl::OkStatus();
+  }
+  absl::Status barrier() override {
+    if (aborted_) return aborted();
+    return backend_.synchronize();
+  }
+  void abort() override { aborted_ = true; }
+
+ private:
+  static absl::Status aborted() { return absl::CancelledError("the communicator was aborted"); }
+  const int32_t size_;
+  Backend& backend_;
+  std::atomic<bool> aborted_{false};
+};
 }  // namespace
 
 Backend& Engine::rank_backend(int32_t local_rank) {
@@ -189,6 +238,21 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
   return init_rank_models(s, pc, *shard, std::move(comms));
 }
 
+absl::Status Engine::init_rank_alone(const ModelSpec& s, KvPoolConfig& pc) {
+  if (!cfg_.tp_rendezvous.empty()) {
+    return absl::InvalidArgumentError(
+        "tp_rank_alone: rank 0 runs alone in one process; tp_rendezvous must be empty");
+  }
+  auto shard = rank_shard(s, pc.format);
+  if (!shard.ok()) return shard.status();
+  KVFUSE_RETURN_IF_ERROR(backend_->bind_thread());
+  std::vector<std::unique_ptr<Communicator>> comms;
+  comms.push_back(std::make_unique<LoneRankCommunicator>(cfg_.tensor_parallel, *backend_));
+  collectives_path_ = absl::StrCat("none: rank 0 of ", cfg_.tensor_parallel,
+                                   " alone (tp_rank_alone), its peers and every collective left out");
+  return init_rank_models(s, pc, *shard, std::move(comms));
+}
+
 absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator>>& comms) {
   collectives_path_ = comms[0]->name();
 #if defined(KVFUSE_HAVE_GPU)
@@ -266,6 +330,8 @@ int64_t Engine::gemm_shapes_timed() const { return backend_->gemm_shapes_timed()
 
 absl::StatusOr<double> Engine::collectives_ms(int32_t tokens, int reps) {
   if (num_ranks() == 1) return absl::FailedPreconditionError("collectives_ms: tensor_parallel is 1");
+  if (rank_alone())
+    return absl::FailedPreconditionError("collectives_ms: rank 0 runs alone, with no collectives");
   if (is_follower()) return absl::FailedPreconditionError("collectives_ms: rank 0's process runs it");
   if (tokens < 1 || reps < 1) return absl::InvalidArgumentError("collectives_ms: tokens and reps must be >= 1");
   if (follower_links_) {
