@@ -5,7 +5,8 @@
 # scripts/profile-table.py to the kernels of one replay of the step's graph (count, total
 # and mean time), the device's idle time inside the step and between steps.
 # Environment: MODEL (default llama3-8b), BATCH (1), CONTEXT (512), PROFILE_ENV (extra
-# environment for the engine, e.g. "KVFUSE_GEMV=0"). Writes $OUT (or build-gpu-profile/).
+# environment for the engine, e.g. "KVFUSE_GEMV=0"), PROFILE_ARGS (more kvfuse-bench-engine
+# arguments, e.g. "--set tensor_parallel=2 --tp-rank-alone"). Writes $OUT (or build-gpu-profile/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-run-common.sh gpu-profile
@@ -23,9 +24,10 @@ g++ -O2 -shared -fPIC -DKVFUSE_KERNEL_RECORD="$record" -DKVFUSE_MEMCPY_RECORD="$
   bench/profile/kvfuse_trace.cc -o "$tracer" -L"$lib" -Wl,-rpath,"$lib" -lcupti ||
   { note "FAIL: building the tracer"; exit 1; }
 note "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%FT%TZ), tracer with $record"
+# shellcheck disable=SC2086  # PROFILE_ENV and PROFILE_ARGS are lists of words
 env ${PROFILE_ENV:-} CUDA_INJECTION64_PATH="$tracer" KVFUSE_TRACE_OUT="$out/trace.csv" \
   "$bundle/kvfuse-bench-engine" --set model="${MODEL:-llama3-8b}" --set kv_cache_dtype=fp8_e4m3 \
-  --batch "${BATCH:-1}" --context "${CONTEXT:-512}" --attention split --graphs on --reps 3 --warmup 2 \
+  --batch "${BATCH:-1}" --context "${CONTEXT:-512}" --attention split --graphs on --reps 3 --warmup 2 ${PROFILE_ARGS:-} \
   >"$out/engine.txt" 2>&1 || { note "FAIL: the traced engine"; tail -20 "$out/engine.txt"; exit 1; }
 grep -E "^ +[0-9]+ +[0-9]+ " "$out/engine.txt" | tee -a "$summary"
 python3 scripts/profile-table.py "$out/trace.csv" | tee -a "$summary"
