@@ -8,9 +8,7 @@
 #   2. kvfuse-bench-allreduce: NCCL and the peer all-reduce per call, 8 KB - 8 MB (the peer
 #      all-reduce's calls as plain launches, then as programmatic dependents);
 #   3. kvfuse-bench-engine, llama3-8b at tp 1, at tp 2 with the peer all-reduce (the
-#      default, its calls programmatic dependents, each with the add-RMSNorm after it), at
-#      tp 2 with KVFUSE_PEER_FUSED_NORM=0 (the all-reduce and the norm as two kernels), at
-#      tp 2 with KVFUSE_PEER_PDL=0 (plain
+#      default, its calls programmatic dependents), at tp 2 with KVFUSE_PEER_PDL=0 (plain
 #      launches) and at tp 2 with KVFUSE_PEER_ALLREDUCE=0 (NCCL only), batch 1/8/64 x
 #      context 512/2048, split attention, graphs on; the tp 2 runs time the step's
 #      collectives alone too (their tables and the path they took go to the summary);
@@ -26,8 +24,7 @@
 # GPU_TP_ONLY=processes runs step 5 alone, GPU_TP_ONLY=one-process steps 1-4. On a machine
 # of one GPU: (a) the peer all-reduce with two ranks sharing the GPU (a test mode: the
 # protocol, kernels, graphs and abort, and the kernel's own cost per call; not the links):
-# test_gpu_peer_allreduce and kvfuse-bench-allreduce --share-gpu, with and without --pdl,
-# and --fused-norm (the all-reduce and the add-RMSNorm after it, two kernels against one);
+# test_gpu_peer_allreduce and kvfuse-bench-allreduce --share-gpu, with and without --pdl;
 # (b) kvfuse-bench-engine --tp-rank-alone: rank 0 of tp 2 alone (its shard, no collectives)
 # against tp 1 for llama3-8b, alternating twice, and llama3-70b's rank 0 with its KV pool
 # (TP_70B_ALONE=0 leaves it out; TP_ALONE_ROUNDS=0 leaves llama3-8b out). GPU_TP_ONLY=peer
@@ -73,10 +70,6 @@ if ((gpus == 1)); then
         grep -E "^ +[0-9]+ |share|SKIP" "$out/bench-allreduce-shared-$mode-$round.txt" | tee -a "$summary"
       done
     done
-    # The all-reduce and the add-RMSNorm after it: two kernels against the fused one.
-    run bench-allreduce-shared-fused-norm "$bundle/kvfuse-bench-allreduce" --share-gpu --rounds 7 --pdl --fused-norm \
-      --json "$out/allreduce-shared-fused-norm.json"
-    grep -E "^ +[0-9]+ |share|SKIP|rows" "$out/bench-allreduce-shared-fused-norm.txt" | tee -a "$summary"
   fi
   if [[ ${GPU_TP_ONLY:-} != peer ]]; then
     # What one rank of tp 2 computes, against tp 1, in one run (kvfuse-bench-engine
@@ -125,12 +118,11 @@ if [[ ${GPU_TP_ONLY:-} != processes ]]; then
   # 8192: batch 64 x 2048 is the cell the tp 2 target is set at, and shorter runs leave time.
   bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
   cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
-  for variant in tp1 tp2 tp2-unfused-norm tp2-plain tp2-nccl; do
+  for variant in tp1 tp2 tp2-plain tp2-nccl; do
     tp=${variant:2:1}
     env=()
     [[ $variant == tp2-nccl ]] && env=(KVFUSE_PEER_ALLREDUCE=0)
     [[ $variant == tp2-plain ]] && env=(KVFUSE_PEER_PDL=0)
-    [[ $variant == tp2-unfused-norm ]] && env=(KVFUSE_PEER_FUSED_NORM=0)
     run "engine-llama3-8b-$variant" env "${env[@]}" "${bench[@]}" --set model=llama3-8b --set tensor_parallel="$tp" \
       "${cells[@]}" --json "$out/engine-llama3-8b-$variant.json"
     echo "llama3-8b $variant:" | tee -a "$summary"

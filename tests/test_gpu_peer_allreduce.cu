@@ -10,8 +10,6 @@
 //     (PeerAllReduceOptions::pdl);
 //   - PeerAllReduceCommunicator: small all-reduces over peer memory, larger ones through
 //     NCCL, which agrees within bf16/f32 rounding;
-//   - all_reduce_add_rmsnorm against all_reduce_sum then the GPU backend's add_rmsnorm,
-//     bit for bit;
 //   - abort() and the timeout end a kernel whose peer never comes.
 // With one GPU visible, two ranks share it (PeerAllReduceOptions::share_devices, for tests
 // only): the protocol, the kernels, graphs, abort and the timeout run, the links between
@@ -20,7 +18,6 @@
 // cannot hold both ranks' blocks at once (and the NCCL part without NCCL/RCCL). Built with
 // the GPU backend only.
 #include <algorithm>
-#include <array>
 #include <barrier>
 #include <chrono>
 #include <cmath>
@@ -38,7 +35,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
-#include "kernels/model_ops.cuh"
 #include "src/common/status_macros.h"
 #include "src/parallel/cpu_communicator.h"
 #include "src/parallel/nccl_communicator.h"
@@ -405,130 +401,6 @@ TEST_CASE("peer all-reduce: calls captured in a graph per rank, replayed 300 tim
     REQUIRE(calls.ok());
     CHECK(*calls == uint64_t(kReplays) * cases.size());
   }
-}
-
-// all_reduce_add_rmsnorm: one kernel for the all-reduce of a row-parallel projection and
-// the residual add and RMSNorm after it. Against the two it replaces, on the same group
-// and GPU: all_reduce_sum, then the GPU backend's add_rmsnorm kernel
-// (kernels/model_ops.cu). h (the rank's partial sums), x and out must hold the same bits
-// on every rank, rows from 1 to more than one block's worth, hidden sizes up to 8192.
-TEST_CASE("peer all-reduce with add_rmsnorm: the bits of the all-reduce then add_rmsnorm, every rank",
-          "[gpu][peer][norm]") {
-  const Devices devices = devices_or_skip();
-  if (devices.empty()) return;
-  const int n = int(devices.gpus.size());
-  const bool pdl = GENERATE(false, true);
-  CAPTURE(pdl);
-  PeerAllReduceOptions base;
-  base.pdl = pdl;
-  auto g = PeerAllReduceGroup::create(devices.gpus, devices.options(base));
-  REQUIRE(g.ok());
-  PeerAllReduceGroup& group = **g;
-  struct Shape {
-    int64_t rows, cols;
-  };
-  const std::vector<Shape> shapes = {{1, 4096}, {3, 4096},  {8, 4096}, {64, 4096}, {100, 4096},
-                                     {1, 8192}, {64, 8192}, {5, 2048}, {2, 8},     {130, 1000}};
-  const float eps = 1e-5f;
-  // Inputs: each rank's partial sums differ, x and w are the same on every rank (the
-  // residual stream and the weight are replicated).
-  struct Data {
-    std::vector<std::vector<uint16_t>> h;  // [rank]
-    std::vector<uint16_t> x, w;
-    std::vector<std::vector<uint16_t>> got_h, got_x, want_h, want_x;  // [rank]
-  };
-  std::vector<Data> data(shapes.size());
-  std::mt19937 rng(7);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  auto bf16_vector = [&](int64_t count, float scale) {
-    std::vector<uint16_t> v(static_cast<size_t>(count));
-    for (auto& e : v) e = f32_to_bf16(dist(rng) * scale);
-    return v;
-  };
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    const int64_t count = shapes[i].rows * shapes[i].cols;
-    for (int r = 0; r < n; ++r) data[i].h.push_back(bf16_vector(count, 0.5f));
-    data[i].x = bf16_vector(count, 2.0f);
-    data[i].w = bf16_vector(shapes[i].cols, 1.0f);
-    for (auto* v : {&data[i].got_h, &data[i].got_x, &data[i].want_h, &data[i].want_x}) v->resize(size_t(n));
-  }
-  std::barrier<> allocated(n);
-  const absl::Status st = run_ranks(devices.gpus, [&](int r, cudaStream_t stream) -> absl::Status {
-    Allocated ready(allocated);
-    // Per shape: h, x for the fused call; h, x for the reference; w.
-    std::vector<std::array<uint16_t*, 5>> mem(shapes.size());
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const size_t bytes = size_t(shapes[i].rows * shapes[i].cols) * 2;
-      for (int k = 0; k < 5; ++k) {
-        void* p = nullptr;
-        GPU_OK(cudaMalloc(&p, k == 4 ? size_t(shapes[i].cols) * 2 : bytes));
-        mem[i][size_t(k)] = static_cast<uint16_t*>(p);
-      }
-      for (int k : {0, 2})
-        GPU_OK(cudaMemcpy(mem[i][size_t(k)], data[i].h[size_t(r)].data(), bytes, cudaMemcpyHostToDevice));
-      for (int k : {1, 3})
-        GPU_OK(cudaMemcpy(mem[i][size_t(k)], data[i].x.data(), bytes, cudaMemcpyHostToDevice));
-      GPU_OK(cudaMemcpy(mem[i][4], data[i].w.data(), size_t(shapes[i].cols) * 2, cudaMemcpyHostToDevice));
-    }
-    // add_rmsnorm's kernel loaded before any rank calls: with lazy loading (CUDA's default)
-    // its first launch may wait for the GPU's running kernels, and where ranks share the
-    // GPU those include a peer's call waiting for this rank (src/parallel/peer_allreduce.h).
-    uint16_t* scratch = nullptr;
-    GPU_OK(cudaMalloc(&scratch, 3 * 16));
-    GPU_OK(cudaMemsetAsync(scratch, 0, 3 * 16, stream));
-    GPU_OK(gpu::launch_add_rmsnorm(scratch, scratch + 8, scratch + 16, 1, 8, eps, scratch + 8, stream));
-    GPU_OK(cudaStreamSynchronize(stream));
-    GPU_OK(cudaFree(scratch));
-    ready.arrive();
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const auto [rows, cols] = shapes[i];
-      uint16_t* const* m = mem[i].data();
-      KVFUSE_RETURN_IF_ERROR(
-          group.all_reduce_add_rmsnorm(r, m[0], m[1], m[4], rows, cols, eps, m[0], stream));
-      KVFUSE_RETURN_IF_ERROR(group.all_reduce_sum(r, m[2], rows * cols, DType::bf16, stream));
-      GPU_OK(gpu::launch_add_rmsnorm(m[3], m[2], m[4], rows, cols, eps, m[2], stream));
-    }
-    GPU_OK(cudaStreamSynchronize(stream));
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const size_t count = size_t(shapes[i].rows * shapes[i].cols);
-      Data& d = data[i];
-      std::vector<uint16_t>* outs[4] = {&d.got_h[size_t(r)], &d.got_x[size_t(r)], &d.want_h[size_t(r)],
-                                        &d.want_x[size_t(r)]};
-      for (int k = 0; k < 4; ++k) {
-        outs[k]->resize(count);
-        GPU_OK(cudaMemcpy(outs[k]->data(), mem[i][size_t(k)], count * 2, cudaMemcpyDeviceToHost));
-      }
-      for (uint16_t* p : mem[i]) GPU_OK(cudaFree(p));
-    }
-    return group.status();
-  });
-  INFO(st.ToString());
-  REQUIRE(st.ok());
-  for (size_t i = 0; i < shapes.size(); ++i) {
-    CAPTURE(shapes[i].rows, shapes[i].cols);
-    const Data& d = data[i];
-    for (int r = 0; r < n; ++r) {
-      CAPTURE(r);
-      CHECK(d.got_h[size_t(r)] == d.want_h[size_t(r)]);
-      CHECK(d.got_x[size_t(r)] == d.want_x[size_t(r)]);
-      CHECK(d.got_h[size_t(r)] == d.got_h[0]);
-      CHECK(d.got_x[size_t(r)] == d.got_x[0]);
-    }
-    CHECK(d.got_x[0] != d.x);  // the residual add happened
-  }
-  // Shapes it does not serve are UNIMPLEMENTED (the caller runs the two kernels), with
-  // nothing enqueued; buffers that are not 16-byte aligned are an error.
-  uint16_t* p = reinterpret_cast<uint16_t*>(uintptr_t(256));
-  CHECK(group.all_reduce_add_rmsnorm(0, p, p, p, 1, 4100, eps, p, nullptr).code() ==
-        absl::StatusCode::kUnimplemented);
-  CHECK(group.all_reduce_add_rmsnorm(0, p, p, p, 1, 16384, eps, p, nullptr).code() ==
-        absl::StatusCode::kUnimplemented);
-  CHECK(group.all_reduce_add_rmsnorm(0, p, p, p, group.staging_bytes() / 2 / 4096 + 1, 4096, eps, p, nullptr)
-            .code() == absl::StatusCode::kUnimplemented);
-  CHECK(group.all_reduce_add_rmsnorm(0, p + 1, p, p, 1, 4096, eps, p, nullptr).code() ==
-        absl::StatusCode::kInvalidArgument);
-  CHECK_FALSE(group.fits_add_rmsnorm(0, 4096));
-  CHECK(group.fits_add_rmsnorm(64, 8192));
 }
 
 TEST_CASE("peer all-reduce communicator: small all-reduces over peer memory, larger through NCCL; abort",

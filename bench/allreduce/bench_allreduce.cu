@@ -18,11 +18,6 @@
 // --pdl launches the peer all-reduce's calls as programmatic dependents
 // (PeerAllReduceOptions::pdl, sm_90+): each call's launch overlaps the call before.
 //
-// --share-gpu --fused-norm times, for rows x 4096 bf16 (llama3-8b's hidden size; 1, 8 and 64
-// rows), the all-reduce of a row-parallel projection followed by the GPU backend's
-// add_rmsnorm kernel, against PeerAllReduceGroup::all_reduce_add_rmsnorm doing both in
-// one kernel: per call, eager and in a graph, the slowest rank.
-//
 // NCCL_NVLS_ENABLE=0 is set unless the environment sets it: NVLink multicast (NVLS) can
 // take a shared machine's GPUs out of service, and the decode-sized messages measured
 // here do not need it.
@@ -37,7 +32,6 @@
 
 #include "bench/common/gpu_bench.cuh"
 #include "bench/common/json_writer.h"
-#include "kernels/model_ops.cuh"
 #include "src/parallel/nccl_communicator.h"
 #include "src/parallel/peer_allreduce.h"
 
@@ -57,14 +51,13 @@ struct Args {
   bool peer = true;
   bool share_gpu = false;
   bool pdl = false;  // the peer all-reduce's calls as programmatic dependents (PeerAllReduceOptions::pdl)
-  bool fused_norm = false;  // --share-gpu: all-reduce + add_rmsnorm against the fused call
   std::string json_path;
 };
 
 int usage(FILE* to) {
   std::fprintf(to,
                "usage: %s [--gpus N] [--calls N] [--rounds N] [--link-gbs GBS] [--no-peer] [--share-gpu] "
-               "[--pdl] [--fused-norm] [--json PATH]\n",
+               "[--pdl] [--json PATH]\n",
                kProgram);
   return to == stdout ? 0 : 2;
 }
@@ -82,104 +75,6 @@ struct Figures {
   double eager_us = 0, graph_us = 0;
   double peer_eager_us = 0, peer_graph_us = 0;  // the peer all-reduce, when it runs
 };
-
-// --share-gpu --fused-norm: on the group's ranks (streams and buffers made by run_shared),
-// rows x 4096: all_reduce_sum then add_rmsnorm (two kernels) against all_reduce_add_rmsnorm.
-int run_shared_fused_norm(const Args& args, PeerAllReduceGroup& g,
-                          std::vector<std::unique_ptr<GpuTimer>>& timers, std::vector<void*>& bufs) {
-  constexpr int64_t kCols = 4096;
-  constexpr int64_t kRows[] = {1, 8, 64};
-  constexpr size_t kRowCount = sizeof(kRows) / sizeof(kRows[0]);
-  const int n = g.size();
-  // x and w per rank, zeroed: the norm of zeros is finite (eps), and the time does not
-  // depend on the values.
-  std::vector<void*> xs(static_cast<size_t>(n), nullptr), ws(static_cast<size_t>(n), nullptr);
-  for (int r = 0; r < n; ++r) {
-    const size_t bytes = size_t(kRows[kRowCount - 1] * kCols * 2);
-    BENCH_GPU(cudaMalloc(&xs[size_t(r)], bytes));
-    BENCH_GPU(cudaMalloc(&ws[size_t(r)], size_t(kCols) * 2));
-    BENCH_GPU(cudaMemsetAsync(xs[size_t(r)], 0, bytes, timers[size_t(r)]->stream()));
-    BENCH_GPU(cudaMemsetAsync(ws[size_t(r)], 0, size_t(kCols) * 2, timers[size_t(r)]->stream()));
-    // add_rmsnorm's kernel loaded before any call: a lazy load may wait for the GPU's
-    // running kernels, a peer's spinning call among them.
-    BENCH_GPU(gpu::launch_add_rmsnorm(static_cast<uint16_t*>(xs[size_t(r)]),
-                                      static_cast<uint16_t*>(bufs[size_t(r)]),
-                                      static_cast<uint16_t*>(ws[size_t(r)]), 1, kCols, 1e-5f,
-                                      static_cast<uint16_t*>(bufs[size_t(r)]), timers[size_t(r)]->stream()));
-    BENCH_GPU(cudaStreamSynchronize(timers[size_t(r)]->stream()));
-  }
-  struct Pair {
-    double two_eager = 0, two_graph = 0, one_eager = 0, one_graph = 0;
-  };
-  std::vector<std::vector<Pair>> figures(static_cast<size_t>(n), std::vector<Pair>(kRowCount));
-  std::barrier sync(n);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < n; ++r) {
-    ranks.emplace_back([&, r] {
-      BENCH_GPU(cudaSetDevice(0));
-      auto* h = static_cast<uint16_t*>(bufs[size_t(r)]);
-      auto* x = static_cast<uint16_t*>(xs[size_t(r)]);
-      const auto* w = static_cast<const uint16_t*>(ws[size_t(r)]);
-      GpuTimer& timer = *timers[size_t(r)];
-      for (size_t s = 0; s < kRowCount; ++s) {
-        const int64_t rows = kRows[s];
-        auto two = [&](cudaStream_t st) {
-          check(g.all_reduce_sum(r, h, rows * kCols, DType::bf16, st));
-          BENCH_GPU(gpu::launch_add_rmsnorm(x, h, w, rows, kCols, 1e-5f, h, st, args.pdl));
-        };
-        auto one = [&](cudaStream_t st) {
-          check(g.all_reduce_add_rmsnorm(r, h, x, w, rows, kCols, 1e-5f, h, st));
-        };
-        Pair& f = figures[size_t(r)][s];
-        sync.arrive_and_wait();
-        f.two_eager = timer.eager_us(two, args.calls, 20, args.rounds);
-        sync.arrive_and_wait();
-        f.one_eager = timer.eager_us(one, args.calls, 20, args.rounds);
-        sync.arrive_and_wait();
-        f.two_graph = timer.graph_us(two, args.calls, args.rounds, [&] { sync.arrive_and_wait(); });
-        sync.arrive_and_wait();
-        f.one_graph = timer.graph_us(one, args.calls, args.rounds, [&] { sync.arrive_and_wait(); });
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  check(g.status());
-  for (void* b : bufs) BENCH_GPU(cudaFree(b));
-  for (void* b : xs) BENCH_GPU(cudaFree(b));
-  for (void* b : ws) BENCH_GPU(cudaFree(b));
-  std::printf("\nall-reduce of rows x %lld bf16, then the residual add and RMSNorm: us per call\n",
-              (long long)kCols);
-  std::printf("%6s %10s %18s %18s %18s %18s %9s\n", "rows", "bytes", "two kernels eager", "one kernel eager",
-              "two kernels graph", "one kernel graph", "graph 1/2");
-  std::vector<std::string> rows_json;
-  for (size_t s = 0; s < kRowCount; ++s) {
-    Pair worst;
-    for (int r = 0; r < n; ++r) {
-      const Pair& f = figures[size_t(r)][s];
-      worst.two_eager = std::max(worst.two_eager, f.two_eager);
-      worst.two_graph = std::max(worst.two_graph, f.two_graph);
-      worst.one_eager = std::max(worst.one_eager, f.one_eager);
-      worst.one_graph = std::max(worst.one_graph, f.one_graph);
-    }
-    std::printf("%6lld %10lld %18.2f %18.2f %18.2f %18.2f %9.3f\n", (long long)kRows[s],
-                (long long)(kRows[s] * kCols * 2), worst.two_eager, worst.one_eager, worst.two_graph,
-                worst.one_graph, worst.one_graph / worst.two_graph);
-    rows_json.push_back(json_object({{"rows", kRows[s]},
-                                     {"cols", kCols},
-                                     {"two_kernels_eager_us", Fixed{worst.two_eager, 2}},
-                                     {"one_kernel_eager_us", Fixed{worst.one_eager, 2}},
-                                     {"two_kernels_graph_us", Fixed{worst.two_graph, 2}},
-                                     {"one_kernel_graph_us", Fixed{worst.one_graph, 2}}}));
-  }
-  if (!args.json_path.empty()) {
-    JsonResultsFile f;
-    f.raw("ranks_on_one_gpu", std::to_string(n));
-    f.raw("calls_per_graph", std::to_string(args.calls));
-    f.rows("allreduce_add_rmsnorm_bf16", rows_json);
-    if (!f.write(args.json_path, kProgram)) return 2;
-  }
-  return 0;
-}
 
 // --share-gpu: `n` ranks on GPU 0, the peer all-reduce only.
 int run_shared(const Args& args) {
@@ -211,7 +106,6 @@ int run_shared(const Args& args) {
     BENCH_GPU(cudaMemsetAsync(bufs[size_t(r)], 0, size_t(kSizes[kSizeCount - 1]), timers.back()->stream()));
     BENCH_GPU(cudaStreamSynchronize(timers.back()->stream()));
   }
-  if (args.fused_norm) return run_shared_fused_norm(args, **g, timers, bufs);
   std::vector<std::vector<Figures>> figures(static_cast<size_t>(n), std::vector<Figures>(kSizeCount, Figures{}));
   std::barrier sync(n);
   std::vector<std::thread> ranks;
@@ -276,8 +170,6 @@ int main(int argc, char** argv) {
       args.share_gpu = true;
     } else if (!std::strcmp(argv[i], "--pdl")) {
       args.pdl = true;
-    } else if (!std::strcmp(argv[i], "--fused-norm")) {
-      args.fused_norm = true;
     } else if (!std::strcmp(argv[i], "--json") && v) {
       args.json_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
@@ -293,7 +185,6 @@ int main(int argc, char** argv) {
     std::printf("SKIP %s: no GPU\n", kProgram);
     return 0;
   }
-  if (args.fused_norm && !args.share_gpu) fail("--fused-norm runs with --share-gpu only");
   if (args.share_gpu) return run_shared(args);
   const int n = args.gpus > 0 ? args.gpus : visible;
   if (n < 2 || n > visible) {

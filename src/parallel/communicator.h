@@ -21,7 +21,6 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 
 namespace kvfuse {
 
@@ -43,16 +42,6 @@ class Communicator {
   // buf[i] = sum over ranks of buf[i], in place, `count` elements. bf16 is summed in fp32
   // and rounded once (the CPU communicator in rank order, so bit for bit reproducible).
   virtual absl::Status all_reduce_sum(void* buf, int64_t count, DType dtype) = 0;
-  // all_reduce_sum of h (rows x cols bf16, in place) fused with what follows a row-parallel
-  // projection in a decoder layer: x = bf16(x + h), out = bf16(x * rsqrt(mean(x^2) + eps)
-  // * w) (out may be h), the bits of all_reduce_sum then the backend's add_rmsnorm. Not
-  // every communicator has it: UNIMPLEMENTED, with nothing enqueued, says to run those two
-  // (the default). A communicator answers the same for a shape on every rank.
-  virtual absl::Status all_reduce_add_rmsnorm(uint16_t* h, uint16_t* x, const uint16_t* w, int64_t rows,
-                                              int64_t cols, float eps, uint16_t* out) {
-    (void)h, (void)x, (void)w, (void)rows, (void)cols, (void)eps, (void)out;
-    return absl::UnimplementedError(absl::StrCat(name(), ": no fused all_reduce_add_rmsnorm"));
-  }
   // recv[r * count_per_rank + i] = send of rank r [i]. recv holds size() * count_per_rank
   // elements; send may be recv + rank() * count_per_rank (in place).
   virtual absl::Status all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype) = 0;

@@ -44,13 +44,6 @@ struct KernelArgs {
   int rank;
   int ranks;
   bool vectors;  // buf is 16-byte aligned
-  // all_reduce_add_rmsnorm's epilogue: buf is rows of `cols` bf16 and each block's chunk
-  // whole rows of them; x the residual stream, w the norm's weight, out its output.
-  uint16_t* x;
-  const uint16_t* w;
-  uint16_t* out;
-  int64_t cols;
-  float eps;
 };
 
 // bf16 (as raw bits) or f32 elements: widened exactly, rounded once (kernels/bf16.h, the
@@ -141,93 +134,6 @@ KVFUSE_DEVICE void reduce(const KernelArgs& a, int parity, int64_t begin, int64_
   }
 }
 
-// The residual add and RMSNorm of rows [row_begin, row_end) once their sums are in buf (a
-// block's chunk): x = bf16(x + h), out = bf16(x * inv_rms * w), with the arithmetic, the
-// thread layout and the summation order of kernels/model_ops.cu's rmsnorm_kernel<true> on
-// its 16-byte vector path (a block of kNormThreads: this kernel's first kNormThreads
-// threads do the work, the others only take part in the barriers), so the bits are those
-// of the all-reduce followed by the GPU backend's add_rmsnorm. Rows are 16-byte aligned
-// and cols a multiple of 8 up to 8 * kNormVec * kNormThreads (all_reduce_add_rmsnorm
-// checks). Every thread of the block calls it.
-constexpr int kNormThreads = 256;
-constexpr int kNormVec = 4;
-constexpr int64_t kNormMaxCols = int64_t(8) * kNormVec * kNormThreads;
-static_assert(kNormThreads <= kThreads && kNormThreads % 64 == 0);
-
-KVFUSE_DEVICE void add_rmsnorm_rows(const KernelArgs& a, int64_t row_begin, int64_t row_end) {
-  __shared__ float partial[kNormThreads / gpu::kWarpSize + 1];
-  constexpr int kWarps = kNormThreads / gpu::kWarpSize;
-  const int t = int(threadIdx.x);
-  const bool active = t < kNormThreads;
-  const int64_t cols = a.cols;
-  const uint16_t* h = static_cast<const uint16_t*>(a.buf);
-  uint4 wvec[kNormVec];
-#pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
-    const int64_t c = (int64_t(k) * kNormThreads + t) * 8;
-    wvec[k] = active && c < cols ? gpu::load_ro_16B(a.w + c) : make_uint4(0u, 0u, 0u, 0u);
-  }
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    uint16_t* xr = a.x + row * cols;
-    const uint16_t* yr = h + row * cols;
-    uint16_t* orow = a.out + row * cols;
-    float ss = 0.0f;
-    uint4 keep[kNormVec];
-#pragma unroll
-    for (int k = 0; k < kNormVec; ++k) {
-      const int64_t c = (int64_t(k) * kNormThreads + t) * 8;
-      if (!active || c >= cols) continue;
-      const uint4 xa = *reinterpret_cast<const uint4*>(xr + c);
-      const uint4 yb = *reinterpret_cast<const uint4*>(yr + c);
-      const uint32_t wa[4] = {xa.x, xa.y, xa.z, xa.w}, wb[4] = {yb.x, yb.y, yb.z, yb.w};
-      uint32_t ws[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint16_t lo =
-            f32_to_bf16(gpu::bf16_bits_to_f32(uint16_t(wa[i])) + gpu::bf16_bits_to_f32(uint16_t(wb[i])));
-        const uint16_t hi = f32_to_bf16(gpu::bf16_bits_to_f32(uint16_t(wa[i] >> 16)) +
-                                        gpu::bf16_bits_to_f32(uint16_t(wb[i] >> 16)));
-        const float vl = gpu::bf16_bits_to_f32(lo), vh = gpu::bf16_bits_to_f32(hi);
-        ss += vl * vl;
-        ss += vh * vh;
-        ws[i] = uint32_t(lo) | (uint32_t(hi) << 16);
-      }
-      keep[k] = make_uint4(ws[0], ws[1], ws[2], ws[3]);
-      gpu::store_16B(xr + c, keep[k]);
-    }
-    // model_ops.cu's block_inv_rms over the first kNormThreads threads: warp sums, then
-    // thread 0 adds the warps in order.
-    ss = gpu::warp_reduce_sum(ss);
-    if (gpu::lane_id() == 0 && gpu::warp_id() < kWarps) partial[gpu::warp_id()] = ss;
-    __syncthreads();
-    if (t == 0) {
-      float total = 0.0f;
-      for (int i = 0; i < kWarps; ++i) total += partial[i];
-      partial[kWarps] = 1.0f / sqrtf(total / float(cols) + a.eps);
-    }
-    __syncthreads();
-    const float inv = partial[kWarps];
-#pragma unroll
-    for (int k = 0; k < kNormVec; ++k) {
-      const int64_t c = (int64_t(k) * kNormThreads + t) * 8;
-      if (!active || c >= cols) continue;
-      const uint4 wv = wvec[k];
-      const uint32_t wx[4] = {keep[k].x, keep[k].y, keep[k].z, keep[k].w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
-      uint32_t wo[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint16_t lo = f32_to_bf16(gpu::bf16_bits_to_f32(uint16_t(wx[i])) * inv *
-                                        gpu::bf16_bits_to_f32(uint16_t(ww[i])));
-        const uint16_t hi = f32_to_bf16(gpu::bf16_bits_to_f32(uint16_t(wx[i] >> 16)) * inv *
-                                        gpu::bf16_bits_to_f32(uint16_t(ww[i] >> 16)));
-        wo[i] = uint32_t(lo) | (uint32_t(hi) << 16);
-      }
-      gpu::store_16B(orow + c, make_uint4(wo[0], wo[1], wo[2], wo[3]));
-    }
-    __syncthreads();  // partial[] is reused by the next row
-  }
-}
-
 // Polls `flag` until it reaches `call`. False when the group was aborted or the wait timed
 // out; a timeout is recorded for status() and aborts the group.
 KVFUSE_DEVICE bool wait_for(const KernelArgs& a, const uint64_t* flag, uint64_t call, int peer) {
@@ -252,9 +158,7 @@ KVFUSE_DEVICE bool wait_for(const KernelArgs& a, const uint64_t* flag, uint64_t 
 // and why it is safe: src/parallel/peer_allreduce.h. Nothing is touched before the
 // programmatic-launch wait, so everything before it in the stream (the input, and this
 // rank's previous call) has completed whether it was launched as a dependent or not.
-// kNorm (bf16 only): all_reduce_add_rmsnorm, the block's rows through add_rmsnorm_rows
-// after their sum.
-template <class T, bool kNorm = false>
+template <class T>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1) peer_all_reduce_kernel(KernelArgs a) {
   gpu::grid_dependency_wait();
   __shared__ uint64_t call_s;
@@ -290,10 +194,6 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1) peer_all_reduce_kernel(KernelA
   if (__syncthreads_or(failed)) return;  // aborted: no result
   gpu::launch_dependents();              // every peer's chunk is in: the next kernel may launch
   reduce<T>(a, parity, begin, end);
-  if constexpr (kNorm) {
-    __syncthreads();  // the block's sums, written over its rows of buf, seen by every thread
-    add_rmsnorm_rows(a, begin / a.cols, end / a.cols);
-  }
 }
 
 }  // namespace
@@ -311,13 +211,13 @@ int PeerAllReduceGroup::blocks_for(int64_t bytes) {
 
 namespace {
 
-// Blocks of the kernel (the smallest of its three instances) that `device` holds at once:
+// Blocks of the kernel (the smaller of its two instances) that `device` holds at once:
 // per multiprocessor, from the runtime's occupancy calculator (registers and threads of
 // the build at hand), times the multiprocessors. The current device is left as it was.
 absl::StatusOr<int64_t> resident_blocks(int device) {
   int current = 0;
   KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDevice(&current), "cudaGetDevice"));
-  int per_sm_bf16 = 0, per_sm_f32 = 0, per_sm_norm = 0;
+  int per_sm_bf16 = 0, per_sm_f32 = 0;
   cudaDeviceProp prop{};
   const absl::Status st = [&] {
     KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(device), "cudaSetDevice"));
@@ -327,14 +227,11 @@ absl::StatusOr<int64_t> resident_blocks(int device) {
     KVFUSE_RETURN_IF_ERROR(gpu_check(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f32, peer_all_reduce_kernel<float>, kThreads, 0),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                         &per_sm_norm, peer_all_reduce_kernel<uint16_t, true>, kThreads, 0),
-                                     "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
     return gpu_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   }();
   (void)cudaSetDevice(current);
   if (!st.ok()) return st;
-  return int64_t(std::min({per_sm_bf16, per_sm_f32, per_sm_norm})) * prop.multiProcessorCount;
+  return int64_t(std::min(per_sm_bf16, per_sm_f32)) * prop.multiProcessorCount;
 }
 
 }  // namespace
@@ -433,11 +330,11 @@ absl::Status PeerAllReduceGroup::allocate() {
       KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDeviceProperties(&prop, r.device), "cudaGetDeviceProperties"));
       if (prop.major < 9) pdl_ = false;
     }
-    // The kernels referenced on this GPU now, so that the runtime loads them here rather
+    // Both kernels referenced on this GPU now, so that the runtime loads them here rather
     // than at their first launch: with lazy loading (CUDA's default) loading a kernel may
     // wait for the kernels running on its GPU, and a rank's call can be running there,
     // waiting for a peer's launch.
-    KVFUSE_RETURN_IF_ERROR(resident_blocks(r.device).status());  // queries every kernel's occupancy
+    KVFUSE_RETURN_IF_ERROR(resident_blocks(r.device).status());  // queries both kernels' occupancy
     for (const Rank& peer : ranks_) {
       if (peer.device == r.device) continue;  // itself, or a rank sharing its GPU (share_devices)
       const cudaError_t err = cudaDeviceEnablePeerAccess(peer.device, 0);
@@ -564,67 +461,6 @@ absl::Status PeerAllReduceGroup::all_reduce_sum(int rank, void* buf, int64_t cou
   return gpu_check(err, "peer all-reduce launch");
 }
 
-bool PeerAllReduceGroup::fits_add_rmsnorm(int64_t rows, int64_t cols) const {
-  return rows >= 1 && cols >= 8 && cols % 8 == 0 && cols <= kNormMaxCols && fits(rows * cols, DType::bf16);
-}
-
-absl::Status PeerAllReduceGroup::all_reduce_add_rmsnorm(int rank, uint16_t* h, uint16_t* x, const uint16_t* w,
-                                                        int64_t rows, int64_t cols, float eps, uint16_t* out,
-                                                        void* stream) {
-  if (rank < 0 || rank >= size()) {
-    return absl::InvalidArgumentError(absl::StrCat("peer all-reduce: rank ", rank, " of ", size()));
-  }
-  // Decided on the shape alone, so every rank of a call decides the same.
-  if (!fits_add_rmsnorm(rows, cols)) {
-    return absl::UnimplementedError(absl::StrCat("peer all-reduce with add_rmsnorm: ", rows, " rows of ",
-                                                 cols, " (needs cols a multiple of 8 up to ", kNormMaxCols,
-                                                 ", and the rows within the staging buffers)"));
-  }
-  for (const void* p : {static_cast<const void*>(h), static_cast<const void*>(x), static_cast<const void*>(w),
-                        static_cast<const void*>(out)}) {
-    if (!gpu::is_aligned(p, kVecBytes)) {
-      return absl::InvalidArgumentError(absl::StrCat("peer all-reduce with add_rmsnorm on rank ", rank,
-                                                     ": h, x, w and out must be 16-byte aligned"));
-    }
-  }
-  KVFUSE_RETURN_IF_ERROR(status());
-  // Whole rows per block: as many blocks as rows, up to kMaxBlocks.
-  const int64_t rows_per_block = (rows + kMaxBlocks - 1) / kMaxBlocks;
-  const int blocks = int((rows + rows_per_block - 1) / rows_per_block);
-  KernelArgs a{};
-  a.buf = h;
-  a.count = rows * cols;
-  a.chunk = rows_per_block * cols;
-  for (int q = 0; q < size(); ++q) {
-    const Rank& r = ranks_[size_t(q)];
-    a.staging[q][0] = r.staging;
-    a.staging[q][1] = static_cast<const char*>(r.staging) + options_.staging_bytes;
-    a.flags[q] = r.flags;
-  }
-  a.calls = ranks_[size_t(rank)].calls;
-  a.host = host_;
-  a.timeout_ticks = uint64_t(timeout_ticks_);
-  a.rank = rank;
-  a.ranks = size();
-  a.vectors = true;
-  a.x = x;
-  a.w = w;
-  a.out = out;
-  a.cols = cols;
-  a.eps = eps;
-  const cudaError_t err = gpu::launch_kernel(peer_all_reduce_kernel<uint16_t, true>, unsigned(blocks),
-                                             kThreads, static_cast<cudaStream_t>(stream), pdl_, a);
-  return gpu_check(err, "peer all-reduce with add_rmsnorm launch");
-}
-
-bool peer_allreduce_fused_norm_by_env() {
-  static const bool fused = [] {
-    const char* v = std::getenv("KVFUSE_PEER_FUSED_NORM");
-    return !(v != nullptr && (!std::strcmp(v, "0") || !std::strcmp(v, "off") || !std::strcmp(v, "false")));
-  }();
-  return fused;
-}
-
 bool peer_allreduce_pdl_by_env() {
   static const bool pdl = [] {
     for (const char* name : {"KVFUSE_PEER_PDL", "KVFUSE_PDL_OPS"}) {
@@ -678,21 +514,6 @@ absl::Status PeerAllReduceCommunicator::all_reduce_sum(void* buf, int64_t count,
   // The same choice on every rank: it depends on the count and the group only.
   if (group_->fits(count, dtype)) return group_->all_reduce_sum(rank_, buf, count, dtype, stream_);
   return fallback_->all_reduce_sum(buf, count, dtype);
-}
-
-absl::Status PeerAllReduceCommunicator::all_reduce_add_rmsnorm(uint16_t* h, uint16_t* x, const uint16_t* w,
-                                                               int64_t rows, int64_t cols, float eps,
-                                                               uint16_t* out) {
-  if (!group_->fused_norm()) return Communicator::all_reduce_add_rmsnorm(h, x, w, rows, cols, eps, out);
-  if (h == nullptr || x == nullptr || w == nullptr || out == nullptr || rows < 0 || cols < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name(), " all_reduce_add_rmsnorm on rank ", rank_, ": null buffers or negative sizes"));
-  }
-  if (aborted_.load()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(name(), " all_reduce_add_rmsnorm on rank ", rank_, ": the communicator was aborted"));
-  }
-  return group_->all_reduce_add_rmsnorm(rank_, h, x, w, rows, cols, eps, out, stream_);
 }
 
 absl::Status PeerAllReduceCommunicator::all_gather(const void* send, void* recv, int64_t count_per_rank,

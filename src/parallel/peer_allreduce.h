@@ -94,9 +94,6 @@ struct PeerAllReduceOptions {
   // it in-kernel before touching memory, and it lets the kernel after it launch once its
   // peers' flags are in.
   bool pdl = false;
-  // all_reduce_add_rmsnorm runs as one kernel (PeerAllReduceCommunicator); false: the
-  // communicator answers UNIMPLEMENTED and its caller runs the all-reduce and the norm.
-  bool fused_norm = true;
 };
 
 class PeerAllReduceGroup {
@@ -134,19 +131,6 @@ class PeerAllReduceGroup {
   // Every rank must make the same calls in the same order with the same counts, and each
   // rank all its calls on one stream (the double buffering relies on their order).
   absl::Status all_reduce_sum(int rank, void* buf, int64_t count, DType dtype, void* stream);
-  // Whether all_reduce_add_rmsnorm serves `rows` x `cols` (cols a multiple of 8 up to
-  // 8192, rows * cols bf16 within the staging buffers).
-  bool fits_add_rmsnorm(int64_t rows, int64_t cols) const;
-  // One call that all-reduces h (rows x cols bf16, in place, the bits of all_reduce_sum),
-  // then x = bf16(x + h) and out = RMSNorm(x) * w with the bits of the GPU backend's
-  // add_rmsnorm (kernels/model_ops.cu), each block on whole rows: the residual add and norm
-  // that follow a row-parallel projection's all-reduce, in the same kernel. out may be h.
-  // UNIMPLEMENTED for a shape fits_add_rmsnorm refuses (the same on every rank: the caller
-  // then runs the two); INVALID_ARGUMENT for buffers not 16-byte aligned. Otherwise as
-  // all_reduce_sum: every rank the same calls, one stream per rank.
-  absl::Status all_reduce_add_rmsnorm(int rank, uint16_t* h, uint16_t* x, const uint16_t* w, int64_t rows,
-                                      int64_t cols, float eps, uint16_t* out, void* stream);
-  bool fused_norm() const { return options_.fused_norm; }
   // Ends the group: kernels waiting for a peer, now or later, end without a result, and
   // later calls return ABORTED. Any thread; idempotent.
   void abort();
@@ -188,11 +172,6 @@ class PeerAllReduceGroup {
 // every all-reduce then goes through NCCL, for A/B runs against it.
 bool peer_allreduce_disabled_by_env();
 
-// False when KVFUSE_PEER_FUSED_NORM is "0", "off" or "false" (read once per process): the
-// engine's groups then run each all-reduce and the add_rmsnorm after it as two kernels
-// (PeerAllReduceOptions::fused_norm), for A/B runs.
-bool peer_allreduce_fused_norm_by_env();
-
 // False when KVFUSE_PEER_PDL (or KVFUSE_PDL_OPS, the step's kernels' switch) is "0", "off"
 // or "false" (read once per process): the engine's groups then launch their calls as
 // plain kernels (PeerAllReduceOptions::pdl), for A/B runs.
@@ -214,10 +193,6 @@ class PeerAllReduceCommunicator final : public Communicator {
   // "peer+nccl" or "peer+rccl".
   const char* name() const override { return name_.c_str(); }
   absl::Status all_reduce_sum(void* buf, int64_t count, DType dtype) override;
-  // Over the peer group when the group's options have fused_norm and the shape fits
-  // (PeerAllReduceGroup::all_reduce_add_rmsnorm); otherwise UNIMPLEMENTED.
-  absl::Status all_reduce_add_rmsnorm(uint16_t* h, uint16_t* x, const uint16_t* w, int64_t rows, int64_t cols,
-                                      float eps, uint16_t* out) override;
   absl::Status all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype) override;
   absl::Status broadcast(void* buf, int64_t bytes, int root) override;
   absl::Status barrier() override;

@@ -271,7 +271,6 @@ absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator
   // carries every collective, as before; the reason is in collectives_path().
   PeerAllReduceOptions options;
   options.pdl = peer_allreduce_pdl_by_env();
-  options.fused_norm = peer_allreduce_fused_norm_by_env();
   auto group = PeerAllReduceGroup::create(devices, options);
   if (!group.ok()) {
     collectives_path_ += absl::StrCat(" (", group.status().message(), ")");
@@ -283,10 +282,8 @@ absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator
     if (!c.ok()) return c.status();
     comms[size_t(r)] = std::move(*c);
   }
-  collectives_path_ = absl::StrCat(
-      comms[0]->name(), " (all-reduces up to ", (*group)->staging_bytes() >> 10, " KiB over peer memory",
-      options.fused_norm ? ", each with the residual add and RMSNorm after it" : "",
-      ", larger ones and the gathers over NCCL)");
+  collectives_path_ = absl::StrCat(comms[0]->name(), " (all-reduces up to ", (*group)->staging_bytes() >> 10,
+                                   " KiB over peer memory, larger ones and the gathers over NCCL)");
 #endif
   return absl::OkStatus();
 }

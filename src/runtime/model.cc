@@ -212,18 +212,6 @@ absl::Status Model::logits_rows(const DecoderPass& p, int64_t rows, float* logit
   return absl::OkStatus();
 }
 
-absl::Status Model::all_reduce_add_rmsnorm(Communicator* comm, bf16_t* x, bf16_t* h, const bf16_t* w,
-                                           int64_t T) {
-  const ModelSpec& s = spec_;
-  if (comm != nullptr) {
-    // One kernel where the communicator has it (the peer all-reduce), else the two.
-    const absl::Status fused = comm->all_reduce_add_rmsnorm(h, x, w, T, s.hidden, s.rms_eps, h);
-    if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
-    KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
-  }
-  return backend_.add_rmsnorm(x, h, w, T, s.hidden, s.rms_eps, h);
-}
-
 absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath write, AttentionPath attention) {
   const ModelSpec& s = spec_;
   const RankDims& d = dims_;
@@ -244,12 +232,11 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
   for (int32_t l = 0; l < s.num_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
     const bool swa = pool.layer_is_swa(l);
-    // The previous layer's MLP output (in h; under tensor parallelism each rank's partial
-    // sum, all-reduced here) joins the residual stream in the norm's kernel.
+    // The previous layer's MLP output (in h) joins the residual stream in the norm's kernel.
     if (l == 0) {
       KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(x, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     } else {
-      KVFUSE_RETURN_IF_ERROR(all_reduce_add_rmsnorm(comm, x, h, L.attn_norm.as<bf16_t>(), T));
+      KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     }
     KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.qkv, p.qkv));
 
@@ -297,13 +284,13 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
 
     // Row-parallel O and down: each rank's partial sums, all-reduced.
     KVFUSE_RETURN_IF_ERROR(backend_.linear(p.attn, T, L.o, h));
-    KVFUSE_RETURN_IF_ERROR(all_reduce_add_rmsnorm(comm, x, h, L.ffn_norm.as<bf16_t>(), T));
+    if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
+    KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     KVFUSE_RETURN_IF_ERROR(backend_.linear_silu_mul(h, T, L.gate_up, d.intermediate, p.gate_up, p.act));
-    KVFUSE_RETURN_IF_ERROR(backend_.linear(p.act, T, L.down, h));  // all-reduced by the next layer's norm
+    KVFUSE_RETURN_IF_ERROR(backend_.linear(p.act, T, L.down, h));
+    if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
   }
-  // The last layer's MLP output.
-  if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
-  KVFUSE_RETURN_IF_ERROR(backend_.residual_add(x, h, T * s.hidden));
+  KVFUSE_RETURN_IF_ERROR(backend_.residual_add(x, h, T * s.hidden));  // the last layer's MLP output
 
   // Tokens and logprobs are picked on rank 0 only; the other ranks take part in the gathers.
   const bool picks = shard_.rank == 0;

@@ -95,8 +95,7 @@ class Model {
   // heads), then the final norm, the logits of the pass's logits rows, and each row's
   // greedy token, finiteness flag and (temperature > 0) sampled token. Only device work,
   // no host synchronisation: a graph can record it. At tp > 1 the O and down projections
-  // end in an all-reduce (with the residual add and norm after it, in one kernel where the
-  // communicator has it) and the logits in a gather, so every rank of the group must run
+  // end in an all-reduce and the logits in a gather, so every rank of the group must run
   // the same pass at the same time; only rank 0 picks tokens and logprobs.
   absl::Status forward(const DecoderPass& pass, KvPool& pool, KvWritePath write, AttentionPath attention);
 
@@ -110,10 +109,6 @@ class Model {
   // The lm_head's rows of this rank's vocabulary slice, then the gather of all ranks'
   // logits into `logits` [rows, vocab] (at tp 1: the lm_head straight into `logits`).
   absl::Status logits_rows(const DecoderPass& p, int64_t rows, float* logits);
-  // After a row-parallel projection (its partial sums in h, T rows): the all-reduce (comm
-  // set, tp > 1), then x += h and h = RMSNorm(x) * w; one kernel where the communicator
-  // fuses them (Communicator::all_reduce_add_rmsnorm), the same bits either way.
-  absl::Status all_reduce_add_rmsnorm(Communicator* comm, bf16_t* x, bf16_t* h, const bf16_t* w, int64_t T);
 
   Backend& backend_;
   ModelSpec spec_;
