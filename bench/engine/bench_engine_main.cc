@@ -314,8 +314,8 @@ int main(int argc, char** argv) {
     std::printf(
         "tensor_parallel %d, rank 0 alone (--tp-rank-alone): its shard of the weights and its KV heads on "
         "one "
-        "device, no other rank; the step's %d all-reduces and the logits gather are left out, so a step here "
-        "is a rank's own work, without the collectives it would wait for in a group\n",
+        "device, no other rank; the step's %d all-reduces and the logits gather are left out, so a step "
+        "here is a rank's own work, without the collectives it would wait for in a group\n",
         tp, 2 * spec.num_layers);
   } else if (tp > 1) {
     std::printf(

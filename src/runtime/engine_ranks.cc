@@ -1,7 +1,8 @@
 // Tensor parallelism inside one process (README "Tensor parallelism"): the engine's
 // ranks other than 0 (a thread, a backend, a communicator, a model shard and a runner
 // each), made and loaded at creation; every call that runs on all ranks at once
-// (for_each_rank); the group's failure handling; and the collectives benchmark. The step
+// (for_each_rank); the group's failure handling; the collectives benchmark; and rank 0
+// alone (Config::tp_rank_alone), for timing a rank's work on one device. The step
 // itself is src/runtime/engine.cc's; across processes, src/runtime/engine_group.cc.
 #include <atomic>
 #include <chrono>
