@@ -54,6 +54,11 @@ run() {  # name, command...
   ((rc == 0)) || status=1
   return $rc
 }
+# The llama3-8b engine cells, at one GPU (tp 1 against rank 0 alone) and at two. Context
+# 2048, not 8192: batch 64 x 2048 is the cell the tp 2 target is set at, and shorter runs
+# leave time.
+bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
+cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
 
 if ((gpus == 1)); then
   note "one GPU: tensor parallelism needs 2; what runs here is the peer all-reduce with two ranks sharing the GPU, and rank 0 of tp 2 alone"
@@ -75,8 +80,6 @@ if ((gpus == 1)); then
     # What one rank of tp 2 computes, against tp 1, in one run (kvfuse-bench-engine
     # --tp-rank-alone: rank 0's shard with every collective left out), alternating twice;
     # the step of a real group adds its collectives and the wait for the slower rank.
-    bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
-    cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
     for round in $(seq 1 "${TP_ALONE_ROUNDS:-2}"); do
       for variant in tp1 tp2-alone; do
         flag=()
@@ -114,10 +117,7 @@ if [[ ${GPU_TP_ONLY:-} != processes ]]; then
   run bench-allreduce-pdl "$bundle/kvfuse-bench-allreduce" --gpus 2 --rounds 5 --pdl --json "$out/allreduce-pdl.json"
   grep -E "^ +[0-9]+ |peer|link" "$out/bench-allreduce-pdl.txt" | tee -a "$summary"
 
-  # llama3-8b: tp 1, tp 2 over the peer all-reduce, tp 2 over NCCL alone. Context 2048, not
-  # 8192: batch 64 x 2048 is the cell the tp 2 target is set at, and shorter runs leave time.
-  bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
-  cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
+  # llama3-8b: tp 1, tp 2 over the peer all-reduce, tp 2 over NCCL alone.
   for variant in tp1 tp2 tp2-plain tp2-nccl; do
     tp=${variant:2:1}
     env=()

@@ -13,13 +13,18 @@
 
 namespace kvfuse::testing {
 
-// An engine on the default tiny model with the given config keys on top.
-inline std::unique_ptr<Engine> make_engine(const nlohmann::json& overrides = nlohmann::json::object()) {
+// The config of the engine tests: the default tiny model on the CPU with the given keys on top.
+inline Config make_config(const nlohmann::json& overrides = nlohmann::json::object()) {
   nlohmann::json j = {{"model", "tiny"}, {"device", "cpu"}, {"num_pages", 512}, {"max_seq_len", 1024}};
   for (const auto& [k, v] : overrides.items()) j[k] = v;
   auto cfg = config_from_json(j);
   REQUIRE(cfg.ok());
-  auto e = Engine::create(*cfg);
+  return *cfg;
+}
+
+// An engine on make_config(overrides).
+inline std::unique_ptr<Engine> make_engine(const nlohmann::json& overrides = nlohmann::json::object()) {
+  auto e = Engine::create(make_config(overrides));
   INFO(e.status().ToString());
   REQUIRE(e.ok());
   return std::move(*e);

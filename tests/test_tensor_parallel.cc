@@ -308,12 +308,9 @@ TEST_CASE("tensor parallel (cpu): logprobs, prompt logprobs in chunks, and prefi
 // vocabulary), pages come back, and it is refused where it has no meaning.
 TEST_CASE("tensor parallel (cpu): rank 0 alone computes the group's rank-0 shard", "[tp][engine][kv]") {
   auto alone_engine = [](const nlohmann::json& keys) -> absl::StatusOr<std::unique_ptr<Engine>> {
-    nlohmann::json j = {{"model", "tiny"}, {"device", "cpu"}, {"num_pages", 512}, {"max_seq_len", 1024}};
-    for (const auto& [k, v] : keys.items()) j[k] = v;
-    auto cfg = config_from_json(j);
-    REQUIRE(cfg.ok());
-    cfg->tp_rank_alone = true;
-    return Engine::create(*cfg);
+    Config cfg = make_config(keys);
+    cfg.tp_rank_alone = true;
+    return Engine::create(cfg);
   };
   for (const int tp : {2, 4}) {
     DYNAMIC_SECTION("tp " << tp) {
