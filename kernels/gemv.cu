@@ -7,6 +7,7 @@
 
 #include "kernels/bf16x8.cuh"
 #include "kernels/model_ops.cuh"
+#include "kernels/tp_push.cuh"
 
 namespace kvfuse::gpu {
 namespace {
@@ -43,9 +44,13 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
 // kStream: w is loaded with load_stream_16B (read once a step: no L1 allocation, evicted
 // first from L2), which leaves L1 to x, read by every warp; else with load_ro_16B, as x.
 // The same bits either way.
+//
+// push (bf16 out without kSilu only; count 0 elsewhere): each result is also stored, as
+// push_bits, at the same index of every push.dst (the peers' inboxes of a tensor-parallel
+// reduction, kernels/tp_push.h); a uniform branch at the end, so no instance of its own.
 template <int M, bool kF32, int kRows, int kUnroll, int kSplit, bool kSilu, bool kStream>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
-    gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out) {
+    gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, PushTargets push) {
   static_assert(kSplit >= 1 && (kThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
   static_assert(!kSilu || (kRows % 2 == 0 && !kF32), "kSilu pairs rows and writes bf16");
   constexpr int kOuts = kSilu ? kRows / 2 : kRows;  // output columns per group
@@ -148,7 +153,15 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
         if constexpr (kF32) {
           static_cast<float*>(out)[at] = acc[r][i];
         } else {
-          static_cast<bf16_t*>(out)[at] = f32_to_bf16(acc[r][i]);
+          const bf16_t v = f32_to_bf16(acc[r][i]);
+          static_cast<bf16_t*>(out)[at] = v;
+          if (push.count > 0) {
+            const uint16_t pv = push_bits(v);
+#pragma unroll
+            for (int p = 0; p < PushTargets::kMax; ++p) {
+              if (p < push.count) push.dst[p][at] = pv;
+            }
+          }
         }
       }
     }
@@ -158,7 +171,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
 // out_kind: 0 bf16, 1 fp32, 2 silu_mul (bf16 act of half the columns).
 template <int M, int kRows, int kUnroll, int kSplit, bool kStream>
 cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
-                         cudaStream_t stream, bool pdl) {
+                         const PushTargets& push, cudaStream_t stream, bool pdl) {
   const int64_t cols = out_kind == 2 ? n / 2 : n;
   constexpr int64_t kGroupsPerBlock = kThreads / kWarpSize / kSplit;
   const int64_t per_block = kGroupsPerBlock * (out_kind == 2 ? kRows / 2 : kRows);  // output columns
@@ -166,12 +179,13 @@ cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k,
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   if (out_kind == 2) {
     return launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, true, kStream>, unsigned(blocks),
-                         kThreads, stream, pdl, x, w, n, k, out);
+                         kThreads, stream, pdl, x, w, n, k, out, PushTargets{});
   }
-  return out_kind == 1 ? launch_kernel(gemv_kernel<M, true, kRows, kUnroll, kSplit, false, kStream>,
-                                       unsigned(blocks), kThreads, stream, pdl, x, w, n, k, out)
-                       : launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, false, kStream>,
-                                       unsigned(blocks), kThreads, stream, pdl, x, w, n, k, out);
+  return out_kind == 1
+             ? launch_kernel(gemv_kernel<M, true, kRows, kUnroll, kSplit, false, kStream>, unsigned(blocks),
+                             kThreads, stream, pdl, x, w, n, k, out, PushTargets{})
+             : launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, false, kStream>, unsigned(blocks),
+                             kThreads, stream, pdl, x, w, n, k, out, push);
 }
 
 // Split-K over the block's warps: 4 on NVIDIA, 2 on CDNA (128 threads either way).
@@ -184,26 +198,26 @@ constexpr int kBlockSplit = kThreads / kWarpSize;
 // block's warps (a block per row pair: long rows on more warps).
 template <int M, bool kStream>
 cudaError_t launch_tiling(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
-                          cudaStream_t stream, bool pdl, int variant) {
+                          const PushTargets& push, cudaStream_t stream, bool pdl, int variant) {
   if constexpr (M <= 2) {
-    if (variant == 1) return launch_shape<M, 2, 4, 1, kStream>(x, w, n, k, out, out_kind, stream, pdl);
-    if (variant == 2) return launch_shape<M, 4, 2, 1, kStream>(x, w, n, k, out, out_kind, stream, pdl);
+    if (variant == 1) return launch_shape<M, 2, 4, 1, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
+    if (variant == 2) return launch_shape<M, 4, 2, 1, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
   }
   if (variant == gemv_variants(M) - 1)
-    return launch_shape<M, 2, 2, kBlockSplit, kStream>(x, w, n, k, out, out_kind, stream, pdl);
+    return launch_shape<M, 2, 2, kBlockSplit, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
   if (variant == gemv_variants(M) - 2)
-    return launch_shape<M, 2, 1, 1, kStream>(x, w, n, k, out, out_kind, stream, pdl);
-  return launch_shape<M, 2, 2, 1, kStream>(x, w, n, k, out, out_kind, stream, pdl);
+    return launch_shape<M, 2, 1, 1, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
+  return launch_shape<M, 2, 2, 1, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
 }
 
 // HIP has no streaming hint here (load_stream_16B is a plain load): one instance.
 template <int M>
 cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
-                     cudaStream_t stream, bool pdl, int variant, bool stream_w) {
+                     const PushTargets& push, cudaStream_t stream, bool pdl, int variant, bool stream_w) {
   if (kWarpSize == 32 && stream_w) {
-    return launch_tiling<M, kWarpSize == 32>(x, w, n, k, out, out_kind, stream, pdl, variant);
+    return launch_tiling<M, kWarpSize == 32>(x, w, n, k, out, out_kind, push, stream, pdl, variant);
   }
-  return launch_tiling<M, false>(x, w, n, k, out, out_kind, stream, pdl, variant);
+  return launch_tiling<M, false>(x, w, n, k, out, out_kind, push, stream, pdl, variant);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -224,7 +238,8 @@ std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n,
 namespace {
 
 LaunchStatus launch_any(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
-                        int out_kind, cudaStream_t stream, bool pdl, int variant, bool stream_w) {
+                        int out_kind, const PushTargets& push, cudaStream_t stream, bool pdl, int variant,
+                        bool stream_w) {
   if (std::string why = gemv_unsupported(x, m, w, n, k, out); !why.empty()) {
     return LaunchStatus::refused(std::move(why));
   }
@@ -234,21 +249,21 @@ LaunchStatus launch_any(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, 
   }
   switch (m) {
     case 1:
-      return launch_m<1>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
+      return launch_m<1>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
     case 2:
-      return launch_m<2>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
+      return launch_m<2>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
     case 3:
-      return launch_m<3>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
+      return launch_m<3>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
     case 4:
-      return launch_m<4>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
+      return launch_m<4>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
     case 5:
-      return launch_m<5>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
+      return launch_m<5>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
     case 6:
-      return launch_m<6>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
+      return launch_m<6>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
     case 7:
-      return launch_m<7>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
+      return launch_m<7>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
     default:
-      return launch_m<8>(x, w, n, k, out, out_kind, stream, pdl, variant, stream_w);
+      return launch_m<8>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
   }
 }
 
@@ -256,7 +271,21 @@ LaunchStatus launch_any(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, 
 
 LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
                               bool out_f32, cudaStream_t stream, bool pdl, int variant, bool stream_w) {
-  return launch_any(x, m, w, n, k, out, out_f32 ? 1 : 0, stream, pdl, variant, stream_w);
+  return launch_any(x, m, w, n, k, out, out_f32 ? 1 : 0, PushTargets{}, stream, pdl, variant, stream_w);
+}
+
+LaunchStatus launch_gemv_push_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
+                                   bf16_t* out, const PushTargets& push, cudaStream_t stream, bool pdl,
+                                   int variant, bool stream_w) {
+  if (push.count < 0 || push.count > PushTargets::kMax) {
+    return LaunchStatus::refused("gemv push: " + std::to_string(push.count) + " targets (0.." +
+                                 std::to_string(PushTargets::kMax) + ")");
+  }
+  for (int p = 0; p < push.count; ++p) {
+    if (push.dst[p] == nullptr)
+      return LaunchStatus::refused("gemv push: target " + std::to_string(p) + " is null");
+  }
+  return launch_any(x, m, w, n, k, out, 0, push, stream, pdl, variant, stream_w);
 }
 
 LaunchStatus launch_gemv_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
@@ -265,7 +294,7 @@ LaunchStatus launch_gemv_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t*
   if (n % 2 != 0) {
     return LaunchStatus::refused("gemv silu_mul: n " + std::to_string(n) + " must be even (gate rows, then up rows)");
   }
-  return launch_any(x, m, w, n, k, act, 2, stream, pdl, variant, stream_w);
+  return launch_any(x, m, w, n, k, act, 2, PushTargets{}, stream, pdl, variant, stream_w);
 }
 
 }  // namespace kvfuse::gpu

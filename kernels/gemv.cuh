@@ -18,6 +18,7 @@
 #include <string>
 
 #include "kernels/bf16.h"
+#include "kernels/tp_push.h"
 
 namespace kvfuse::gpu {
 
@@ -39,6 +40,13 @@ std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n,
 LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
                               bool out_f32, cudaStream_t stream, bool pdl = false, int variant = 0,
                               bool stream_w = true);
+
+// launch_gemv_bf16 into bf16 out (the same bits), each result also stored at the same
+// index of every push.dst (as push_bits, kernels/tp_push.cuh): a row-parallel projection
+// delivering its partial sums into its tensor-parallel peers' inboxes from its epilogue.
+LaunchStatus launch_gemv_push_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
+                                   bf16_t* out, const PushTargets& push, cudaStream_t stream,
+                                   bool pdl = false, int variant = 0, bool stream_w = true);
 
 // act[m, n / 2] = silu_mul(x . w^T) for w = [gate rows; up rows] (n even): the same
 // GEMV (variant as above, the same sums) with each warp's rows paired as gate row j and

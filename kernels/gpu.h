@@ -230,6 +230,9 @@ auto with_pdl(bool pdl, F&& f) {
 KVFUSE_DEVICE void store_release_system(uint64_t* p, uint64_t v) { vendor_store_release_system(p, v); }
 KVFUSE_DEVICE uint64_t load_relaxed_system(const uint64_t* p) { return vendor_load_relaxed_system(p); }
 KVFUSE_DEVICE void fence_acquire_system() { vendor_fence_acquire_system(); }
+// 16 bytes that other GPUs (or other kernels) store into while this kernel polls them,
+// read from memory each time (never a cached copy), each 4-byte word at once.
+KVFUSE_DEVICE uint4 load_volatile_16B(const void* p) { return vendor_load_volatile_16B(p); }
 // A clock at a constant rate (wall_clock_hz), for timeouts inside kernels.
 KVFUSE_DEVICE uint64_t wall_clock() { return vendor_wall_clock(); }
 

@@ -6,6 +6,7 @@
 #include "kernels/model_ops.cuh"
 
 #include "kernels/bf16x8.cuh"
+#include "kernels/rmsnorm_row.cuh"
 #include "kernels/rope_rows.cuh"
 
 namespace kvfuse::gpu {
@@ -18,118 +19,45 @@ KVFUSE_DEVICE float ld(const bf16_t* p, int64_t i) { return bf16_bits_to_f32(p[i
 // A 16-byte load from memory this kernel also writes (load_ro_16B is for inputs only).
 KVFUSE_DEVICE uint4 load_16B(const void* p) { return *static_cast<const uint4*>(p); }
 
-// 1 / sqrt(mean + eps) of a row from each thread's sum of squares `ss`, for every thread
-// of the block: warp sums, then thread 0 adds the warps in order. partial: the block's
-// kThreads / kWarpSize + 1 floats of shared memory, free again after the caller's next
-// __syncthreads.
-//
-// The order differs from the CPU's sequential sum, and between vendors (warp_reduce's
-// tree). All terms are >= 0, so each fp32 sum is within k * u of the exact one, k the
-// additions on its longest path: cols for the CPU; cols / kThreads + log2(kWarpSize) +
-// kThreads / kWarpSize here (45 for 8192 columns, on either vendor). So the two sums
-// differ by at most about (cols + 45) * u relative (5e-4 at 8192, typically far less),
-// the inverse root by half that, and out's values before their bf16 rounding by less
-// than bf16's relative half-ulp (2^-9, 2e-3): the rounded values are equal or one ulp
-// apart, the tolerance tests/gpu checks.
-KVFUSE_DEVICE float block_inv_rms(float ss, int64_t cols, float eps, float* partial) {
-  ss = warp_reduce_sum(ss);
-  const int warps = int(blockDim.x) / kWarpSize;
-  if (lane_id() == 0) partial[warp_id()] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int i = 0; i < warps; ++i) total += partial[i];
-    partial[warps] = 1.0f / sqrtf(total / float(cols) + eps);
-  }
-  __syncthreads();
-  return partial[warps];
-}
-
 // The RMSNorm, one block per row: fp32 sum of squares, then out = x * rsqrt(mean + eps)
 // * w. kAdd: the residual add fused before it, x = bf16(x + y) written back, and the
-// norm of that (y unused otherwise, x only read). Rows of up to 8 * kNormVec * kThreads
-// bf16 (8192) whose pointers are 16-byte aligned go through 16-byte vectors and stay in
-// registers between the two passes; others take the scalar loops. out may be x or y.
-// w is the model's norm weight, never written by the kernel before: on the vector path
-// each thread loads its chunks of it before the programmatic-launch wait, so that round
-// trip overlaps the kernel before's tail instead of following the sum of squares.
-constexpr int kNormVec = 4;
-
+// norm of that (y unused otherwise, x only read). Rows of up to kNormVecMaxCols bf16
+// whose pointers are 16-byte aligned go through 16-byte vectors (rmsnorm_row_vec,
+// kernels/rmsnorm_row.cuh) and stay in registers between the two passes; others take the
+// scalar loops. out may be x or y. w is the model's norm weight, never written by the
+// kernel before: on the vector path each thread loads its chunks of it before the
+// programmatic-launch wait, so that round trip overlaps the kernel before's tail instead
+// of following the sum of squares.
 KVFUSE_DEVICE bool aligned_16B(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <bool kAdd>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     rmsnorm_kernel(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                    bf16_t* out) {
+  static_assert(kThreads == kNormThreads, "the norm's block");
   __shared__ float partial[kThreads / kWarpSize + 1];
   const bool vec = cols % 8 == 0 && cols <= int64_t(8) * kNormVec * blockDim.x && aligned_16B(x) &&
                    (!kAdd || aligned_16B(y)) && aligned_16B(w) && aligned_16B(out);
   uint4 wvec[kNormVec];  // the vector path's chunks of w, the same for every row
-  if (vec) {
-#pragma unroll
-    for (int k = 0; k < kNormVec; ++k) {
-      const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
-      wvec[k] = c < cols ? load_ro_16B(w + c) : make_uint4(0u, 0u, 0u, 0u);
-    }
-  }
+  if (vec) load_norm_weight(w, cols, wvec);
   grid_dependency_wait();  // PDL: x and y come from the kernel before
   launch_dependents();
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     bf16_t* xr = x + row * cols;
     const bf16_t* yr = kAdd ? y + row * cols : nullptr;
     bf16_t* orow = out + row * cols;
-    float ss = 0.0f;
-    uint4 keep[kNormVec];
     if (vec) {
-#pragma unroll
-      for (int k = 0; k < kNormVec; ++k) {
-        const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
-        if (c >= cols) continue;
-        const uint4 a = *reinterpret_cast<const uint4*>(xr + c);
-        const uint4 b = kAdd ? *reinterpret_cast<const uint4*>(yr + c) : make_uint4(0u, 0u, 0u, 0u);
-        const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
-        uint32_t ws[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const bf16_t lo = kAdd ? f32_to_bf16(bf16_bits_to_f32(bf16_t(wa[i])) + bf16_bits_to_f32(bf16_t(wb[i])))
-                                 : bf16_t(wa[i]);
-          const bf16_t hi =
-              kAdd ? f32_to_bf16(bf16_bits_to_f32(bf16_t(wa[i] >> 16)) + bf16_bits_to_f32(bf16_t(wb[i] >> 16)))
-                   : bf16_t(wa[i] >> 16);
-          const float vl = bf16_bits_to_f32(lo), vh = bf16_bits_to_f32(hi);
-          ss += vl * vl;
-          ss += vh * vh;
-          ws[i] = uint32_t(lo) | (uint32_t(hi) << 16);
-        }
-        keep[k] = make_uint4(ws[0], ws[1], ws[2], ws[3]);
-        if (kAdd) store_16B(xr + c, keep[k]);
-      }
+      rmsnorm_row_vec<kAdd>(
+          xr, [&](int, int64_t c) { return *reinterpret_cast<const uint4*>(yr + c); }, wvec, cols, eps, orow,
+          partial);
     } else {
+      float ss = 0.0f;
       for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
         if (kAdd) xr[c] = f32_to_bf16(ld(xr, c) + ld(yr, c));
         const float v = ld(xr, c);
         ss += v * v;
       }
-    }
-    const float inv = block_inv_rms(ss, cols, eps, partial);
-    if (vec) {
-#pragma unroll
-      for (int k = 0; k < kNormVec; ++k) {
-        const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
-        if (c >= cols) continue;
-        const uint4 wv = wvec[k];
-        const uint32_t wx[4] = {keep[k].x, keep[k].y, keep[k].z, keep[k].w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
-        uint32_t wo[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const bf16_t lo = f32_to_bf16(bf16_bits_to_f32(bf16_t(wx[i])) * inv * bf16_bits_to_f32(bf16_t(ww[i])));
-          const bf16_t hi =
-              f32_to_bf16(bf16_bits_to_f32(bf16_t(wx[i] >> 16)) * inv * bf16_bits_to_f32(bf16_t(ww[i] >> 16)));
-          wo[i] = uint32_t(lo) | (uint32_t(hi) << 16);
-        }
-        store_16B(orow + c, make_uint4(wo[0], wo[1], wo[2], wo[3]));
-      }
-    } else {
+      const float inv = block_inv_rms(ss, cols, eps, partial);
       // Each thread reads back only the elements it wrote above.
       for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) orow[c] = f32_to_bf16(ld(xr, c) * inv * ld(w, c));
     }

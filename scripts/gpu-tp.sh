@@ -6,10 +6,12 @@
 #      logits, greedy tokens, graphs on and off, layer-0 KV bytes per rank; the peer
 #      all-reduce against NCCL's at tp 2);
 #   2. kvfuse-bench-allreduce: NCCL and the peer all-reduce per call, 8 KB - 8 MB (the peer
-#      all-reduce's calls as plain launches, then as programmatic dependents);
+#      all-reduce's calls as plain launches, then as programmatic dependents), and --layers:
+#      a layer's reduction with no collective, all-reduced, and pushed into the norm;
 #   3. kvfuse-bench-engine, llama3-8b at tp 1, at tp 2 with the peer all-reduce (the
-#      default, its calls programmatic dependents), at tp 2 with KVFUSE_PEER_PDL=0 (plain
-#      launches) and at tp 2 with KVFUSE_PEER_ALLREDUCE=0 (NCCL only), batch 1/8/64 x
+#      default, its calls programmatic dependents), at tp 2 with tp_allreduce push (partial
+#      sums pushed into the norms instead), with KVFUSE_PEER_PDL=0 (plain launches) and
+#      with KVFUSE_PEER_ALLREDUCE=0 (NCCL only), batch 1/8/64 x
 #      context 512/2048, split attention, graphs on; the tp 2 runs time the step's
 #      collectives alone too (their tables and the path they took go to the summary);
 #   4. llama3-70b (synthetic weights, 141 GB in bf16) at tp 2: kvfuse-run with a KV pool of
@@ -24,7 +26,8 @@
 # GPU_TP_ONLY=processes runs step 5 alone, GPU_TP_ONLY=one-process steps 1-4. On a machine
 # of one GPU: (a) the peer all-reduce with two ranks sharing the GPU (a test mode: the
 # protocol, kernels, graphs and abort, and the kernel's own cost per call; not the links):
-# test_gpu_peer_allreduce and kvfuse-bench-allreduce --share-gpu, with and without --pdl;
+# test_gpu_peer_allreduce and kvfuse-bench-allreduce --share-gpu (per call, and --layers:
+# a layer's reduction all-reduced against pushed into the norm), with and without --pdl;
 # (b) kvfuse-bench-engine --tp-rank-alone: rank 0 of tp 2 alone (its shard, no collectives)
 # against tp 1 for llama3-8b, alternating twice, and llama3-70b's rank 0 with its KV pool
 # (TP_70B_ALONE=0 leaves it out; TP_ALONE_ROUNDS=0 leaves llama3-8b out). GPU_TP_ONLY=peer
@@ -73,6 +76,9 @@ if ((gpus == 1)); then
         run "bench-allreduce-shared-$mode-$round" "$bundle/kvfuse-bench-allreduce" --share-gpu --rounds 7 "${flag[@]}" \
           --json "$out/allreduce-shared-$mode-$round.json"
         grep -E "^ +[0-9]+ |share|SKIP" "$out/bench-allreduce-shared-$mode-$round.txt" | tee -a "$summary"
+        run "bench-layers-shared-$mode-$round" "$bundle/kvfuse-bench-allreduce" --share-gpu --layers --rounds 7 \
+          "${flag[@]}" --json "$out/layers-shared-$mode-$round.json"
+        grep -E "^ +[0-9]+ |layers|SKIP" "$out/bench-layers-shared-$mode-$round.txt" | tee -a "$summary"
       done
     done
   fi
@@ -116,14 +122,18 @@ if [[ ${GPU_TP_ONLY:-} != processes ]]; then
   grep -E "^ +[0-9]+ |peer|link" "$out/bench-allreduce.txt" | tee -a "$summary"
   run bench-allreduce-pdl "$bundle/kvfuse-bench-allreduce" --gpus 2 --rounds 5 --pdl --json "$out/allreduce-pdl.json"
   grep -E "^ +[0-9]+ |peer|link" "$out/bench-allreduce-pdl.txt" | tee -a "$summary"
+  run bench-layers "$bundle/kvfuse-bench-allreduce" --gpus 2 --layers --rounds 5 --pdl --json "$out/layers.json"
+  grep -E "^ +[0-9]+ |layers" "$out/bench-layers.txt" | tee -a "$summary"
 
-  # llama3-8b: tp 1, tp 2 over the peer all-reduce, tp 2 over NCCL alone.
-  for variant in tp1 tp2 tp2-plain tp2-nccl; do
+  # llama3-8b: tp 1, tp 2 all-reducing over peer memory, pushing into the norms, over NCCL alone.
+  for variant in tp1 tp2 tp2-push tp2-plain tp2-nccl; do
     tp=${variant:2:1}
     env=()
+    keys=()
     [[ $variant == tp2-nccl ]] && env=(KVFUSE_PEER_ALLREDUCE=0)
+    [[ $variant == tp2-push ]] && keys=(--set tp_allreduce=push)
     [[ $variant == tp2-plain ]] && env=(KVFUSE_PEER_PDL=0)
-    run "engine-llama3-8b-$variant" env "${env[@]}" "${bench[@]}" --set model=llama3-8b --set tensor_parallel="$tp" \
+    run "engine-llama3-8b-$variant" env "${env[@]}" "${bench[@]}" --set model=llama3-8b --set tensor_parallel="$tp" "${keys[@]}" \
       "${cells[@]}" --json "$out/engine-llama3-8b-$variant.json"
     echo "llama3-8b $variant:" | tee -a "$summary"
     grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-8b-$variant.txt" | tee -a "$summary"

@@ -255,7 +255,7 @@ TEST_CASE("config: tensor-parallel keys (tensor_parallel, devices, tp_rendezvous
   CHECK(c->devices == std::vector<int32_t>{2, 3});
 }
 
-TEST_CASE("config: tp_allreduce (auto, nccl): default, values, errors, environment", "[config][tp]") {
+TEST_CASE("config: tp_allreduce (auto, nccl, push): default, values, errors, environment", "[config][tp]") {
   auto c = config_from_json(json::object());
   REQUIRE(c.ok());
   CHECK(c->tp_allreduce == TpAllReduce::auto_);
@@ -266,9 +266,16 @@ TEST_CASE("config: tp_allreduce (auto, nccl): default, values, errors, environme
   auto again = config_from_json(config_to_json(*c));
   REQUIRE(again.ok());
   CHECK(again->tp_allreduce == TpAllReduce::nccl);
+  c = config_from_json({{"tp_allreduce", "push"}, {"tensor_parallel", 2}});
+  REQUIRE(c.ok());
+  CHECK(c->tp_allreduce == TpAllReduce::push);
+  CHECK(config_to_json(*c)["tp_allreduce"] == "push");
+  again = config_from_json(config_to_json(*c));
+  REQUIRE(again.ok());
+  CHECK(again->tp_allreduce == TpAllReduce::push);
   std::string e = error_of({{"tp_allreduce", "peer"}});
   CHECK(contains(e, "config key 'tp_allreduce'"));
-  CHECK(contains(e, "auto, nccl"));
+  CHECK(contains(e, "auto, nccl, push"));
   CHECK(contains(error_of({{"tp_allreduce", 1}}), "'tp_allreduce'"));
   // KVFUSE_TP_ALLREDUCE=nccl, and --set tp-allreduce=auto above it.
   json j = json::object();

@@ -10,7 +10,12 @@
 //     (PeerAllReduceOptions::pdl);
 //   - PeerAllReduceCommunicator: small all-reduces over peer memory, larger ones through
 //     NCCL, which agrees within bf16/f32 rounding;
-//   - abort() and the timeout end a kernel whose peer never comes.
+//   - pushed partial sums (push_targets, push_add_rmsnorm): the GEMV pushing from its
+//     epilogue and the copy kernel pushing after it, then the norm that sums them, against
+//     the GEMV, all_reduce_sum and the backend's add_rmsnorm, bit for bit on every rank,
+//     in two forward passes of numbered calls back to back and in graphs replayed 40 times;
+//   - abort() and the timeout end a kernel (the all-reduce's or the pushed norm's) whose
+//     peer never comes.
 // With one GPU visible, two ranks share it (PeerAllReduceOptions::share_devices, for tests
 // only): the protocol, the kernels, graphs, abort and the timeout run, the links between
 // GPUs are not exercised, and the NCCL part is skipped (NCCL refuses two ranks on one GPU).
@@ -18,6 +23,7 @@
 // cannot hold both ranks' blocks at once (and the NCCL part without NCCL/RCCL). Built with
 // the GPU backend only.
 #include <algorithm>
+#include <array>
 #include <barrier>
 #include <chrono>
 #include <cmath>
@@ -35,6 +41,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
+#include "kernels/gemv.cuh"
+#include "kernels/model_ops.cuh"
+#include "kernels/tp_push.cuh"
 #include "src/common/status_macros.h"
 #include "src/parallel/cpu_communicator.h"
 #include "src/parallel/nccl_communicator.h"
@@ -403,6 +412,226 @@ TEST_CASE("peer all-reduce: calls captured in a graph per rank, replayed 300 tim
   }
 }
 
+// Pushed partial sums (src/parallel/peer_allreduce.h): per call, each rank's projection
+// (kvfuse's GEMV for rows <= 8, pushing from its epilogue; a copy kernel after it for more
+// rows, as after the library's GEMMs) stores its partial sums into the peers' inboxes, and
+// push_add_rmsnorm sums them into the residual stream and norms it. Against the same
+// projection, all_reduce_sum and the backend's add_rmsnorm kernel, on the same group: x and
+// out bit for bit, and the same on every rank. Each rank's projection input and weights
+// differ (its shard); x and the norm weight are the same on every rank. The calls run as
+// two forward passes (call numbers 0..n-1 twice, so the slot sequence restarts), then as a
+// graph per rank replayed 40 times, each replay adding into x again.
+TEST_CASE("pushed partial sums: the bits of the projection, all-reduce and add_rmsnorm, every rank",
+          "[gpu][peer][push]") {
+  const Devices devices = devices_or_skip();
+  if (devices.empty()) return;
+  const int n = int(devices.gpus.size());
+  const bool pdl = GENERATE(false, true);
+  CAPTURE(pdl);
+  PeerAllReduceOptions base;
+  base.pdl = pdl;
+  base.push = true;
+  auto g = PeerAllReduceGroup::create(devices.gpus, devices.options(base));
+  REQUIRE(g.ok());
+  PeerAllReduceGroup& group = **g;
+  struct Shape {
+    int64_t rows, cols, k;
+    int variant;  // the GEMV's (rows <= 8), else the copy kernel pushes
+  };
+  const std::vector<Shape> shapes = {{1, 4096, 2048, 0}, {1, 4096, 7168, gpu::gemv_variants(1) - 1},
+                                     {2, 8192, 512, 1},  {5, 4096, 1024, 0},
+                                     {8, 2048, 256, 2},  {9, 4096, 64, -1},
+                                     {64, 4096, 64, -1}, {100, 8192, 64, -1}};
+  const float eps = 1e-5f;
+  const int kReplays = 40;
+  struct Data {
+    std::vector<std::vector<uint16_t>> a, wt;  // [rank]: the projection's input and weights
+    std::vector<uint16_t> x, w;
+  };
+  std::vector<Data> data(shapes.size());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto bf16_vector = [&](int64_t count, float scale) {
+    std::vector<uint16_t> v(static_cast<size_t>(count));
+    for (auto& e : v) e = f32_to_bf16(dist(rng) * scale);
+    return v;
+  };
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape& sh = shapes[i];
+    for (int r = 0; r < n; ++r) {
+      data[i].a.push_back(bf16_vector(sh.rows * sh.k, 1.0f));
+      data[i].wt.push_back(bf16_vector(sh.cols * sh.k, 1.0f / std::sqrt(float(sh.k))));
+    }
+    data[i].x = bf16_vector(sh.rows * sh.cols, 2.0f);
+    data[i].w = bf16_vector(sh.cols, 1.0f);
+  }
+  // [phase: 0 eager, 1 graph][shape][rank][x, out of the pushed chain, x, out of the reference]
+  std::vector<std::vector<std::vector<std::array<std::vector<uint16_t>, 4>>>> got(
+      2, std::vector<std::vector<std::array<std::vector<uint16_t>, 4>>>(
+             shapes.size(), std::vector<std::array<std::vector<uint16_t>, 4>>(size_t(n))));
+  std::barrier<> allocated(n);
+  const absl::Status st = run_ranks(devices.gpus, [&](int r, cudaStream_t stream) -> absl::Status {
+    Allocated ready(allocated);
+    // Per shape: a, wt, w, then x and h of the pushed chain, x and h of the reference.
+    std::vector<std::array<uint16_t*, 7>> mem(shapes.size());
+    auto upload = [&](uint16_t* dst, const std::vector<uint16_t>& v) {
+      return gpu_ok(cudaMemcpy(dst, v.data(), v.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+    };
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Shape& sh = shapes[i];
+      const int64_t sizes[7] = {sh.rows * sh.k,    sh.cols * sh.k,    sh.cols,          sh.rows * sh.cols,
+                                sh.rows * sh.cols, sh.rows * sh.cols, sh.rows * sh.cols};
+      for (int k = 0; k < 7; ++k) {
+        void* p = nullptr;
+        GPU_OK(cudaMalloc(&p, size_t(sizes[k]) * 2));
+        mem[i][size_t(k)] = static_cast<uint16_t*>(p);
+      }
+      KVFUSE_RETURN_IF_ERROR(upload(mem[i][0], data[i].a[size_t(r)]));
+      KVFUSE_RETURN_IF_ERROR(upload(mem[i][1], data[i].wt[size_t(r)]));
+      KVFUSE_RETURN_IF_ERROR(upload(mem[i][2], data[i].w));
+      KVFUSE_RETURN_IF_ERROR(upload(mem[i][3], data[i].x));
+      KVFUSE_RETURN_IF_ERROR(upload(mem[i][5], data[i].x));
+    }
+    // Every kernel this rank launches loaded before any rank calls (with lazy loading a first
+    // launch may wait for the GPU's running kernels, among them a peer's waiting norm where
+    // ranks share the GPU): each shape's GEMV instance, with no targets, and add_rmsnorm,
+    // into scratch (the group loaded its own kernels and the copy kernel).
+    uint16_t* scratch = nullptr;
+    GPU_OK(cudaMalloc(&scratch, 3 * 16));
+    GPU_OK(cudaMemsetAsync(scratch, 0, 3 * 16, stream));
+    GPU_OK(gpu::launch_add_rmsnorm(scratch, scratch + 8, scratch + 16, 1, 8, eps, scratch + 8, stream));
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Shape& sh = shapes[i];
+      if (sh.variant < 0) continue;
+      void* warm = nullptr;
+      GPU_OK(cudaMalloc(&warm, size_t(sh.rows * sh.cols) * 2));
+      const gpu::LaunchStatus ls =
+          gpu::launch_gemv_push_bf16(mem[i][0], sh.rows, mem[i][1], sh.cols, sh.k,
+                                     static_cast<uint16_t*>(warm), PushTargets{}, stream, pdl, sh.variant);
+      if (!ls.ok()) return absl::InternalError(absl::StrCat("gemv warm-up: ", ls.message()));
+      GPU_OK(cudaStreamSynchronize(stream));
+      GPU_OK(cudaFree(warm));
+    }
+    GPU_OK(cudaStreamSynchronize(stream));
+    GPU_OK(cudaFree(scratch));
+    ready.arrive();
+    // One forward pass: per shape, the pushed chain (call number i), then the reference.
+    auto pass = [&]() -> absl::Status {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const Shape& sh = shapes[i];
+        uint16_t* const* m = mem[i].data();
+        const PushTargets t = group.push_targets(r, int(i));
+        for (int ref = 0; ref < 2; ++ref) {
+          uint16_t* h = m[ref ? 6 : 4];
+          if (sh.variant >= 0) {
+            const gpu::LaunchStatus ls = ref ? gpu::launch_gemv_bf16(m[0], sh.rows, m[1], sh.cols, sh.k, h,
+                                                                     false, stream, pdl, sh.variant)
+                                             : gpu::launch_gemv_push_bf16(m[0], sh.rows, m[1], sh.cols, sh.k,
+                                                                          h, t, stream, pdl, sh.variant);
+            if (!ls.ok()) return absl::InternalError(absl::StrCat("gemv: ", ls.message()));
+          } else {
+            // The projection's result for many rows: the rank's input rows, as a library GEMM
+            // would have left them (the copy kernel is what is tested here).
+            GPU_OK(cudaMemcpyAsync(h, m[0], size_t(sh.rows * sh.k) * 2, cudaMemcpyDeviceToDevice, stream));
+            if (sh.k < sh.cols) {
+              GPU_OK(cudaMemsetAsync(h + sh.rows * sh.k, 0, size_t(sh.rows * (sh.cols - sh.k)) * 2, stream));
+            }
+            if (!ref) GPU_OK(gpu::launch_push_copy(h, sh.rows * sh.cols, t, stream, pdl));
+          }
+          if (ref) {
+            KVFUSE_RETURN_IF_ERROR(group.all_reduce_sum(r, h, sh.rows * sh.cols, DType::bf16, stream));
+            GPU_OK(gpu::launch_add_rmsnorm(m[5], h, m[2], sh.rows, sh.cols, eps, h, stream, pdl));
+          } else {
+            KVFUSE_RETURN_IF_ERROR(
+                group.push_add_rmsnorm(r, int(i), h, m[3], m[2], sh.rows, sh.cols, eps, h, stream));
+          }
+        }
+      }
+      return absl::OkStatus();
+    };
+    auto download = [&](int phase) -> absl::Status {
+      GPU_OK(cudaStreamSynchronize(stream));
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const size_t count = size_t(shapes[i].rows * shapes[i].cols);
+        for (int k = 0; k < 4; ++k) {
+          std::vector<uint16_t>& out = got[size_t(phase)][i][size_t(r)][size_t(k)];
+          out.resize(count);
+          GPU_OK(cudaMemcpy(out.data(), mem[i][size_t(3 + k)], count * 2, cudaMemcpyDeviceToHost));
+        }
+      }
+      return absl::OkStatus();
+    };
+    KVFUSE_RETURN_IF_ERROR(pass());
+    KVFUSE_RETURN_IF_ERROR(pass());
+    KVFUSE_RETURN_IF_ERROR(download(0));
+    cudaGraph_t graph{};
+    cudaGraphExec_t exec{};
+    GPU_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const absl::Status recorded = pass();
+    GPU_OK(cudaStreamEndCapture(stream, &graph));
+    KVFUSE_RETURN_IF_ERROR(recorded);
+    GPU_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < kReplays; ++i) GPU_OK(cudaGraphLaunch(exec, stream));
+    KVFUSE_RETURN_IF_ERROR(download(1));
+    GPU_OK(cudaGraphExecDestroy(exec));
+    GPU_OK(cudaGraphDestroy(graph));
+    for (auto& ptrs : mem)
+      for (uint16_t* p : ptrs) GPU_OK(cudaFree(p));
+    return group.status();
+  });
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  for (int phase = 0; phase < 2; ++phase) {
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      CAPTURE(phase, shapes[i].rows, shapes[i].cols, shapes[i].k, shapes[i].variant);
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(r);
+        const auto& v = got[size_t(phase)][i][size_t(r)];
+        CHECK(v[0] == v[2]);  // x
+        CHECK(v[1] == v[3]);  // out
+        CHECK(v[0] == got[size_t(phase)][i][0][0]);
+        CHECK(v[1] == got[size_t(phase)][i][0][1]);
+      }
+      CHECK(got[size_t(phase)][i][0][0] != data[i].x);  // the residual add happened
+    }
+  }
+  // What it serves, where the targets are, and bad calls.
+  CHECK(group.push_fits(1, 4096));
+  CHECK(group.push_fits(64, 8192));
+  CHECK_FALSE(group.push_fits(1, 4100));
+  CHECK_FALSE(group.push_fits(1, 16384));
+  CHECK_FALSE(group.push_fits(group.staging_bytes() / 2 / 4096 + 1, 4096));
+  CHECK_FALSE(group.push_fits(0, 4096));
+  for (int r = 0; r < n; ++r) {
+    for (int call : {0, 1, 2, 3}) {
+      const PushTargets t = group.push_targets(r, call);
+      CHECK(t.count == n - 1);
+      for (int p = 0; p < t.count; ++p) CHECK(t.dst[p] != nullptr);
+    }
+    // Calls in a row never share a slot; calls two apart do.
+    CHECK(group.push_targets(r, 1).dst[0] != group.push_targets(r, 2).dst[0]);
+    CHECK(group.push_targets(r, 1).dst[0] == group.push_targets(r, 3).dst[0]);
+    CHECK(group.push_targets(r, 0).dst[0] != group.push_targets(r, 1).dst[0]);
+  }
+  CHECK(group.push_targets(n, 0).count == 0);
+  uint16_t* p = reinterpret_cast<uint16_t*>(uintptr_t(256));
+  CHECK(group.push_add_rmsnorm(0, 0, p, p, p, 1, 4100, eps, p, nullptr).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(group.push_add_rmsnorm(0, 0, p + 1, p, p, 1, 4096, eps, p, nullptr).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(group.push_add_rmsnorm(0, -1, p, p, p, 1, 4096, eps, p, nullptr).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(group.push_add_rmsnorm(n, 0, p, p, p, 1, 4096, eps, p, nullptr).code() ==
+        absl::StatusCode::kInvalidArgument);
+  // A group made without options.push has no inboxes and serves no pushed call.
+  auto plain = PeerAllReduceGroup::create(devices.gpus, devices.options());
+  REQUIRE(plain.ok());
+  CHECK_FALSE((*plain)->push_fits(1, 4096));
+  CHECK((*plain)->push_targets(0, 0).count == 0);
+  CHECK((*plain)->push_add_rmsnorm(0, 0, p, p, p, 1, 4096, eps, p, nullptr).code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("peer all-reduce communicator: small all-reduces over peer memory, larger through NCCL; abort",
           "[gpu][peer][nccl]") {
   const Devices devices = devices_or_skip();
@@ -512,48 +741,56 @@ TEST_CASE("peer all-reduce: abort() and the timeout end a kernel whose peers nev
   const Devices devices = devices_or_skip();
   if (devices.empty()) return;
   using Clock = std::chrono::steady_clock;
-  for (const bool by_abort : {true, false}) {
-    CAPTURE(by_abort);
-    PeerAllReduceOptions opts;
-    opts.timeout_s = by_abort ? 60.0 : 0.25;
-    auto g = PeerAllReduceGroup::create(devices.gpus, devices.options(opts));
-    REQUIRE(g.ok());
-    double waited_s = -1;
-    // Rank 0 alone calls; the others never do.
-    const absl::Status st = run_ranks({devices.gpus[0]}, [&](int r, cudaStream_t stream) -> absl::Status {
-      void* mem = nullptr;
-      GPU_OK(cudaMalloc(&mem, 4096 * 2));
-      GPU_OK(cudaMemset(mem, 0, 4096 * 2));
-      const auto t0 = Clock::now();
-      KVFUSE_RETURN_IF_ERROR((*g)->all_reduce_sum(r, mem, 4096, DType::bf16, stream));
-      std::thread stopper;
+  for (const bool pushed : {false, true})
+    for (const bool by_abort : {true, false}) {
+      CAPTURE(pushed, by_abort);
+      PeerAllReduceOptions opts;
+      opts.timeout_s = by_abort ? 60.0 : 0.25;
+      opts.push = pushed;
+      auto g = PeerAllReduceGroup::create(devices.gpus, devices.options(opts));
+      REQUIRE(g.ok());
+      double waited_s = -1;
+      // Rank 0 alone calls; the others never do.
+      const absl::Status st = run_ranks({devices.gpus[0]}, [&](int r, cudaStream_t stream) -> absl::Status {
+        void* mem = nullptr;
+        GPU_OK(cudaMalloc(&mem, 4096 * 2));
+        GPU_OK(cudaMemset(mem, 0, 4096 * 2));
+        const auto t0 = Clock::now();
+        if (pushed) {
+          // The norm of pushed call 0, whose peers never push (x, w, out: the same zeros).
+          KVFUSE_RETURN_IF_ERROR((*g)->push_add_rmsnorm(r, 0, mem, mem, mem, 1, 4096, 1e-5f, mem, stream));
+        } else {
+          KVFUSE_RETURN_IF_ERROR((*g)->all_reduce_sum(r, mem, 4096, DType::bf16, stream));
+        }
+        std::thread stopper;
+        if (by_abort) {
+          stopper = std::thread([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            (*g)->abort();
+          });
+        }
+        const cudaError_t waited = cudaStreamSynchronize(stream);
+        waited_s = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (stopper.joinable()) stopper.join();
+        GPU_OK(waited);
+        GPU_OK(cudaFree(mem));
+        return absl::OkStatus();
+      });
+      INFO(st.ToString());
+      REQUIRE(st.ok());
+      CHECK(waited_s < 20.0);
+      const absl::Status why = (*g)->status();
+      INFO(why.ToString());
       if (by_abort) {
-        stopper = std::thread([&] {
-          std::this_thread::sleep_for(std::chrono::milliseconds(200));
-          (*g)->abort();
-        });
+        CHECK(why.code() == absl::StatusCode::kAborted);
+        CHECK(waited_s >= 0.15);
+      } else {
+        CHECK(why.code() == absl::StatusCode::kDeadlineExceeded);
+        CHECK_THAT(std::string(why.message()), Catch::Matchers::ContainsSubstring("rank 0"));
+        CHECK(waited_s >= 0.2);
       }
-      const cudaError_t waited = cudaStreamSynchronize(stream);
-      waited_s = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (stopper.joinable()) stopper.join();
-      GPU_OK(waited);
-      GPU_OK(cudaFree(mem));
-      return absl::OkStatus();
-    });
-    INFO(st.ToString());
-    REQUIRE(st.ok());
-    CHECK(waited_s < 20.0);
-    const absl::Status why = (*g)->status();
-    INFO(why.ToString());
-    if (by_abort) {
-      CHECK(why.code() == absl::StatusCode::kAborted);
-      CHECK(waited_s >= 0.15);
-    } else {
-      CHECK(why.code() == absl::StatusCode::kDeadlineExceeded);
-      CHECK_THAT(std::string(why.message()), Catch::Matchers::ContainsSubstring("rank 0"));
-      CHECK(waited_s >= 0.2);
+      // A stopped group refuses later calls.
+      CHECK((*g)->all_reduce_sum(0, reinterpret_cast<void*>(16), 8, DType::bf16, nullptr).code() ==
+            why.code());
     }
-    // A stopped group refuses later calls.
-    CHECK((*g)->all_reduce_sum(0, reinterpret_cast<void*>(16), 8, DType::bf16, nullptr).code() == why.code());
-  }
 }

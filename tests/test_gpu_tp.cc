@@ -178,3 +178,37 @@ TEST_CASE("gpu tensor parallel: the peer all-reduce against NCCL's at tp 2, logi
     if (graphs) CHECK(a.graph_steps > 0);
   }
 }
+
+TEST_CASE("gpu tensor parallel: partial sums pushed into the norms against the all-reduce, bit for bit",
+          "[gpu][tp][peer][push]") {
+  // tp_allreduce push: each row-parallel projection pushes its partial sums into the peers
+  // and the norm after it sums them (src/parallel/peer_allreduce.h, "Pushed partial
+  // sums"): the same rank-ordered sum rounded once, the same add and norm, so the forward
+  // pass must match the peer all-reduce's bit for bit, graphs on and off, for teacher-forced
+  // prefill chunks and for decode steps.
+  const json keys = {{"tensor_parallel", 2}, {"kv_cache_dtype", "fp8_e4m3"}};
+  json push_keys = keys;
+  push_keys["tp_allreduce"] = "push";
+  auto peer = gpu_engine_or_skip(keys);
+  if (!peer) return;
+  auto push = gpu_engine_or_skip(push_keys);
+  REQUIRE(push);
+  std::printf("gpu tp 2 collectives: tp_allreduce push -> %s\n", push->collectives_path().c_str());
+  if (push->collectives_path().find("pushed") == std::string::npos) {
+    WARN("pushed partial sums do not apply here: " << push->collectives_path());
+    return;
+  }
+  const int32_t vocab = peer->spec().vocab;
+  const auto prompt = prompt_of(200, 5, vocab);
+  const auto forced = prompt_of(30, 3, vocab);
+  CHECK(teacher_forced_logits(*push, 1, prompt, forced) == teacher_forced_logits(*peer, 1, prompt, forced));
+  for (const bool graphs : {true, false}) {
+    const ForwardOptions opts{peer->config().kv_write, peer->config().attention, graphs};
+    const ScheduleRun a = run_bucket_schedule(*push, opts, 40, 6);
+    const ScheduleRun b = run_bucket_schedule(*peer, opts, 40, 6);
+    CAPTURE(graphs);
+    CHECK(a.tokens == b.tokens);
+    CHECK(a.logits == b.logits);
+    if (graphs) CHECK(a.graph_steps > 0);
+  }
+}

@@ -398,3 +398,18 @@ TEST_CASE("engine: tensor_parallel shapes are checked at start, with the whole s
   REQUIRE(cfg.ok());
   CHECK(Engine::create(*cfg).ok());
 }
+
+TEST_CASE("cpu communicator: no pushed all-reduce (a GPU peer-memory path); clear errors",
+          "[parallel][cpu_comm]") {
+  auto group = CpuCommGroup::create(2);
+  REQUIRE(group.ok());
+  auto c = CpuCommunicator::create(*group, 0);
+  REQUIRE(c.ok());
+  CHECK_FALSE((*c)->push_fits(1, 4096));
+  CHECK((*c)->push_targets(0).count == 0);
+  std::vector<uint16_t> buf(4096);
+  const absl::Status st =
+      (*c)->push_add_rmsnorm(0, buf.data(), buf.data(), buf.data(), 1, 4096, 1e-5f, buf.data());
+  CHECK(st.code() == absl::StatusCode::kUnimplemented);
+  CHECK_THAT(std::string(st.message()), ContainsSubstring("no pushed all-reduce"));
+}

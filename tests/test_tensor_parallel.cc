@@ -129,6 +129,29 @@ TEST_CASE("tensor parallel (cpu): a run is bit for bit reproducible (rank-ordere
   }
 }
 
+TEST_CASE("tensor parallel (cpu): tp_allreduce push (GPU peer memory only) all-reduces here, the same bits",
+          "[tp][engine]") {
+  // The CPU ranks' communicator offers no pushed calls, so the model all-reduces after every
+  // row-parallel projection as with auto; the CPU backend's linear_push is never reached.
+  const nlohmann::json keys = with(hybrid_keys(), {{"tensor_parallel", 2}});
+  auto a = make_engine(keys);
+  auto b = make_engine(with(keys, {{"tp_allreduce", "push"}}));
+  CHECK(b->config().tp_allreduce == TpAllReduce::push);
+  const Run ra = run_model(*a);
+  const Run rb = run_model(*b);
+  CHECK(ra.greedy == rb.greedy);
+  REQUIRE(ra.logits.size() == rb.logits.size());
+  for (size_t i = 0; i < ra.logits.size(); ++i) {
+    CHECK(std::memcmp(ra.logits[i].data(), rb.logits[i].data(), ra.logits[i].size() * sizeof(float)) == 0);
+  }
+  // And the backend says so if asked.
+  const auto cpu = make_cpu_backend();
+  LinearWeight w;
+  bf16_t x[8] = {}, out[8] = {};
+  const absl::Status st = cpu->linear_push(x, 1, w, out, PushTargets{});
+  CHECK(st.code() == absl::StatusCode::kUnimplemented);
+}
+
 TEST_CASE("tensor parallel (cpu): fused_rope writes equal fused writes bit for bit on every rank",
           "[tp][engine][kv_write]") {
   // Each rank rotates its own query and KV heads inside its write (Backend::kv_write_rope):

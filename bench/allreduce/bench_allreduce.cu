@@ -18,9 +18,21 @@
 // --pdl launches the peer all-reduce's calls as programmatic dependents
 // (PeerAllReduceOptions::pdl, sm_90+): each call's launch overlaps the call before.
 //
+// --layers times the reduction as a decoder layer runs it, over the peer group only (on
+// --share-gpu's ranks or on GPUs of their own), per layer in a graph of --calls layers:
+// rows x 4096 partial sums from a GEMV (k 2048, the o projection of llama3-8b at tp 2) for
+// 1, 2 and 8 rows, none for 64 rows (where the library's GEMM would make them), then
+//   none:       add_rmsnorm alone (no collective: the floor);
+//   all-reduce: all_reduce_sum, then add_rmsnorm;
+//   pushed:     the GEMV pushing from its epilogue (64 rows: the copy kernel), then
+//               push_add_rmsnorm (src/parallel/peer_allreduce.h, "Pushed partial sums").
+// Every kernel as a programmatic dependent where --pdl says so.
+//
 // NCCL_NVLS_ENABLE=0 is set unless the environment sets it: NVLink multicast (NVLS) can
 // take a shared machine's GPUs out of service, and the decode-sized messages measured
 // here do not need it.
+#include <algorithm>
+#include <array>
 #include <barrier>
 #include <cstdio>
 #include <cstdlib>
@@ -32,6 +44,9 @@
 
 #include "bench/common/gpu_bench.cuh"
 #include "bench/common/json_writer.h"
+#include "kernels/gemv.cuh"
+#include "kernels/model_ops.cuh"
+#include "kernels/tp_push.cuh"
 #include "src/parallel/nccl_communicator.h"
 #include "src/parallel/peer_allreduce.h"
 
@@ -51,13 +66,14 @@ struct Args {
   bool peer = true;
   bool share_gpu = false;
   bool pdl = false;  // the peer all-reduce's calls as programmatic dependents (PeerAllReduceOptions::pdl)
+  bool layers = false;
   std::string json_path;
 };
 
 int usage(FILE* to) {
   std::fprintf(to,
                "usage: %s [--gpus N] [--calls N] [--rounds N] [--link-gbs GBS] [--no-peer] [--share-gpu] "
-               "[--pdl] [--json PATH]\n",
+               "[--pdl] [--layers] [--json PATH]\n",
                kProgram);
   return to == stdout ? 0 : 2;
 }
@@ -150,6 +166,141 @@ int run_shared(const Args& args) {
   return 0;
 }
 
+// --layers: the reduction inside a layer, three ways (see the top of the file).
+int run_layers(const Args& args, int visible) {
+  const bool shared = args.share_gpu;
+  const int n = args.gpus > 0 ? args.gpus : (shared ? 2 : visible);
+  if (!shared && (n < 2 || n > visible)) {
+    std::printf("SKIP %s --layers: needs %d GPUs (at least 2), %d visible\n", kProgram, std::max(n, 2),
+                visible);
+    return 0;
+  }
+  std::vector<int> devices;
+  for (int r = 0; r < n; ++r) devices.push_back(shared ? 0 : r);
+  constexpr int64_t kCols = 4096, kK = 2048;
+  const int64_t kRows[] = {1, 2, 8, 64};
+  constexpr size_t kRowCounts = sizeof(kRows) / sizeof(kRows[0]);
+  PeerAllReduceOptions opts;
+  opts.share_devices = shared;
+  opts.pdl = args.pdl;
+  opts.push = true;
+  auto g = PeerAllReduceGroup::create(devices, opts);
+  if (!g.ok()) {
+    std::printf("SKIP %s --layers: %s\n", kProgram, std::string(g.status().message()).c_str());
+    return 0;
+  }
+  PeerAllReduceGroup& group = **g;
+  const std::optional<DeviceInfo> dev = query_device(0);
+  if (!dev) fail("cannot query GPU 0");
+  std::printf("%s --layers: %d ranks on %s%s%s%s\n", kProgram, n, shared ? "one " : "their own ",
+              device_label(*dev).c_str(), shared ? " (sharing it: no links between GPUs)" : "",
+              args.pdl ? ", programmatic dependents" : "");
+  std::printf(
+      "per layer: rows x %lld bf16 partial sums (GEMV of k %lld for <= 8 rows), reduced, + residual, "
+      "RMSNorm; %d layers per graph, median of %d rounds, slowest rank\n",
+      (long long)kCols, (long long)kK, args.calls, args.rounds);
+  // us[rank][rows][mode]
+  std::vector<std::vector<std::array<double, 3>>> us(static_cast<size_t>(n),
+                                                     std::vector<std::array<double, 3>>(kRowCounts));
+  std::barrier sync(n);
+  std::vector<std::thread> ranks;
+  // Buffers and streams made one rank after another, each stream with a first piece of
+  // work, before any rank calls (src/parallel/peer_allreduce.h, "Ranks sharing a GPU").
+  struct Mem {
+    uint16_t *a, *w, *h, *x, *nw;
+  };
+  std::vector<std::unique_ptr<GpuTimer>> timers;
+  std::vector<Mem> mem(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    BENCH_GPU(cudaSetDevice(devices[size_t(r)]));
+    timers.push_back(std::make_unique<GpuTimer>());
+    const int64_t rows = kRows[kRowCounts - 1];
+    const size_t sizes[5] = {size_t(rows * kK), size_t(kCols * kK), size_t(rows * kCols),
+                             size_t(rows * kCols), size_t(kCols)};
+    uint16_t** ptrs[5] = {&mem[size_t(r)].a, &mem[size_t(r)].w, &mem[size_t(r)].h, &mem[size_t(r)].x,
+                          &mem[size_t(r)].nw};
+    for (int k = 0; k < 5; ++k) {
+      void* p = nullptr;
+      BENCH_GPU(cudaMalloc(&p, sizes[k] * 2));
+      // Small values (bf16 0x3c00 = 0.0078): sums and norms stay finite over every replay.
+      BENCH_GPU(cudaMemsetAsync(p, 0x3c, sizes[k] * 2, timers.back()->stream()));
+      *ptrs[k] = static_cast<uint16_t*>(p);
+    }
+    // Kernels loaded before any rank calls: the GEMV instances and add_rmsnorm.
+    for (size_t ri = 0; ri + 1 < kRowCounts; ++ri) {
+      const gpu::LaunchStatus ls =
+          gpu::launch_gemv_push_bf16(mem[size_t(r)].a, kRows[ri], mem[size_t(r)].w, kCols, kK,
+                                     mem[size_t(r)].h, PushTargets{}, timers.back()->stream(), args.pdl);
+      if (!ls.ok()) fail("gemv: " + ls.message());
+    }
+    BENCH_GPU(gpu::launch_add_rmsnorm(mem[size_t(r)].x, mem[size_t(r)].h, mem[size_t(r)].nw, 1, kCols, 1e-5f,
+                                      mem[size_t(r)].h, timers.back()->stream(), args.pdl));
+    BENCH_GPU(cudaStreamSynchronize(timers.back()->stream()));
+  }
+  for (int r = 0; r < n; ++r) {
+    ranks.emplace_back([&, r] {
+      BENCH_GPU(cudaSetDevice(devices[size_t(r)]));
+      const Mem& m = mem[size_t(r)];
+      for (size_t ri = 0; ri < kRowCounts; ++ri) {
+        const int64_t rows = kRows[ri];
+        const bool gemv = rows <= gpu::kGemvMaxRows;
+        for (int mode = 0; mode < 3; ++mode) {
+          int call = 0;  // the pushed calls of a graph: 0, 1, ... (the model's numbering)
+          auto layer = [&](cudaStream_t st) {
+            const PushTargets t = mode == 2 ? group.push_targets(r, call) : PushTargets{};
+            if (gemv) {
+              const gpu::LaunchStatus ls =
+                  gpu::launch_gemv_push_bf16(m.a, rows, m.w, kCols, kK, m.h, t, st, args.pdl);
+              if (!ls.ok()) fail("gemv: " + ls.message());
+            } else if (mode == 2) {
+              BENCH_GPU(gpu::launch_push_copy(m.h, rows * kCols, t, st, args.pdl));
+            }
+            if (mode == 2) {
+              check(group.push_add_rmsnorm(r, call++, m.h, m.x, m.nw, rows, kCols, 1e-5f, m.h, st));
+              return;
+            }
+            if (mode == 1) check(group.all_reduce_sum(r, m.h, rows * kCols, DType::bf16, st));
+            BENCH_GPU(gpu::launch_add_rmsnorm(m.x, m.h, m.nw, rows, kCols, 1e-5f, m.h, st, args.pdl));
+          };
+          sync.arrive_and_wait();
+          us[size_t(r)][ri][size_t(mode)] =
+              timers[size_t(r)]->graph_us(layer, args.calls, args.rounds, [&] { sync.arrive_and_wait(); });
+        }
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  check(group.status());
+  std::printf("\n%6s %12s %14s %12s %16s %16s\n", "rows", "none us", "all-reduce us", "pushed us",
+              "pushed/all-red.", "pushed - none");
+  std::vector<std::string> rows_json;
+  for (size_t ri = 0; ri < kRowCounts; ++ri) {
+    std::array<double, 3> worst{0, 0, 0};
+    for (int r = 0; r < n; ++r)
+      for (int mode = 0; mode < 3; ++mode)
+        worst[size_t(mode)] = std::max(worst[size_t(mode)], us[size_t(r)][ri][size_t(mode)]);
+    std::printf("%6lld %12.2f %14.2f %12.2f %16.3f %16.2f\n", (long long)kRows[ri], worst[0], worst[1],
+                worst[2], worst[2] / worst[1], worst[2] - worst[0]);
+    rows_json.push_back(json_object({{"rows", kRows[ri]},
+                                     {"gemv", kRows[ri] <= gpu::kGemvMaxRows},
+                                     {"none_us", Fixed{worst[0], 2}},
+                                     {"allreduce_us", Fixed{worst[1], 2}},
+                                     {"pushed_us", Fixed{worst[2], 2}}}));
+  }
+  for (const Mem& m : mem)
+    for (uint16_t* p : {m.a, m.w, m.h, m.x, m.nw}) BENCH_GPU(cudaFree(p));
+  if (!args.json_path.empty()) {
+    JsonResultsFile f;
+    f.str("device", device_label(*dev));
+    f.raw("ranks", std::to_string(n));
+    f.raw("shared_gpu", shared ? "true" : "false");
+    f.raw("layers_per_graph", std::to_string(args.calls));
+    f.rows("layer_reduction_bf16", rows_json);
+    if (!f.write(args.json_path, kProgram)) return 2;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,6 +321,8 @@ int main(int argc, char** argv) {
       args.share_gpu = true;
     } else if (!std::strcmp(argv[i], "--pdl")) {
       args.pdl = true;
+    } else if (!std::strcmp(argv[i], "--layers")) {
+      args.layers = true;
     } else if (!std::strcmp(argv[i], "--json") && v) {
       args.json_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
@@ -185,6 +338,7 @@ int main(int argc, char** argv) {
     std::printf("SKIP %s: no GPU\n", kProgram);
     return 0;
   }
+  if (args.layers) return run_layers(args, visible);
   if (args.share_gpu) return run_shared(args);
   const int n = args.gpus > 0 ? args.gpus : visible;
   if (n < 2 || n > visible) {

@@ -160,6 +160,15 @@ __device__ __forceinline__ uint64_t vendor_load_relaxed_system(const uint64_t* p
   asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
+// ld.volatile: a relaxed load at system scope on sm_70+, here of four words in one request.
+__device__ __forceinline__ uint4 vendor_load_volatile_16B(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
 // With a relaxed load before it that read a release store's value: the PTX "acquire
 // pattern", so what the storing thread published is visible after it.
 __device__ __forceinline__ void vendor_fence_acquire_system() {

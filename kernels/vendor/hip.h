@@ -257,6 +257,13 @@ __device__ __forceinline__ void vendor_store_release_system(uint64_t* p, uint64_
 __device__ __forceinline__ uint64_t vendor_load_relaxed_system(const uint64_t* p) {
   return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
 }
+__device__ __forceinline__ uint4 vendor_load_volatile_16B(const void* p) {
+  const uint32_t* w = static_cast<const uint32_t*>(p);
+  return make_uint4(__hip_atomic_load(w, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM),
+                    __hip_atomic_load(w + 1, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM),
+                    __hip_atomic_load(w + 2, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM),
+                    __hip_atomic_load(w + 3, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM));
+}
 __device__ __forceinline__ void vendor_fence_acquire_system() {
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "");
 }

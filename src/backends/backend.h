@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/kv_types.h"
 #include "kernels/sampling.h"
+#include "kernels/tp_push.h"
 #include "src/common/status_macros.h"
 #include "src/loading/config.h"
 #include "src/loading/model_spec.h"
@@ -147,6 +148,15 @@ class Backend {
                                bf16_t* out) = 0;
   virtual absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) = 0;
   virtual absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) = 0;
+  // linear into out (the same bits), the [m, w.n] result also stored into every push target
+  // (kernels/tp_push.h: a tensor-parallel peer's inbox, device memory this backend's GPU
+  // reaches). GPU backends only: the GEMV stores from its epilogue, other GEMMs are
+  // followed by a copy kernel. Others: UNIMPLEMENTED (the model asks its communicator
+  // first, and only GPU communicators offer push targets).
+  virtual absl::Status linear_push(const bf16_t* /*x*/, int64_t /*m*/, const LinearWeight& /*w*/,
+                                   bf16_t* /*out*/, const PushTargets& /*push*/) {
+    return absl::UnimplementedError(description() + ": no pushed projection");
+  }
   // inv_freq: the model's frequency table [head_dim / 2] in backend memory (uploaded
   // once; src/loading/rope.h); cos and sin are multiplied by attention_scaling.
   virtual absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,

@@ -26,7 +26,16 @@ const char* to_string(KvCacheDtype d) { return enum_name(d, {"bf16", "fp8_e4m3",
 const char* to_string(KvWritePath p) { return enum_name(p, {"fused", "unfused", "fused_rope"}); }
 const char* to_string(AttentionPath p) { return p == AttentionPath::unified ? "unified" : "split"; }
 const char* to_string(GraphsMode g) { return g == GraphsMode::on ? "on" : "off"; }
-const char* to_string(TpAllReduce a) { return a == TpAllReduce::nccl ? "nccl" : "auto"; }
+const char* to_string(TpAllReduce a) {
+  switch (a) {
+    case TpAllReduce::nccl:
+      return "nccl";
+    case TpAllReduce::push:
+      return "push";
+    default:
+      return "auto";
+  }
+}
 
 const std::vector<ConfigKeyDoc>& config_key_docs() {
   static const std::vector<ConfigKeyDoc> docs = {
@@ -77,9 +86,10 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
        "others follow it"},
       {"tp_rendezvous_timeout_s", "1 .. 3600",
        "how long ranks wait for each other at the rendezvous (default 120)"},
-      {"tp_allreduce", "auto | nccl",
+      {"tp_allreduce", "auto | nccl | push",
        "GPU ranks' all-reduce: auto (default) runs small ones as one kernel over peer memory when every "
-       "pair of GPUs has peer access, nccl sends all through NCCL/RCCL"},
+       "pair of GPUs has peer access, nccl sends all through NCCL/RCCL, push is auto with each row-parallel "
+       "projection pushing its partial sums into the peers' next norm instead"},
   };
   return docs;
 }
@@ -349,7 +359,8 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
   if (has("tp_allreduce")) {
     KVFUSE_RETURN_IF_ERROR(parse_enum(
         j["tp_allreduce"], "tp_allreduce",
-        std::map<std::string, TpAllReduce>{{"auto", TpAllReduce::auto_}, {"nccl", TpAllReduce::nccl}},
+        std::map<std::string, TpAllReduce>{
+            {"auto", TpAllReduce::auto_}, {"nccl", TpAllReduce::nccl}, {"push", TpAllReduce::push}},
         c.tp_allreduce));
   }
   KVFUSE_RETURN_IF_ERROR(check_tensor_parallel_keys(c));

@@ -18,8 +18,10 @@ enum class KvWritePath { fused, unfused, fused_rope };
 enum class AttentionPath { unified, split };
 enum class GraphsMode { off, on };
 // How GPU ranks all-reduce: auto takes the one-shot kernel over peer memory where it
-// applies (src/parallel/peer_allreduce.h), nccl sends every collective through NCCL/RCCL.
-enum class TpAllReduce { auto_, nccl };
+// applies (src/parallel/peer_allreduce.h), nccl sends every collective through NCCL/RCCL,
+// push is auto with the row-parallel projections' partial sums pushed into the norms after
+// them where that applies (peer_allreduce.h, "Pushed partial sums").
+enum class TpAllReduce { auto_, nccl, push };
 
 const char* to_string(Device d);
 const char* to_string(KvCacheDtype d);

@@ -20,7 +20,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <string>
+
 #include "absl/status/status.h"
+#include "kernels/tp_push.h"
 
 namespace kvfuse {
 
@@ -57,6 +60,24 @@ class Communicator {
   // peer that failed or never arrived): a step whose collectives ran from a graph checks it
   // after the step. Cheap, any thread.
   virtual absl::Status async_error() const { return absl::OkStatus(); }
+
+  // Optional, GPU communicators over peer memory only: the all-reduce of a row-parallel
+  // projection's output fused into the residual add + RMSNorm after it, the projection
+  // pushing its partial sums into the peers (src/parallel/peer_allreduce.h, "Pushed partial
+  // sums"). push_fits: whether this communicator serves a pushed call of rows x cols bf16
+  // (the same answer on every rank; false by default, and the caller then all-reduces and
+  // norms as usual). push_targets(call): where the projection of the forward pass's pushed
+  // call number `call` (0, 1, ... in the order every rank makes them) also stores its
+  // [rows, cols] bf16 result (kernels/tp_push.h). push_add_rmsnorm(call, ...): after that
+  // projection wrote `partial` on this rank, x = bf16(x + all-reduced partials) and out =
+  // rmsnorm(x) * w, the bits of all_reduce_sum then the backend's add_rmsnorm; enqueued
+  // like a collective.
+  virtual bool push_fits(int64_t /*rows*/, int64_t /*cols*/) const { return false; }
+  virtual PushTargets push_targets(int /*call*/) const { return {}; }
+  virtual absl::Status push_add_rmsnorm(int /*call*/, const void* /*partial*/, void* /*x*/, const void* /*w*/,
+                                        int64_t /*rows*/, int64_t /*cols*/, float /*eps*/, void* /*out*/) {
+    return absl::UnimplementedError(std::string(name()) + ": no pushed all-reduce");
+  }
 };
 
 // INVALID_ARGUMENT naming the collective when a call's own arguments are wrong: a null

@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
+#include "kernels/rmsnorm_row.cuh"
+#include "kernels/tp_push.cuh"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {
@@ -196,6 +198,109 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1) peer_all_reduce_kernel(KernelA
   reduce<T>(a, parity, begin, end);
 }
 
+// --- Pushed partial sums (peer_allreduce.h, "Pushed partial sums") -------------------------
+
+struct PushNormArgs {
+  const uint16_t* partial;  // this rank's [rows, cols]
+  uint16_t* x;
+  const uint16_t* w;
+  uint16_t* out;
+  uint16_t* inbox[kMaxRanks];  // this rank's inbox at the call's slot, by source rank (its own unused)
+  int64_t rows;
+  int64_t cols;
+  float eps;
+  PeerAllReduceGroup::HostSignals* host;
+  uint64_t timeout_ticks;
+  int rank;
+  int ranks;
+  int call;
+  bool early_dependents;  // let the next kernel launch before the peers' partials are in
+};
+
+KVFUSE_DEVICE bool has_empty(const uint4& v) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  bool empty = false;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) empty = empty || (w[i] & 0xffffu) == kPushEmpty || (w[i] >> 16) == kPushEmpty;
+  return empty;
+}
+
+// Polls the 16-byte chunk at p until none of its elements is kPushEmpty, its value in v.
+// False when the group was aborted or the wait timed out (recorded, and the group aborted).
+KVFUSE_DEVICE bool wait_chunk(const PushNormArgs& a, const uint16_t* p, int peer, uint4& v) {
+  v = gpu::load_volatile_16B(p);
+  if (!has_empty(v)) return true;
+  const uint64_t t0 = gpu::wall_clock();
+  for (uint32_t polls = 1;; ++polls) {
+    v = gpu::load_volatile_16B(p);
+    if (!has_empty(v)) return true;
+    if (polls % kPollsPerCheck != 0) continue;
+    if (gpu::load_relaxed_system(&a.host->abort) != 0) return false;
+    if (gpu::wall_clock() - t0 > a.timeout_ticks) {
+      PeerAllReduceGroup::HostSignals::Timeout& t = a.host->timeouts[a.rank];
+      gpu::store_release_system(&t.peer, uint64_t(peer));
+      gpu::store_release_system(&t.call, uint64_t(a.call));
+      gpu::store_release_system(&t.timed_out, 1);
+      gpu::store_release_system(&a.host->abort, 2);
+      return false;
+    }
+  }
+}
+
+// One block per row (kNormThreads threads, the norm's vector path). First every thread
+// gathers its chunks of the row's sum: each rank's partial in rank order (its own from
+// `partial`, the others polled from the inbox, which it then resets to kPushEmpty), summed
+// in fp32 and rounded once, as peer_all_reduce_kernel's reduce(); then the row is
+// add_rmsnorm's (rmsnorm_row_vec, the same code as the backend's kernel). A thread whose
+// wait failed goes on with what it read (the group is stopped; the result is undefined).
+__global__ void KVFUSE_LAUNCH_BOUNDS(gpu::kNormThreads, 1) push_add_rmsnorm_kernel(PushNormArgs a) {
+  __shared__ float partial[gpu::kNormThreads / gpu::kWarpSize + 1];
+  uint4 wvec[gpu::kNormVec];
+  gpu::load_norm_weight(a.w, a.cols, wvec);  // the model's weight: before the wait
+  gpu::grid_dependency_wait();               // PDL: this rank's partial comes from the kernel before
+  if (a.early_dependents) gpu::launch_dependents();
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const int64_t base = row * a.cols;
+    uint4 sum[gpu::kNormVec];
+#pragma unroll
+    for (int k = 0; k < gpu::kNormVec; ++k) {
+      const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
+      if (c >= a.cols) continue;
+      Vec<uint16_t> v[kMaxRanks];
+#pragma unroll
+      for (int q = 0; q < kMaxRanks; ++q) {
+        if (q >= a.ranks) continue;
+        uint4 got;
+        if (q == a.rank) {
+          got = *reinterpret_cast<const uint4*>(a.partial + base + c);
+        } else {
+          (void)wait_chunk(a, a.inbox[q] + base + c, q, got);
+          gpu::store_16B(a.inbox[q] + base + c,
+                         make_uint4(0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu));
+        }
+        v[q] = __builtin_bit_cast(Vec<uint16_t>, got);
+      }
+      float acc[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] = Elem<uint16_t>::widen(v[0].e[j]);  // not 0 + x: keeps -0
+#pragma unroll
+      for (int q = 1; q < kMaxRanks; ++q) {
+        if (q < a.ranks) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[j] += Elem<uint16_t>::widen(v[q].e[j]);
+        }
+      }
+      Vec<uint16_t> y;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y.e[j] = Elem<uint16_t>::narrow(acc[j]);
+      sum[k] = __builtin_bit_cast(uint4, y);
+    }
+    if (!a.early_dependents && row == blockIdx.x) gpu::launch_dependents();  // every peer's part is in
+    gpu::rmsnorm_row_vec<true>(
+        a.x + base, [&](int k, int64_t) { return sum[k]; }, wvec, a.cols, a.eps, a.out + base, partial);
+    __syncthreads();  // partial[] is reused by the next row
+  }
+}
 }  // namespace
 
 // --- PeerAllReduceGroup -----------------------------------------------------------------
@@ -211,7 +316,7 @@ int PeerAllReduceGroup::blocks_for(int64_t bytes) {
 
 namespace {
 
-// Blocks of the kernel (the smaller of its two instances) that `device` holds at once:
+// Blocks of the all-reduce kernel (the smaller of its two instances) that `device` holds at once:
 // per multiprocessor, from the runtime's occupancy calculator (registers and threads of
 // the build at hand), times the multiprocessors. The current device is left as it was.
 absl::StatusOr<int64_t> resident_blocks(int device) {
@@ -227,6 +332,12 @@ absl::StatusOr<int64_t> resident_blocks(int device) {
     KVFUSE_RETURN_IF_ERROR(gpu_check(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f32, peer_all_reduce_kernel<float>, kThreads, 0),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
+    // The pushed norm's kernel is referenced here too, so that it is loaded with the others
+    // (see allocate()); its blocks are not counted: one per row, not a grid of kMaxBlocks.
+    int per_sm_push = 0;
+    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                         &per_sm_push, push_add_rmsnorm_kernel, gpu::kNormThreads, 0),
+                                     "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
     return gpu_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   }();
   (void)cudaSetDevice(current);
@@ -334,7 +445,8 @@ absl::Status PeerAllReduceGroup::allocate() {
     // than at their first launch: with lazy loading (CUDA's default) loading a kernel may
     // wait for the kernels running on its GPU, and a rank's call can be running there,
     // waiting for a peer's launch.
-    KVFUSE_RETURN_IF_ERROR(resident_blocks(r.device).status());  // queries both kernels' occupancy
+    KVFUSE_RETURN_IF_ERROR(resident_blocks(r.device).status());  // queries the kernels' attributes
+    KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::load_push_copy(), "load_push_copy"));
     for (const Rank& peer : ranks_) {
       if (peer.device == r.device) continue;  // itself, or a rank sharing its GPU (share_devices)
       const cudaError_t err = cudaDeviceEnablePeerAccess(peer.device, 0);
@@ -354,6 +466,15 @@ absl::Status PeerAllReduceGroup::allocate() {
     r.calls = static_cast<uint64_t*>(calls);
     KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(r.flags, 0, flag_bytes), "cudaMemset"));
     KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(r.calls, 0, size_t(kMaxBlocks) * sizeof(uint64_t)), "cudaMemset"));
+    if (options_.push) {
+      // Inboxes: polled while peers store into them, so signal memory; every element empty.
+      void* inbox = nullptr;
+      const size_t inbox_bytes = size_t(kPushSlots) * ranks_.size() * size_t(options_.staging_bytes);
+      KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::malloc_signals(&inbox, inbox_bytes), "malloc_signals"));
+      r.inbox = static_cast<uint16_t*>(inbox);
+      static_assert(kPushEmpty == 0xffffu, "the inboxes are filled bytewise");
+      KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(r.inbox, 0xff, inbox_bytes), "cudaMemset"));
+    }
     // The rank's stream may be non-blocking (not ordered after the memsets): wait here.
     KVFUSE_RETURN_IF_ERROR(gpu_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
     int64_t hz = 0;
@@ -369,9 +490,10 @@ PeerAllReduceGroup::~PeerAllReduceGroup() {
   int current = 0;
   const bool restore = cudaGetDevice(&current) == cudaSuccess;
   for (Rank& r : ranks_) {
-    if (r.staging == nullptr && r.flags == nullptr && r.calls == nullptr) continue;
+    if (r.staging == nullptr && r.flags == nullptr && r.calls == nullptr && r.inbox == nullptr) continue;
     (void)cudaSetDevice(r.device);
-    for (void* p : {r.staging, static_cast<void*>(r.flags), static_cast<void*>(r.calls)}) {
+    for (void* p :
+         {r.staging, static_cast<void*>(r.flags), static_cast<void*>(r.calls), static_cast<void*>(r.inbox)}) {
       if (p != nullptr) (void)cudaFree(p);
     }
   }
@@ -461,6 +583,74 @@ absl::Status PeerAllReduceGroup::all_reduce_sum(int rank, void* buf, int64_t cou
   return gpu_check(err, "peer all-reduce launch");
 }
 
+bool PeerAllReduceGroup::push_fits(int64_t rows, int64_t cols) const {
+  return options_.push && rows >= 1 && cols >= 8 && cols % 8 == 0 && cols <= gpu::kNormVecMaxCols &&
+         rows <= options_.staging_bytes / 2 / cols;
+}
+
+namespace {
+
+int push_slot(int call) { return call == 0 ? 0 : 1 + (call - 1) % 2; }
+
+}  // namespace
+
+PushTargets PeerAllReduceGroup::push_targets(int rank, int call) const {
+  PushTargets t;
+  if (!options_.push || rank < 0 || rank >= size() || call < 0) return t;
+  const int64_t per_source = options_.staging_bytes / 2;  // elements
+  for (int p = 0; p < size(); ++p) {
+    if (p == rank) continue;
+    t.dst[t.count++] = ranks_[size_t(p)].inbox + (int64_t(push_slot(call)) * size() + rank) * per_source;
+  }
+  return t;
+}
+
+absl::Status PeerAllReduceGroup::push_add_rmsnorm(int rank, int call, const void* partial, void* x,
+                                                  const void* w, int64_t rows, int64_t cols, float eps,
+                                                  void* out, void* stream) {
+  if (rank < 0 || rank >= size() || call < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pushed all-reduce: rank ", rank, " of ", size(), ", call ", call));
+  }
+  if (!push_fits(rows, cols)) {
+    return absl::InvalidArgumentError(absl::StrCat("pushed all-reduce on rank ", rank, ": ", rows, " x ",
+                                                   cols, " bf16 (needs cols a multiple of 8 up to ",
+                                                   gpu::kNormVecMaxCols, " and the rows within ",
+                                                   options_.staging_bytes, " bytes)"));
+  }
+  for (const void* p : {partial, const_cast<const void*>(x), w, const_cast<const void*>(out)}) {
+    if (p == nullptr || !gpu::is_aligned(p, kVecBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("pushed all-reduce on rank ", rank,
+                                                     ": partial, x, w and out must be 16-byte aligned"));
+    }
+  }
+  KVFUSE_RETURN_IF_ERROR(status());
+  PushNormArgs a{};
+  a.partial = static_cast<const uint16_t*>(partial);
+  a.x = static_cast<uint16_t*>(x);
+  a.w = static_cast<const uint16_t*>(w);
+  a.out = static_cast<uint16_t*>(out);
+  const int64_t per_source = options_.staging_bytes / 2;
+  for (int q = 0; q < size(); ++q) {
+    a.inbox[q] = ranks_[size_t(rank)].inbox + (int64_t(push_slot(call)) * size() + q) * per_source;
+  }
+  a.rows = rows;
+  a.cols = cols;
+  a.eps = eps;
+  a.host = host_;
+  a.timeout_ticks = uint64_t(timeout_ticks_);
+  a.rank = rank;
+  a.ranks = size();
+  a.call = call;
+  // Ranks sharing a GPU (tests): the next kernel's blocks, launched early, could hold the
+  // SMs a peer's projection needs before it pushes. On GPUs of their own they cannot.
+  a.early_dependents = !options_.share_devices;
+  const unsigned grid = unsigned(std::min<int64_t>(rows, 65535));
+  return gpu_check(gpu::launch_kernel(push_add_rmsnorm_kernel, grid, gpu::kNormThreads,
+                                      static_cast<cudaStream_t>(stream), pdl_, a),
+                   "pushed all-reduce norm launch");
+}
+
 bool peer_allreduce_pdl_by_env() {
   static const bool pdl = [] {
     for (const char* name : {"KVFUSE_PEER_PDL", "KVFUSE_PDL_OPS"}) {
@@ -529,6 +719,24 @@ absl::Status PeerAllReduceCommunicator::barrier() {
   // The fallback's barrier waits for the stream, peer all-reduces included.
   KVFUSE_RETURN_IF_ERROR(fallback_->barrier());
   return group_->status();
+}
+
+bool PeerAllReduceCommunicator::push_fits(int64_t rows, int64_t cols) const {
+  return group_->push_fits(rows, cols);
+}
+
+PushTargets PeerAllReduceCommunicator::push_targets(int call) const {
+  return group_->push_targets(rank_, call);
+}
+
+absl::Status PeerAllReduceCommunicator::push_add_rmsnorm(int call, const void* partial, void* x,
+                                                         const void* w, int64_t rows, int64_t cols, float eps,
+                                                         void* out) {
+  if (aborted_.load()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name(), " push_add_rmsnorm on rank ", rank_, ": the communicator was aborted"));
+  }
+  return group_->push_add_rmsnorm(rank_, call, partial, x, w, rows, cols, eps, out, stream_);
 }
 
 void PeerAllReduceCommunicator::abort() {

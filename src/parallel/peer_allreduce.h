@@ -48,6 +48,35 @@
 // The group is then unusable (status() says why): later calls return the error, kernels
 // already enqueued or replayed from a graph end at once, and the engine must be restarted.
 //
+// Pushed partial sums (push_targets, push_add_rmsnorm). In a decoder layer each all-reduce
+// sits between a row-parallel projection and the residual add + RMSNorm after it. There the
+// group can do without a kernel of its own: the projection stores its bf16 partial sums
+// into every peer's inbox as well as into its own output (the GEMV from its epilogue,
+// kernels/gemv.cuh; other GEMMs through launch_push_copy, kernels/tp_push.cuh), and the
+// norm kernel of each rank sums its own partial and its inbox's, in rank order, before the
+// add and the norm: the bits of all_reduce_sum followed by the backend's add_rmsnorm. No
+// flags: every inbox element holds kPushEmpty (kernels/tp_push.h) until a peer stores a
+// value, which is never kPushEmpty, and the norm polls each 16-byte chunk until none of its
+// elements is, then stores kPushEmpty back ("Lamport" buffers, as TensorRT-LLM's one-shot
+// all-reduce). A call costs the remote stores, which the projection issues as it finishes,
+// and the norm's polls of its local inbox; the links are crossed once, one way.
+//
+// Inboxes: per rank kPushSlots x size() buffers of staging_bytes, [slot][source rank],
+// allocated only for a group made with PeerAllReduceOptions::push (tp_allreduce push).
+// The model numbers the pushed calls of a forward pass 0, 1, 2, ... (`call`), the same on
+// every rank; call 0 uses slot 0 and call c > 0 slot 1 + (c - 1) % 2, so two calls in a row
+// never share a slot, whether they are of one pass or the last of a pass and the first of
+// the next (and a graph replays the same numbers). Why that is enough: rank p stores into
+// slot s of rank r at call e only after its own norm of call e - 1, which waited for rank
+// r's push of call e - 1, which rank r issues after its norm of call e - 2 has completed
+// (stream order; every kernel of the step waits for the one before it, griddepcontrol.wait
+// under programmatic launch, before touching memory). Rank r's last use of slot s before
+// call e is call e - 2 or earlier (calls e - 1 and e differ), so its reads and its reset to
+// kPushEmpty are done before rank p's stores of call e start.
+//
+// A norm that waits for a peer that never pushes ends on abort() or the timeout, as the
+// all-reduce's kernel does, leaving its output undefined and the group stopped.
+//
 // When it applies: 2 .. kMaxRanks ranks on distinct GPUs of this process, peer access
 // between every pair (check() says why not), and count * element size <= staging_bytes;
 // PeerAllReduceCommunicator sends everything else to NCCL. KVFUSE_PEER_ALLREDUCE=0 turns
@@ -78,6 +107,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/tp_push.h"
 #include "src/parallel/communicator.h"
 
 namespace kvfuse {
@@ -94,6 +124,9 @@ struct PeerAllReduceOptions {
   // it in-kernel before touching memory, and it lets the kernel after it launch once its
   // peers' flags are in.
   bool pdl = false;
+  // Serve pushed calls (push_fits and the rest; "Pushed partial sums" above): allocates
+  // every rank's inboxes, kPushSlots x ranks x staging_bytes. Off: push_fits is false.
+  bool push = false;
 };
 
 class PeerAllReduceGroup {
@@ -101,6 +134,7 @@ class PeerAllReduceGroup {
   static constexpr int kMaxRanks = 8;
   static constexpr int kMaxBlocks = 64;
   static constexpr int kBlockThreads = 512;
+  static constexpr int kPushSlots = 3;
 
   // OK when ranks on `devices` (GPU ordinals, rank order) can use the group; otherwise
   // FAILED_PRECONDITION saying why (count, a repeated GPU, no peer access between a pair).
@@ -131,6 +165,23 @@ class PeerAllReduceGroup {
   // Every rank must make the same calls in the same order with the same counts, and each
   // rank all its calls on one stream (the double buffering relies on their order).
   absl::Status all_reduce_sum(int rank, void* buf, int64_t count, DType dtype, void* stream);
+  // Whether a pushed call of rows x cols bf16 is served (push_targets, push_add_rmsnorm):
+  // a group made with options.push, the norm's 16-byte path (cols a multiple of 8, at most
+  // 8192) and rows * cols * 2 <= staging_bytes. The same answer on every rank.
+  bool push_fits(int64_t rows, int64_t cols) const;
+  // Where rank `rank`'s projection of pushed call `call` stores its partial sums: the slot
+  // of `call` in every other rank's inbox, in rank order (count size() - 1).
+  PushTargets push_targets(int rank, int call) const;
+  // The norm of pushed call `call` on rank `rank`, enqueued on `stream`: sum = the rank-
+  // ordered fp32 sum of every rank's partial (this rank's in `partial`, the others' from its
+  // inbox as they arrive), rounded once to bf16; then x = bf16(x + sum) and out =
+  // rmsnorm(x) * w, the backend's add_rmsnorm. rows x cols bf16, every pointer 16-byte
+  // aligned (InvalidArgument otherwise, as when !push_fits); out may be partial. Every rank
+  // makes the same pushed calls in the same order, after the projection that pushed into
+  // the peers (push_targets(rank, call)).
+  absl::Status push_add_rmsnorm(int rank, int call, const void* partial, void* x, const void* w, int64_t rows,
+                                int64_t cols, float eps, void* out, void* stream);
+
   // Ends the group: kernels waiting for a peer, now or later, end without a result, and
   // later calls return ABORTED. Any thread; idempotent.
   void abort();
@@ -157,6 +208,7 @@ class PeerAllReduceGroup {
     void* staging = nullptr;    // 2 * staging_bytes: parity 0, then parity 1
     uint64_t* flags = nullptr;  // [kMaxBlocks][kMaxRanks], stored into by every rank
     uint64_t* calls = nullptr;  // [kMaxBlocks]: the rank's call count, a copy per block index
+    uint16_t* inbox = nullptr;  // [kPushSlots][ranks][staging_bytes / 2]: pushed partial sums
   };
   PeerAllReduceGroup(std::vector<int> devices, PeerAllReduceOptions options);
   absl::Status allocate();
@@ -196,6 +248,12 @@ class PeerAllReduceCommunicator final : public Communicator {
   absl::Status all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype) override;
   absl::Status broadcast(void* buf, int64_t bytes, int root) override;
   absl::Status barrier() override;
+  // The group's pushed calls (PeerAllReduceGroup::push_fits ...): the same answer on
+  // every rank.
+  bool push_fits(int64_t rows, int64_t cols) const override;
+  PushTargets push_targets(int call) const override;
+  absl::Status push_add_rmsnorm(int call, const void* partial, void* x, const void* w, int64_t rows,
+                                int64_t cols, float eps, void* out) override;
   void abort() override;
   // The group's status(), then the fallback's.
   absl::Status async_error() const override;

@@ -272,6 +272,7 @@ absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator
   // carries every collective, as before; the reason is in collectives_path().
   PeerAllReduceOptions options;
   options.pdl = peer_allreduce_pdl_by_env();
+  options.push = cfg_.tp_allreduce == TpAllReduce::push;
   auto group = PeerAllReduceGroup::create(devices, options);
   if (!group.ok()) {
     collectives_path_ += absl::StrCat(" (", group.status().message(), ")");
@@ -283,8 +284,12 @@ absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator
     if (!c.ok()) return c.status();
     comms[size_t(r)] = std::move(*c);
   }
-  collectives_path_ = absl::StrCat(comms[0]->name(), " (all-reduces up to ", (*group)->staging_bytes() >> 10,
-                                   " KiB over peer memory, larger ones and the gathers over NCCL)");
+  collectives_path_ =
+      absl::StrCat(comms[0]->name(), " (all-reduces up to ", (*group)->staging_bytes() >> 10,
+                   " KiB over peer memory, larger ones and the gathers over NCCL",
+                   cfg_.tp_allreduce == TpAllReduce::push
+                       ? "; tp_allreduce push: row-parallel partial sums pushed into the norms)"
+                       : ")");
 #endif
   return absl::OkStatus();
 }

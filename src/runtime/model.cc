@@ -222,6 +222,13 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
   const int64_t qkv_dim = d.qkv_dim();
   const int32_t store = shard_.local_rank;  // this rank's KV storage in the pool
   Communicator* comm = shard_.shard.tp > 1 ? shard_.comm : nullptr;
+  // Where the communicator offers it (peer memory between GPUs), each row-parallel
+  // projection that a norm follows pushes its partial sums into the peers, and the norm sums
+  // them (Communicator::push_fits): no all-reduce of its own. Pushed calls are numbered in
+  // forward order, the same on every rank. The last layer's down projection, which the
+  // final residual add follows instead, is all-reduced.
+  const bool push = comm != nullptr && comm->push_fits(T, s.hidden);
+  int pushed = 0;
   bf16_t* x = p.x;
   bf16_t* h = p.h;
   bf16_t* q = p.qkv;
@@ -235,6 +242,9 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     // The previous layer's MLP output (in h) joins the residual stream in the norm's kernel.
     if (l == 0) {
       KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(x, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+    } else if (push) {
+      KVFUSE_RETURN_IF_ERROR(
+          comm->push_add_rmsnorm(pushed++, h, x, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     } else {
       KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     }
@@ -282,13 +292,24 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
       KVFUSE_RETURN_IF_ERROR(backend_.attention(a, attention));
     }
 
-    // Row-parallel O and down: each rank's partial sums, all-reduced.
-    KVFUSE_RETURN_IF_ERROR(backend_.linear(p.attn, T, L.o, h));
-    if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
-    KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+    // Row-parallel O and down: each rank's partial sums, all-reduced (or pushed into the norm after them).
+    if (push) {
+      KVFUSE_RETURN_IF_ERROR(backend_.linear_push(p.attn, T, L.o, h, comm->push_targets(pushed)));
+      KVFUSE_RETURN_IF_ERROR(
+          comm->push_add_rmsnorm(pushed++, h, x, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+    } else {
+      KVFUSE_RETURN_IF_ERROR(backend_.linear(p.attn, T, L.o, h));
+      if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
+      KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+    }
     KVFUSE_RETURN_IF_ERROR(backend_.linear_silu_mul(h, T, L.gate_up, d.intermediate, p.gate_up, p.act));
-    KVFUSE_RETURN_IF_ERROR(backend_.linear(p.act, T, L.down, h));
-    if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
+    if (push && l + 1 < s.num_layers) {
+      // The next layer's norm sums it (above).
+      KVFUSE_RETURN_IF_ERROR(backend_.linear_push(p.act, T, L.down, h, comm->push_targets(pushed)));
+    } else {
+      KVFUSE_RETURN_IF_ERROR(backend_.linear(p.act, T, L.down, h));
+      if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
+    }
   }
   KVFUSE_RETURN_IF_ERROR(backend_.residual_add(x, h, T * s.hidden));  // the last layer's MLP output
 

@@ -27,6 +27,7 @@
 #include "kernels/kv_write_rope.cuh"
 #include "kernels/model_ops.cuh"
 #include "kernels/sampling.cuh"
+#include "kernels/tp_push.cuh"
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
 #include "src/backends/gemm_cache.h"
@@ -228,6 +229,26 @@ class GpuBackend final : public Backend {
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
     return gemm(x, m, w, out, BLAS_R_32F);
+  }
+  // Where the tuner picked kvfuse's GEMV for this shape, it stores into the targets from its
+  // epilogue; elsewhere linear, then launch_push_copy.
+  absl::Status linear_push(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out,
+                           const PushTargets& push) override {
+    if (m <= 0) return absl::OkStatus();
+    if (push.count < 0 || push.count > PushTargets::kMax) {
+      return absl::InvalidArgumentError(absl::StrCat("linear_push: ", push.count, " targets"));
+    }
+    if (!w.bias.get() && gemv_usable(x, m, w, out)) {
+      auto plan = gemm_plan(x, m, w, out, BLAS_R_16BF);
+      if (!plan.ok()) return plan.status();
+      if ((*plan)->gemv >= 0) {
+        return cuda_status(gpu::launch_gemv_push_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, push, stream_,
+                                                      ops_pdl_, (*plan)->gemv, gemv_stream_),
+                           "gemv push");
+      }
+    }
+    KVFUSE_RETURN_IF_ERROR(linear(x, m, w, out));
+    return cuda_status(gpu::launch_push_copy(out, m * w.n, push, stream_, ops_pdl_), "push_copy");
   }
   absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
                     int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
