@@ -4,6 +4,8 @@
 #include "kernels/gemv.cuh"
 
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/bf16x8.cuh"
 #include "kernels/model_ops.cuh"
@@ -13,6 +15,19 @@ namespace kvfuse::gpu {
 namespace {
 
 constexpr int kThreads = 128;
+
+// The pushed results of 2 to 8 token rows stored a row at a time through shared memory (the
+// tilings of one warp per row group), unless KVFUSE_GEMV_PUSH_STAGED is 0: lane 0 of each
+// warp then stores its own, one at a time, as it always does for one token row and the
+// split tiling (the A/B). The same bits either way. On an H200 with two ranks sharing it
+// the staged stores took 2 us off a layer at 8 rows and cost 0.8 us at 1 (bench/RESULTS.md).
+bool push_staged() {
+  static const bool on = [] {
+    const char* v = std::getenv("KVFUSE_GEMV_PUSH_STAGED");
+    return v == nullptr || !(!std::strcmp(v, "0") || !std::strcmp(v, "off") || !std::strcmp(v, "false"));
+  }();
+  return on;
+}
 
 // a . b over the 8 bf16 of two 16-byte words, added to acc in element order.
 KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
@@ -50,7 +65,8 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
 // reduction, kernels/tp_push.h); a uniform branch at the end, so no instance of its own.
 template <int M, bool kF32, int kRows, int kUnroll, int kSplit, bool kSilu, bool kStream>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
-    gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, PushTargets push) {
+    gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, PushTargets push,
+                bool push_staged) {
   static_assert(kSplit >= 1 && (kThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
   static_assert(!kSilu || (kRows % 2 == 0 && !kF32), "kSilu pairs rows and writes bf16");
   constexpr int kOuts = kSilu ? kRows / 2 : kRows;  // output columns per group
@@ -131,6 +147,38 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
 #pragma unroll
         for (int i = 0; i < M; ++i) acc[r][i] += sums[warp_id() + s][r][i];
   }
+  if constexpr (kSplit == 1 && !kSilu && !kF32 && M >= 2) {
+    if (push.count > 0 && push_staged) {
+      // The block's results gathered in shared memory, so that its threads store them into
+      // the peers a token row at a time, consecutive columns from consecutive threads: one
+      // request per row and peer over the links instead of one per result.
+      constexpr int kCols = kThreads / kWarpSize * kRows;  // the block's output columns
+      __shared__ uint16_t stage[M][kCols];
+      const int64_t col0 = int64_t(blockIdx.x) * kCols;
+      if (lane_id() == 0) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+          for (int i = 0; i < M; ++i) {
+            const bf16_t v = f32_to_bf16(acc[r][i]);
+            if (row0 + r < n) static_cast<bf16_t*>(out)[int64_t(i) * n + row0 + r] = v;
+            stage[i][warp_id() * kRows + r] = push_bits(v);
+          }
+        }
+      }
+      __syncthreads();
+      for (int t = int(threadIdx.x); t < M * kCols; t += kThreads) {
+        const int i = t / kCols, c = t % kCols;
+        if (col0 + c >= n) continue;
+        const uint16_t v = stage[i][c];
+#pragma unroll
+        for (int p = 0; p < PushTargets::kMax; ++p) {
+          if (p < push.count) push.dst[p][int64_t(i) * n + col0 + c] = v;
+        }
+      }
+      return;
+    }
+  }
   if (lane != 0) return;
   if constexpr (kSilu) {
 #pragma unroll
@@ -179,13 +227,13 @@ cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k,
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   if (out_kind == 2) {
     return launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, true, kStream>, unsigned(blocks),
-                         kThreads, stream, pdl, x, w, n, k, out, PushTargets{});
+                         kThreads, stream, pdl, x, w, n, k, out, PushTargets{}, false);
   }
   return out_kind == 1
              ? launch_kernel(gemv_kernel<M, true, kRows, kUnroll, kSplit, false, kStream>, unsigned(blocks),
-                             kThreads, stream, pdl, x, w, n, k, out, PushTargets{})
+                             kThreads, stream, pdl, x, w, n, k, out, PushTargets{}, false)
              : launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, false, kStream>, unsigned(blocks),
-                             kThreads, stream, pdl, x, w, n, k, out, push);
+                             kThreads, stream, pdl, x, w, n, k, out, push, push_staged());
 }
 
 // Split-K over the block's warps: 4 on NVIDIA, 2 on CDNA (128 threads either way).

@@ -440,8 +440,9 @@ TEST_CASE("pushed partial sums: the bits of the projection, all-reduce and add_r
   };
   const std::vector<Shape> shapes = {{1, 4096, 2048, 0}, {1, 4096, 7168, gpu::gemv_variants(1) - 1},
                                      {2, 8192, 512, 1},  {5, 4096, 1024, 0},
-                                     {8, 2048, 256, 2},  {9, 4096, 64, -1},
-                                     {64, 4096, 64, -1}, {100, 8192, 64, -1}};
+                                     {8, 2048, 256, 2},  {2, 4104, 256, 2},
+                                     {9, 4096, 64, -1},  {64, 4096, 64, -1},
+                                     {100, 8192, 64, -1}};
   const float eps = 1e-5f;
   const int kReplays = 40;
   struct Data {
