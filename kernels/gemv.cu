@@ -61,8 +61,10 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
 // The same bits either way.
 //
 // push (bf16 out without kSilu only; count 0 elsewhere): each result is also stored, as
-// push_bits, at the same index of every push.dst (the peers' inboxes of a tensor-parallel
-// reduction, kernels/tp_push.h); a uniform branch at the end, so no instance of its own.
+// push_bits (kernels/tp_push.cuh), at the same index of every push.dst (the peers' inboxes
+// of a tensor-parallel reduction); uniform branches at the end, so no instance of its own.
+// push_staged: for 2-8 token rows and one warp per row group, through shared memory a token
+// row at a time (push_staged() above), else by each warp's lane 0.
 template <int M, bool kF32, int kRows, int kUnroll, int kSplit, bool kSilu, bool kStream>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
     gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, PushTargets push,
