@@ -4,8 +4,6 @@
 #include "kernels/gemv.cuh"
 
 #include <climits>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/bf16x8.cuh"
 #include "kernels/model_ops.cuh"
@@ -16,18 +14,16 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// The pushed results of 2 to 8 token rows stored a row at a time through shared memory (the
-// tilings of one warp per row group), unless KVFUSE_GEMV_PUSH_STAGED is 0: lane 0 of each
-// warp then stores its own, one at a time, as it always does for one token row and the
-// split tiling (the A/B). The same bits either way. On an H200 with two ranks sharing it
-// the staged stores took 2 us off a layer at 8 rows and cost 0.8 us at 1 (bench/RESULTS.md).
-bool push_staged() {
-  static const bool on = [] {
-    const char* v = std::getenv("KVFUSE_GEMV_PUSH_STAGED");
-    return v == nullptr || !(!std::strcmp(v, "0") || !std::strcmp(v, "off") || !std::strcmp(v, "false"));
-  }();
-  return on;
-}
+// Where the kernel also stores its results (launch_gemv_push_bf16), and how: staged, the
+// results of 2 to 8 token rows go a token row at a time through shared memory (the tilings of
+// one warp per row group); else, as always for one token row and the split tiling, lane 0 of
+// each warp stores its own one at a time. The same bits either way. On an H200 with two ranks
+// sharing it the staged stores took 2 us off a layer at 8 rows and cost 0.8 us at 1
+// (bench/RESULTS.md).
+struct Push {
+  PushTargets targets;  // count 0: none
+  bool staged = false;
+};
 
 // a . b over the 8 bf16 of two 16-byte words, added to acc in element order.
 KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
@@ -60,15 +56,13 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
 // first from L2), which leaves L1 to x, read by every warp; else with load_ro_16B, as x.
 // The same bits either way.
 //
-// push (bf16 out without kSilu only; count 0 elsewhere): each result is also stored, as
-// push_bits (kernels/tp_push.cuh), at the same index of every push.dst (the peers' inboxes
-// of a tensor-parallel reduction); uniform branches at the end, so no instance of its own.
-// push_staged: for 2-8 token rows and one warp per row group, through shared memory a token
-// row at a time (push_staged() above), else by each warp's lane 0.
+// push (bf16 out without kSilu only; no targets elsewhere): each result is also stored, as
+// push_bits (kernels/tp_push.cuh), at the same index of every target (the peers' inboxes of
+// a tensor-parallel reduction), staged or not (Push above); uniform branches at the end, so
+// no instance of its own.
 template <int M, bool kF32, int kRows, int kUnroll, int kSplit, bool kSilu, bool kStream>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
-    gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, PushTargets push,
-                bool push_staged) {
+    gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, Push push) {
   static_assert(kSplit >= 1 && (kThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
   static_assert(!kSilu || (kRows % 2 == 0 && !kF32), "kSilu pairs rows and writes bf16");
   constexpr int kOuts = kSilu ? kRows / 2 : kRows;  // output columns per group
@@ -150,7 +144,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
         for (int i = 0; i < M; ++i) acc[r][i] += sums[warp_id() + s][r][i];
   }
   if constexpr (kSplit == 1 && !kSilu && !kF32 && M >= 2) {
-    if (push.count > 0 && push_staged) {
+    if (push.targets.count > 0 && push.staged) {
       // The block's results gathered in shared memory, so that its threads store them into
       // the peers a token row at a time, consecutive columns from consecutive threads: one
       // request per row and peer over the links instead of one per result.
@@ -175,7 +169,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
         const uint16_t v = stage[i][c];
 #pragma unroll
         for (int p = 0; p < PushTargets::kMax; ++p) {
-          if (p < push.count) push.dst[p][int64_t(i) * n + col0 + c] = v;
+          if (p < push.targets.count) push.targets.dst[p][int64_t(i) * n + col0 + c] = v;
         }
       }
       return;
@@ -205,11 +199,11 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
         } else {
           const bf16_t v = f32_to_bf16(acc[r][i]);
           static_cast<bf16_t*>(out)[at] = v;
-          if (push.count > 0) {
+          if (push.targets.count > 0) {
             const uint16_t pv = push_bits(v);
 #pragma unroll
             for (int p = 0; p < PushTargets::kMax; ++p) {
-              if (p < push.count) push.dst[p][at] = pv;
+              if (p < push.targets.count) push.targets.dst[p][at] = pv;
             }
           }
         }
@@ -221,7 +215,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
 // out_kind: 0 bf16, 1 fp32, 2 silu_mul (bf16 act of half the columns).
 template <int M, int kRows, int kUnroll, int kSplit, bool kStream>
 cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
-                         const PushTargets& push, cudaStream_t stream, bool pdl) {
+                         const Push& push, cudaStream_t stream, bool pdl) {
   const int64_t cols = out_kind == 2 ? n / 2 : n;
   constexpr int64_t kGroupsPerBlock = kThreads / kWarpSize / kSplit;
   const int64_t per_block = kGroupsPerBlock * (out_kind == 2 ? kRows / 2 : kRows);  // output columns
@@ -229,13 +223,13 @@ cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k,
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   if (out_kind == 2) {
     return launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, true, kStream>, unsigned(blocks),
-                         kThreads, stream, pdl, x, w, n, k, out, PushTargets{}, false);
+                         kThreads, stream, pdl, x, w, n, k, out, Push{});
   }
   return out_kind == 1
              ? launch_kernel(gemv_kernel<M, true, kRows, kUnroll, kSplit, false, kStream>, unsigned(blocks),
-                             kThreads, stream, pdl, x, w, n, k, out, PushTargets{}, false)
+                             kThreads, stream, pdl, x, w, n, k, out, Push{})
              : launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, false, kStream>, unsigned(blocks),
-                             kThreads, stream, pdl, x, w, n, k, out, push, push_staged());
+                             kThreads, stream, pdl, x, w, n, k, out, push);
 }
 
 // Split-K over the block's warps: 4 on NVIDIA, 2 on CDNA (128 threads either way).
@@ -248,7 +242,7 @@ constexpr int kBlockSplit = kThreads / kWarpSize;
 // block's warps (a block per row pair: long rows on more warps).
 template <int M, bool kStream>
 cudaError_t launch_tiling(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
-                          const PushTargets& push, cudaStream_t stream, bool pdl, int variant) {
+                          const Push& push, cudaStream_t stream, bool pdl, int variant) {
   if constexpr (M <= 2) {
     if (variant == 1) return launch_shape<M, 2, 4, 1, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
     if (variant == 2) return launch_shape<M, 4, 2, 1, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
@@ -263,7 +257,7 @@ cudaError_t launch_tiling(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k
 // HIP has no streaming hint here (load_stream_16B is a plain load): one instance.
 template <int M>
 cudaError_t launch_m(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
-                     const PushTargets& push, cudaStream_t stream, bool pdl, int variant, bool stream_w) {
+                     const Push& push, cudaStream_t stream, bool pdl, int variant, bool stream_w) {
   if (kWarpSize == 32 && stream_w) {
     return launch_tiling<M, kWarpSize == 32>(x, w, n, k, out, out_kind, push, stream, pdl, variant);
   }
@@ -288,7 +282,7 @@ std::string gemv_unsupported(const void* x, int64_t m, const void* w, int64_t n,
 namespace {
 
 LaunchStatus launch_any(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
-                        int out_kind, const PushTargets& push, cudaStream_t stream, bool pdl, int variant,
+                        int out_kind, const Push& push, cudaStream_t stream, bool pdl, int variant,
                         bool stream_w) {
   if (std::string why = gemv_unsupported(x, m, w, n, k, out); !why.empty()) {
     return LaunchStatus::refused(std::move(why));
@@ -321,12 +315,12 @@ LaunchStatus launch_any(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, 
 
 LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k, void* out,
                               bool out_f32, cudaStream_t stream, bool pdl, int variant, bool stream_w) {
-  return launch_any(x, m, w, n, k, out, out_f32 ? 1 : 0, PushTargets{}, stream, pdl, variant, stream_w);
+  return launch_any(x, m, w, n, k, out, out_f32 ? 1 : 0, Push{}, stream, pdl, variant, stream_w);
 }
 
 LaunchStatus launch_gemv_push_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
                                    bf16_t* out, const PushTargets& push, cudaStream_t stream, bool pdl,
-                                   int variant, bool stream_w) {
+                                   int variant, bool stream_w, bool staged) {
   if (push.count < 0 || push.count > PushTargets::kMax) {
     return LaunchStatus::refused("gemv push: " + std::to_string(push.count) + " targets (0.." +
                                  std::to_string(PushTargets::kMax) + ")");
@@ -335,7 +329,7 @@ LaunchStatus launch_gemv_push_bf16(const bf16_t* x, int64_t m, const bf16_t* w, 
     if (push.dst[p] == nullptr)
       return LaunchStatus::refused("gemv push: target " + std::to_string(p) + " is null");
   }
-  return launch_any(x, m, w, n, k, out, 0, push, stream, pdl, variant, stream_w);
+  return launch_any(x, m, w, n, k, out, 0, Push{push, staged}, stream, pdl, variant, stream_w);
 }
 
 LaunchStatus launch_gemv_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
@@ -344,7 +338,7 @@ LaunchStatus launch_gemv_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t*
   if (n % 2 != 0) {
     return LaunchStatus::refused("gemv silu_mul: n " + std::to_string(n) + " must be even (gate rows, then up rows)");
   }
-  return launch_any(x, m, w, n, k, act, 2, PushTargets{}, stream, pdl, variant, stream_w);
+  return launch_any(x, m, w, n, k, act, 2, Push{}, stream, pdl, variant, stream_w);
 }
 
 }  // namespace kvfuse::gpu

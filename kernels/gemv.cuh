@@ -44,9 +44,12 @@ LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64
 // launch_gemv_bf16 into bf16 out (the same bits), each result also stored at the same
 // index of every push.dst (as push_bits, kernels/tp_push.cuh): a row-parallel projection
 // delivering its partial sums into its tensor-parallel peers' inboxes from its epilogue.
+// staged: for 2-8 token rows, the block stores its results into the targets a token row at
+// a time through shared memory, else each result on its own (the same bits).
 LaunchStatus launch_gemv_push_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
                                    bf16_t* out, const PushTargets& push, cudaStream_t stream,
-                                   bool pdl = false, int variant = 0, bool stream_w = true);
+                                   bool pdl = false, int variant = 0, bool stream_w = true,
+                                   bool staged = true);
 
 // act[m, n / 2] = silu_mul(x . w^T) for w = [gate rows; up rows] (n even): the same
 // GEMV (variant as above, the same sums) with each warp's rows paired as gate row j and

@@ -11,7 +11,8 @@
 //   - PeerAllReduceCommunicator: small all-reduces over peer memory, larger ones through
 //     NCCL, which agrees within bf16/f32 rounding;
 //   - pushed partial sums (push_targets, push_add_rmsnorm): the GEMV pushing from its
-//     epilogue and the copy kernel pushing after it, then the norm that sums them, against
+//     epilogue (staged a token row at a time, and one result at a time) and the copy kernel
+//     pushing after it, then the norm that sums them, against
 //     the GEMV, all_reduce_sum and the backend's add_rmsnorm, bit for bit on every rank,
 //     in two forward passes of numbered calls back to back and in graphs replayed 40 times;
 //   - abort() and the timeout end a kernel (the all-reduce's or the pushed norm's) whose
@@ -427,7 +428,9 @@ TEST_CASE("pushed partial sums: the bits of the projection, all-reduce and add_r
   if (devices.empty()) return;
   const int n = int(devices.gpus.size());
   const bool pdl = GENERATE(false, true);
-  CAPTURE(pdl);
+  // The GEMV's pushed stores a token row at a time through shared memory, or one at a time.
+  const bool staged = GENERATE(true, false);
+  CAPTURE(pdl, staged);
   PeerAllReduceOptions base;
   base.pdl = pdl;
   base.push = true;
@@ -528,7 +531,8 @@ TEST_CASE("pushed partial sums: the bits of the projection, all-reduce and add_r
             const gpu::LaunchStatus ls = ref ? gpu::launch_gemv_bf16(m[0], sh.rows, m[1], sh.cols, sh.k, h,
                                                                      false, stream, pdl, sh.variant)
                                              : gpu::launch_gemv_push_bf16(m[0], sh.rows, m[1], sh.cols, sh.k,
-                                                                          h, t, stream, pdl, sh.variant);
+                                                                          h, t, stream, pdl, sh.variant, true,
+                                                                          staged);
             if (!ls.ok()) return absl::InternalError(absl::StrCat("gemv: ", ls.message()));
           } else {
             // The projection's result for many rows: the rank's input rows, as a library GEMM

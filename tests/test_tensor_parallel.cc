@@ -44,6 +44,15 @@ nlohmann::json with(nlohmann::json j, const nlohmann::json& more) {
   return j;
 }
 
+// Two runs of run_model: the same greedy tokens and the same logits, bit for bit.
+void check_same_bits(const Run& ra, const Run& rb) {
+  CHECK(ra.greedy == rb.greedy);
+  REQUIRE(ra.logits.size() == rb.logits.size());
+  for (size_t i = 0; i < ra.logits.size(); ++i) {
+    CHECK(std::memcmp(ra.logits[i].data(), rb.logits[i].data(), ra.logits[i].size() * sizeof(float)) == 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("tensor parallel (cpu): a rank that fails mid-step aborts the group; nobody waits forever",
@@ -122,11 +131,7 @@ TEST_CASE("tensor parallel (cpu): a run is bit for bit reproducible (rank-ordere
   auto b = make_engine(keys);
   const Run ra = run_model(*a);
   const Run rb = run_model(*b);
-  CHECK(ra.greedy == rb.greedy);
-  REQUIRE(ra.logits.size() == rb.logits.size());
-  for (size_t i = 0; i < ra.logits.size(); ++i) {
-    CHECK(std::memcmp(ra.logits[i].data(), rb.logits[i].data(), ra.logits[i].size() * sizeof(float)) == 0);
-  }
+  check_same_bits(ra, rb);
 }
 
 TEST_CASE("tensor parallel (cpu): tp_allreduce push (GPU peer memory only) all-reduces here, the same bits",
@@ -139,11 +144,7 @@ TEST_CASE("tensor parallel (cpu): tp_allreduce push (GPU peer memory only) all-r
   CHECK(b->config().tp_allreduce == TpAllReduce::push);
   const Run ra = run_model(*a);
   const Run rb = run_model(*b);
-  CHECK(ra.greedy == rb.greedy);
-  REQUIRE(ra.logits.size() == rb.logits.size());
-  for (size_t i = 0; i < ra.logits.size(); ++i) {
-    CHECK(std::memcmp(ra.logits[i].data(), rb.logits[i].data(), ra.logits[i].size() * sizeof(float)) == 0);
-  }
+  check_same_bits(ra, rb);
   // And the backend says so if asked.
   const auto cpu = make_cpu_backend();
   LinearWeight w;
@@ -162,11 +163,7 @@ TEST_CASE("tensor parallel (cpu): fused_rope writes equal fused writes bit for b
   auto b = make_engine(with(keys, {{"kv_write", "fused_rope"}}));
   const Run ra = run_model(*a);
   const Run rb = run_model(*b);
-  CHECK(ra.greedy == rb.greedy);
-  REQUIRE(ra.logits.size() == rb.logits.size());
-  for (size_t i = 0; i < ra.logits.size(); ++i) {
-    CHECK(std::memcmp(ra.logits[i].data(), rb.logits[i].data(), ra.logits[i].size() * sizeof(float)) == 0);
-  }
+  check_same_bits(ra, rb);
   // The pages of the released sequences still hold what they were written.
   for (int32_t rank = 0; rank < 2; ++rank) {
     for (int32_t l = 0; l < a->spec().num_layers; ++l) {

@@ -26,7 +26,8 @@
 //   all-reduce: all_reduce_sum, then add_rmsnorm;
 //   pushed:     the GEMV pushing from its epilogue (64 rows: the copy kernel), then
 //               push_add_rmsnorm (src/parallel/peer_allreduce.h, "Pushed partial sums").
-// Every kernel as a programmatic dependent where --pdl says so.
+// Every kernel as a programmatic dependent where --pdl says so. KVFUSE_GEMV_PUSH_STAGED=0
+// has the GEMV store its pushed results one at a time, as the engine's backend does then.
 //
 // NCCL_NVLS_ENABLE=0 is set unless the environment sets it: NVLink multicast (NVLS) can
 // take a shared machine's GPUs out of service, and the decode-sized messages measured
@@ -169,6 +170,8 @@ int run_shared(const Args& args) {
 // --layers: the reduction inside a layer, three ways (see the top of the file).
 int run_layers(const Args& args, int visible) {
   const bool shared = args.share_gpu;
+  const char* unstaged = std::getenv("KVFUSE_GEMV_PUSH_STAGED");
+  const bool staged = unstaged == nullptr || std::strcmp(unstaged, "0") != 0;
   const int n = args.gpus > 0 ? args.gpus : (shared ? 2 : visible);
   if (!shared && (n < 2 || n > visible)) {
     std::printf("SKIP %s --layers: needs %d GPUs (at least 2), %d visible\n", kProgram, std::max(n, 2),
@@ -250,7 +253,7 @@ int run_layers(const Args& args, int visible) {
             const PushTargets t = mode == 2 ? group.push_targets(r, call) : PushTargets{};
             if (gemv) {
               const gpu::LaunchStatus ls =
-                  gpu::launch_gemv_push_bf16(m.a, rows, m.w, kCols, kK, m.h, t, st, args.pdl);
+                  gpu::launch_gemv_push_bf16(m.a, rows, m.w, kCols, kK, m.h, t, st, args.pdl, 0, true, staged);
               if (!ls.ok()) fail("gemv: " + ls.message());
             } else if (mode == 2) {
               BENCH_GPU(gpu::launch_push_copy(m.h, rows * kCols, t, st, args.pdl));

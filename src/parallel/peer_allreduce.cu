@@ -588,19 +588,17 @@ bool PeerAllReduceGroup::push_fits(int64_t rows, int64_t cols) const {
          rows <= options_.staging_bytes / 2 / cols;
 }
 
-namespace {
-
-int push_slot(int call) { return call == 0 ? 0 : 1 + (call - 1) % 2; }
-
-}  // namespace
+uint16_t* PeerAllReduceGroup::inbox(int owner, int call, int source) const {
+  const int slot = call == 0 ? 0 : 1 + (call - 1) % 2;
+  const int64_t per_source = options_.staging_bytes / 2;  // elements
+  return ranks_[size_t(owner)].inbox + (int64_t(slot) * size() + source) * per_source;
+}
 
 PushTargets PeerAllReduceGroup::push_targets(int rank, int call) const {
   PushTargets t;
   if (!options_.push || rank < 0 || rank >= size() || call < 0) return t;
-  const int64_t per_source = options_.staging_bytes / 2;  // elements
   for (int p = 0; p < size(); ++p) {
-    if (p == rank) continue;
-    t.dst[t.count++] = ranks_[size_t(p)].inbox + (int64_t(push_slot(call)) * size() + rank) * per_source;
+    if (p != rank) t.dst[t.count++] = inbox(p, call, rank);
   }
   return t;
 }
@@ -630,10 +628,7 @@ absl::Status PeerAllReduceGroup::push_add_rmsnorm(int rank, int call, const void
   a.x = static_cast<uint16_t*>(x);
   a.w = static_cast<const uint16_t*>(w);
   a.out = static_cast<uint16_t*>(out);
-  const int64_t per_source = options_.staging_bytes / 2;
-  for (int q = 0; q < size(); ++q) {
-    a.inbox[q] = ranks_[size_t(rank)].inbox + (int64_t(push_slot(call)) * size() + q) * per_source;
-  }
+  for (int q = 0; q < size(); ++q) a.inbox[q] = inbox(rank, call, q);
   a.rows = rows;
   a.cols = cols;
   a.eps = eps;

@@ -212,6 +212,9 @@ class PeerAllReduceGroup {
   };
   PeerAllReduceGroup(std::vector<int> devices, PeerAllReduceOptions options);
   absl::Status allocate();
+  // Rank `owner`'s inbox for pushed call `call` from rank `source` (options_.push): the
+  // call's slot (0 for call 0, then 1 + (call - 1) % 2), [slot][source].
+  uint16_t* inbox(int owner, int call, int source) const;
 
   std::vector<Rank> ranks_;
   const PeerAllReduceOptions options_;

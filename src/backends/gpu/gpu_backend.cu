@@ -243,7 +243,7 @@ class GpuBackend final : public Backend {
       if (!plan.ok()) return plan.status();
       if ((*plan)->gemv >= 0) {
         return cuda_status(gpu::launch_gemv_push_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, push, stream_,
-                                                      ops_pdl_, (*plan)->gemv, gemv_stream_),
+                                                      ops_pdl_, (*plan)->gemv, gemv_stream_, gemv_push_staged_),
                            "gemv push");
       }
     }
@@ -463,6 +463,7 @@ class GpuBackend final : public Backend {
     // KVFUSE_GEMV_STREAM=0: the GEMV loads its weights as it loads x (through L1), the A/B
     // of its streaming loads.
     gemv_stream_ = env_flag("KVFUSE_GEMV_STREAM", true);
+    gemv_push_staged_ = env_flag("KVFUSE_GEMV_PUSH_STAGED", true);
     // KVFUSE_ROPE_IN_ATTENTION=0: fused_rope's write as a kernel of its own before
     // attention at every step (the A/B of taking it into attention).
     rope_in_attention_ = env_flag("KVFUSE_ROPE_IN_ATTENTION", true);
@@ -945,6 +946,7 @@ class GpuBackend final : public Backend {
   int32_t split_min_keys_decode_ = kSplitPartitionDecode;
   bool merge_kernel_ = false;  // split attention: a merge kernel, not the merge in the decode blocks
   bool gemv_stream_ = true;    // the GEMV's weights as streaming loads (KVFUSE_GEMV_STREAM)
+  bool gemv_push_staged_ = true;  // the GEMV's pushed stores a token row at a time (KVFUSE_GEMV_PUSH_STAGED)
   bool rope_in_attention_ = false;  // fused_rope's write inside attention (KVFUSE_ROPE_IN_ATTENTION)
   bool ops_pdl_ = false;  // model ops and attention launched as programmatic dependents
   cudaStream_t stream_ = nullptr;
