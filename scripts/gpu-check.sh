@@ -227,7 +227,8 @@ elif [[ -x $bundle/test_gpu_backend ]]; then
     note "test_gpu_peer_allreduce: exit $rc ($(elapsed))"
     ((rc == 0)) || status=1
   fi
-  # The sharded engine on two GPUs against one (it skips, saying why, likewise).
+  # The sharded engine on two GPUs against one; with one GPU its tp 2 engines run both ranks
+  # on it (Config::tp_share_gpu), and the comparison with NCCL skips.
   NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} "$bundle/test_gpu_tp" >>"$out/engine.log" 2>&1
   rc=$?
   grep -E "^gpu tp|skipped|passed|failed" "$out/engine.log" | tail -8

@@ -26,8 +26,11 @@
 # GPU_TP_ONLY=processes runs step 5 alone, GPU_TP_ONLY=one-process steps 1-4. On a machine
 # of one GPU: (a) the peer all-reduce with two ranks sharing the GPU (a test mode: the
 # protocol, kernels, graphs and abort, and the kernel's own cost per call; not the links):
-# test_gpu_peer_allreduce and kvfuse-bench-allreduce --share-gpu (per call, and --layers:
-# a layer's reduction all-reduced against pushed into the norm), with and without --pdl;
+# test_gpu_peer_allreduce, test_gpu_tp (its tp 2 engines then run both ranks on the GPU,
+# Config::tp_share_gpu: tp 2 against tp 1, each rank's KV bytes, pushed sums against the
+# all-reduce) and kvfuse-bench-allreduce --share-gpu (per call, and --layers: a layer's
+# reduction all-reduced against pushed into the norm), with and without --pdl
+# (GPU_TP_ONLY=tests: the two tests alone);
 # (b) kvfuse-bench-engine --tp-rank-alone: rank 0 of tp 2 alone (its shard, no collectives)
 # against tp 1 for llama3-8b, alternating twice, and llama3-70b's rank 0 with its KV pool
 # (TP_70B_ALONE=0 leaves it out; TP_ALONE_ROUNDS=0 leaves llama3-8b out). GPU_TP_ONLY=peer
@@ -64,10 +67,13 @@ bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --
 cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
 
 if ((gpus == 1)); then
-  note "one GPU: tensor parallelism needs 2; what runs here is the peer all-reduce with two ranks sharing the GPU, and rank 0 of tp 2 alone"
+  note "one GPU: tensor parallelism needs 2; what runs here is the peer all-reduce and the tp 2 engine with two ranks sharing the GPU (test modes), and rank 0 of tp 2 alone"
   if [[ ${GPU_TP_ONLY:-} != rank-alone ]]; then
     run test_gpu_peer_allreduce "$bundle/test_gpu_peer_allreduce"
     grep -E "share GPU|skipped|passed|failed" "$out/test_gpu_peer_allreduce.txt" | tail -3 | tee -a "$summary"
+    run test_gpu_tp timeout 900 "$bundle/test_gpu_tp"
+    grep -E "^gpu tp|skipped|passed|failed" "$out/test_gpu_tp.txt" | tee -a "$summary"
+    [[ ${GPU_TP_ONLY:-} == tests ]] && { note "$( ((status == 0)) && echo PASS || echo FAIL)"; exit $status; }
     # Plain launches and programmatic dependents (--pdl), alternating twice.
     for round in 1 2; do
       for mode in plain pdl; do

@@ -78,6 +78,7 @@ inline std::vector<int32_t> greedy(Engine& e, SeqId id, const std::vector<int32_
   int32_t pending = int32_t(prompt.size());
   for (int i = 0; i < n; ++i) {
     auto r = e.step({StepItem{id, pending, true}});
+    INFO(r.status().ToString());
     REQUIRE(r.ok());
     REQUIRE((*r)[0].status.ok());
     out.push_back(*(*r)[0].token);
@@ -100,6 +101,7 @@ inline std::vector<std::vector<float>> teacher_forced_logits(Engine& e, SeqId id
   int32_t n = int32_t(prompt.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
     auto r = e.step({StepItem{id, n, false, true}});
+    INFO(r.status().ToString());
     REQUIRE(r.ok());
     REQUIRE((*r)[0].status.ok());
     const float* lg = e.last_logits().data() + size_t((*r)[0].logits_row) * size_t(vocab);
@@ -154,6 +156,7 @@ inline ScheduleRun run_bucket_schedule(Engine& e, const ForwardOptions& opts, in
     sp.seed += uint64_t(id - first);  // a stream per sequence, the same for any `first`
     REQUIRE(e.add_sequence(id, prompt, sp).ok());
     auto r = e.step({StepItem{id, prompt_len, true, false}}, opts);
+    INFO(r.status().ToString());
     REQUIRE(r.ok());
     REQUIRE((*r)[0].status.ok());
     live.push_back(id);
@@ -163,6 +166,7 @@ inline ScheduleRun run_bucket_schedule(Engine& e, const ForwardOptions& opts, in
       std::vector<StepItem> items;
       for (SeqId id : live) items.push_back(StepItem{id, 1, true, true});
       auto r = e.step(items, opts);
+      INFO(r.status().ToString());
       REQUIRE(r.ok());
       out.graph_steps += e.last_timings().graph ? 1 : 0;
       for (const StepResult& x : *r) {
@@ -201,6 +205,7 @@ inline std::pair<int, int> sampled_tokens_match_reference(Engine& e, const Sampl
   int equal = 0;
   for (int i = 0; i < steps; ++i) {
     auto r = e.step({StepItem{id, pending, true, true}});
+    INFO(r.status().ToString());
     REQUIRE(r.ok());
     REQUIRE((*r)[0].status.ok());
     const float* lg = e.last_logits().data() + size_t((*r)[0].logits_row) * size_t(vocab);

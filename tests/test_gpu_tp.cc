@@ -1,7 +1,17 @@
 // The sharded engine on two GPUs over NCCL/RCCL (tensor_parallel 2) against the same engine
-// on one GPU, tiny model. Skips, saying why, in a build without a GPU backend, with fewer
-// than two GPUs, or without the collective library (src/parallel/nccl_api.h). Set
-// NCCL_NVLS_ENABLE=0 on machines whose NVLink multicast is off limits.
+// on one GPU, tiny model. With one GPU the tp 2 engines run their two ranks on it
+// (Config::tp_share_gpu, a test mode: every collective over the peer group, no NCCL), so
+// the sharded forward pass, the all-reduce and the pushed sums as the engine drives them,
+// and graphs run there too; the case that compares against NCCL then skips. Skips, saying
+// why, in a build without a GPU backend, with no GPU, or (two GPUs) without the collective
+// library (src/parallel/nccl_api.h). Set NCCL_NVLS_ENABLE=0 on machines whose NVLink
+// multicast is off limits.
+//
+// Ranks sharing a GPU must never wait, outside their collectives, for the GPU's running
+// kernels, a peer's spinning one among them (src/parallel/peer_allreduce.h, "Ranks sharing
+// a GPU"): this program loads every kernel when CUDA starts (CUDA_MODULE_LOADING=EAGER, not
+// at a kernel's first launch) and gives every stream a hardware queue of its own
+// (CUDA_DEVICE_MAX_CONNECTIONS=32), unless the environment sets them.
 //
 // Bounds, as tests/test_tensor_parallel.cc explains for the CPU: logits within 0.25 of tp 1
 // (the bound the GPU engine meets against the CPU engine), greedy tokens equal where tp 1's
@@ -11,6 +21,7 @@
 // the all-reduced activations, which differ in the last bits).
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -27,20 +38,39 @@ namespace {
 
 constexpr float kLogitBound = 0.25f;
 
-// An engine on the GPU(s), or null (after a WARN saying why) when they are not here.
+// Before CUDA starts (see the top).
+const bool kSharedGpuEnv = [] {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  return true;
+}();
+
+// How many GPUs the tests see: 0, 1 or 2 (two or more).
+int gpus_here() {
+  static const int n = [] {
+    for (int ordinal : {1, 0}) {
+      auto b = make_backend(Device::auto_, ordinal);
+      if (b.ok() && (*b)->device() != Device::cpu) return ordinal + 1;
+    }
+    return 0;
+  }();
+  return n;
+}
+
+// An engine on the GPU(s), or null (after a WARN saying why) when they are not here. With
+// one GPU a group of tensor_parallel >= 2 shares it (Config::tp_share_gpu).
 std::unique_ptr<Engine> gpu_engine_or_skip(json overrides) {
-  auto second = make_backend(Device::auto_, 1);
-  if (!second.ok() || (*second)->device() == Device::cpu) {
-    WARN("GPU tensor-parallel tests skipped: this build has no GPU backend or fewer than two GPUs are visible ("
-         << (second.ok() ? std::string("no GPU") : std::string(second.status().message())) << ")");
+  (void)kSharedGpuEnv;
+  if (gpus_here() == 0) {
+    WARN("GPU tensor-parallel tests skipped: this build has no GPU backend or no GPU is visible");
     return nullptr;
   }
-  second->reset();
   json j = {{"model", "tiny"}, {"device", "auto"}, {"num_pages", 512}, {"max_seq_len", 1024},
             {"max_batch_tokens", 1024}};
   for (const auto& [k, v] : overrides.items()) j[k] = v;
   auto cfg = config_from_json(j);
   REQUIRE(cfg.ok());
+  cfg->tp_share_gpu = gpus_here() == 1 && cfg->tensor_parallel > 1;
   auto e = Engine::create(*cfg);
   if (!e.ok() && e.status().code() == absl::StatusCode::kFailedPrecondition &&
       std::string(e.status().message()).find("nccl") != std::string::npos) {
@@ -49,6 +79,7 @@ std::unique_ptr<Engine> gpu_engine_or_skip(json overrides) {
   }
   INFO(e.status().ToString());
   REQUIRE(e.ok());
+  if (cfg->tp_share_gpu) std::printf("gpu tp: one GPU, %s\n", (*e)->collectives_path().c_str());
   return std::move(*e);
 }
 
@@ -132,7 +163,9 @@ TEST_CASE("gpu tensor parallel: each rank's layer-0 pages against tp 1's bytes o
     const int32_t vocab = e->spec().vocab;
     REQUIRE(e->add_sequence(7, prompt_of(45, 2, vocab), SamplingParams{}).ok());
     REQUIRE(e->add_sequence(8, prompt_of(20, 9, vocab), SamplingParams{}).ok());
-    REQUIRE(e->step({StepItem{7, 45, true}, StepItem{8, 20, true}}).ok());
+    const auto prefill = e->step({StepItem{7, 45, true}, StepItem{8, 20, true}});
+    INFO(prefill.status().ToString());
+    REQUIRE(prefill.ok());
     for (int i = 0; i < 8; ++i) REQUIRE(e->step({StepItem{7, 1, true}, StepItem{8, 1, true}}).ok());
   }
   const int32_t kv_heads = one->spec().num_kv_heads, per_rank = kv_heads / 2;
@@ -167,6 +200,10 @@ TEST_CASE("gpu tensor parallel: the peer all-reduce against NCCL's at tp 2, logi
   // With two ranks NCCL's sum of a pair is one fp32 add rounded once, the same arithmetic
   // as the peer kernel's rank-ordered sum (tests/test_gpu_nccl.cu), so the whole forward
   // pass must match bit for bit, graphs on and off.
+  if (gpus_here() == 1) {
+    WARN("the peer all-reduce against NCCL's: skipped, one GPU (NCCL refuses ranks sharing it)");
+    return;
+  }
   const json keys = {{"tensor_parallel", 2}, {"kv_cache_dtype", "fp8_e4m3"}};
   json nccl_keys = keys;
   nccl_keys["tp_allreduce"] = "nccl";

@@ -382,3 +382,19 @@ TEST_CASE("tensor parallel (cpu): rank 0 alone computes the group's rank-0 shard
     CHECK_THAT(std::string(spread.status().message()), ContainsSubstring("tp_rendezvous must be empty"));
   }
 }
+
+// Config::tp_share_gpu (tests/test_gpu_tp.cc on a machine of one GPU) runs a group's ranks
+// on one GPU; where it has no meaning it is refused with a message naming it: on the CPU
+// backend, at tensor_parallel 1, with NCCL asked for (which refuses ranks sharing a GPU).
+TEST_CASE("tensor parallel (cpu): tp_share_gpu is refused where it has no meaning", "[tp][engine]") {
+  for (const nlohmann::json& keys :
+       {nlohmann::json{{"tensor_parallel", 2}}, nlohmann::json{{"tensor_parallel", 1}},
+        nlohmann::json{{"tensor_parallel", 2}, {"tp_allreduce", "nccl"}}}) {
+    CAPTURE(keys.dump());
+    Config cfg = make_config(keys);
+    cfg.tp_share_gpu = true;
+    auto e = Engine::create(cfg);
+    CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(e.status().message()), ContainsSubstring("tp_share_gpu"));
+  }
+}

@@ -222,11 +222,13 @@ absl::Status check_tensor_parallel_keys(const Config& c) {
 
 int32_t Config::tp_local_ranks() const {
   if (tp_rank_alone) return 1;
+  if (tp_share_gpu) return tensor_parallel;
   if (!devices.empty()) return int32_t(devices.size());
   return tp_rendezvous.empty() ? tensor_parallel : 1;
 }
 
 int32_t Config::tp_device(int32_t local_rank) const {
+  if (tp_share_gpu) return devices.empty() ? 0 : devices[0];
   return devices.empty() ? local_rank : devices[size_t(local_rank)];
 }
 

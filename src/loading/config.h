@@ -74,9 +74,17 @@ struct Config {
   // sums; the logits gather copies this rank's slice and zeroes the others). Its logits and
   // tokens mean nothing; it measures what a rank computes, for a machine of one GPU.
   bool tp_rank_alone = false;
+  // Not a config key either: tests on a machine of one GPU set it to run a tensor_parallel
+  // group in one process with every rank on the same GPU (devices empty, or its one
+  // ordinal), the all-reduces and the pushed sums over the peer group in its test mode and
+  // the logits gather through that group too (SharedGpuCommunicator; NCCL refuses ranks
+  // sharing a GPU). The kernels, the collectives' protocol and graphs run as on GPUs of
+  // their own; the links do not, and it is no faster than tp 1. Never for serving.
+  bool tp_share_gpu = false;
   // Ranks this process holds: len(devices), or tensor_parallel (one process) / 1 (rendezvous).
   int32_t tp_local_ranks() const;
-  // GPU ordinal of local rank i: devices[i], or i when devices is empty.
+  // GPU ordinal of local rank i: devices[i], or i when devices is empty (with tp_share_gpu:
+  // devices[0], or 0).
   int32_t tp_device(int32_t local_rank) const;
 };
 

@@ -745,4 +745,77 @@ absl::Status PeerAllReduceCommunicator::async_error() const {
   return fallback_->async_error();
 }
 
+// --- SharedGpuCommunicator ------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<SharedGpuCommunicator>> SharedGpuCommunicator::create(
+    std::shared_ptr<PeerAllReduceGroup> group, int rank, void* stream, std::unique_ptr<Communicator> host) {
+  if (group == nullptr || host == nullptr || rank < 0 || rank >= group->size() ||
+      host->size() != group->size() || host->rank() != rank) {
+    return absl::InvalidArgumentError(absl::StrCat("shared-GPU communicator: rank ", rank,
+                                                   " needs a group and a host communicator of that rank"));
+  }
+  return std::unique_ptr<SharedGpuCommunicator>(
+      new SharedGpuCommunicator(std::move(group), rank, stream, std::move(host)));
+}
+
+absl::Status SharedGpuCommunicator::reduce_pieces(void* buf, int64_t count, DType dtype) {
+  // Pieces of whole 16-byte vectors, so that every piece after the first keeps buf's alignment.
+  const int64_t elem = int64_t(dtype_size(dtype));
+  const int64_t piece = group_->staging_bytes() / kVecBytes * kVecBytes / elem;
+  for (int64_t at = 0; at < count; at += piece) {
+    KVFUSE_RETURN_IF_ERROR(group_->all_reduce_sum(rank_, static_cast<char*>(buf) + at * elem,
+                                                  std::min(piece, count - at), dtype, stream_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SharedGpuCommunicator::all_reduce_sum(void* buf, int64_t count, DType dtype) {
+  KVFUSE_RETURN_IF_ERROR(check_collective_args("all_reduce_sum", buf, count, *this));
+  KVFUSE_RETURN_IF_ERROR(host_->barrier());
+  return reduce_pieces(buf, count, dtype);
+}
+
+absl::Status SharedGpuCommunicator::all_gather(const void* send, void* recv, int64_t count_per_rank,
+                                               DType dtype) {
+  KVFUSE_RETURN_IF_ERROR(check_collective_args("all_gather", send, count_per_rank, *this));
+  KVFUSE_RETURN_IF_ERROR(check_collective_args("all_gather", recv, count_per_rank, *this));
+  const size_t bytes = size_t(count_per_rank) * dtype_size(dtype);
+  const auto s = static_cast<cudaStream_t>(stream_);
+  char* out = static_cast<char*>(recv);
+  for (int r = 0; r < size(); ++r) {
+    char* slice = out + size_t(r) * bytes;
+    if (r != rank_) {
+      KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemsetAsync(slice, 0, bytes, s), "cudaMemsetAsync"));
+    } else if (slice != send) {
+      KVFUSE_RETURN_IF_ERROR(
+          gpu_check(cudaMemcpyAsync(slice, send, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync"));
+    }
+  }
+  // The copies above are issued before the host wait, like everything else before a collective.
+  KVFUSE_RETURN_IF_ERROR(host_->barrier());
+  return reduce_pieces(recv, count_per_rank * size(), dtype);
+}
+
+absl::Status SharedGpuCommunicator::broadcast(void*, int64_t, int) {
+  return absl::UnimplementedError("shared-gpu: no broadcast between ranks sharing a GPU");
+}
+
+absl::Status SharedGpuCommunicator::barrier() {
+  KVFUSE_RETURN_IF_ERROR(
+      gpu_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize"));
+  KVFUSE_RETURN_IF_ERROR(host_->barrier());
+  return group_->status();
+}
+
+absl::Status SharedGpuCommunicator::push_add_rmsnorm(int call, const void* partial, void* x, const void* w,
+                                                     int64_t rows, int64_t cols, float eps, void* out) {
+  KVFUSE_RETURN_IF_ERROR(host_->barrier());
+  return group_->push_add_rmsnorm(rank_, call, partial, x, w, rows, cols, eps, out, stream_);
+}
+
+void SharedGpuCommunicator::abort() {
+  group_->abort();
+  host_->abort();
+}
+
 }  // namespace kvfuse

@@ -95,7 +95,12 @@
 // the timeout in their first call), every rank allocates its memory before any rank calls
 // (an allocation may synchronise the GPU), and a group's first call is not the first work
 // of a fresh stream (seen to hang now and then on an H200). tests/test_gpu_peer_allreduce.cu
-// does all three (run_ranks, Allocated).
+// does all three (run_ranks, Allocated). The engine's ranks sharing a GPU
+// (Config::tp_share_gpu, tests/test_gpu_tp.cc) meet on the host before each collective
+// (SharedGpuCommunicator) instead, and the test loads every kernel at start-up. What is
+// left: a kernel that needs many SMs at once (a persistent GEMM sized to the GPU, a
+// cluster launch) may wait behind a peer's spinning blocks; a graph replay, which meets
+// nobody on the host, may then stall until the timeout.
 //
 // Built only with a GPU backend; no CUDA types in this header (streams are void*).
 #pragma once
@@ -272,6 +277,50 @@ class PeerAllReduceCommunicator final : public Communicator {
   std::unique_ptr<Communicator> fallback_;
   const std::string name_;
   std::atomic<bool> aborted_{false};
+};
+
+// The communicator of ranks sharing a GPU (PeerAllReduceOptions::share_devices; tests only,
+// Config::tp_share_gpu), where NCCL refuses to run: every collective through the group, on
+// the rank's stream, capturable. all_reduce_sum in pieces of the group's staging_bytes;
+// all_gather as an all-reduce of recv with every other rank's slice zeroed (x + 0 is x,
+// except that -0 arrives as +0); the pushed calls as PeerAllReduceCommunicator's; barrier
+// waits for the stream, then for the other ranks; broadcast is UNIMPLEMENTED (the engine's
+// steps make none). abort() ends the group and `host`.
+//
+// Each collective first waits on the host for every rank to reach it (`host`, a
+// CpuCommunicator of the same ranks): a rank enqueues a kernel that spins for its peers only
+// once they are all past what they do before the collective, such as the GEMM tuner's
+// allocations, which may wait for the GPU's running kernels ("Ranks sharing a GPU" above).
+class SharedGpuCommunicator final : public Communicator {
+ public:
+  static absl::StatusOr<std::unique_ptr<SharedGpuCommunicator>> create(
+      std::shared_ptr<PeerAllReduceGroup> group, int rank, void* stream, std::unique_ptr<Communicator> host);
+
+  int rank() const override { return rank_; }
+  int size() const override { return group_->size(); }
+  const char* name() const override { return "shared-gpu"; }
+  absl::Status all_reduce_sum(void* buf, int64_t count, DType dtype) override;
+  absl::Status all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype) override;
+  absl::Status broadcast(void* buf, int64_t bytes, int root) override;
+  absl::Status barrier() override;
+  bool push_fits(int64_t rows, int64_t cols) const override { return group_->push_fits(rows, cols); }
+  PushTargets push_targets(int call) const override { return group_->push_targets(rank_, call); }
+  absl::Status push_add_rmsnorm(int call, const void* partial, void* x, const void* w, int64_t rows,
+                                int64_t cols, float eps, void* out) override;
+  void abort() override;
+  absl::Status async_error() const override { return group_->status(); }
+
+ private:
+  SharedGpuCommunicator(std::shared_ptr<PeerAllReduceGroup> group, int rank, void* stream,
+                        std::unique_ptr<Communicator> host)
+      : group_(std::move(group)), rank_(rank), stream_(stream), host_(std::move(host)) {}
+  // The group's all-reduce of buf in pieces, no host wait.
+  absl::Status reduce_pieces(void* buf, int64_t count, DType dtype);
+
+  std::shared_ptr<PeerAllReduceGroup> group_;
+  const int rank_;
+  void* const stream_;
+  std::unique_ptr<Communicator> host_;
 };
 
 }  // namespace kvfuse

@@ -107,6 +107,15 @@ absl::Status Engine::init() {
     return absl::InvalidArgumentError(
         "tp_rank_alone: needs tensor_parallel >= 2 (the group whose rank 0 runs)");
   }
+  if (cfg_.tp_share_gpu) {
+    if (cfg_.tensor_parallel < 2 || cfg_.tp_rank_alone || !cfg_.tp_rendezvous.empty() ||
+        cfg_.devices.size() > 1 || backend_->device() == Device::cpu ||
+        cfg_.tp_allreduce == TpAllReduce::nccl) {
+      return absl::InvalidArgumentError(
+          "tp_share_gpu: a group of tensor_parallel >= 2 in one process on one GPU (devices empty or one "
+          "ordinal, no tp_rendezvous or tp_rank_alone, tp_allreduce auto or push), on a GPU backend");
+    }
+  }
   if (backend_->device() == Device::cpu) {
     KVFUSE_RETURN_IF_ERROR(check_cpu_weight_memory(s, available_memory_gib()));
   }

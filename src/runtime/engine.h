@@ -239,6 +239,9 @@ class Engine {
   // GPU ranks: puts the peer all-reduce (src/parallel/peer_allreduce.h) in front of each
   // rank's NCCL communicator where it applies; sets collectives_path_.
   absl::Status use_peer_allreduce(std::vector<std::unique_ptr<Communicator>>& comms);
+  // Config::tp_share_gpu: every rank's communicator over one peer group whose ranks share
+  // the GPU (SharedGpuCommunicator); sets collectives_path_.
+  absl::Status share_gpu_communicators(std::vector<std::unique_ptr<Communicator>>& comms);
   // Runs f(rank) for every rank at once, rank 0 on the calling thread, the others on their
   // threads; the first error. With abort_on_error, a failing rank aborts the group so that
   // no rank waits on it in a collective, and the engine refuses later steps.
@@ -272,7 +275,8 @@ class Engine {
   struct Rank;  // ranks 1 .. tensor_parallel - 1 (engine.cc)
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<Communicator> comm_;  // rank 0's, at tensor_parallel > 1
-  std::shared_ptr<void> comm_group_;    // what the communicators share (CPU group)
+  std::shared_ptr<void>
+      comm_group_;  // what the communicators share (CPU group; the host barrier of tp_share_gpu)
   std::string collectives_path_;        // collectives_path()
   absl::Status group_failed_;           // a rank failed mid-step: the group is aborted
   std::unique_ptr<FollowerLinks> follower_links_;  // a leader's connections to the other processes

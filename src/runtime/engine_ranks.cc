@@ -219,6 +219,10 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
     }
   } else {
 #if defined(KVFUSE_HAVE_GPU)
+    if (cfg_.tp_share_gpu) {
+      KVFUSE_RETURN_IF_ERROR(share_gpu_communicators(comms));
+      return init_rank_models(s, pc, *shard, std::move(comms));
+    }
     auto lib = nccl::NcclLibrary::load();
     if (!lib.ok()) return lib.status();
     auto id = NcclCommunicator::unique_id(**lib);
@@ -292,6 +296,37 @@ absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator
                        : ")");
 #endif
   return absl::OkStatus();
+}
+
+absl::Status Engine::share_gpu_communicators(std::vector<std::unique_ptr<Communicator>>& comms) {
+#if defined(KVFUSE_HAVE_GPU)
+  const int32_t tp = cfg_.tensor_parallel;
+  PeerAllReduceOptions options;
+  options.share_devices = true;
+  options.pdl = peer_allreduce_pdl_by_env();
+  options.push = cfg_.tp_allreduce == TpAllReduce::push;
+  auto group = PeerAllReduceGroup::create(std::vector<int>(size_t(tp), cfg_.tp_device(0)), options);
+  if (!group.ok()) return group.status();
+  auto host = CpuCommGroup::create(tp, std::chrono::seconds(cfg_.tp_rendezvous_timeout_s));
+  if (!host.ok()) return host.status();
+  comm_group_ = *host;
+  for (int32_t r = 0; r < tp; ++r) {
+    auto h = CpuCommunicator::create(*host, r);
+    if (!h.ok()) return h.status();
+    void* stream = rank_backend(r).native_stream();
+    auto c = SharedGpuCommunicator::create(*group, r, stream, std::move(*h));
+    if (!c.ok()) return c.status();
+    comms[size_t(r)] = std::move(*c);
+  }
+  collectives_path_ = absl::StrCat(
+      comms[0]->name(), " (tp_share_gpu: ", tp, " ranks sharing GPU ", cfg_.tp_device(0),
+      ", a test mode; every collective over the peer group",
+      options.push ? "; tp_allreduce push: row-parallel partial sums pushed into the norms" : "", ")");
+  return absl::OkStatus();
+#else
+  (void)comms;
+  return absl::FailedPreconditionError("tp_share_gpu needs a GPU build");
+#endif
 }
 
 absl::Status Engine::load_weights(HostWeightSource& weights) {
