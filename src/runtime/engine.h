@@ -236,6 +236,9 @@ class Engine {
   // One rank's part of collectives_ms.
   absl::Status run_collectives(int32_t local_rank, int32_t tokens, int reps, double& ms);
   absl::Status load_weights(HostWeightSource& weights);
+  // comms.size() CPU communicators of one new group, rank order (the CPU ranks, or
+  // tp_share_gpu's host meetings); the group in comm_group_.
+  absl::Status cpu_communicators(std::vector<std::unique_ptr<Communicator>>& comms);
   // GPU ranks: puts the peer all-reduce (src/parallel/peer_allreduce.h) in front of each
   // rank's NCCL communicator where it applies; sets collectives_path_.
   absl::Status use_peer_allreduce(std::vector<std::unique_ptr<Communicator>>& comms);
@@ -275,8 +278,7 @@ class Engine {
   struct Rank;  // ranks 1 .. tensor_parallel - 1 (engine.cc)
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<Communicator> comm_;  // rank 0's, at tensor_parallel > 1
-  std::shared_ptr<void>
-      comm_group_;  // what the communicators share (CPU group; the host barrier of tp_share_gpu)
+  std::shared_ptr<void> comm_group_;    // the CPU ranks' group (or tp_share_gpu's host meeting)
   std::string collectives_path_;        // collectives_path()
   absl::Status group_failed_;           // a rank failed mid-step: the group is aborted
   std::unique_ptr<FollowerLinks> follower_links_;  // a leader's connections to the other processes

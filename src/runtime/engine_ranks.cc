@@ -30,6 +30,17 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
+#if defined(KVFUSE_HAVE_GPU)
+// The engine's peer group: programmatic launches unless KVFUSE_PEER_PDL=0, inboxes for
+// tp_allreduce push. kPushPath: what collectives_path() says of push.
+PeerAllReduceOptions peer_options(const Config& cfg) {
+  PeerAllReduceOptions options;
+  options.pdl = peer_allreduce_pdl_by_env();
+  options.push = cfg.tp_allreduce == TpAllReduce::push;
+  return options;
+}
+constexpr char kPushPath[] = "; tp_allreduce push: row-parallel partial sums pushed into the norms";
+#endif
 
 // Rank 0 of a group of `size` whose other ranks do not exist (Config::tp_rank_alone): each
 // collective does only what keeps this rank's own work well-formed, on the backend's stream
@@ -209,14 +220,7 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
   // The communicators: every rank's made at once (NCCL's init waits for the whole group).
   std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(tp));
   if (backend_->device() == Device::cpu) {
-    auto group = CpuCommGroup::create(tp, std::chrono::seconds(cfg_.tp_rendezvous_timeout_s));
-    if (!group.ok()) return group.status();
-    comm_group_ = *group;
-    for (int32_t r = 0; r < tp; ++r) {
-      auto c = CpuCommunicator::create(*group, r);
-      if (!c.ok()) return c.status();
-      comms[size_t(r)] = std::move(*c);
-    }
+    KVFUSE_RETURN_IF_ERROR(cpu_communicators(comms));
   } else {
 #if defined(KVFUSE_HAVE_GPU)
     if (cfg_.tp_share_gpu) {
@@ -258,6 +262,18 @@ absl::Status Engine::init_rank_alone(const ModelSpec& s, KvPoolConfig& pc) {
   return init_rank_models(s, pc, *shard, std::move(comms));
 }
 
+absl::Status Engine::cpu_communicators(std::vector<std::unique_ptr<Communicator>>& comms) {
+  auto group = CpuCommGroup::create(int(comms.size()), std::chrono::seconds(cfg_.tp_rendezvous_timeout_s));
+  if (!group.ok()) return group.status();
+  comm_group_ = *group;
+  for (size_t r = 0; r < comms.size(); ++r) {
+    auto c = CpuCommunicator::create(*group, int(r));
+    if (!c.ok()) return c.status();
+    comms[r] = std::move(*c);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator>>& comms) {
   collectives_path_ = comms[0]->name();
 #if defined(KVFUSE_HAVE_GPU)
@@ -274,9 +290,7 @@ absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator
   for (int32_t r = 0; r < tp; ++r) devices.push_back(cfg_.tp_device(r));
   // Where it does not apply (no peer access between a pair, more than 8 ranks), NCCL
   // carries every collective, as before; the reason is in collectives_path().
-  PeerAllReduceOptions options;
-  options.pdl = peer_allreduce_pdl_by_env();
-  options.push = cfg_.tp_allreduce == TpAllReduce::push;
+  const PeerAllReduceOptions options = peer_options(cfg_);
   auto group = PeerAllReduceGroup::create(devices, options);
   if (!group.ok()) {
     collectives_path_ += absl::StrCat(" (", group.status().message(), ")");
@@ -288,12 +302,9 @@ absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator
     if (!c.ok()) return c.status();
     comms[size_t(r)] = std::move(*c);
   }
-  collectives_path_ =
-      absl::StrCat(comms[0]->name(), " (all-reduces up to ", (*group)->staging_bytes() >> 10,
-                   " KiB over peer memory, larger ones and the gathers over NCCL",
-                   cfg_.tp_allreduce == TpAllReduce::push
-                       ? "; tp_allreduce push: row-parallel partial sums pushed into the norms)"
-                       : ")");
+  collectives_path_ = absl::StrCat(comms[0]->name(), " (all-reduces up to ", (*group)->staging_bytes() >> 10,
+                                   " KiB over peer memory, larger ones and the gathers over NCCL",
+                                   options.push ? kPushPath : "", ")");
 #endif
   return absl::OkStatus();
 }
@@ -301,27 +312,22 @@ absl::Status Engine::use_peer_allreduce(std::vector<std::unique_ptr<Communicator
 absl::Status Engine::share_gpu_communicators(std::vector<std::unique_ptr<Communicator>>& comms) {
 #if defined(KVFUSE_HAVE_GPU)
   const int32_t tp = cfg_.tensor_parallel;
-  PeerAllReduceOptions options;
+  PeerAllReduceOptions options = peer_options(cfg_);
   options.share_devices = true;
-  options.pdl = peer_allreduce_pdl_by_env();
-  options.push = cfg_.tp_allreduce == TpAllReduce::push;
   auto group = PeerAllReduceGroup::create(std::vector<int>(size_t(tp), cfg_.tp_device(0)), options);
   if (!group.ok()) return group.status();
-  auto host = CpuCommGroup::create(tp, std::chrono::seconds(cfg_.tp_rendezvous_timeout_s));
-  if (!host.ok()) return host.status();
-  comm_group_ = *host;
+  // Each rank's host meeting before its collectives: the ranks' CPU communicators.
+  std::vector<std::unique_ptr<Communicator>> hosts(static_cast<size_t>(tp));
+  KVFUSE_RETURN_IF_ERROR(cpu_communicators(hosts));
   for (int32_t r = 0; r < tp; ++r) {
-    auto h = CpuCommunicator::create(*host, r);
-    if (!h.ok()) return h.status();
-    void* stream = rank_backend(r).native_stream();
-    auto c = SharedGpuCommunicator::create(*group, r, stream, std::move(*h));
+    auto c = SharedGpuCommunicator::create(*group, r, rank_backend(r).native_stream(),
+                                           std::move(hosts[size_t(r)]));
     if (!c.ok()) return c.status();
     comms[size_t(r)] = std::move(*c);
   }
-  collectives_path_ = absl::StrCat(
-      comms[0]->name(), " (tp_share_gpu: ", tp, " ranks sharing GPU ", cfg_.tp_device(0),
-      ", a test mode; every collective over the peer group",
-      options.push ? "; tp_allreduce push: row-parallel partial sums pushed into the norms" : "", ")");
+  collectives_path_ =
+      absl::StrCat(comms[0]->name(), " (tp_share_gpu: ", tp, " ranks sharing GPU ", cfg_.tp_device(0),
+                   ", a test mode; every collective over the peer group", options.push ? kPushPath : "", ")");
   return absl::OkStatus();
 #else
   (void)comms;
