@@ -1,16 +1,20 @@
 // Tensor-parallel foundation: the CPU communicator (ranks as threads; a deterministic
-// rank-ordered all-reduce), the run-time NCCL loader's errors, the shard shapes, and the
-// engine's checks of tensor-parallel shapes (the sharded engine: test_tensor_parallel.cc).
+// rank-ordered all-reduce), the run-time NCCL loader (the names it tries, its errors), the
+// shard shapes, and the engine's checks of tensor-parallel shapes (the sharded engine:
+// test_tensor_parallel.cc).
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 #include "tests/catch.h"
 
 #include "kernels/bf16.h"
@@ -278,7 +282,7 @@ TEST_CASE("nccl loader: a library that is not there is FAILED_PRECONDITION namin
   const char* old = std::getenv("KVFUSE_NCCL_LIBRARY");
   const std::string saved = old != nullptr ? old : "";
   setenv("KVFUSE_NCCL_LIBRARY", "/nonexistent/libkvfuse-no-nccl.so.2", 1);
-  CHECK(nccl::NcclLibrary::default_name() == "/nonexistent/libkvfuse-no-nccl.so.2");
+  CHECK(nccl::NcclLibrary::candidates() == std::vector<std::string>{"/nonexistent/libkvfuse-no-nccl.so.2"});
   auto lib = nccl::NcclLibrary::load();
   if (old != nullptr) {
     setenv("KVFUSE_NCCL_LIBRARY", saved.c_str(), 1);
@@ -305,6 +309,68 @@ TEST_CASE("nccl loader: a library that is not there is FAILED_PRECONDITION namin
                                                          "libnccl.so.2"
 #endif
                                                          ));
+}
+
+TEST_CASE("nccl loader: the names tried, RCCL in ROCm's folders after the loader's path",
+          "[parallel][nccl]") {
+  using V = std::vector<std::string>;
+  CHECK(nccl::library_candidates(nullptr, nullptr, false) == V{"libnccl.so.2"});
+  CHECK(nccl::library_candidates("", "/opt/rocm-7.0.0", false) == V{"libnccl.so.2"});
+  CHECK(nccl::library_candidates(nullptr, nullptr, true) == V{"librccl.so.1", "/opt/rocm/lib/librccl.so.1"});
+  CHECK(nccl::library_candidates(nullptr, "/opt/rocm-7.0.0/", true) ==
+        V{"librccl.so.1", "/opt/rocm-7.0.0/lib/librccl.so.1", "/opt/rocm/lib/librccl.so.1"});
+  CHECK(nccl::library_candidates(nullptr, "/opt/rocm", true) ==
+        V{"librccl.so.1", "/opt/rocm/lib/librccl.so.1"});
+  // KVFUSE_NCCL_LIBRARY is the only name tried when set.
+  CHECK(nccl::library_candidates("/x/librccl.so.1", "/opt/rocm-7.0.0", true) == V{"/x/librccl.so.1"});
+}
+
+TEST_CASE("nccl loader: the first name that loads wins; when none does, each is named", "[parallel][nccl]") {
+  // A stand-in library (tests/fake_nccl.cc) at ROCm's layout under a fresh folder, as
+  // ROCM_PATH would name it.
+  const std::filesystem::path rocm =
+      std::filesystem::temp_directory_path() / ("kvfuse-fake-rocm-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(rocm / "lib");
+  const std::filesystem::path fake = rocm / "lib" / "librccl.so.1";
+  std::filesystem::copy_file(KVFUSE_FAKE_NCCL_PATH, fake, std::filesystem::copy_options::overwrite_existing);
+  struct Cleanup {
+    std::filesystem::path dir;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{rocm};
+
+  auto names = nccl::library_candidates(nullptr, rocm.c_str(), true);
+  REQUIRE(names.size() == 3);
+  CHECK(names[1] == fake.string());
+  // The loader's path may hold a real RCCL; a name that cannot load takes the soname's place.
+  names[0] = "/nonexistent/librccl.so.1";
+  auto lib = nccl::NcclLibrary::load_first(names);
+  REQUIRE(lib.ok());
+  CHECK((*lib)->path == fake.string());
+  CHECK((*lib)->version == 22809);
+  CHECK((*lib)->version_string() == "2.28.9");
+  CHECK(std::string((*lib)->flavour()) == "rccl");
+  CHECK((*lib)->comm_init_all == nullptr);  // optional, and the stand-in lacks it
+  nccl::ncclUniqueId id{};
+  const absl::Status st = (*lib)->check((*lib)->get_unique_id(&id), "ncclGetUniqueId");
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(st.message()), ContainsSubstring("rccl error in ncclGetUniqueId: 5"));
+  CHECK_THAT(std::string(st.message()), ContainsSubstring("not a real library"));
+  // Loaded once: the same entry for the same name.
+  auto again = nccl::NcclLibrary::load(fake.string());
+  REQUIRE(again.ok());
+  CHECK(*again == *lib);
+
+  auto none = nccl::NcclLibrary::load_first({"/nonexistent/a/librccl.so.1", "/nonexistent/b/librccl.so.1"});
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().code() == absl::StatusCode::kFailedPrecondition);
+  const std::string msg(none.status().message());
+  CHECK_THAT(msg, ContainsSubstring("'/nonexistent/a/librccl.so.1' cannot be loaded"));
+  CHECK_THAT(msg, ContainsSubstring("'/nonexistent/b/librccl.so.1' cannot be loaded"));
+  CHECK_THAT(msg, ContainsSubstring("KVFUSE_NCCL_LIBRARY"));
+  CHECK_FALSE(nccl::NcclLibrary::load_first({}).ok());
 }
 
 TEST_CASE("nccl api: our declarations carry nccl.h's values", "[parallel][nccl]") {

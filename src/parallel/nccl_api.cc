@@ -2,13 +2,15 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace kvfuse::nccl {
 
@@ -20,18 +22,39 @@ const char* default_nccl_library() {
 #endif
 }
 
-std::string NcclLibrary::default_name() {
-  const char* env = std::getenv("KVFUSE_NCCL_LIBRARY");
-  return env != nullptr && *env != '\0' ? std::string(env) : std::string(default_nccl_library());
+std::vector<std::string> library_candidates(const char* env_library, const char* rocm_path, bool rccl) {
+  if (env_library != nullptr && *env_library != '\0') return {std::string(env_library)};
+  const std::string soname = rccl ? "librccl.so.1" : "libnccl.so.2";
+  std::vector<std::string> names = {soname};
+  if (!rccl) return names;
+  auto add = [&](std::string dir) {
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    std::string path = dir + "/lib/" + soname;
+    if (std::find(names.begin(), names.end(), path) == names.end()) names.push_back(std::move(path));
+  };
+  if (rocm_path != nullptr && *rocm_path != '\0') add(rocm_path);
+  add("/opt/rocm");
+  return names;
 }
 
-absl::StatusOr<const NcclLibrary*> NcclLibrary::load() { return load(default_name()); }
+std::vector<std::string> NcclLibrary::candidates() {
+#if defined(KVFUSE_HIP)
+  constexpr bool kRccl = true;
+#else
+  constexpr bool kRccl = false;
+#endif
+  return library_candidates(std::getenv("KVFUSE_NCCL_LIBRARY"), std::getenv("ROCM_PATH"), kRccl);
+}
+
+absl::StatusOr<const NcclLibrary*> NcclLibrary::load() { return load_first(candidates()); }
 
 namespace {
 
 std::string how_to_fix() {
-  return absl::StrCat("install NCCL (CUDA) or RCCL (HIP), or set KVFUSE_NCCL_LIBRARY to the library's path (default ",
-                      default_nccl_library(), ")");
+  return absl::StrCat(
+      "install NCCL (CUDA) or RCCL (HIP; found in ROCm's lib folder too: ROCM_PATH), or set "
+      "KVFUSE_NCCL_LIBRARY to the library's path (default ",
+      default_nccl_library(), ")");
 }
 
 template <class Fn>
@@ -42,12 +65,13 @@ absl::Status resolve(void* handle, const std::string& path, const char* symbol, 
     if (!required) return absl::OkStatus();
     const char* err = dlerror();
     return absl::FailedPreconditionError(absl::StrCat("NCCL library '", path, "' lacks ", symbol, ": ",
-                                                      err != nullptr ? err : "symbol not found", "; ", how_to_fix()));
+                                                      err != nullptr ? err : "symbol not found"));
   }
   out = reinterpret_cast<Fn>(p);
   return absl::OkStatus();
 }
 
+// `name` loaded, or FAILED_PRECONDITION saying why; load_first() adds how_to_fix().
 absl::StatusOr<std::unique_ptr<NcclLibrary>> open_library(const std::string& name) {
   if (name.empty()) return absl::InvalidArgumentError("NCCL library: empty library name");
   dlerror();
@@ -55,9 +79,8 @@ absl::StatusOr<std::unique_ptr<NcclLibrary>> open_library(const std::string& nam
   void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* err = dlerror();
-    return absl::FailedPreconditionError(absl::StrCat("NCCL library '", name, "' cannot be loaded: ",
-                                                      err != nullptr ? err : "unknown dlopen error", "; ",
-                                                      how_to_fix()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL library '", name, "' cannot be loaded: ", err != nullptr ? err : "unknown dlopen error"));
   }
   auto lib = std::make_unique<NcclLibrary>();
   lib->path = name;
@@ -87,9 +110,8 @@ absl::StatusOr<std::unique_ptr<NcclLibrary>> open_library(const std::string& nam
   return lib;
 }
 
-}  // namespace
-
-absl::StatusOr<const NcclLibrary*> NcclLibrary::load(const std::string& name) {
+// A name loaded once, kept for the process; a failure is not kept.
+absl::StatusOr<const NcclLibrary*> load_cached(const std::string& name) {
   static std::mutex mu;
   static std::map<std::string, std::unique_ptr<NcclLibrary>>* loaded =
       new std::map<std::string, std::unique_ptr<NcclLibrary>>();
@@ -101,6 +123,21 @@ absl::StatusOr<const NcclLibrary*> NcclLibrary::load(const std::string& name) {
   (*loaded)[name] = std::move(*lib);
   return p;
 }
+
+}  // namespace
+
+absl::StatusOr<const NcclLibrary*> NcclLibrary::load_first(const std::vector<std::string>& names) {
+  if (names.empty()) return absl::InvalidArgumentError("NCCL library: no library names to try");
+  std::vector<std::string> why;
+  for (const std::string& name : names) {
+    auto lib = load_cached(name);
+    if (lib.ok()) return lib;
+    why.emplace_back(lib.status().message());
+  }
+  return absl::FailedPreconditionError(absl::StrCat(absl::StrJoin(why, "; "), "; ", how_to_fix()));
+}
+
+absl::StatusOr<const NcclLibrary*> NcclLibrary::load(const std::string& name) { return load_first({name}); }
 
 const char* NcclLibrary::flavour() const { return absl::StrContains(path, "rccl") ? "rccl" : "nccl"; }
 

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -78,15 +79,17 @@ struct NcclLibrary {
   GroupStartFn group_start = nullptr;
   GroupEndFn group_end = nullptr;
 
-  // The library named by KVFUSE_NCCL_LIBRARY when set and not empty, else the default:
-  // libnccl.so.2 in CUDA and CPU builds, librccl.so.1 in HIP builds. FAILED_PRECONDITION
-  // naming the library and dlerror() when it cannot be loaded, or naming the missing
-  // symbol. A success is kept for the process; a failure is tried again next time.
+  // The first of candidates() that loads. FAILED_PRECONDITION when none does, naming each
+  // name tried with dlerror() (or the symbol it lacks) and how to fix it. A success is
+  // kept for the process; a failure is tried again next time.
   static absl::StatusOr<const NcclLibrary*> load();
   // The same for an explicit name or path.
   static absl::StatusOr<const NcclLibrary*> load(const std::string& name);
-  // The library name load() tries: KVFUSE_NCCL_LIBRARY or the build's default.
-  static std::string default_name();
+  // The first of `names` that loads, tried in order (load(name) each); the error as load()'s.
+  static absl::StatusOr<const NcclLibrary*> load_first(const std::vector<std::string>& names);
+  // What load() tries: library_candidates() with this process's KVFUSE_NCCL_LIBRARY and
+  // ROCM_PATH, RCCL's names in HIP builds.
+  static std::vector<std::string> candidates();
 
   // "nccl" or "rccl", from the library name, for messages.
   const char* flavour() const;
@@ -98,5 +101,12 @@ struct NcclLibrary {
 
 // The build's default library: "libnccl.so.2" or "librccl.so.1".
 const char* default_nccl_library();
+
+// The names to dlopen, in order: `env_library` alone when it is set and not empty (the
+// KVFUSE_NCCL_LIBRARY variable); else the soname, libnccl.so.2 or, for `rccl`, librccl.so.1,
+// found as the loader finds any library; then, for RCCL only, the same file in ROCm's own
+// folders, which the loader's path often lacks (ROCm installs under /opt/rocm and leaves
+// ldconfig to the user): $ROCM_PATH/lib when `rocm_path` is set, then /opt/rocm/lib.
+std::vector<std::string> library_candidates(const char* env_library, const char* rocm_path, bool rccl);
 
 }  // namespace kvfuse::nccl
