@@ -17,12 +17,34 @@ constexpr int kThreads = 128;
 // Where the kernel also stores its results (launch_gemv_push_bf16), and how: staged, the
 // results of 2 to 8 token rows go a token row at a time through shared memory (the tilings of
 // one warp per row group); else, as always for one token row and the split tiling, lane 0 of
-// each warp stores its own one at a time. The same bits either way. On an H200 with two ranks
-// sharing it the staged stores took 2 us off a layer at 8 rows and cost 0.8 us at 1
-// (bench/RESULTS.md).
+// each warp stores its group's kRows results of a token row, adjacent columns, as one vector
+// where `vector` allows (kRows x 2 bytes: 4 or 8), else one at a time. The same bits every
+// way. On an H200 with two ranks sharing it the staged stores took 2 us off a layer at 8 rows
+// and cost 0.8 us at 1 (bench/RESULTS.md).
 struct Push {
   PushTargets targets;  // count 0: none
   bool staged = false;
+  // Every target 16-byte aligned and n a multiple of 8: a group's kRows columns of a token
+  // row (kRows 2 or 4, the group's first column a multiple of kRows) are then aligned to
+  // their size in every target.
+  bool vector = false;
+};
+
+// The kRows results of a group's token row as push_bits, packed for one store.
+template <int kRows>
+struct PushWords {
+  static_assert(kRows == 2 || kRows == 4, "a 4- or 8-byte store");
+  uint32_t w[kRows / 2];
+  KVFUSE_DEVICE void set(int r, uint16_t bits) {
+    w[r / 2] = r % 2 == 0 ? (w[r / 2] & 0xffff0000u) | bits : (w[r / 2] & 0xffffu) | (uint32_t(bits) << 16);
+  }
+  KVFUSE_DEVICE void store(uint16_t* dst) const {
+    if constexpr (kRows == 2) {
+      *reinterpret_cast<uint32_t*>(dst) = w[0];
+    } else {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    }
+  }
 };
 
 // a . b over the 8 bf16 of two 16-byte words, added to acc in element order.
@@ -188,6 +210,26 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
       }
     }
   } else {
+    if constexpr (!kF32 && (kRows == 2 || kRows == 4)) {
+      if (push.targets.count > 0 && push.vector && full) {
+        // A token row's kRows results: each to out, and as one store to every target.
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+          PushWords<kRows> words{};
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const bf16_t v = f32_to_bf16(acc[r][i]);
+            static_cast<bf16_t*>(out)[int64_t(i) * n + row0 + r] = v;
+            words.set(r, push_bits(v));
+          }
+#pragma unroll
+          for (int p = 0; p < PushTargets::kMax; ++p) {
+            if (p < push.targets.count) words.store(push.targets.dst[p] + int64_t(i) * n + row0);
+          }
+        }
+        return;
+      }
+    }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       if (row0 + r >= n) break;
@@ -329,7 +371,9 @@ LaunchStatus launch_gemv_push_bf16(const bf16_t* x, int64_t m, const bf16_t* w, 
     if (push.dst[p] == nullptr)
       return LaunchStatus::refused("gemv push: target " + std::to_string(p) + " is null");
   }
-  return launch_any(x, m, w, n, k, out, 0, Push{push, staged}, stream, pdl, variant, stream_w);
+  bool vector = n % 8 == 0;
+  for (int p = 0; p < push.count; ++p) vector = vector && reinterpret_cast<uintptr_t>(push.dst[p]) % 16 == 0;
+  return launch_any(x, m, w, n, k, out, 0, Push{push, staged, vector}, stream, pdl, variant, stream_w);
 }
 
 LaunchStatus launch_gemv_silu_mul_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,

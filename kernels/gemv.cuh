@@ -45,7 +45,9 @@ LaunchStatus launch_gemv_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64
 // index of every push.dst (as push_bits, kernels/tp_push.cuh): a row-parallel projection
 // delivering its partial sums into its tensor-parallel peers' inboxes from its epilogue.
 // staged: for 2-8 token rows, the block stores its results into the targets a token row at
-// a time through shared memory, else each result on its own (the same bits).
+// a time through shared memory; else each warp stores its own results of a token row, as one
+// vector where n is a multiple of 8 and every target 16-byte aligned, else one at a time
+// (the same bits every way).
 LaunchStatus launch_gemv_push_bf16(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, int64_t k,
                                    bf16_t* out, const PushTargets& push, cudaStream_t stream,
                                    bool pdl = false, int variant = 0, bool stream_w = true,

@@ -13,7 +13,8 @@
 //
 // The fused silu_mul variant (launch_gemv_silu_mul_bf16) is checked bit for bit against
 // the same variant's bf16 GEMV followed by launch_silu_mul: the sums are the same, so
-// must the bits be.
+// must the bits be; so is the pushed GEMV (launch_gemv_push_bf16), each target holding the
+// results' push_bits and nothing else.
 //
 // The skinny tensor-core GEMM (kernels/gemm_skinny.cuh, m up to 64) is held to the same
 // bound for every variant (k split 1 to 8 ways: the parts are fp32 sums too, and adding
@@ -32,6 +33,7 @@
 #include "kernels/gemm_skinny.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/model_ops.cuh"
+#include "kernels/tp_push.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -153,6 +155,58 @@ void run_silu_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t
   for (size_t i = 0; i < ref.size(); ++i) differ += ref[i] != got[i];
   check(differ == 0, what + ": " + std::to_string(differ) + " of " + std::to_string(ref.size()) +
                          " outputs differ from the GEMV then silu_mul");
+}
+
+// The pushed GEMV (launch_gemv_push_bf16): out has the plain GEMV's bits, and each of two
+// targets holds push_bits of every result and nothing else (the elements around stay
+// kPushEmpty). Targets 16-byte aligned (`offset` 0) take the vector stores where n is a
+// multiple of 8, one element off (`offset` 1) the element stores; staged or not.
+void run_push_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream, int variant,
+                    bool staged, int64_t offset) {
+  const auto [x, w] = random_operands(m, n, k, seed);
+  const int64_t count = m * n, pad = 8;  // each target: pad, count elements, pad
+  DeviceMem dx(x.size() * 2), dw(w.size() * 2), dref(size_t(count) * 2), dout(size_t(count) * 2),
+      dt(size_t(2 * (count + 2 * pad)) * 2);
+  dx.upload(x.data(), x.size() * 2);
+  dw.upload(w.data(), w.size() * 2);
+  KVFUSE_TEST_GPU(cudaMemsetAsync(dt.get(), 0xff, size_t(2 * (count + 2 * pad)) * 2, stream));
+  PushTargets targets;
+  targets.count = 2;
+  for (int p = 0; p < 2; ++p) targets.dst[p] = dt.get<uint16_t>() + p * (count + 2 * pad) + pad + offset;
+  const std::string what = "gemv push " + std::to_string(m) + "x" + std::to_string(n) + "x" +
+                           std::to_string(k) + " variant " + std::to_string(variant) +
+                           (staged ? " staged" : "") + " offset " + std::to_string(offset);
+  check(gpu::launch_gemv_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, dref.get(), false, stream, false,
+                              variant)
+            .ok(),
+        what + ": the plain GEMV");
+  const gpu::LaunchStatus st =
+      gpu::launch_gemv_push_bf16(dx.get<bf16_t>(), m, dw.get<bf16_t>(), n, k, dout.get<bf16_t>(), targets,
+                                 stream, true, variant, true, staged);
+  check(st.ok(), what + ": " + st.message());
+  KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
+  const std::vector<bf16_t> ref = dref.download<bf16_t>(size_t(count));
+  const std::vector<bf16_t> out = dout.download<bf16_t>(size_t(count));
+  const std::vector<uint16_t> t = dt.download<uint16_t>(size_t(2 * (count + 2 * pad)));
+  int64_t out_differ = 0, pushed_differ = 0, stray = 0;
+  for (int64_t i = 0; i < count; ++i) out_differ += ref[size_t(i)] != out[size_t(i)];
+  for (int p = 0; p < 2; ++p) {
+    const int64_t base = p * (count + 2 * pad);
+    for (int64_t j = 0; j < count + 2 * pad; ++j) {
+      const int64_t i = j - pad - offset;  // the result this element holds, if any
+      const uint16_t got = t[size_t(base + j)];
+      if (i >= 0 && i < count) {
+        const uint16_t want = ref[size_t(i)] == kPushEmpty ? uint16_t(0x7fff) : ref[size_t(i)];
+        pushed_differ += got != want;
+      } else {
+        stray += got != kPushEmpty;
+      }
+    }
+  }
+  check(out_differ == 0 && pushed_differ == 0 && stray == 0,
+        what + ": " + std::to_string(out_differ) + " outputs differ from the plain GEMV, " +
+            std::to_string(pushed_differ) + " pushed elements from push_bits of them, " +
+            std::to_string(stray) + " elements written outside the targets' results");
 }
 
 // Every variant of the skinny GEMM for one shape, fp32 and bf16 outputs, against the
@@ -283,6 +337,18 @@ int main(int argc, char** argv) {
     }
     for (int64_t m : {1, 8}) {
       for (int v = 0; v < gpu::gemv_variants(m); ++v) run_silu_shape(m, 28672, 4096, ++seed, stream, v);
+    }
+    // The pushed GEMV: n a multiple of 8 (vector stores into aligned targets), of 4 only,
+    // and odd with a partial block; targets aligned and not; staged and not.
+    for (int64_t m = 1; m <= gpu::kGemvMaxRows; ++m) {
+      for (int v = 0; v < gpu::gemv_variants(m); ++v) {
+        for (const auto& [n, k] :
+             std::vector<std::pair<int64_t, int64_t>>{{4096, 256}, {4100, 136}, {131, 1000}}) {
+          for (bool staged : {true, false}) {
+            for (int64_t offset : {0, 1}) run_push_shape(m, n, k, ++seed, stream, v, staged, offset);
+          }
+        }
+      }
     }
   }
   if (const std::string why = skinny_device_refusal(); !why.empty()) {
