@@ -23,7 +23,13 @@
 #      tp 2 in one process (NCCL's all-reduce there too), and the follower must exit 0
 #      once the leader is done. With 4 GPUs or more, also tp 4 across two processes of two
 #      GPUs each (ranks 0-1 on GPUs 0,1; ranks 2-3 on GPUs 2,3).
-# GPU_TP_ONLY=processes runs step 5 alone, GPU_TP_ONLY=one-process steps 1-4. On a machine
+# After step 3, scripts/tp-ratios.py prints every tp 2 variant's step against tp 1 per cell,
+# the targets' verdicts and push against auto. GPU_TP_ONLY picks steps by name, a comma
+# list of tests (1), allreduce (2), engine (3), 70b (4), processes (5); one-process is steps
+# 1-4. Step 3 builds five llama3-8b engines and step 4 llama3-70b's from 141 GB of synthetic
+# weights (one rank's half took 205 s to be ready on one H200), so the whole run may not fit
+# a 10-minute limit per call: then run GPU_TP_ONLY=tests,allreduce,engine, and
+# GPU_TP_ONLY=70b,processes after it. On a machine
 # of one GPU: (a) the peer all-reduce with two ranks sharing the GPU (a test mode: the
 # protocol, kernels, graphs and abort, and the kernel's own cost per call; not the links):
 # test_gpu_peer_allreduce, test_gpu_tp (its tp 2 engines then run both ranks on the GPU,
@@ -101,6 +107,10 @@ if ((gpus == 1)); then
         echo "llama3-8b $variant (round $round):" | tee -a "$summary"
         grep -E "^ +(1|8|64) " "$out/engine-llama3-8b-$variant-$round.txt" | tee -a "$summary"
       done
+      if [[ -s $out/engine-llama3-8b-tp1-$round.json && -s $out/engine-llama3-8b-tp2-alone-$round.json ]]; then
+        python3 scripts/tp-ratios.py "$out/engine-llama3-8b-tp1-$round.json" \
+          "tp2-alone=$out/engine-llama3-8b-tp2-alone-$round.json" 2>&1 | tee -a "$summary"
+      fi
     done
     # llama3-70b's rank 0 at tp 2: half its 141 GB of bf16 weights and a KV pool of
     # $TP_70B_PAGES pages (default 25000: 30.5 GiB of fp8 KV) on this GPU, what each of two
@@ -115,7 +125,13 @@ if ((gpus == 1)); then
   note "$( ((status == 0)) && echo PASS || echo FAIL)"
   exit $status
 fi
-if [[ ${GPU_TP_ONLY:-} != processes ]]; then
+# Whether GPU_TP_ONLY (a comma list of step names) asks for step $1; empty: every step.
+want() {
+  local only=${GPU_TP_ONLY:-}
+  [[ $only == one-process ]] && only=tests,allreduce,engine,70b
+  [[ -z $only || ,$only, == *,$1,* ]]
+}
+if want tests; then
   run test_gpu_nccl "$bundle/test_gpu_nccl"
   if [[ -x $bundle/test_gpu_peer_allreduce ]]; then
     run test_gpu_peer_allreduce "$bundle/test_gpu_peer_allreduce"
@@ -123,15 +139,18 @@ if [[ ${GPU_TP_ONLY:-} != processes ]]; then
   fi
   run test_gpu_tp "$bundle/test_gpu_tp"
   grep -E "^gpu tp" "$out/test_gpu_tp.txt" | tee -a "$summary"
-
+fi
+if want allreduce; then
   run bench-allreduce "$bundle/kvfuse-bench-allreduce" --gpus 2 --rounds 5 --json "$out/allreduce.json"
   grep -E "^ +[0-9]+ |peer|link" "$out/bench-allreduce.txt" | tee -a "$summary"
   run bench-allreduce-pdl "$bundle/kvfuse-bench-allreduce" --gpus 2 --rounds 5 --pdl --json "$out/allreduce-pdl.json"
   grep -E "^ +[0-9]+ |peer|link" "$out/bench-allreduce-pdl.txt" | tee -a "$summary"
   run bench-layers "$bundle/kvfuse-bench-allreduce" --gpus 2 --layers --rounds 5 --pdl --json "$out/layers.json"
   grep -E "^ +[0-9]+ |layers" "$out/bench-layers.txt" | tee -a "$summary"
-
+fi
+if want engine; then
   # llama3-8b: tp 1, tp 2 all-reducing over peer memory, pushing into the norms, over NCCL alone.
+  ratios=()
   for variant in tp1 tp2 tp2-push tp2-plain tp2-nccl; do
     tp=${variant:2:1}
     env=()
@@ -143,8 +162,14 @@ if [[ ${GPU_TP_ONLY:-} != processes ]]; then
       "${cells[@]}" --json "$out/engine-llama3-8b-$variant.json"
     echo "llama3-8b $variant:" | tee -a "$summary"
     grep -E "^ +(1|8|64) |collectives" "$out/engine-llama3-8b-$variant.txt" | tee -a "$summary"
+    [[ $variant != tp1 && -s $out/engine-llama3-8b-$variant.json ]] &&
+      ratios+=("$variant=$out/engine-llama3-8b-$variant.json")
   done
-
+  if [[ -s $out/engine-llama3-8b-tp1.json ]] && ((${#ratios[@]} > 0)); then
+    python3 scripts/tp-ratios.py "$out/engine-llama3-8b-tp1.json" "${ratios[@]}" 2>&1 | tee -a "$summary"
+  fi
+fi
+if want 70b; then
   pages=${TP_70B_PAGES:-25000}
   run run-llama3-70b-tp2 "$bundle/kvfuse-run" --set model=llama3-70b --set tensor_parallel=2 --set num_pages="$pages" \
     --set max_seq_len=4096 -n 8 -m 32 -q
@@ -188,7 +213,7 @@ across_processes() {  # tp, ranks per process
   fi
   tail -1 "$out/run-$name-leader.txt" | tee -a "$summary"
 }
-if [[ ${GPU_TP_ONLY:-} != one-process ]]; then
+if want processes; then
   export KVFUSE_GEMM_TUNE=0
   across_processes 2 1
   ((gpus >= 4)) && across_processes 4 2
