@@ -102,7 +102,7 @@ TEST_CASE("hf config: Llama, Qwen2 and Mistral config.json give the specs transf
   CHECK_FALSE(mt.layer_is_swa[1]);
 }
 
-TEST_CASE("hf config: special tokens from config.json, then generation_config.json; presets declare theirs",
+TEST_CASE("hf config: special tokens from config.json, then generation_config.json - presets declare theirs",
           "[checkpoint][hf_config]") {
   json j = kLlama3;
   j["bos_token_id"] = 128000;

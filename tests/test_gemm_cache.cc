@@ -75,7 +75,7 @@ TEST_CASE("gemm cache: a shape that runs kvfuse's own GEMV keeps that, with no l
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("gemm cache: writers in parallel lose nothing; a damaged file is ignored and replaced",
+TEST_CASE("gemm cache: writers in parallel lose nothing - a damaged file is ignored and replaced",
           "[gemm_cache]") {
   const std::string dir = temp_dir();
   const std::string path = dir + "/gemm-algos.json";

@@ -76,7 +76,7 @@ TEST_CASE("gpu engine: tiny model logits and greedy tokens match the CPU engine"
 // fused_rope too: its kernel rotates with rope_kernel's expressions and converts with the
 // fused write's, so on one device its q and cache bits are those of the two kernels
 // (tests/gpu/test_kv_write_rope_gpu.cu checks the kernels alone).
-TEST_CASE("gpu engine: fused and unfused writes leave byte-identical caches; fused_rope the same tokens",
+TEST_CASE("gpu engine: fused and unfused writes leave byte-identical caches - fused_rope the same tokens",
           "[gpu][engine][kv_write]") {
   for (const char* dtype : {"bf16", "fp8_e4m3", "fp8_e5m2"}) {
     for (const char* other : {"unfused", "fused_rope"}) {

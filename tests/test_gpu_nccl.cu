@@ -114,8 +114,9 @@ void run_rank(const nccl::NcclLibrary& lib, const nccl::ncclUniqueId& id, int r,
 
 }  // namespace
 
-TEST_CASE("nccl communicator: 2-rank bf16 and f32 all-reduce equal the CPU sum exactly; gather, broadcast, graph",
-          "[gpu][nccl]") {
+TEST_CASE(
+    "nccl communicator: 2-rank bf16 and f32 all-reduce equal the CPU sum exactly - gather, broadcast, graph",
+    "[gpu][nccl]") {
   const nccl::NcclLibrary* lib = nccl_or_skip();
   if (lib == nullptr) return;
   INFO(lib->path << " " << lib->version_string());

@@ -637,7 +637,7 @@ TEST_CASE("pushed partial sums: the bits of the projection, all-reduce and add_r
         absl::StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("peer all-reduce communicator: small all-reduces over peer memory, larger through NCCL; abort",
+TEST_CASE("peer all-reduce communicator: small all-reduces over peer memory, larger through NCCL - abort",
           "[gpu][peer][nccl]") {
   const Devices devices = devices_or_skip();
   if (devices.empty()) return;

@@ -325,7 +325,7 @@ TEST_CASE("nccl loader: the names tried, RCCL in ROCm's folders after the loader
   CHECK(nccl::library_candidates("/x/librccl.so.1", "/opt/rocm-7.0.0", true) == V{"/x/librccl.so.1"});
 }
 
-TEST_CASE("nccl loader: the first name that loads wins; when none does, each is named", "[parallel][nccl]") {
+TEST_CASE("nccl loader: the first name that loads wins - when none does, each is named", "[parallel][nccl]") {
   // A stand-in library (tests/fake_nccl.cc) at ROCm's layout under a fresh folder, as
   // ROCM_PATH would name it.
   const std::filesystem::path rocm =
@@ -465,7 +465,7 @@ TEST_CASE("engine: tensor_parallel shapes are checked at start, with the whole s
   CHECK(Engine::create(*cfg).ok());
 }
 
-TEST_CASE("cpu communicator: no pushed all-reduce (a GPU peer-memory path); clear errors",
+TEST_CASE("cpu communicator: no pushed all-reduce (a GPU peer-memory path) - clear errors",
           "[parallel][cpu_comm]") {
   auto group = CpuCommGroup::create(2);
   REQUIRE(group.ok());

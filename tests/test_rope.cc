@@ -147,7 +147,7 @@ TEST_CASE("rope table: linear divides every frequency by the factor", "[rope]") 
 }
 
 TEST_CASE(
-    "rope table: llama3 (Llama 3.1) matches transformers' formula; high frequencies kept, low ones / factor",
+    "rope table: llama3 (Llama 3.1) matches transformers' formula - high frequencies kept, low ones / factor",
     "[rope]") {
   const RopeTable t = table(500000.0, 128, llama31());
   CHECK(t.attention_scaling == 1.0f);
@@ -186,7 +186,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "rope table: yarn matches transformers' formula; attention factor 0.1 ln(factor) + 1 or from mscale",
+    "rope table: yarn matches transformers' formula - attention factor 0.1 ln(factor) + 1 or from mscale",
     "[rope]") {
   // Qwen2.5 with the model card's yarn: factor 4 over 32768 positions, theta 1e6, D 128.
   const RopeTable t = table(1000000.0, 128, yarn(4, 32768));
@@ -364,7 +364,7 @@ TEST_CASE("hf config: llama3, linear and yarn RoPE in the transformers 4.x and 5
   CHECK(hf(both).rope_scaling == yarn(4, 32768));
 }
 
-TEST_CASE("hf config: bad RoPE values name the field; dynamic, longrope and unknown types are refused",
+TEST_CASE("hf config: bad RoPE values name the field - dynamic, longrope and unknown types are refused",
           "[rope][hf_config][errors]") {
   const json base = [] {
     json j = llama_base();

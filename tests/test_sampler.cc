@@ -152,7 +152,8 @@ TEST_CASE("sampler: the radix-select sampler equals a sort-based reference of th
   CHECK(checked == 4 * 2 * 4 * 5 * 4 * 8);
 }
 
-TEST_CASE("sampler: logprobs are the log-softmax of the raw logits; top-n is the sorted head", "[sampler][logprobs]") {
+TEST_CASE("sampler: logprobs are the log-softmax of the raw logits - top-n is the sorted head",
+          "[sampler][logprobs]") {
   std::mt19937 gen(3);
   for (int64_t vocab : {int64_t(1), int64_t(4), int64_t(999), int64_t(50000)}) {
     for (int coarse = 0; coarse < 2; ++coarse) {

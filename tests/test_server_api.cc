@@ -434,7 +434,7 @@ TEST_CASE("server: the message size limit takes batches beyond gRPC's default 4 
   CHECK(st.error_message().find("duplicate id") != std::string::npos);
 }
 
-TEST_CASE("server: router stop rules end a sequence mid-Decode with its finish reason; the others go on",
+TEST_CASE("server: router stop rules end a sequence mid-Decode with its finish reason - the others go on",
           "[server][router]") {
   auto t = TestServer::start();
   const std::vector<int32_t> prompt = test_prompt(11, 24);
@@ -632,7 +632,7 @@ TEST_CASE("server: prefix_reuse shares a live sequence's prompt pages: cached_to
   CHECK(t.wait_all_pages_free());
 }
 
-TEST_CASE("server: tensor_parallel 2 on the CPU serves the sharded engine's tokens; bad input leaks nothing",
+TEST_CASE("server: tensor_parallel 2 on the CPU serves the sharded engine's tokens - bad input leaks nothing",
           "[server][tp]") {
   const std::vector<std::string> keys = {"tensor_parallel=2", "num_pages=200"};
   auto t = TestServer::start(keys);

@@ -136,7 +136,7 @@ TEST_CASE("server: logprobs on Prefill, Decode and Generate are the engine's", "
   CHECK(t.wait_all_pages_free());
 }
 
-TEST_CASE("server: logprobs top_n above 20 is INVALID_ARGUMENT naming the field; the server serves on",
+TEST_CASE("server: logprobs top_n above 20 is INVALID_ARGUMENT naming the field - the server serves on",
           "[server][logprobs][errors]") {
   auto t = TestServer::start();
   const std::vector<int32_t> prompt = test_prompt(6, 8);

@@ -55,7 +55,7 @@ void check_same_bits(const Run& ra, const Run& rb) {
 
 }  // namespace
 
-TEST_CASE("tensor parallel (cpu): a rank that fails mid-step aborts the group; nobody waits forever",
+TEST_CASE("tensor parallel (cpu): a rank that fails mid-step aborts the group - nobody waits forever",
           "[tp][engine][errors]") {
   nlohmann::json j = {{"model", "tiny"}, {"device", "cpu"}, {"num_pages", 64}, {"tensor_parallel", 2},
                       {"tp_rendezvous_timeout_s", 600}};
