@@ -331,6 +331,12 @@ absl::Status EngineLoop::warm_up() {
       "pages={} page_size={} tensor_parallel={}",
       info_.model(), info_.device(), info_.kv_cache_dtype(), info_.kv_format(), info_.kv_write(),
       info_.attention(), info_.num_pages(), info_.page_size(), info_.tensor_parallel());
+  if (engine_->num_ranks() > 1) {
+    // How the ranks reduce, and through which NCCL (RCCL) build: what an operator checks
+    // first when a sharded server is slow or fails to start its group.
+    spdlog::info("event=collectives path=\"{}\" library=\"{}\"", engine_->collectives_path(),
+                 engine_->collectives_library().empty() ? "none" : engine_->collectives_library());
+  }
   return absl::OkStatus();
 }
 

@@ -352,6 +352,7 @@ TEST_CASE("nccl loader: the first name that loads wins - when none does, each is
   CHECK((*lib)->version == 22809);
   CHECK((*lib)->version_string() == "2.28.9");
   CHECK(std::string((*lib)->flavour()) == "rccl");
+  CHECK((*lib)->description() == "rccl 2.28.9 (" + fake.string() + ")");
   CHECK((*lib)->comm_init_all == nullptr);  // optional, and the stand-in lacks it
   nccl::ncclUniqueId id{};
   const absl::Status st = (*lib)->check((*lib)->get_unique_id(&id), "ncclGetUniqueId");

@@ -222,6 +222,8 @@ TEST_CASE(
   leader.signal(SIGTERM);
   CHECK(leader.wait_exit(20) == 0);
   CHECK(follower.wait_exit(20) == 0);
+  // Rank 0 says how the group reduces: the CPU ranks of two processes over TCP, no NCCL.
+  CHECK(leader.log().find("event=collectives path=\"tcp\" library=\"none\"") != std::string::npos);
   const std::string log = follower.log();
   INFO(log);
   CHECK(log.find("event=following rank=1 tensor_parallel=2") != std::string::npos);

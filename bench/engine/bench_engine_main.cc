@@ -323,6 +323,8 @@ int main(int argc, char** argv) {
         "KV heads); each step runs %d all-reduces of batch x %d bf16 and one all-gather of the logits\n",
         tp, e.num_ranks(), 2 * spec.num_layers, spec.hidden);
     std::printf("collectives: %s\n", e.collectives_path().c_str());
+    if (!e.collectives_library().empty())
+      std::printf("collectives library: %s\n", e.collectives_library().c_str());
   }
   for (const Cell& cell : cells) {
     if (!cell.skip.empty())

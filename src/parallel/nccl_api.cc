@@ -141,6 +141,10 @@ absl::StatusOr<const NcclLibrary*> NcclLibrary::load(const std::string& name) { 
 
 const char* NcclLibrary::flavour() const { return absl::StrContains(path, "rccl") ? "rccl" : "nccl"; }
 
+std::string NcclLibrary::description() const {
+  return absl::StrCat(flavour(), " ", version_string(), " (", path, ")");
+}
+
 std::string NcclLibrary::version_string() const {
   // NCCL_VERSION(X,Y,Z): X*10000 + Y*100 + Z since 2.9; X*1000 + Y*100 + Z before.
   if (version >= 10000) return absl::StrCat(version / 10000, ".", (version / 100) % 100, ".", version % 100);

@@ -95,6 +95,8 @@ struct NcclLibrary {
   const char* flavour() const;
   // "2.19.3" from version.
   std::string version_string() const;
+  // What was loaded, for logs: "nccl 2.19.3 (libnccl.so.2)".
+  std::string description() const;
   // OK, or an error naming the call, the result code and NCCL's text for it.
   absl::Status check(ncclResult_t r, const char* call) const;
 };

@@ -197,6 +197,9 @@ class Engine {
   // Which communicator carries the collectives at tensor_parallel > 1 and, for GPU ranks,
   // whether all-reduces go over peer memory (and why not, when they do not); "" at 1.
   const std::string& collectives_path() const { return collectives_path_; }
+  // The NCCL (RCCL) library a GPU group loaded, NcclLibrary::description(); "" when none
+  // was (tensor_parallel 1, the CPU, tp_share_gpu, tp_rank_alone).
+  const std::string& collectives_library() const { return collectives_library_; }
 
   // Logits of the last step, [rows, vocab]: one row per item that asked for logits
   // (StepItem::logits) or sampled with temperature > 0; StepResult::logits_row indexes it.
@@ -280,6 +283,7 @@ class Engine {
   std::unique_ptr<Communicator> comm_;  // rank 0's, at tensor_parallel > 1
   std::shared_ptr<void> comm_group_;    // the CPU ranks' group (or tp_share_gpu's host meeting)
   std::string collectives_path_;        // collectives_path()
+  std::string collectives_library_;     // collectives_library()
   absl::Status group_failed_;           // a rank failed mid-step: the group is aborted
   std::unique_ptr<FollowerLinks> follower_links_;  // a leader's connections to the other processes
   std::unique_ptr<LeaderLink> leader_link_;        // a follower's connection to the leader

@@ -99,6 +99,7 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
     auto l = nccl::NcclLibrary::load();
     if (!l.ok()) return l.status();
     lib = *l;
+    collectives_library_ = lib->description();
   }
 #endif
   if (first == 0) {

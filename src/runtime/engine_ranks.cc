@@ -229,6 +229,7 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
     }
     auto lib = nccl::NcclLibrary::load();
     if (!lib.ok()) return lib.status();
+    collectives_library_ = (*lib)->description();
     auto id = NcclCommunicator::unique_id(**lib);
     if (!id.ok()) return id.status();
     KVFUSE_RETURN_IF_ERROR(for_each_rank(
