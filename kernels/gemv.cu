@@ -30,14 +30,13 @@ struct Push {
   bool vector = false;
 };
 
-// The kRows results of a group's token row as push_bits, packed for one store.
+// The kRows results of a group's token row as push_bits, packed for one store (zeroed,
+// then each result set once).
 template <int kRows>
 struct PushWords {
   static_assert(kRows == 2 || kRows == 4, "a 4- or 8-byte store");
   uint32_t w[kRows / 2];
-  KVFUSE_DEVICE void set(int r, uint16_t bits) {
-    w[r / 2] = r % 2 == 0 ? (w[r / 2] & 0xffff0000u) | bits : (w[r / 2] & 0xffffu) | (uint32_t(bits) << 16);
-  }
+  KVFUSE_DEVICE void set(int r, uint16_t bits) { w[r / 2] |= uint32_t(bits) << (16 * (r % 2)); }
   KVFUSE_DEVICE void store(uint16_t* dst) const {
     if constexpr (kRows == 2) {
       *reinterpret_cast<uint32_t*>(dst) = w[0];

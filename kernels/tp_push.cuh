@@ -11,8 +11,8 @@
 namespace kvfuse::gpu {
 
 // The bits a producer pushes for the bf16 result v: v, except kPushEmpty, which goes as the
-// canonical quiet NaN.
-KVFUSE_DEVICE uint16_t push_bits(uint16_t v) { return v == kPushEmpty ? uint16_t(0x7fffu) : v; }
+// canonical quiet NaN (kPushNaN).
+KVFUSE_DEVICE uint16_t push_bits(uint16_t v) { return v == kPushEmpty ? kPushNaN : v; }
 
 // push.dst[p][i] = push_bits(src[i]) for i < count and every target p. 16-byte vectors where
 // src and every target are 16-byte aligned, else element by element. pdl: launched as a

@@ -21,7 +21,8 @@ struct PushTargets {
 // An inbox element no peer has written yet. The inboxes are filled with it, and a reader
 // resets each element to it once consumed. The producer never stores it: a result with these
 // bits (a NaN with every payload bit set, which no arithmetic makes) is pushed as the
-// canonical quiet NaN 0x7fff instead, still a NaN (push_bits, kernels/tp_push.cuh).
+// canonical quiet NaN kPushNaN instead, still a NaN (push_bits, kernels/tp_push.cuh).
 constexpr uint16_t kPushEmpty = 0xffffu;
+constexpr uint16_t kPushNaN = 0x7fffu;
 
 }  // namespace kvfuse

@@ -26,7 +26,7 @@
 # After step 3, scripts/tp-ratios.py prints every tp 2 variant's step against tp 1 per cell,
 # the targets' verdicts and push against auto. GPU_TP_ONLY picks steps by name, a comma
 # list of tests (1), allreduce (2), engine (3), 70b (4), processes (5); one-process is steps
-# 1-4. Step 3 builds five llama3-8b engines and step 4 llama3-70b's from 141 GB of synthetic
+# 1-4; unset, every step. Step 3 builds five llama3-8b engines and step 4 llama3-70b's from 141 GB of synthetic
 # weights (one rank's half took 205 s to be ready on one H200), so the whole run may not fit
 # a 10-minute limit per call: then run GPU_TP_ONLY=tests,allreduce,engine, and
 # GPU_TP_ONLY=70b,processes after it. On a machine
@@ -36,11 +36,11 @@
 # Config::tp_share_gpu: tp 2 against tp 1, each rank's KV bytes, pushed sums against the
 # all-reduce) and kvfuse-bench-allreduce --share-gpu (per call, and --layers: a layer's
 # reduction all-reduced against pushed into the norm), with and without --pdl
-# (GPU_TP_ONLY=tests: the two tests alone);
+# (GPU_TP_ONLY=tests: the two tests; allreduce: the benchmark);
 # (b) kvfuse-bench-engine --tp-rank-alone: rank 0 of tp 2 alone (its shard, no collectives)
 # against tp 1 for llama3-8b, alternating twice, and llama3-70b's rank 0 with its KV pool
 # (TP_70B_ALONE=0 leaves it out; TP_ALONE_ROUNDS=0 leaves llama3-8b out). GPU_TP_ONLY=peer
-# runs (a) alone, GPU_TP_ONLY=rank-alone (b).
+# runs (a) (tests,allreduce), GPU_TP_ONLY=rank-alone (b).
 # NCCL comes from the loader's path, KVFUSE_NCCL_LIBRARY, or a pip-installed
 # libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
 # build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
@@ -72,14 +72,25 @@ run() {  # name, command...
 bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
 cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
 
+# Whether GPU_TP_ONLY (a comma list of step names, or an alias for several) asks for step
+# $1; unset or empty: every step.
+want() {
+  local only=${GPU_TP_ONLY:-}
+  case $only in
+    one-process) only=tests,allreduce,engine,70b ;;
+    peer) only=tests,allreduce ;;
+  esac
+  [[ -z $only || ,$only, == *,$1,* ]]
+}
 if ((gpus == 1)); then
   note "one GPU: tensor parallelism needs 2; what runs here is the peer all-reduce and the tp 2 engine with two ranks sharing the GPU (test modes), and rank 0 of tp 2 alone"
-  if [[ ${GPU_TP_ONLY:-} != rank-alone ]]; then
+  if want tests; then
     run test_gpu_peer_allreduce "$bundle/test_gpu_peer_allreduce"
     grep -E "share GPU|skipped|passed|failed" "$out/test_gpu_peer_allreduce.txt" | tail -3 | tee -a "$summary"
     run test_gpu_tp timeout 900 "$bundle/test_gpu_tp"
     grep -E "^gpu tp|skipped|passed|failed" "$out/test_gpu_tp.txt" | tee -a "$summary"
-    [[ ${GPU_TP_ONLY:-} == tests ]] && { note "$( ((status == 0)) && echo PASS || echo FAIL)"; exit $status; }
+  fi
+  if want allreduce; then
     # Plain launches and programmatic dependents (--pdl), alternating twice.
     for round in 1 2; do
       for mode in plain pdl; do
@@ -94,7 +105,7 @@ if ((gpus == 1)); then
       done
     done
   fi
-  if [[ ${GPU_TP_ONLY:-} != peer ]]; then
+  if want rank-alone; then
     # What one rank of tp 2 computes, against tp 1, in one run (kvfuse-bench-engine
     # --tp-rank-alone: rank 0's shard with every collective left out), alternating twice;
     # the step of a real group adds its collectives and the wait for the slower rank.
@@ -125,12 +136,6 @@ if ((gpus == 1)); then
   note "$( ((status == 0)) && echo PASS || echo FAIL)"
   exit $status
 fi
-# Whether GPU_TP_ONLY (a comma list of step names) asks for step $1; empty: every step.
-want() {
-  local only=${GPU_TP_ONLY:-}
-  [[ $only == one-process ]] && only=tests,allreduce,engine,70b
-  [[ -z $only || ,$only, == *,$1,* ]]
-}
 if want tests; then
   run test_gpu_nccl "$bundle/test_gpu_nccl"
   if [[ -x $bundle/test_gpu_peer_allreduce ]]; then

@@ -164,15 +164,17 @@ void run_silu_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t
 void run_push_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t stream, int variant,
                     bool staged, int64_t offset) {
   const auto [x, w] = random_operands(m, n, k, seed);
-  const int64_t count = m * n, pad = 8;  // each target: pad, count elements, pad
+  // Each target: pad elements, count results, pad elements; the two one after the other.
+  const int64_t count = m * n, pad = 8, stride = count + 2 * pad;
+  const size_t elements = size_t(2 * stride);
   DeviceMem dx(x.size() * 2), dw(w.size() * 2), dref(size_t(count) * 2), dout(size_t(count) * 2),
-      dt(size_t(2 * (count + 2 * pad)) * 2);
+      dt(elements * 2);
   dx.upload(x.data(), x.size() * 2);
   dw.upload(w.data(), w.size() * 2);
-  KVFUSE_TEST_GPU(cudaMemsetAsync(dt.get(), 0xff, size_t(2 * (count + 2 * pad)) * 2, stream));
+  KVFUSE_TEST_GPU(cudaMemsetAsync(dt.get(), 0xff, elements * 2, stream));
   PushTargets targets;
   targets.count = 2;
-  for (int p = 0; p < 2; ++p) targets.dst[p] = dt.get<uint16_t>() + p * (count + 2 * pad) + pad + offset;
+  for (int p = 0; p < 2; ++p) targets.dst[p] = dt.get<uint16_t>() + p * stride + pad + offset;
   const std::string what = "gemv push " + std::to_string(m) + "x" + std::to_string(n) + "x" +
                            std::to_string(k) + " variant " + std::to_string(variant) +
                            (staged ? " staged" : "") + " offset " + std::to_string(offset);
@@ -187,16 +189,16 @@ void run_push_shape(int64_t m, int64_t n, int64_t k, uint64_t seed, cudaStream_t
   KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
   const std::vector<bf16_t> ref = dref.download<bf16_t>(size_t(count));
   const std::vector<bf16_t> out = dout.download<bf16_t>(size_t(count));
-  const std::vector<uint16_t> t = dt.download<uint16_t>(size_t(2 * (count + 2 * pad)));
+  const std::vector<uint16_t> t = dt.download<uint16_t>(elements);
   int64_t out_differ = 0, pushed_differ = 0, stray = 0;
   for (int64_t i = 0; i < count; ++i) out_differ += ref[size_t(i)] != out[size_t(i)];
   for (int p = 0; p < 2; ++p) {
-    const int64_t base = p * (count + 2 * pad);
-    for (int64_t j = 0; j < count + 2 * pad; ++j) {
+    const int64_t base = p * stride;
+    for (int64_t j = 0; j < stride; ++j) {
       const int64_t i = j - pad - offset;  // the result this element holds, if any
       const uint16_t got = t[size_t(base + j)];
       if (i >= 0 && i < count) {
-        const uint16_t want = ref[size_t(i)] == kPushEmpty ? uint16_t(0x7fff) : ref[size_t(i)];
+        const uint16_t want = ref[size_t(i)] == kPushEmpty ? kPushNaN : ref[size_t(i)];
         pushed_differ += got != want;
       } else {
         stray += got != kPushEmpty;
