@@ -413,7 +413,11 @@ void EngineLoop::step() {
     // The device state is unknown: end everything in flight, report unhealthy.
     spdlog::error("event=step_failed error=\"{}\"", st.ToString());
     set_healthy(false);
-    const absl::Status why = absl::InternalError(absl::StrCat("engine step failed: ", st.message()));
+    // A tensor-parallel group that was aborted stays so until restarted: FAILED_PRECONDITION
+    // (as the engine says), not a fault a retry here could get past.
+    const absl::Status why(
+        engine_->group_failure().ok() ? absl::StatusCode::kInternal : absl::StatusCode::kFailedPrecondition,
+        absl::StrCat("engine step failed: ", st.message()));
     flush_events();
     for (const TokenEvent& ev : sched_->fail_all(why)) on_event(ev);
     dispatch_router_results();

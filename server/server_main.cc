@@ -44,30 +44,37 @@ absl::StatusOr<Config> build_config(const std::string& path, const std::vector<s
 }
 
 // A process whose tp_rank is not 0 in a group that spans processes: no gRPC service; it
-// runs rank 0's commands until rank 0 shuts the group down (exit 0) or the group fails
-// (exit 1). A signal ends it at once: rank 0's group cannot go on without this rank.
+// joins the group, then runs rank 0's commands until rank 0 shuts the group down (exit 0)
+// or the group fails (exit 1). A signal ends it at once, while it waits for the group to
+// form as well: rank 0's group cannot go on without this rank.
 int run_follower(const Config& cfg) {
   spdlog::info("event=following rank={} tensor_parallel={} leader={} note=\"no gRPC service: rank 0 serves\"",
                cfg.tp_rank, cfg.tensor_parallel, cfg.tp_rendezvous);
-  auto engine = Engine::create(cfg);
-  if (!engine.ok()) return fail("start_failed", engine.status());
-  spdlog::info("event=joined rank={} local_ranks={} tensor_parallel={} leader={}", cfg.tp_rank,
-               (*engine)->num_local_ranks(), cfg.tensor_parallel, cfg.tp_rendezvous);
   std::atomic<bool> done{false};
   absl::Status result;
+  const char* failed_at = "group_failed";
   std::thread follower([&] {
-    result = (*engine)->follow();
+    auto engine = Engine::create(cfg);
+    if (!engine.ok()) {
+      result = engine.status();
+      failed_at = "start_failed";
+    } else {
+      spdlog::info("event=joined rank={} local_ranks={} tensor_parallel={} leader={}", cfg.tp_rank,
+                   (*engine)->num_local_ranks(), cfg.tensor_parallel, cfg.tp_rendezvous);
+      result = (*engine)->follow();
+    }
     done = true;
   });
   while (!done.load()) {
     if (const int sig = server::wait_shutdown_signal(200); sig != 0) {
       spdlog::warn("event=signal signal={} action=exit note=\"rank 0's group fails without this rank\"",
                    sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      spdlog::shutdown();
       std::_Exit(128 + sig);
     }
   }
   follower.join();
-  if (!result.ok()) return fail("group_failed", result);
+  if (!result.ok()) return fail(failed_at, result);
   spdlog::info("event=shutdown reason=\"rank 0 shut the group down\"");
   return 0;
 }
@@ -156,13 +163,25 @@ int main(int argc, char** argv) {
   int sig = 0;
   while ((sig = server::wait_shutdown_signal(200)) == 0) {
     if (s.loop().state() == server::LoopState::failed) {
-      const absl::Status st = s.wait_until_serving(0);
       s.drain(0);
-      return fail("engine_failed", st);
+      // The loop logged why (event=engine_start_failed).
+      spdlog::critical("event=exit code=1 reason=engine_start_failed");
+      return 1;
     }
   }
-  spdlog::info("event=signal signal={} action=drain grace_s={}", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-               grace_s);
+  const char* sig_name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+  // Still loading, or waiting for a tensor-parallel group to form: nothing was admitted
+  // (calls are UNAVAILABLE while warming, and once warm the drain asked for here wins), so
+  // there is nothing to drain and no reason to wait for the load or the rendezvous.
+  s.loop().begin_drain();
+  if (s.loop().state() == server::LoopState::warming) {
+    spdlog::info(
+        "event=signal signal={} action=exit note=\"the engine was still starting: nothing in flight\"",
+        sig_name);
+    spdlog::shutdown();
+    std::_Exit(0);
+  }
+  spdlog::info("event=signal signal={} action=drain grace_s={}", sig_name, grace_s);
   // A second signal during the drain: stop waiting for in-flight work.
   std::atomic<bool> draining_done{false};
   std::thread second([&] {

@@ -218,7 +218,9 @@ TEST_CASE("config: tensor-parallel keys (tensor_parallel, devices, tp_rendezvous
   CHECK(contains(e, "GPU 1 is listed twice"));
   CHECK(contains(error_of({{"devices", {-1}}}), "'devices'"));
   CHECK(contains(error_of({{"devices", "0,x"}}), "'devices'"));
-  CHECK(contains(error_of({{"devices", 3}}), "'devices'"));
+  CHECK(contains(error_of({{"devices", "0,,1"}}), "'0,,1' has an empty item"));
+  CHECK(contains(error_of({{"devices", 1024}}), "'devices'"));
+  CHECK(contains(error_of({{"devices", 1.5}}), "'devices'"));
   CHECK(contains(error_of({{"tp_rank", 1}}), "config key 'tp_rank': set only with tp_rendezvous"));
 
   // Several processes: each lists its own GPUs and its first rank.
@@ -253,6 +255,19 @@ TEST_CASE("config: tensor-parallel keys (tensor_parallel, devices, tp_rendezvous
   c = config_from_json(j);
   REQUIRE(c.ok());
   CHECK(c->devices == std::vector<int32_t>{2, 3});
+  // One GPU per process (--set devices=1, KVFUSE_DEVICES=1): the value reads as a number.
+  j = json::object();
+  REQUIRE(apply_config_override(j, "devices=1").ok());
+  REQUIRE(apply_config_override(j, "tensor_parallel=2").ok());
+  REQUIRE(apply_config_override(j, "tp_rendezvous=node0:29500").ok());
+  REQUIRE(apply_config_override(j, "tp_rank=1").ok());
+  c = config_from_json(j);
+  REQUIRE(c.ok());
+  CHECK(c->devices == std::vector<int32_t>{1});
+  CHECK(c->tp_device(0) == 1);
+  c = config_from_json({{"devices", 3}});
+  REQUIRE(c.ok());
+  CHECK(c->devices == std::vector<int32_t>{3});
 }
 
 TEST_CASE("config: tp_allreduce (auto, nccl, push): default, values, errors, environment", "[config][tp]") {

@@ -1,8 +1,6 @@
 // The TCP rendezvous of a tensor-parallel group across processes, on localhost with one
 // thread per rank: the id reaches every rank, and a timeout, a duplicate rank, a wrong
 // world size or a stray client each end with a clear error instead of a hang.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,6 +12,7 @@
 #include "tests/catch.h"
 
 #include "src/parallel/rendezvous.h"
+#include "tests/free_port.h"
 
 using namespace kvfuse;
 using Catch::Matchers::ContainsSubstring;
@@ -55,16 +54,10 @@ std::unique_ptr<RendezvousServer> listen_with_fingerprint(int world, const std::
 
 // A raw client that sends `bytes` and waits for the server to close.
 void stray_client(int port, const std::string& bytes) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-    char buf[64];
-    while (::recv(fd, buf, sizeof buf, 0) > 0) {
-    }
+  const int fd = testing::connect_loopback(port, bytes);
+  if (fd < 0) return;
+  char buf[64];
+  while (::recv(fd, buf, sizeof buf, 0) > 0) {
   }
   ::close(fd);
 }
@@ -195,6 +188,67 @@ TEST_CASE("rendezvous: a stray client without the magic is dropped and the group
   CHECK(st.ok());
   REQUIRE(got.ok());
   CHECK(*got == make_id(4));
+}
+
+TEST_CASE("rendezvous: a process that leaves after its hello gives its ranks back, and may come again",
+          "[parallel][rendezvous]") {
+  // Rank 1's first process announces itself and goes away (its own wait ends first); a
+  // restarted rank 1 then arrives with rank 2, and the group forms.
+  auto server = listen_or_fail(3, milliseconds(15000));
+  const int port = server->port();
+  absl::StatusOr<RendezvousId> first = absl::UnknownError("not run"), again = first, two = first;
+  std::thread t1([&] { first = rendezvous_join(opts(3, 1, port, milliseconds(500))); });
+  std::thread rest([&] {
+    t1.join();
+    std::this_thread::sleep_for(milliseconds(200));
+    std::thread t2([&] { two = rendezvous_join(opts(3, 2, port)); });
+    again = rendezvous_join(opts(3, 1, port));
+    t2.join();
+  });
+  const absl::Status st = server->serve(make_id(6));
+  rest.join();
+  INFO(st.ToString() << " / " << first.status().ToString() << " / " << again.status().ToString());
+  CHECK(first.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(st.ok());
+  REQUIRE(again.ok());
+  REQUIRE(two.ok());
+  CHECK(*again == make_id(6));
+  CHECK(*two == make_id(6));
+}
+
+TEST_CASE("rendezvous: a flood of silent clients does not keep a rank out", "[parallel][rendezvous]") {
+  // 200 clients connect while rank 0 waits and say nothing; past 64 owing their hello,
+  // rank 0 drops the oldest. The real rank then arrives and the group forms.
+  auto server = listen_or_fail(2);
+  const int port = server->port();
+  absl::Status st = absl::UnknownError("not run");
+  std::thread serve([&] { st = server->serve(make_id(7)); });
+  std::vector<int> fds;
+  for (int i = 0; i < 200; ++i) {
+    if (const int fd = testing::connect_loopback(port); fd >= 0) fds.push_back(fd);
+  }
+  CHECK(fds.size() > 100);
+  const absl::StatusOr<RendezvousId> got = rendezvous_join(opts(2, 1, port));
+  serve.join();
+  for (int fd : fds) ::close(fd);
+  INFO(st.ToString() << " / " << got.status().ToString());
+  CHECK(st.ok());
+  REQUIRE(got.ok());
+  CHECK(*got == make_id(7));
+}
+
+TEST_CASE("rendezvous: a peer's fingerprint is quoted safely in the error", "[parallel][rendezvous]") {
+  auto server = listen_with_fingerprint(2, "model=tiny");
+  RendezvousOptions peer = opts(2, 1, server->port());
+  peer.fingerprint = std::string("model=\x1b[2J\"quoted\"\n") + std::string(1000, 'x');
+  std::thread t([&] { (void)rendezvous_join(peer); });
+  const absl::Status st = server->serve(make_id(8));
+  t.join();
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  const std::string msg(st.message());
+  CHECK_THAT(msg, ContainsSubstring("rank 1 has model=\\x1b[2J\\x22quoted\\x22, rank 0 has model=tiny"));
+  CHECK(msg.find('\x1b') == std::string::npos);
+  CHECK_THAT(msg, ContainsSubstring("... (1001 bytes)"));
 }
 
 TEST_CASE("rendezvous: addresses and options are checked", "[parallel][rendezvous]") {

@@ -2,6 +2,8 @@
 // localhost with one thread per rank: its all-reduce has the CPU communicator's bits, the
 // other collectives move the right bytes, and a disagreement, an abort or a rank that
 // leaves ends every rank's wait with an error.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -13,6 +15,7 @@
 #include "kernels/bf16.h"
 #include "src/parallel/cpu_communicator.h"
 #include "src/parallel/tcp_communicator.h"
+#include "tests/free_port.h"
 
 using namespace kvfuse;
 using Catch::Matchers::ContainsSubstring;
@@ -152,4 +155,84 @@ TEST_CASE("tcp communicator: disagreement, abort and a departed rank end every w
     CHECK(s.code() == absl::StatusCode::kDeadlineExceeded);
     CHECK_THAT(std::string(s.message()), ContainsSubstring("waited 200 ms for rank 0"));
   }
+}
+
+TEST_CASE("tcp communicator: clients that connect and say nothing do not keep the group from forming",
+          "[parallel][tcp][errors]") {
+  // A port scanner, a stalled peer, or a flood of them, on rank 0's port while it waits for
+  // the ranks: rank 0 reads the hellos together, so none of them delays a real rank, and
+  // past 64 owing their hello the oldest is dropped.
+  for (const int silent : {5, 200}) {
+    CAPTURE(silent);
+    auto listener = TcpCommListener::open("127.0.0.1");
+    REQUIRE(listener.ok());
+    const RendezvousId id = (*listener)->id();
+    const int port = (*listener)->port();
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<std::unique_ptr<TcpCommunicator>> root = absl::UnknownError("not run");
+    std::thread accept([&] { root = TcpCommunicator::accept(std::move(*listener), 3, milliseconds(4000)); });
+    std::vector<int> fds;
+    for (int i = 0; i < silent; ++i) {
+      // Some say a little of a hello (the magic, no token) and stop there.
+      const int fd = testing::connect_loopback(port, i % 3 == 0 ? std::string("KVFUSETC") : std::string());
+      if (fd >= 0) fds.push_back(fd);
+    }
+    CHECK(fds.size() > size_t(silent / 2));
+    std::vector<std::unique_ptr<TcpCommunicator>> comms(3);
+    std::vector<absl::Status> peer_st(3);
+    std::vector<std::thread> peers;
+    for (int r = 1; r < 3; ++r) {
+      peers.emplace_back([&, r] {
+        auto c = TcpCommunicator::connect("127.0.0.1", id, r, 3, milliseconds(4000));
+        peer_st[size_t(r)] = c.status();
+        if (c.ok()) comms[size_t(r)] = std::move(*c);
+      });
+    }
+    for (auto& t : peers) t.join();
+    accept.join();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    INFO(root.status().ToString() << " / " << peer_st[1].ToString() << " / " << peer_st[2].ToString());
+    REQUIRE(root.ok());
+    CHECK(peer_st[1].ok());
+    CHECK(peer_st[2].ok());
+    CHECK(s < 3.0);
+    comms[0] = std::move(*root);
+    const auto st = on_every_rank(3, [&](int r) { return comms[size_t(r)]->barrier(); });
+    for (const auto& x : st) CHECK(x.ok());
+    for (int fd : fds) ::close(fd);
+  }
+}
+
+TEST_CASE("tcp communicator: an error report sent to rank 0 names the rank that sent it, quoted safely",
+          "[parallel][tcp][errors]") {
+  // Only rank 0 reports errors to the others: a peer that sends one to rank 0 is broken or
+  // foreign, and its text is not trusted into logs as it is.
+  auto listener = TcpCommListener::open("127.0.0.1");
+  REQUIRE(listener.ok());
+  const RendezvousId id = (*listener)->id();
+  const int port = (*listener)->port();
+  absl::StatusOr<std::unique_ptr<TcpCommunicator>> root = absl::UnknownError("not run");
+  std::thread accept([&] { root = TcpCommunicator::accept(std::move(*listener), 2, milliseconds(4000)); });
+  // Rank 1's hello by hand: magic, the id's token, rank, size.
+  std::vector<uint8_t> hello(24);
+  std::memcpy(hello.data(), id.data(), 8);
+  std::memcpy(hello.data() + 8, id.data() + 12, 8);
+  net::put_u32(hello.data() + 16, 1);
+  net::put_u32(hello.data() + 20, 2);
+  const int fd = testing::connect_loopback(port, std::string(hello.begin(), hello.end()));
+  REQUIRE(fd >= 0);
+  accept.join();
+  REQUIRE(root.ok());
+  const std::string text = "disk on fire \x1b[2J";
+  std::vector<uint8_t> head(32, 0);
+  net::put_u32(head.data(), 5);  // the error op
+  net::put_u64(head.data() + 8, text.size());
+  head.insert(head.end(), text.begin(), text.end());
+  REQUIRE(::send(fd, head.data(), head.size(), MSG_NOSIGNAL) == ssize_t(head.size()));
+  const absl::Status st = (*root)->barrier();
+  ::close(fd);
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(
+      std::string(st.message()),
+      ContainsSubstring("rank 1 sent an error report, which only rank 0 sends: disk on fire \\x1b[2J"));
 }

@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "kernels/enum_name.h"
 #include "src/common/status_macros.h"
 #include "src/loading/int_list.h"
@@ -39,7 +41,8 @@ const char* to_string(TpAllReduce a) {
 
 const std::vector<ConfigKeyDoc>& config_key_docs() {
   static const std::vector<ConfigKeyDoc> docs = {
-      {"model", "tiny | llama3-8b | qwen2.5-7b | mistral-7b | hybrid-swa", "model preset (default tiny)"},
+      {"model", "tiny | llama3-8b | llama3-70b | qwen2.5-7b | mistral-7b | hybrid-swa",
+       "model preset (default tiny)"},
       {"model_path", "directory path, or \"\"",
        "Hugging Face model directory (config.json + safetensors); when set, model and seed are unused"},
       {"seed", "integer >= 0", "seed of the synthetic weights (default 0)"},
@@ -76,7 +79,7 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
        "the server sends a step's tokens to their streams while the device runs the next step "
        "(default on; off: after the step, before the next one is planned)"},
       {"tensor_parallel", "1 .. 64", "ranks (GPUs, or CPU threads) a model is sharded over (default 1)"},
-      {"devices", "[ordinal, ...] or \"0,1,...\"",
+      {"devices", "[ordinal, ...], \"0,1,...\" or one ordinal",
        "GPU ordinals, one per rank this process holds, no duplicates; empty (default): 0 .. "
        "tensor_parallel-1 (with tp_rendezvous: one GPU, 0; a list of n: ranks tp_rank .. tp_rank+n-1)"},
       {"tp_rendezvous", "host:port, or \"\"",
@@ -170,8 +173,22 @@ absl::Status parse_path(const json& j, const std::string& key, std::string& out)
 
 absl::Status parse_devices(const json& j, std::vector<int32_t>& out) {
   out.clear();
-  if (j.is_string()) {  // --set devices=0,1 and KVFUSE_DEVICES=0,1
-    auto list = parse_int_list(j.get<std::string>());
+  if (j.is_number()) {  // --set devices=1 and KVFUSE_DEVICES=1 (one GPU) read as a number
+    int32_t d = 0;
+    KVFUSE_RETURN_IF_ERROR(parse_int(j, "devices", 0, 1023, d));
+    out.push_back(d);
+  } else if (j.is_string()) {  // --set devices=0,1 and KVFUSE_DEVICES=0,1
+    const std::string& text = j.get_ref<const std::string&>();
+    // "" is the default; otherwise every item is an ordinal ("0,,1" is a typo, not [0, 1]).
+    if (!absl::StripAsciiWhitespace(text).empty()) {
+      for (absl::string_view item : absl::StrSplit(text, ',')) {
+        if (absl::StripAsciiWhitespace(item).empty()) {
+          return key_error("devices",
+                           absl::StrCat("'", text, "' has an empty item; list GPU ordinals as 0,1"));
+        }
+      }
+    }
+    auto list = parse_int_list(text);
     if (!list.ok()) return key_error("devices", std::string(list.status().message()));
     out = *list;
   } else if (j.is_array()) {

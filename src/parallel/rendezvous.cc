@@ -36,6 +36,7 @@ constexpr size_t kHelloVersion = 8, kHelloWorld = 12, kHelloRank = 16, kHelloRan
 static_assert(kHelloFpLength + 4 == kHelloBytes, "the fingerprint length is the fixed part's last word");
 constexpr size_t kReplyHeaderBytes = 20;
 constexpr uint32_t kMaxMessageBytes = 4096;
+constexpr size_t kMaxPending = 64;  // connections still owing their hello
 
 std::vector<uint8_t> reply(absl::StatusCode code, const uint8_t* payload, uint32_t length) {
   std::vector<uint8_t> out(kReplyHeaderBytes + length);
@@ -81,7 +82,9 @@ std::string fingerprint_diff(const std::string& mine, const std::string& theirs,
   for (const auto& [k, _] : b) keys[k] = 0;
   for (const auto& [k, _] : keys) {
     if (value(a, k) != value(b, k)) {
-      diffs.push_back(absl::StrCat("rank ", rank, " has ", value(b, k), ", rank 0 has ", value(a, k)));
+      // The peer's side is its own text: quoted safely, and cut short.
+      diffs.push_back(absl::StrCat("rank ", rank, " has ", net::printable(value(b, k), 256), ", rank 0 has ",
+                                   value(a, k)));
     }
   }
   if (diffs.empty()) diffs.push_back("the fingerprints differ in their order");
@@ -162,6 +165,7 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
     std::string peer;
     std::vector<uint8_t> hello;  // the fixed part, then the fingerprint
     int rank = -1;               // its first rank, once the hello is complete and valid
+    int count = 0;               // and how many it holds
   };
   const RendezvousOptions& o = options_;
   const auto start = Clock::now();
@@ -198,8 +202,10 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
     fds.push_back({fd_.get(), POLLIN, 0});
     std::vector<size_t> which;
     for (size_t i = 0; i < conns.size(); ++i) {
-      if (conns[i].fd.valid() && conns[i].rank < 0) {
-        fds.push_back({conns[i].fd.get(), POLLIN, 0});
+      // Arrived processes too: one that goes away before the group forms gives its ranks
+      // back (restarted, it may arrive again).
+      if (conns[i].fd.valid()) {
+        fds.push_back({conns[i].fd.get(), short(POLLIN | POLLRDHUP), 0});
         which.push_back(i);
       }
     }
@@ -215,11 +221,34 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
       socklen_t len = sizeof ss;
       const int cfd =
           ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (cfd >= 0) conns.push_back(Conn{UniqueFd(cfd), net::peer_name(ss), {}, -1});
+      if (cfd >= 0) {
+        // Past kMaxPending connections that owe their hello, the oldest goes: a flood of
+        // silent clients cannot starve the real ranks of descriptors.
+        size_t owing = 0, oldest = conns.size();
+        for (size_t i = 0; i < conns.size(); ++i) {
+          if (conns[i].fd.valid() && conns[i].rank < 0 && owing++ == 0) oldest = i;
+        }
+        if (owing >= kMaxPending) conns[oldest].fd.reset();
+        conns.push_back(Conn{UniqueFd(cfd), net::peer_name(ss), {}, -1, 0});
+      }
     }
     for (size_t k = 1; k < fds.size() && failure.ok(); ++k) {
       if (fds[k].revents == 0) continue;
       Conn& c = conns[which[k - 1]];
+      if (!c.fd.valid()) continue;  // dropped above as the oldest
+      if (c.rank > 0) {
+        // An arrived process says nothing more until the reply: this is its connection
+        // closing (or bytes it should not send). Either way its ranks are free again.
+        uint8_t byte;
+        const ssize_t r = ::recv(c.fd.get(), &byte, 1, MSG_DONTWAIT);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        for (int q = c.rank; q < c.rank + c.count; ++q) holder[size_t(q)] = -1;
+        covered -= c.count;
+        arrived.erase(c.rank);
+        c.rank = -1;
+        c.fd.reset();
+        continue;
+      }
       // The fixed part first, then the fingerprint whose length it gives.
       const size_t want =
           c.hello.size() < kHelloBytes
@@ -286,6 +315,7 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
                                                           " (", who, ") has another config: ", diff));
       } else {
         c.rank = int(rank);
+        c.count = int(count);
         arrived[int(rank)] = which[k - 1];
         for (uint32_t r = rank; r < rank + count; ++r) holder[r] = int(rank);
         covered += int(count);

@@ -31,6 +31,25 @@ int remaining_ms(Clock::time_point deadline) {
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+std::string printable(std::string_view text, size_t max_bytes) {
+  std::string out;
+  const size_t n = std::min(text.size(), max_bytes);
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+      out.push_back(char(c));
+    } else {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  if (n < text.size()) absl::StrAppend(&out, "... (", text.size(), " bytes)");
+  return out;
+}
+
 std::string peer_name(const sockaddr_storage& ss) {
   char host[INET6_ADDRSTRLEN] = "?";
   int port = 0;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -47,6 +48,10 @@ class UniqueFd {
 int remaining_ms(Clock::time_point deadline);
 std::string errno_text(int err);
 std::string peer_name(const sockaddr_storage& ss);
+// Text a peer sent, safe to quote in an error or a log line: at most `max_bytes` of it
+// ("... (N bytes)" says how much there was), each byte that is not printable ASCII, and
+// '"' and '\\', written as \xNN.
+std::string printable(std::string_view text, size_t max_bytes);
 
 // Big-endian integers of the wire headers.
 void put_u32(uint8_t* p, uint32_t v);

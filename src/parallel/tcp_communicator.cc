@@ -3,6 +3,8 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <random>
 
@@ -25,6 +27,7 @@ constexpr size_t kHelloBytes = 24;   // magic, u64 token, u32 rank, u32 size
 constexpr size_t kAckBytes = 12;     // magic, u32 0
 constexpr size_t kHeaderBytes = 32;  // u32 op, u32 dtype, u64 count, u32 root, u32 0, u64 seq
 constexpr int64_t kMaxErrorBytes = 4096;
+constexpr size_t kMaxPending = 64;  // connections still owing their hello
 
 Clock::time_point after(std::chrono::milliseconds t) { return Clock::now() + t; }
 
@@ -52,11 +55,18 @@ absl::StatusOr<std::unique_ptr<TcpCommunicator>> TcpCommunicator::accept(
   c->peers_.resize(size_t(size));
   c->scratch_.resize(size_t(size));
   const auto deadline = after(timeout);
+  // Connections whose hello is not complete yet, read together: a client that connects
+  // and says nothing (a port scanner, a stalled peer) delays nobody. Past kMaxPending the
+  // oldest is dropped, so a flood cannot starve the real ranks of descriptors.
+  struct Pending {
+    net::UniqueFd fd;
+    std::vector<uint8_t> hello;
+  };
+  std::vector<Pending> pending;
   int arrived = 0;
   while (arrived < size - 1) {
-    pollfd p{listener->fd_.get(), POLLIN, 0};
-    const int n = ::poll(&p, 1, net::remaining_ms(deadline));
-    if (n == 0 || net::remaining_ms(deadline) == 0) {
+    const int wait = net::remaining_ms(deadline);
+    if (wait == 0) {
       std::vector<int> missing;
       for (int r = 1; r < size; ++r) {
         if (!c->peers_[size_t(r)].valid()) missing.push_back(r);
@@ -65,25 +75,47 @@ absl::StatusOr<std::unique_ptr<TcpCommunicator>> TcpCommunicator::accept(
                                                       ") waited ", timeout.count(), " ms for rank(s) ",
                                                       absl::StrJoin(missing, ", "), " to connect"));
     }
-    if (n < 0) continue;
-    net::UniqueFd fd(::accept4(listener->fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!fd.valid()) continue;
-    // A hello that does not come promptly, or without this group's token, is a stray.
-    uint8_t hello[kHelloBytes];
-    const auto hello_deadline = std::min(deadline, after(std::chrono::seconds(5)));
-    if (net::recv_all(fd.get(), hello, sizeof hello, hello_deadline) != net::RecvResult::ok ||
-        std::memcmp(hello, kMagic, 8) != 0 || get_u64(hello + 8) != listener->token_) {
-      continue;
+    std::vector<pollfd> p{{listener->fd_.get(), POLLIN, 0}};
+    for (const Pending& q : pending) p.push_back({q.fd.get(), POLLIN, 0});
+    if (::poll(p.data(), p.size(), wait) <= 0) continue;  // EINTR, or the deadline (checked above)
+    for (size_t k = p.size() - 1; k >= 1; --k) {
+      if (p[k].revents == 0) continue;
+      Pending& q = pending[k - 1];
+      uint8_t buf[kHelloBytes];
+      const ssize_t got = ::recv(q.fd.get(), buf, kHelloBytes - q.hello.size(), 0);
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+      bool drop = got <= 0;  // closed before its hello was complete
+      if (!drop) {
+        q.hello.insert(q.hello.end(), buf, buf + got);
+        // Without this group's magic and token, a stray: dropped as soon as that shows.
+        const size_t magic = std::min<size_t>(q.hello.size(), 8);
+        uint8_t token[8];
+        put_u64(token, listener->token_);
+        const size_t token_bytes = q.hello.size() > 8 ? std::min<size_t>(q.hello.size() - 8, 8) : 0;
+        drop = std::memcmp(q.hello.data(), kMagic, magic) != 0 ||
+               std::memcmp(q.hello.data() + 8, token, token_bytes) != 0;
+      }
+      if (!drop && q.hello.size() == kHelloBytes) {
+        const int rank = int(get_u32(q.hello.data() + 16)), peer_size = int(get_u32(q.hello.data() + 20));
+        if (peer_size != size || rank < 1 || rank >= size || c->peers_[size_t(rank)].valid()) {
+          return absl::InvalidArgumentError(absl::StrCat("tcp communicator: a peer announced rank ", rank,
+                                                         " of ", peer_size, " to rank 0 of ", size,
+                                                         " (a duplicate, or outside the group)"));
+        }
+        net::tune_connection(q.fd.get());
+        c->peers_[size_t(rank)] = std::move(q.fd);
+        ++arrived;
+        drop = true;  // no longer pending
+      }
+      if (drop) pending.erase(pending.begin() + std::ptrdiff_t(k - 1));
     }
-    const int rank = int(get_u32(hello + 16)), peer_size = int(get_u32(hello + 20));
-    if (peer_size != size || rank < 1 || rank >= size || c->peers_[size_t(rank)].valid()) {
-      return absl::InvalidArgumentError(absl::StrCat("tcp communicator: a peer announced rank ", rank, " of ",
-                                                     peer_size, " to rank 0 of ", size,
-                                                     " (a duplicate, or outside the group)"));
+    if (p[0].revents & POLLIN) {
+      net::UniqueFd fd(::accept4(listener->fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (fd.valid()) {
+        if (pending.size() >= kMaxPending) pending.erase(pending.begin());
+        pending.push_back({std::move(fd), {}});
+      }
     }
-    net::tune_connection(fd.get());
-    c->peers_[size_t(rank)] = std::move(fd);
-    ++arrived;
   }
   uint8_t ack[kAckBytes] = {};
   std::memcpy(ack, kMagic, 8);
@@ -220,7 +252,12 @@ absl::Status TcpCommunicator::recv_from(int peer, Header& h, void* data, size_t 
     std::string msg(size_t(std::clamp<int64_t>(h.count, 0, kMaxErrorBytes)), '\0');
     if (auto r = net::recv_all(fd, msg.data(), msg.size(), after(timeout_)); r != net::RecvResult::ok)
       return lost(r);
-    return fail(absl::InvalidArgumentError(msg));
+    if (rank_ == 0) {  // only rank 0 reports to the others: this peer is broken or foreign
+      return fail(absl::DataLossError(absl::StrCat(
+          "tcp communicator ", what, " on rank 0: rank ", peer,
+          " sent an error report, which only rank 0 sends: ", net::printable(msg, kMaxErrorBytes))));
+    }
+    return fail(absl::InvalidArgumentError(net::printable(msg, kMaxErrorBytes)));
   }
   if (bytes > 0) {
     if (auto r = net::recv_all(fd, data, bytes, after(timeout_)); r != net::RecvResult::ok) return lost(r);

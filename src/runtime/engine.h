@@ -123,6 +123,9 @@ class Engine {
   // process went away, or a command failed here (the error, also sent to the leader;
   // this rank's communicator is aborted so that no rank waits on it).
   absl::Status follow();
+  // OK, or why the tensor-parallel group was aborted (a rank failed mid-step): every later
+  // step is refused with it (FAILED_PRECONDITION) until the engine is restarted.
+  const absl::Status& group_failure() const { return group_failed_; }
   KvPool& pool() { return *pool_; }
   const KvPool& pool() const { return *pool_; }
   KvFormat kv_format() const { return pool_->config().format; }

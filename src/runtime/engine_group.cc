@@ -216,9 +216,14 @@ absl::Status Engine::follow() {
             absl::StrCat("rank 0 sent an unexpected ", to_string(m->command), " command"));
     }
     if (!st.ok()) {
-      const absl::Status failed(st.code(), absl::StrCat(to_string(m->command), " failed: ", st.message()));
+      absl::Status failed(st.code(), absl::StrCat(to_string(m->command), " failed: ", st.message()));
       (void)fail_group(failed);  // aborts this rank's communicator: rank 0's collectives end too
       leader_link_->report(failed);
+      // A collective cut short because rank 0 went away: say so, not only what it cut (the
+      // watcher may see the connection close a moment after the collective does).
+      if (absl::Status gone = leader_link_->hangup(std::chrono::milliseconds(500)); !gone.ok()) {
+        failed = absl::UnavailableError(absl::StrCat(gone.message(), "; ", failed.message()));
+      }
       return failed;
     }
   }

@@ -14,7 +14,6 @@ constexpr uint32_t kVersion = 1;
 constexpr size_t kHeaderBytes = 24;
 // A step's metadata is a few MB at most (block tables of the largest batches); beyond
 // this a length is a broken stream, not a command.
-constexpr uint64_t kMaxPayloadBytes = uint64_t(1) << 31;
 
 // Trivially copyable values and vectors of them, in host order.
 class Writer {
@@ -98,8 +97,8 @@ absl::Status send_rank_frame(int fd, const std::vector<uint8_t>& frame, net::Clo
   return absl::UnavailableError(absl::StrCat(what, ": the connection is closed or stalled"));
 }
 
-absl::StatusOr<RankMessage> recv_rank_frame(int fd, net::Clock::time_point deadline,
-                                            const std::string& what) {
+absl::StatusOr<RankMessage> recv_rank_frame(int fd, net::Clock::time_point deadline, const std::string& what,
+                                            uint64_t max_payload) {
   uint8_t head[kHeaderBytes];
   auto lost = [&](net::RecvResult r) {
     return r == net::RecvResult::timeout
@@ -109,9 +108,14 @@ absl::StatusOr<RankMessage> recv_rank_frame(int fd, net::Clock::time_point deadl
   if (auto r = net::recv_all(fd, head, sizeof head, deadline); r != net::RecvResult::ok) return lost(r);
   const uint32_t version = net::get_u32(head + 8);
   const uint64_t length = net::get_u64(head + 16);
-  if (std::memcmp(head, kMagic, 8) != 0 || version != kVersion || length > kMaxPayloadBytes) {
+  if (std::memcmp(head, kMagic, 8) != 0 || version != kVersion) {
     return absl::DataLossError(absl::StrCat(what, ": not a kvfuse rank command (version ", version, ", ",
                                             length, " bytes); mixed kvfuse versions?"));
+  }
+  if (length > max_payload) {
+    return absl::DataLossError(absl::StrCat(what, ": a ", to_string(RankCommand(net::get_u32(head + 12))),
+                                            " command of ", length, " bytes, over the ", max_payload,
+                                            " this connection takes"));
   }
   RankMessage m;
   m.command = RankCommand(net::get_u32(head + 12));

@@ -39,9 +39,13 @@ std::vector<uint8_t> rank_frame(RankCommand command, const std::vector<uint8_t>&
 // Sends a frame; UNAVAILABLE starting with `what` when the peer is gone or the deadline passes.
 absl::Status send_rank_frame(int fd, const std::vector<uint8_t>& frame, net::Clock::time_point deadline,
                              const std::string& what);
+// The largest payload a frame may carry (a forward pass of the largest batch fits).
+inline constexpr uint64_t kMaxRankPayloadBytes = uint64_t(1) << 31;
 // Reads one frame. UNAVAILABLE (starting with `what`) when the peer closed the connection,
-// DEADLINE_EXCEEDED at the deadline, DATA_LOSS for a frame that is not one.
-absl::StatusOr<RankMessage> recv_rank_frame(int fd, net::Clock::time_point deadline, const std::string& what);
+// DEADLINE_EXCEEDED at the deadline, DATA_LOSS for a frame that is not one or whose
+// payload is over `max_payload` bytes (checked before any of it is read).
+absl::StatusOr<RankMessage> recv_rank_frame(int fd, net::Clock::time_point deadline, const std::string& what,
+                                            uint64_t max_payload = kMaxRankPayloadBytes);
 
 // Payloads.
 std::vector<uint8_t> encode_forward(const ForwardBatch& batch, const ForwardOptions& opts,

@@ -14,18 +14,28 @@ namespace {
 
 using net::Clock;
 
+// What the leader takes from a follower: its one error report. A longer frame is not one
+// (and is refused before its payload is read); the message is cut to kMaxErrorText.
+constexpr uint64_t kMaxFollowerFrameBytes = 64 << 10;
+constexpr size_t kMaxErrorText = 4096;
+
 // error payload: u32 absl::StatusCode, then the message.
 std::vector<uint8_t> encode_error(const absl::Status& st) {
-  std::vector<uint8_t> out(4 + st.message().size());
+  const std::string msg(st.message().substr(0, kMaxErrorText));
+  std::vector<uint8_t> out(4 + msg.size());
   net::put_u32(out.data(), uint32_t(st.code()));
-  std::copy(st.message().begin(), st.message().end(), out.begin() + 4);
+  std::copy(msg.begin(), msg.end(), out.begin() + 4);
   return out;
 }
 
 absl::Status decode_error(const std::vector<uint8_t>& p, int rank) {
   const uint32_t code = p.size() >= 4 ? net::get_u32(p.data()) : uint32_t(absl::StatusCode::kUnknown);
   const auto status_code = code >= 1 && code <= 16 ? absl::StatusCode(code) : absl::StatusCode::kUnknown;
-  const std::string msg = p.size() > 4 ? std::string(p.begin() + 4, p.end()) : std::string("(no message)");
+  const std::string msg =
+      p.size() > 4
+          ? net::printable(std::string_view(reinterpret_cast<const char*>(p.data()) + 4, p.size() - 4),
+                           kMaxErrorText)
+          : std::string("(no message)");
   return absl::Status(status_code, absl::StrCat("rank ", rank, ": ", msg));
 }
 
@@ -91,16 +101,21 @@ void FollowerLinks::monitor() {
       if (p[k].revents == 0) continue;
       const size_t r = which[k - 1];
       closed_[r] = true;  // a follower says something only once: its failure
-      auto m =
-          recv_rank_frame(fds_[r].get(), Clock::now() + std::chrono::seconds(5), absl::StrCat("rank ", r));
+      auto m = recv_rank_frame(fds_[r].get(), Clock::now() + std::chrono::seconds(5),
+                               absl::StrCat("rank ", r), kMaxFollowerFrameBytes);
       if (m.ok() && m->command == RankCommand::error) {
         record(decode_error(m->payload, int(r)));
       } else if (m.ok()) {
         record(absl::DataLossError(
             absl::StrCat("rank ", r, " sent an unexpected ", to_string(m->command), " command to rank 0")));
-      } else {
+      } else if (m.status().code() == absl::StatusCode::kUnavailable) {
         record(absl::UnavailableError(absl::StrCat(
             "rank ", r, " closed its control connection to rank 0 (its process exited or was killed)")));
+      } else {
+        // Bytes that are not a whole report: a stalled, broken or foreign peer, alive or not.
+        record(absl::DataLossError(absl::StrCat("rank ", r,
+                                                "'s control connection to rank 0 carried no valid report (",
+                                                m.status().message(), ")")));
       }
     }
   }
@@ -151,6 +166,7 @@ LeaderLink::LeaderLink(net::UniqueFd fd, std::string leader, std::function<void(
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 || p[0].revents != 0) return;
       if (p[1].revents != 0) {
+        hung_up_ = true;
         if (on_hangup_) on_hangup_();
         return;
       }
@@ -165,13 +181,20 @@ LeaderLink::~LeaderLink() {
 
 absl::StatusOr<RankMessage> LeaderLink::next() {
   auto m = recv_rank_frame(fd_.get(), net::kNoDeadline, absl::StrCat("rank 0 at ", leader_));
-  if (m.status().code() == absl::StatusCode::kUnavailable) {
-    return absl::UnavailableError(
-        absl::StrCat("rank 0 at ", leader_,
-                     " closed the control connection without a shutdown (it exited, "
-                     "was killed, or its group failed)"));
-  }
+  if (m.status().code() == absl::StatusCode::kUnavailable) return closed_error();
   return m;
+}
+
+absl::Status LeaderLink::closed_error() const {
+  return absl::UnavailableError(absl::StrCat("rank 0 at ", leader_,
+                                             " closed the control connection without a shutdown (it exited, "
+                                             "was killed, or its group failed)"));
+}
+
+absl::Status LeaderLink::hangup(std::chrono::milliseconds wait) const {
+  const auto end = Clock::now() + wait;
+  while (!hung_up_.load() && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return hung_up_.load() ? closed_error() : absl::OkStatus();
 }
 
 void LeaderLink::report(const absl::Status& st) {

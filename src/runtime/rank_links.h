@@ -82,11 +82,17 @@ class LeaderLink {
   absl::StatusOr<RankMessage> next();
   // Sends the failure to the leader (best effort: it may be gone).
   void report(const absl::Status& st);
+  // UNAVAILABLE naming the leader once the watcher saw its connection close (a follower's
+  // collective that failed then only echoes that), waiting up to `wait` for it; else OK.
+  absl::Status hangup(std::chrono::milliseconds wait) const;
 
  private:
+  absl::Status closed_error() const;
+
   net::UniqueFd fd_;
   std::string leader_;
   std::function<void()> on_hangup_;
+  std::atomic<bool> hung_up_{false};
   WakePipe wake_;
   std::thread thread_;
 };
