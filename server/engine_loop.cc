@@ -331,6 +331,13 @@ absl::Status EngineLoop::warm_up() {
       "pages={} page_size={} tensor_parallel={}",
       info_.model(), info_.device(), info_.kv_cache_dtype(), info_.kv_format(), info_.kv_write(),
       info_.attention(), info_.num_pages(), info_.page_size(), info_.tensor_parallel());
+  if (!cfg.devices.empty() && engine_->backend().device() == Device::cpu) {
+    // A config written for GPUs that runs on the CPU backend (device auto on a host without
+    // one, or device cpu): its GPU list means nothing here, which is worth a line.
+    spdlog::warn(
+        "event=config_unused key=devices note=\"the CPU backend runs every rank as a thread of this "
+        "process; devices lists GPUs\"");
+  }
   if (engine_->num_ranks() > 1) {
     // How the ranks reduce, and through which NCCL (RCCL) build: what an operator checks
     // first when a sharded server is slow or fails to start its group.

@@ -237,6 +237,8 @@ TEST_CASE(
   leader.signal(SIGTERM);
   CHECK(leader.wait_exit(20) == 0);
   CHECK(follower.wait_exit(20) == 0);
+  // A GPU list on the CPU backend is said to be unused (none is set here).
+  CHECK(leader.log().find("event=config_unused key=devices") == std::string::npos);
   // Rank 0 says how the group reduces: the CPU ranks of two processes over TCP, no NCCL.
   CHECK(leader.log().find("event=collectives path=\"tcp\" library=\"none\"") != std::string::npos);
   const std::string log = follower.log();
@@ -314,4 +316,14 @@ TEST_CASE(
   INFO(log);
   CHECK(log.find("rank 0 at 127.0.0.1:" + std::to_string(port) + " closed the control connection") !=
         std::string::npos);
+}
+
+TEST_CASE("kvfuse-server: devices on the CPU backend is logged as unused", "[server][drain][tp]") {
+  ServerProcess p({"--set", "tensor_parallel=2", "--set", "devices=5,7"});
+  CHECK(p.serving());
+  const std::string log = p.log();
+  INFO(log);
+  CHECK(log.find("event=config_unused key=devices") != std::string::npos);
+  p.signal(SIGTERM);
+  CHECK(p.wait_exit(20) == 0);
 }
