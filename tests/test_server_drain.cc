@@ -248,35 +248,35 @@ TEST_CASE(
   CHECK(log.find("event=listening") == std::string::npos);
 }
 
-TEST_CASE("kvfuse-server: SIGTERM while rank 0 waits for its tensor-parallel group exits at once, exit 0",
-          "[server][drain][tp]") {
-  // Nothing is admitted while the engine starts, so there is nothing to drain: the signal
-  // does not wait for the rendezvous (here up to 60 s) to time out.
+namespace {
+
+// The process of `rank` in a tp 2 group whose other process never comes: once its log
+// says `started`, SIGTERM ends it within 5 s with `exit_code`, though the rendezvous would
+// wait 60 s, and the log says so.
+void check_sigterm_while_the_group_forms(int rank, const std::string& started, int exit_code) {
   const int port = free_loopback_port();
-  ServerProcess leader(tp2_args(port, 0, {"--set", "tp_rendezvous_timeout_s=60"}), /*serves=*/false);
-  REQUIRE(leader.wait_log("event=listening", 30));
+  ServerProcess p(tp2_args(port, rank, {"--set", "tp_rendezvous_timeout_s=60"}), /*serves=*/false);
+  REQUIRE(p.wait_log(started, 30));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const auto t0 = Clock::now();
-  leader.signal(SIGTERM);
-  CHECK(leader.wait_exit(10) == 0);
+  p.signal(SIGTERM);
+  CHECK(p.wait_exit(10) == exit_code);
   CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 5);
-  const std::string log = leader.log();
+  const std::string log = p.log();
   INFO(log);
   CHECK(log.find("event=signal signal=SIGTERM action=exit") != std::string::npos);
 }
 
+}  // namespace
+
+TEST_CASE("kvfuse-server: SIGTERM while rank 0 waits for its tensor-parallel group exits at once, exit 0",
+          "[server][drain][tp]") {
+  // Nothing is admitted while the engine starts, so there is nothing to drain.
+  check_sigterm_while_the_group_forms(0, "event=listening", 0);
+}
+
 TEST_CASE("kvfuse-server: SIGTERM while a follower waits for rank 0 ends it at once", "[server][drain][tp]") {
-  const int port = free_loopback_port();
-  ServerProcess follower(tp2_args(port, 1, {"--set", "tp_rendezvous_timeout_s=60"}), /*serves=*/false);
-  REQUIRE(follower.wait_log("event=following", 30));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const auto t0 = Clock::now();
-  follower.signal(SIGTERM);
-  CHECK(follower.wait_exit(10) == 128 + SIGTERM);
-  CHECK(std::chrono::duration<double>(Clock::now() - t0).count() < 5);
-  const std::string log = follower.log();
-  INFO(log);
-  CHECK(log.find("event=signal signal=SIGTERM action=exit") != std::string::npos);
+  check_sigterm_while_the_group_forms(1, "event=following", 128 + SIGTERM);
 }
 
 TEST_CASE(

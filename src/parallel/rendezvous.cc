@@ -36,7 +36,6 @@ constexpr size_t kHelloVersion = 8, kHelloWorld = 12, kHelloRank = 16, kHelloRan
 static_assert(kHelloFpLength + 4 == kHelloBytes, "the fingerprint length is the fixed part's last word");
 constexpr size_t kReplyHeaderBytes = 20;
 constexpr uint32_t kMaxMessageBytes = 4096;
-constexpr size_t kMaxPending = 64;  // connections still owing their hello
 
 std::vector<uint8_t> reply(absl::StatusCode code, const uint8_t* payload, uint32_t length) {
   std::vector<uint8_t> out(kReplyHeaderBytes + length);
@@ -201,12 +200,14 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
     std::vector<pollfd> fds;
     fds.push_back({fd_.get(), POLLIN, 0});
     std::vector<size_t> which;
+    size_t owing = 0, oldest_owing = 0;  // connections still owing their hello; the first
     for (size_t i = 0; i < conns.size(); ++i) {
       // Arrived processes too: one that goes away before the group forms gives its ranks
       // back (restarted, it may arrive again).
       if (conns[i].fd.valid()) {
         fds.push_back({conns[i].fd.get(), short(POLLIN | POLLRDHUP), 0});
         which.push_back(i);
+        if (conns[i].rank < 0 && owing++ == 0) oldest_owing = i;
       }
     }
     const int n = ::poll(fds.data(), fds.size(), wait);
@@ -222,13 +223,9 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
       const int cfd =
           ::accept4(fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (cfd >= 0) {
-        // Past kMaxPending connections that owe their hello, the oldest goes: a flood of
-        // silent clients cannot starve the real ranks of descriptors.
-        size_t owing = 0, oldest = conns.size();
-        for (size_t i = 0; i < conns.size(); ++i) {
-          if (conns[i].fd.valid() && conns[i].rank < 0 && owing++ == 0) oldest = i;
-        }
-        if (owing >= kMaxPending) conns[oldest].fd.reset();
+        // Past net::kMaxPendingHellos connections that owe their hello, the oldest goes: a
+        // flood of silent clients cannot starve the real ranks of descriptors.
+        if (owing >= net::kMaxPendingHellos) conns[oldest_owing].fd.reset();
         conns.push_back(Conn{UniqueFd(cfd), net::peer_name(ss), {}, -1, 0});
       }
     }

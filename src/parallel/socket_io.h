@@ -44,6 +44,11 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// Connections a listener (the rendezvous, the TCP communicator's rank 0) keeps while they
+// still owe their hello; past it the oldest is dropped, so that a flood of silent clients
+// cannot starve the real ranks of descriptors.
+inline constexpr size_t kMaxPendingHellos = 64;
+
 // Milliseconds to the deadline, clamped to [0, 2^30].
 int remaining_ms(Clock::time_point deadline);
 std::string errno_text(int err);

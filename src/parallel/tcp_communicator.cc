@@ -27,7 +27,6 @@ constexpr size_t kHelloBytes = 24;   // magic, u64 token, u32 rank, u32 size
 constexpr size_t kAckBytes = 12;     // magic, u32 0
 constexpr size_t kHeaderBytes = 32;  // u32 op, u32 dtype, u64 count, u32 root, u32 0, u64 seq
 constexpr int64_t kMaxErrorBytes = 4096;
-constexpr size_t kMaxPending = 64;  // connections still owing their hello
 
 Clock::time_point after(std::chrono::milliseconds t) { return Clock::now() + t; }
 
@@ -56,13 +55,16 @@ absl::StatusOr<std::unique_ptr<TcpCommunicator>> TcpCommunicator::accept(
   c->scratch_.resize(size_t(size));
   const auto deadline = after(timeout);
   // Connections whose hello is not complete yet, read together: a client that connects
-  // and says nothing (a port scanner, a stalled peer) delays nobody. Past kMaxPending the
-  // oldest is dropped, so a flood cannot starve the real ranks of descriptors.
+  // and says nothing (a port scanner, a stalled peer) delays nobody. Past
+  // net::kMaxPendingHellos the oldest is dropped, so a flood cannot starve the real ranks of
+  // descriptors.
   struct Pending {
     net::UniqueFd fd;
     std::vector<uint8_t> hello;
   };
   std::vector<Pending> pending;
+  uint8_t token[8];  // as a hello carries it
+  put_u64(token, listener->token_);
   int arrived = 0;
   while (arrived < size - 1) {
     const int wait = net::remaining_ms(deadline);
@@ -89,8 +91,6 @@ absl::StatusOr<std::unique_ptr<TcpCommunicator>> TcpCommunicator::accept(
         q.hello.insert(q.hello.end(), buf, buf + got);
         // Without this group's magic and token, a stray: dropped as soon as that shows.
         const size_t magic = std::min<size_t>(q.hello.size(), 8);
-        uint8_t token[8];
-        put_u64(token, listener->token_);
         const size_t token_bytes = q.hello.size() > 8 ? std::min<size_t>(q.hello.size() - 8, 8) : 0;
         drop = std::memcmp(q.hello.data(), kMagic, magic) != 0 ||
                std::memcmp(q.hello.data() + 8, token, token_bytes) != 0;
@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<TcpCommunicator>> TcpCommunicator::accept(
     if (p[0].revents & POLLIN) {
       net::UniqueFd fd(::accept4(listener->fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
       if (fd.valid()) {
-        if (pending.size() >= kMaxPending) pending.erase(pending.begin());
+        if (pending.size() >= net::kMaxPendingHellos) pending.erase(pending.begin());
         pending.push_back({std::move(fd), {}});
       }
     }
