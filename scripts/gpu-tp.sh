@@ -36,7 +36,9 @@
 # Config::tp_share_gpu: tp 2 against tp 1, each rank's KV bytes, pushed sums against the
 # all-reduce) and kvfuse-bench-allreduce --share-gpu (per call, and --layers: a layer's
 # reduction all-reduced against pushed into the norm), with and without --pdl
-# (GPU_TP_ONLY=tests: the two tests; allreduce: the benchmark);
+# (GPU_TP_ONLY=tests: the two tests; allreduce: the benchmark); (c) same-gpu: two processes
+# of one group both given GPU 0 must each fail with NCCL's reason, not hang, and tp 2 in
+# one process must be refused naming the one visible GPU;
 # (b) kvfuse-bench-engine --tp-rank-alone: rank 0 of tp 2 alone (its shard, no collectives)
 # against tp 1 for llama3-8b, alternating twice, and llama3-70b's rank 0 with its KV pool
 # (TP_70B_ALONE=0 leaves it out; TP_ALONE_ROUNDS=0 leaves llama3-8b out). GPU_TP_ONLY=peer
@@ -131,6 +133,37 @@ if ((gpus == 1)); then
         --set num_pages="${TP_70B_PAGES:-25000}" --batch 1,8,64 --context 512 --max-kv-gib 40 \
         --json "$out/engine-llama3-70b-tp2-alone.json"
       grep -E "building engine|engine ready|^ +(1|8|64) " "$out/engine-llama3-70b-tp2-alone.txt" | tee -a "$summary"
+    fi
+  fi
+  if want same-gpu; then
+    # Two processes of one group given the same GPU, as a misconfigured node would: NCCL
+    # holds one rank per GPU and refuses the communicator, so both processes must end with
+    # its reason (its last warning, "Duplicate GPU detected"), and neither may hang.
+    sg=(--set model=tiny --set tensor_parallel=2 --set tp_rendezvous=127.0.0.1:"${TP_PORT:-29500}"
+      --set tp_rendezvous_timeout_s=60 --set devices=0 -n 2 -m 4 -q)
+    timeout 180 "$bundle/kvfuse-run" "${sg[@]}" --set tp_rank=1 >"$out/same-gpu-follower.txt" 2>&1 &
+    follower=$!
+    timeout 180 "$bundle/kvfuse-run" "${sg[@]}" >"$out/same-gpu-leader.txt" 2>&1
+    lrc=$?
+    wait $follower
+    frc=$?
+    note "same-gpu: leader exit $lrc, follower exit $frc"
+    for who in leader follower; do
+      grep -m1 -E "error|Duplicate" "$out/same-gpu-$who.txt" | cut -c1-400 | tee -a "$summary"
+    done
+    if ((lrc == 0 || lrc == 124 || frc == 0 || frc == 124)) ||
+      ! grep -q "Duplicate GPU" "$out/same-gpu-leader.txt" || ! grep -q "Duplicate GPU" "$out/same-gpu-follower.txt"; then
+      note "FAIL: same-gpu: both processes must fail with NCCL's duplicate-GPU warning, neither time out"
+      status=1
+    fi
+    # tp 2 in one process on this one GPU: refused, naming the GPUs visible.
+    timeout 120 "$bundle/kvfuse-run" --set model=tiny --set tensor_parallel=2 -n 2 -m 4 -q >"$out/tp2-one-gpu.txt" 2>&1
+    rc=$?
+    note "tp2-one-gpu: exit $rc"
+    grep -m1 -E "error|visible" "$out/tp2-one-gpu.txt" | cut -c1-400 | tee -a "$summary"
+    if ((rc == 0 || rc == 124)) || ! grep -q "visible GPU" "$out/tp2-one-gpu.txt"; then
+      note "FAIL: tp2-one-gpu: tp 2 on one GPU must be refused naming the visible GPUs"
+      status=1
     fi
   fi
   note "$( ((status == 0)) && echo PASS || echo FAIL)"

@@ -1,8 +1,9 @@
 // A stand-in for libnccl.so.2 / librccl.so.1 that tests/test_parallel.cc loads to check
 // NcclLibrary's search and symbol binding where no NCCL is installed (CI). It exports the
-// entry points kvfuse resolves, with nccl.h's C signatures; ncclGetVersion reports 2.28.9 and
+// entry points kvfuse resolves, with nccl.h's C signatures; ncclGetVersion reports 2.28.9,
 // every other call fails with ncclInvalidUsage (5), so nothing can mistake it for a
-// working library.
+// working library, and ncclGetLastError gives a warning as NCCL words one (with its
+// newline).
 #include <cstddef>
 
 extern "C" {
@@ -19,6 +20,9 @@ __attribute__((visibility("default"))) int ncclGetVersion(int* version) {
 }
 __attribute__((visibility("default"))) const char* ncclGetErrorString(int result) {
   return result == 5 ? "kvfuse fake NCCL: not a real library" : "kvfuse fake NCCL: unexpected result";
+}
+__attribute__((visibility("default"))) const char* ncclGetLastError(ncclComm*) {
+  return "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000 (kvfuse fake NCCL)\n";
 }
 __attribute__((visibility("default"))) int ncclGetUniqueId(ncclUniqueId*) { return 5; }
 __attribute__((visibility("default"))) int ncclCommInitRank(ncclComm**, int, ncclUniqueId, int) { return 5; }

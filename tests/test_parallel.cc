@@ -25,6 +25,7 @@
 
 using namespace kvfuse;
 using Catch::Matchers::ContainsSubstring;
+using Catch::Matchers::EndsWith;
 
 namespace {
 
@@ -359,6 +360,11 @@ TEST_CASE("nccl loader: the first name that loads wins - when none does, each is
   CHECK(st.code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(st.message()), ContainsSubstring("rccl error in ncclGetUniqueId: 5"));
   CHECK_THAT(std::string(st.message()), ContainsSubstring("not a real library"));
+  // The library's last warning follows the code's text, its newline gone.
+  REQUIRE((*lib)->get_last_error != nullptr);
+  CHECK_THAT(std::string(st.message()),
+             EndsWith("; rccl's last warning: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device "
+                      "1b000 (kvfuse fake NCCL)"));
   // Loaded once: the same entry for the same name.
   auto again = nccl::NcclLibrary::load(fake.string());
   REQUIRE(again.ok());
@@ -384,6 +390,33 @@ TEST_CASE("nccl api: our declarations carry nccl.h's values", "[parallel][nccl]"
   CHECK(lib.version_string() == "2.19.3");
   lib.version = 2708;  // before 2.9: X*1000 + Y*100 + Z
   CHECK(lib.version_string() == "2.7.8");
+
+  // check(): the code's text, then the last warning where the library has ncclGetLastError
+  // (NCCL >= 2.13), cut and escaped; an empty one adds nothing.
+  lib.path = "libnccl.so.2";
+  lib.get_error_string = [](nccl::ncclResult_t) {
+    return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+  };
+  CHECK(lib.check(nccl::ncclSuccess, "ncclAllReduce").ok());
+  absl::Status st = lib.check(nccl::ncclInvalidUsage, "ncclCommInitRank");
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(st.message() ==
+        "nccl error in ncclCommInitRank: 5 (invalid usage (run with NCCL_DEBUG=WARN for details))");
+  static std::string warning;
+  lib.get_last_error = [](nccl::ncclComm_t) { return warning.c_str(); };
+  warning = "  \n";
+  CHECK(lib.check(nccl::ncclInvalidUsage, "ncclCommInitRank").message() ==
+        "nccl error in ncclCommInitRank: 5 (invalid usage (run with NCCL_DEBUG=WARN for details))");
+  warning = "Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000\n";
+  CHECK(
+      lib.check(nccl::ncclInvalidUsage, "ncclCommInitRank").message() ==
+      "nccl error in ncclCommInitRank: 5 (invalid usage (run with NCCL_DEBUG=WARN for details)); nccl's last "
+      "warning: Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000");
+  warning = std::string(3000, 'w') + "\x01";
+  st = lib.check(nccl::ncclSystemError, "ncclAllReduce");
+  CHECK(st.code() == absl::StatusCode::kUnavailable);
+  CHECK(st.message().size() < 1300);
+  CHECK_THAT(std::string(st.message()), ContainsSubstring("(3001 bytes)"));
 }
 
 TEST_CASE("tensor parallel shapes: heads and the MLP must divide, the vocabulary is padded",

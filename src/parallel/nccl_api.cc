@@ -11,6 +11,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "src/parallel/socket_io.h"
 
 namespace kvfuse::nccl {
 
@@ -101,6 +103,7 @@ absl::StatusOr<std::unique_ptr<NcclLibrary>> open_library(const std::string& nam
   need("ncclGroupStart", lib->group_start);
   need("ncclGroupEnd", lib->group_end);
   if (st.ok()) st = resolve(handle, name, "ncclCommInitAll", /*required=*/false, lib->comm_init_all);
+  if (st.ok()) st = resolve(handle, name, "ncclGetLastError", /*required=*/false, lib->get_last_error);
   if (st.ok()) st = lib->check(lib->get_version(&lib->version), "ncclGetVersion");
   if (!st.ok()) {
     dlclose(handle);
@@ -154,7 +157,13 @@ std::string NcclLibrary::version_string() const {
 absl::Status NcclLibrary::check(ncclResult_t r, const char* call) const {
   if (r == ncclSuccess) return absl::OkStatus();
   const char* text = get_error_string != nullptr ? get_error_string(r) : "no error text";
-  const std::string msg = absl::StrCat(flavour(), " error in ", call, ": ", int(r), " (", text, ")");
+  std::string msg = absl::StrCat(flavour(), " error in ", call, ": ", int(r), " (", text, ")");
+  if (get_last_error != nullptr) {
+    const char* last = get_last_error(nullptr);
+    std::string warning =
+        last != nullptr ? net::printable(std::string(absl::StripAsciiWhitespace(last)), 1024) : "";
+    if (!warning.empty()) absl::StrAppend(&msg, "; ", flavour(), "'s last warning: ", warning);
+  }
   switch (r) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:

@@ -51,6 +51,7 @@ using CommDestroyFn = ncclResult_t (*)(ncclComm_t comm);
 using CommAbortFn = ncclResult_t (*)(ncclComm_t comm);
 using CommGetAsyncErrorFn = ncclResult_t (*)(ncclComm_t comm, ncclResult_t* async_error);
 using GetErrorStringFn = const char* (*)(ncclResult_t result);
+using GetLastErrorFn = const char* (*)(ncclComm_t comm);  // NCCL >= 2.13; comm unused (null)
 using AllReduceFn = ncclResult_t (*)(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                                      ncclRedOp_t op, ncclComm_t comm, void* stream);
 using AllGatherFn = ncclResult_t (*)(const void* send, void* recv, size_t send_count, ncclDataType_t dtype,
@@ -73,6 +74,7 @@ struct NcclLibrary {
   CommAbortFn comm_abort = nullptr;
   CommGetAsyncErrorFn comm_get_async_error = nullptr;
   GetErrorStringFn get_error_string = nullptr;
+  GetLastErrorFn get_last_error = nullptr;  // optional: older libraries lack it
   AllReduceFn all_reduce = nullptr;
   AllGatherFn all_gather = nullptr;
   BroadcastFn broadcast = nullptr;
@@ -97,7 +99,12 @@ struct NcclLibrary {
   std::string version_string() const;
   // What was loaded, for logs: "nccl 2.19.3 (libnccl.so.2)".
   std::string description() const;
-  // OK, or an error naming the call, the result code and NCCL's text for it.
+  // OK, or an error naming the call, the result code and NCCL's text for it, then the
+  // library's last warning (ncclGetLastError) where it has one: the generic text of a code
+  // ("invalid usage") says less than the warning that came with it ("Duplicate GPU
+  // detected : rank 1 and rank 0 both on CUDA device 1b000"). The warning is the library's
+  // last one in this process, so with several ranks in one process it may be another
+  // rank's; it is cut to 1 KiB and made printable.
   absl::Status check(ncclResult_t r, const char* call) const;
 };
 
