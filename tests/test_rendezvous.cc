@@ -62,6 +62,28 @@ void stray_client(int port, const std::string& bytes) {
   ::close(fd);
 }
 
+// serve_group's connections (`fds`, rank 0's end) against what each rank's
+// rendezvous_join_group got: every rank has `id`, and a byte rank 0 writes to rank r's
+// connection is what rank r reads on its own.
+void check_group_links(const absl::StatusOr<std::vector<net::UniqueFd>>& fds,
+                       const std::vector<absl::StatusOr<RendezvousMember>>& got, const RendezvousId& id) {
+  INFO(fds.status().ToString());
+  REQUIRE(fds.ok());
+  REQUIRE(fds->size() == got.size() + 1);
+  CHECK_FALSE((*fds)[0].valid());
+  for (size_t r = 1; r < fds->size(); ++r) {
+    INFO("rank " << r << ": " << got[r - 1].status().ToString());
+    REQUIRE(got[r - 1].ok());
+    CHECK(got[r - 1]->id == id);
+    const uint8_t byte = uint8_t(40 + r);
+    REQUIRE(::send((*fds)[r].get(), &byte, 1, MSG_NOSIGNAL) == 1);
+    uint8_t in = 0;
+    CHECK(net::recv_all(got[r - 1]->leader.get(), &in, 1, net::Clock::now() + std::chrono::seconds(5)) ==
+          net::RecvResult::ok);
+    CHECK(in == byte);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("rendezvous: every rank gets rank 0's id (2 and 4 ranks)", "[parallel][rendezvous]") {
@@ -297,20 +319,37 @@ TEST_CASE("rendezvous: serve_group and rendezvous_join_group keep each peer's co
   }
   auto fds = server->serve_group(make_id(6));
   for (auto& t : peers) t.join();
-  REQUIRE(fds.ok());
-  REQUIRE(fds->size() == 3);
-  CHECK_FALSE((*fds)[0].valid());
-  for (int r = 1; r < 3; ++r) {
-    REQUIRE(got[size_t(r - 1)].ok());
-    CHECK(got[size_t(r - 1)]->id == make_id(6));
-    // Rank 0 writes to rank r's connection; rank r reads it on its end.
-    const uint8_t byte = uint8_t(40 + r);
-    REQUIRE(::send((*fds)[size_t(r)].get(), &byte, 1, MSG_NOSIGNAL) == 1);
-    uint8_t in = 0;
-    CHECK(net::recv_all(got[size_t(r - 1)]->leader.get(), &in, 1,
-                        net::Clock::now() + std::chrono::seconds(5)) == net::RecvResult::ok);
-    CHECK(in == byte);
+  check_group_links(fds, got, make_id(6));
+}
+
+TEST_CASE("rendezvous: a storm of connections that come and go while ranks wait keeps each rank's link",
+          "[parallel][rendezvous]") {
+  // Ranks 1 and 2 arrive, 400 clients connect and close, then rank 3 arrives: rank 0 drops
+  // the closed connections' records on the way and must still hand each arrived rank its
+  // own connection.
+  auto server = listen_with_fingerprint(4, "model=tiny");
+  const int port = server->port();
+  std::vector<absl::StatusOr<RendezvousMember>> got;
+  for (int i = 0; i < 3; ++i) got.emplace_back(absl::UnknownError("not run"));
+  auto join = [&](int r) {
+    RendezvousOptions o = opts(4, r, port);
+    o.fingerprint = "model=tiny";
+    got[size_t(r - 1)] = rendezvous_join_group(o);
+  };
+  absl::StatusOr<std::vector<net::UniqueFd>> fds = absl::UnknownError("not run");
+  std::thread serve([&] { fds = server->serve_group(make_id(9)); });
+  std::vector<std::thread> peers;
+  for (int r = 1; r < 3; ++r) peers.emplace_back(join, r);
+  std::this_thread::sleep_for(milliseconds(200));
+  for (int i = 0; i < 400; ++i) {
+    if (const int fd = testing::connect_loopback(port, i % 2 == 0 ? "" : "GET / HTTP/1.0\r\n\r\n"); fd >= 0) {
+      ::close(fd);
+    }
   }
+  peers.emplace_back(join, 3);
+  serve.join();
+  for (auto& t : peers) t.join();
+  check_group_links(fds, got, make_id(9));
 }
 
 TEST_CASE("rendezvous: processes that hold several ranks form one world, every rank held once",

@@ -325,6 +325,18 @@ absl::Status RendezvousServer::serve_impl(const RendezvousId& id, std::vector<Un
       }
     }
     if (!failure.ok()) break;
+    // Closed connections go once they outnumber the open ones (and past a few): a storm of
+    // connections that come and go leaves neither records nor work behind in each poll.
+    if (conns.size() > 2 * which.size() + 64) {
+      std::vector<Conn> open;
+      arrived.clear();
+      for (Conn& c : conns) {
+        if (!c.fd.valid()) continue;
+        if (c.rank > 0) arrived[c.rank] = open.size();
+        open.push_back(std::move(c));
+      }
+      conns = std::move(open);
+    }
   }
 
   if (!failure.ok()) {
