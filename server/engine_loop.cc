@@ -20,6 +20,17 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 std::string code_name(const absl::Status& st) { return absl::StatusCodeToString(st.code()); }
 }  // namespace
 
+LoadProgressFn log_load_progress(double every_s) {
+  return load_progress_every(every_s, [](const LoadProgress& p) {
+    if (p.layers_done < p.layers) {
+      spdlog::info("event=loading_weights layers_done={} layers={} elapsed_s={:.1f}", p.layers_done, p.layers,
+                   p.elapsed_s);
+    } else {
+      spdlog::info("event=weights_loaded layers={} elapsed_s={:.1f}", p.layers, p.elapsed_s);
+    }
+  });
+}
+
 const char* to_string(LoopState s) {
   return enum_name(s, {"warming", "serving", "draining", "stopped", "failed"});
 }
@@ -254,7 +265,7 @@ absl::Status EngineLoop::warm_up() {
   const Config& cfg = opts_.config;
   auto backend = opts_.make_backend ? opts_.make_backend() : make_backend(cfg.device, cfg.tp_device(0));
   if (!backend.ok()) return backend.status();
-  auto engine = Engine::create(cfg, std::move(*backend));
+  auto engine = Engine::create(cfg, std::move(*backend), log_load_progress());
   if (!engine.ok()) return engine.status();
   engine_ = std::move(*engine);
   sched_ = std::make_unique<Scheduler>(*engine_, SchedulerLimits{opts_.max_waiting});

@@ -48,6 +48,10 @@ struct LoopOptions {
 enum class LoopState { warming, serving, draining, stopped, failed };
 const char* to_string(LoopState s);
 
+// The server's log of loading the weights (rank 0's and a follower's): event=loading_weights
+// as it begins and then every `every_s` seconds, event=weights_loaded at the end.
+LoadProgressFn log_load_progress(double every_s = 10);
+
 class EngineLoop {
  public:
   using Done = std::function<void(const absl::Status&)>;

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "server/engine_loop.h"
 #include "server/server.h"
 #include "server/signals.h"
 #include "src/common/status_macros.h"
@@ -54,7 +55,7 @@ int run_follower(const Config& cfg) {
   absl::Status result;
   const char* failed_at = "group_failed";
   std::thread follower([&] {
-    auto engine = Engine::create(cfg);
+    auto engine = Engine::create(cfg, server::log_load_progress());
     if (!engine.ok()) {
       result = engine.status();
       failed_at = "start_failed";

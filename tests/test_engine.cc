@@ -415,3 +415,40 @@ TEST_CASE("engine graphs: warming the decode buckets is a no-op without graphs",
   CHECK(e->num_sequences() == 0);
   CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
 }
+
+TEST_CASE("engine load progress: 0 as loading begins, then each layer in order, at tp 1 and tp 2",
+          "[engine][progress]") {
+  for (int tp : {1, 2}) {
+    INFO("tensor_parallel " << tp);
+    auto cfg = config_from_json({{"model", "tiny"}, {"tensor_parallel", tp}});
+    REQUIRE(cfg.ok());
+    std::vector<LoadProgress> seen;
+    auto e = Engine::create(*cfg, [&](const LoadProgress& p) { seen.push_back(p); });
+    REQUIRE(e.ok());
+    const int32_t layers = (*e)->spec().num_layers;
+    REQUIRE(seen.size() == size_t(layers) + 1);
+    for (size_t i = 0; i < seen.size(); ++i) {
+      CHECK(seen[i].layers_done == int32_t(i));
+      CHECK(seen[i].layers == layers);
+      CHECK(seen[i].elapsed_s >= (i == 0 ? 0.0 : seen[i - 1].elapsed_s));
+    }
+  }
+}
+
+TEST_CASE("engine load progress: load_progress_every passes on the first, the last and one per interval",
+          "[engine][progress]") {
+  std::vector<int32_t> passed;
+  auto sink = [&](const LoadProgress& p) { passed.push_back(p.layers_done); };
+  auto feed = [&](const LoadProgressFn& f, const std::vector<double>& at) {
+    passed.clear();
+    for (size_t i = 0; i < at.size(); ++i) f(LoadProgress{int32_t(i), int32_t(at.size()) - 1, at[i]});
+    return passed;
+  };
+  using V = std::vector<int32_t>;
+  // Layers at 0, 4, 9, 10, 21, 25 s: reports at most every 10 s after the last one.
+  const std::vector<double> at = {0, 4, 9, 10, 21, 25};
+  CHECK(feed(load_progress_every(10, sink), at) == V{0, 3, 4, 5});
+  CHECK(feed(load_progress_every(0, sink), at) == V{0, 1, 2, 3, 4, 5});
+  CHECK(feed(load_progress_every(1e9, sink), at) == V{0, 5});
+  CHECK_FALSE(load_progress_every(10, nullptr));
+}

@@ -241,9 +241,18 @@ TEST_CASE(
   CHECK(leader.log().find("event=config_unused key=devices") == std::string::npos);
   // Rank 0 says how the group reduces: the CPU ranks of two processes over TCP, no NCCL.
   CHECK(leader.log().find("event=collectives path=\"tcp\" library=\"none\"") != std::string::npos);
+  // Both say when loading the weights begins and ends, rank 0 before it is ready.
+  const std::string lead_log = leader.log();
+  const size_t began = lead_log.find("event=loading_weights layers_done=0 layers=");
+  const size_t loaded = lead_log.find("event=weights_loaded layers=");
+  CHECK(began != std::string::npos);
+  CHECK(loaded != std::string::npos);
+  CHECK(began < loaded);
+  CHECK(loaded < lead_log.find("event=engine_ready"));
   const std::string log = follower.log();
   INFO(log);
   CHECK(log.find("event=following rank=1 tensor_parallel=2") != std::string::npos);
+  CHECK(log.find("event=weights_loaded layers=") != std::string::npos);
   CHECK(log.find("rank 0 shut the group down") != std::string::npos);
   CHECK(log.find("event=listening") == std::string::npos);
 }

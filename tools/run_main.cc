@@ -73,7 +73,13 @@ int main(int argc, char** argv) {
   if (!cfg.ok()) return fail(cfg.status());
 
   const auto t0 = std::chrono::steady_clock::now();
-  auto engine = Engine::create(*cfg);
+  auto engine = Engine::create(*cfg, load_progress_every(15, [](const LoadProgress& p) {
+    // A long load says how far it is; a short one prints nothing more than the summary.
+    if (p.layers_done > 0 && p.layers_done < p.layers) {
+      std::fprintf(stderr, "kvfuse-run: loading weights, %d of %d layers (%.0f s)\n", p.layers_done, p.layers,
+                   p.elapsed_s);
+    }
+  }));
   if (!engine.ok()) return fail(engine.status());
   const double init_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -272,7 +272,12 @@ int main(int argc, char** argv) {
                                       spec.any_swa() ? used["swa_num_pages"].get<int64_t>() : 0)) /
                      double(int64_t(1) << 30));
     const auto t0 = std::chrono::steady_clock::now();
-    auto e = Engine::create(*cfg, std::move(*backend));
+    auto e = Engine::create(*cfg, std::move(*backend), load_progress_every(15, [](const LoadProgress& p) {
+      if (p.layers_done > 0 && p.layers_done < p.layers) {
+        std::fprintf(stderr, "kvfuse-bench-engine: loading weights, %d of %d layers (%.0f s)\n",
+                     p.layers_done, p.layers, p.elapsed_s);
+      }
+    }));
     if (e.ok()) {
       engine = std::move(*e);
       std::fprintf(stderr, "kvfuse-bench-engine: engine ready in %.1f s\n",

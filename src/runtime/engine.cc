@@ -79,14 +79,27 @@ Engine::~Engine() {
   comm_.reset();
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg) {
-  auto backend = make_backend(cfg.device, cfg.tp_device(0));
-  if (!backend.ok()) return backend.status();
-  return create(cfg, std::move(*backend));
+LoadProgressFn load_progress_every(double every_s, LoadProgressFn sink) {
+  if (!sink) return {};
+  auto last = std::make_shared<std::optional<double>>();  // elapsed_s of the last passed on
+  return [every_s, sink = std::move(sink), last](const LoadProgress& p) {
+    if (!last->has_value() || p.layers_done >= p.layers || p.elapsed_s - **last >= every_s) {
+      *last = p.elapsed_s;
+      sink(p);
+    }
+  };
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg, std::unique_ptr<Backend> backend) {
+absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg, LoadProgressFn progress) {
+  auto backend = make_backend(cfg.device, cfg.tp_device(0));
+  if (!backend.ok()) return backend.status();
+  return create(cfg, std::move(*backend), std::move(progress));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg, std::unique_ptr<Backend> backend,
+                                                       LoadProgressFn progress) {
   std::unique_ptr<Engine> e(new Engine(cfg, std::move(backend)));
+  e->load_progress_ = std::move(progress);
   const absl::Status st = e->init();
   if (!st.ok()) {
     // Followers that already joined see their connection close, not a clean shutdown.
@@ -159,17 +172,28 @@ absl::Status Engine::init() {
   }
   const std::unique_ptr<HostWeightSource> weights =
       ckpt ? ckpt->weights() : make_synthetic_weights(s, cfg_.seed);
+  auto load_start = std::chrono::steady_clock::now();
+  auto after_layer = [&](int32_t done) {  // 0 as loading begins: the clock starts there
+    if (done == 0) load_start = std::chrono::steady_clock::now();
+    if (load_progress_) {
+      load_progress_(
+          LoadProgress{done, s.num_layers,
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count()});
+    }
+  };
   if (cfg_.tensor_parallel > 1) {
     KVFUSE_RETURN_IF_ERROR(cfg_.tp_rank_alone           ? init_rank_alone(s, pc)
                            : cfg_.tp_rendezvous.empty() ? init_ranks(s, pc)
                                                         : init_process_group(s, pc));
-    return load_weights(*weights);
+    after_layer(0);
+    return load_weights(*weights, after_layer);
   }
   auto pool = KvPool::create(*backend_, pc);
   if (!pool.ok()) return pool.status();
   pool_ = std::move(*pool);
 
-  auto model = Model::create(*backend_, s, *weights);
+  after_layer(0);
+  auto model = Model::create(*backend_, s, *weights, after_layer);
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
   auto runner = ModelRunner::create(*backend_, *model_, model_limits(cfg_));

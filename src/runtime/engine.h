@@ -91,11 +91,28 @@ struct StepTimings {
 // 80% of `available_gib` (the CPU backend's check at engine creation; <= 0: unknown, ok).
 absl::Status check_cpu_weight_memory(const ModelSpec& spec, double available_gib);
 
+// How far Engine::create is in loading the weights, for callers that report a long
+// start-up (a 70B model's weights take minutes): `layers_done` of the model's `layers`
+// decoder layers are on the device(s), `elapsed_s` seconds after loading began.
+struct LoadProgress {
+  int32_t layers_done = 0;
+  int32_t layers = 0;
+  double elapsed_s = 0;
+};
+// Called on the thread that creates the engine: with 0 layers as loading begins, then after
+// each layer.
+using LoadProgressFn = std::function<void(const LoadProgress&)>;
+// Passes on to `sink` the first call, the last (every layer done) and any other that comes
+// at least `every_s` seconds after the last one passed on: a report every so often
+// however fast the layers load.
+LoadProgressFn load_progress_every(double every_s, LoadProgressFn sink);
+
 class Engine {
  public:
-  static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg);
-  // For tests: an engine on a given backend.
-  static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg, std::unique_ptr<Backend> backend);
+  static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg, LoadProgressFn progress = {});
+  // On a given backend (the server's, tests').
+  static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg, std::unique_ptr<Backend> backend,
+                                                        LoadProgressFn progress = {});
   ~Engine();
 
   const Config& config() const { return cfg_; }
@@ -241,7 +258,8 @@ class Engine {
   absl::Status fail_group(absl::Status cause);
   // One rank's part of collectives_ms.
   absl::Status run_collectives(int32_t local_rank, int32_t tokens, int reps, double& ms);
-  absl::Status load_weights(HostWeightSource& weights);
+  // Every rank's weights; `after_layer(n)` once n layers are on every rank.
+  absl::Status load_weights(HostWeightSource& weights, const std::function<void(int32_t)>& after_layer);
   // comms.size() CPU communicators of one new group, rank order (the CPU ranks, or
   // tp_share_gpu's host meetings); the group in comm_group_.
   absl::Status cpu_communicators(std::vector<std::unique_ptr<Communicator>>& comms);
@@ -277,6 +295,7 @@ class Engine {
                      std::vector<StepResult>& results);
 
   Config cfg_;
+  LoadProgressFn load_progress_;  // Engine::create's, for init()
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<Model> model_;

@@ -336,7 +336,8 @@ absl::Status Engine::share_gpu_communicators(std::vector<std::unique_ptr<Communi
 #endif
 }
 
-absl::Status Engine::load_weights(HostWeightSource& weights) {
+absl::Status Engine::load_weights(HostWeightSource& weights,
+                                  const std::function<void(int32_t)>& after_layer) {
   // The host weights are read once, piece by piece; every rank uploads its slices at once.
   auto model_of = [this](int32_t r) -> Model& { return r == 0 ? *model_ : *ranks_[size_t(r - 1)]->model; };
   {
@@ -348,6 +349,7 @@ absl::Status Engine::load_weights(HostWeightSource& weights) {
     HostLayerWeights h;
     KVFUSE_RETURN_IF_ERROR(weights.layer(l, h));
     KVFUSE_RETURN_IF_ERROR(for_each_rank([&](int32_t r) { return model_of(r).load_layer(l, h); }, false));
+    after_layer(l + 1);
   }
   std::vector<std::unique_ptr<ModelRunner>> runners(static_cast<size_t>(num_local_ranks()));
   KVFUSE_RETURN_IF_ERROR(for_each_rank(

@@ -44,7 +44,8 @@ Model::Model(Backend& backend, ModelSpec spec, ModelShard shard)
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::create(Backend& backend, const ModelSpec& spec,
-                                                     HostWeightSource& weights) {
+                                                     HostWeightSource& weights,
+                                                     const std::function<void(int32_t)>& after_layer) {
   auto m = create_shard(backend, spec, ModelShard{});
   if (!m.ok()) return m.status();
   {
@@ -56,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::create(Backend& backend, const Mod
     HostLayerWeights h;
     KVFUSE_RETURN_IF_ERROR(weights.layer(l, h));
     KVFUSE_RETURN_IF_ERROR((*m)->load_layer(l, h));
+    if (after_layer) after_layer(l + 1);
   }
   return m;
 }

@@ -5,6 +5,7 @@
 // (src/runtime/model_runner.h).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -74,9 +75,11 @@ struct RankDims {
 
 class Model {
  public:
-  // Uploads host weights; `spec` must describe their shapes.
+  // Uploads host weights; `spec` must describe their shapes. `after_layer(n)`, when set,
+  // is called once n decoder layers are uploaded (n = 1 ... num_layers).
   static absl::StatusOr<std::unique_ptr<Model>> create(Backend& backend, const ModelSpec& spec,
-                                                       HostWeightSource& weights);
+                                                       HostWeightSource& weights,
+                                                       const std::function<void(int32_t)>& after_layer = {});
   // A rank's model with no weights yet: load_globals and load_layer (every layer) take the
   // whole model's host weights and upload this rank's slices. The host weights can then be
   // read once and handed to every rank.
