@@ -32,6 +32,7 @@
 
 using namespace kvfuse;
 using namespace kvfuse::testing;
+using Catch::Matchers::ContainsSubstring;
 using nlohmann::json;
 
 namespace {
@@ -241,4 +242,27 @@ TEST_CASE("gpu tensor parallel: partial sums pushed into the norms against the a
     return;
   }
   check_same_forward(*push, *peer);
+}
+
+TEST_CASE("gpu tensor parallel: a rank's GPU that is not there is refused by name, and nothing crashes",
+          "[gpu][tp][errors]") {
+  // Rank 1's backend cannot be made: the engine that failed to start must still tear down
+  // the rank it had begun (it crashed on the missing backend). tensor_parallel 2 on a
+  // machine of one GPU takes this path with devices left empty.
+  if (gpus_here() == 0) {
+    WARN("GPU tensor-parallel tests skipped: this build has no GPU backend or no GPU is visible");
+    return;
+  }
+  auto cfg = config_from_json({{"model", "tiny"},
+                               {"device", "auto"},
+                               {"tensor_parallel", 2},
+                               {"devices", {0, 1023}},
+                               {"num_pages", 64}});
+  REQUIRE(cfg.ok());
+  auto e = Engine::create(*cfg);
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(e.status().message()), ContainsSubstring("GPU 1023 does not exist"));
+  // The GPU still serves an engine afterwards.
+  CHECK(gpu_engine_or_skip({}) != nullptr);
 }

@@ -63,14 +63,17 @@ Engine::~Engine() {
   for (auto& rp : ranks_) {
     Rank& r = *rp;
     if (!r.thread) continue;
-    r.thread->post([&r] {
-      (void)r.backend->bind_thread();
-      r.runner.reset();
-      r.model.reset();
-      r.comm.reset();
-      r.backend.reset();
-      return absl::OkStatus();
-    }).wait();
+    r.thread
+        ->post([&r] {
+          // A rank whose backend could not be made (a GPU that is not there) has none.
+          if (r.backend) (void)r.backend->bind_thread();
+          r.runner.reset();
+          r.model.reset();
+          r.comm.reset();
+          r.backend.reset();
+          return absl::OkStatus();
+        })
+        .wait();
     r.thread.reset();
   }
   runner_.reset();
