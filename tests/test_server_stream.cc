@@ -148,7 +148,12 @@ TEST_CASE("server: a cancelled stream frees its pages at the next step boundary"
 
 TEST_CASE("server: a stream past its deadline ends DEADLINE_EXCEEDED and frees its pages",
           "[server][stream]") {
-  auto t = TestServer::start();
+  // Each step is slowed down so that 4000 tokens take at least 4 s, however fast the machine.
+  auto t = TestServer::start({}, [](server::ServerOptions& o) {
+    o.loop.result_hook = [](std::vector<StepResult>&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    };
+  });
   const StreamResult r = generate(*t.stub, generate_request(test_prompt(4, 30), 4000), /*timeout_s=*/0.3);
   CHECK(r.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
   CHECK(!r.tokens.empty());
@@ -156,11 +161,14 @@ TEST_CASE("server: a stream past its deadline ends DEADLINE_EXCEEDED and frees i
 }
 
 TEST_CASE("server: unary calls past their deadline stop at a step boundary", "[server][stream]") {
-  // Steps with sequence 333 are slowed down so that a Prefill of it outlives its deadline.
+  // Steps with sequence 333 or 334 are slowed down so that a Prefill of 333 and a Decode
+  // of 334 outlive their deadlines however fast the machine (256 steps of 334 take at
+  // least 1.3 s against a 50 ms deadline).
   auto t = TestServer::start({"max_batch_tokens=64"}, [](server::ServerOptions& o) {
     o.loop.result_hook = [](std::vector<StepResult>& results) {
       for (const auto& r : results) {
         if (r.id == 333) std::this_thread::sleep_for(std::chrono::milliseconds(40));
+        if (r.id == 334) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     };
   });
