@@ -38,7 +38,9 @@
 # reduction all-reduced against pushed into the norm), with and without --pdl
 # (GPU_TP_ONLY=tests: the two tests; allreduce: the benchmark); (c) same-gpu: two processes
 # of one group both given GPU 0 must each fail with NCCL's reason, not hang, and tp 2 in
-# one process must be refused naming GPU 1;
+# one process must be refused naming GPU 1; (d) nccl-setup: test_gpu_nccl's one-GPU cases
+# (the bounded set-up on the real library), and a follower failing inside NCCL's set-up
+# must stop the leader at once;
 # (b) kvfuse-bench-engine --tp-rank-alone: rank 0 of tp 2 alone (its shard, no collectives)
 # against tp 1 for llama3-8b, alternating twice, and llama3-70b's rank 0 with its KV pool
 # (TP_70B_ALONE=0 leaves it out; TP_ALONE_ROUNDS=0 leaves llama3-8b out). GPU_TP_ONLY=peer
@@ -163,6 +165,36 @@ if ((gpus == 1)); then
     grep -m1 -E "error|visible" "$out/tp2-one-gpu.txt" | cut -c1-400 | tee -a "$summary"
     if ((rc == 0 || rc == 124 || rc > 128)) || ! grep -q "GPU 1 does not exist" "$out/tp2-one-gpu.txt"; then
       note "FAIL: tp2-one-gpu: tp 2 on one GPU must be refused naming GPU 1"
+      status=1
+    fi
+  fi
+  if want nccl-setup; then
+    # The bounded NCCL set-up on the real library: test_gpu_nccl's one-GPU cases (a group
+    # of one rank through the non-blocking init and its split, collectives and a graph; a
+    # rank whose peer never joins, stopped by the deadline and by a failed peer).
+    run test_gpu_nccl "$bundle/test_gpu_nccl"
+    grep -E "skipped|without its peer|passed|failed" "$out/test_gpu_nccl.txt" | tail -4 | tee -a "$summary"
+    # Then two processes of one group where the follower fails inside NCCL's set-up (no
+    # network interface by NCCL_SOCKET_IFNAME): the leader must stop at once, naming the
+    # follower's closed connection, and not wait out its timeout (300 s here).
+    fs=(--set model=tiny --set tensor_parallel=2 --set tp_rendezvous=127.0.0.1:"$((${TP_PORT:-29500} + 1))"
+      --set tp_rendezvous_timeout_s=300 --set devices=0 -n 2 -m 4 -q)
+    start_s=$(date +%s)
+    NCCL_SOCKET_IFNAME=kvfuse-no-such-if timeout 120 "$bundle/kvfuse-run" "${fs[@]}" --set tp_rank=1 \
+      >"$out/setup-fails-follower.txt" 2>&1 &
+    follower=$!
+    timeout 120 "$bundle/kvfuse-run" "${fs[@]}" >"$out/setup-fails-leader.txt" 2>&1
+    lrc=$?
+    took=$(($(date +%s) - start_s))
+    wait $follower
+    frc=$?
+    note "setup-fails: leader exit $lrc after ${took} s, follower exit $frc"
+    for who in leader follower; do
+      grep -m1 -E "error|closed" "$out/setup-fails-$who.txt" | cut -c1-500 | tee -a "$summary"
+    done
+    if ((lrc == 0 || lrc == 124 || lrc > 128 || frc == 0 || frc == 124)) ||
+      ! grep -q "rank 1's process closed its connection" "$out/setup-fails-leader.txt"; then
+      note "FAIL: setup-fails: the leader must stop naming the follower's closed connection, before its timeout"
       status=1
     fi
   fi

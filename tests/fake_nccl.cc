@@ -26,6 +26,14 @@ __attribute__((visibility("default"))) const char* ncclGetLastError(ncclComm*) {
 }
 __attribute__((visibility("default"))) int ncclGetUniqueId(ncclUniqueId*) { return 5; }
 __attribute__((visibility("default"))) int ncclCommInitRank(ncclComm**, int, ncclUniqueId, int) { return 5; }
+struct ncclConfig;
+__attribute__((visibility("default"))) int ncclCommInitRankConfig(ncclComm**, int, ncclUniqueId, int,
+                                                                  ncclConfig*) {
+  return 5;
+}
+__attribute__((visibility("default"))) int ncclCommSplit(ncclComm*, int, int, ncclComm**, ncclConfig*) {
+  return 5;
+}
 __attribute__((visibility("default"))) int ncclCommDestroy(ncclComm*) { return 5; }
 __attribute__((visibility("default"))) int ncclCommAbort(ncclComm*) { return 5; }
 __attribute__((visibility("default"))) int ncclCommGetAsyncError(ncclComm*, int*) { return 5; }

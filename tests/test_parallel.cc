@@ -14,18 +14,22 @@
 #include <thread>
 #include <vector>
 
+#include <sys/socket.h>
 #include <unistd.h>
 #include "tests/catch.h"
 
 #include "kernels/bf16.h"
 #include "src/loading/model_spec.h"
 #include "src/parallel/cpu_communicator.h"
+#include "src/parallel/init_watch.h"
 #include "src/parallel/nccl_api.h"
+#include "src/parallel/socket_io.h"
 #include "src/runtime/engine.h"
 
 using namespace kvfuse;
 using Catch::Matchers::ContainsSubstring;
 using Catch::Matchers::EndsWith;
+using Catch::Matchers::StartsWith;
 
 namespace {
 
@@ -355,6 +359,7 @@ TEST_CASE("nccl loader: the first name that loads wins - when none does, each is
   CHECK(std::string((*lib)->flavour()) == "rccl");
   CHECK((*lib)->description() == "rccl 2.28.9 (" + fake.string() + ")");
   CHECK((*lib)->comm_init_all == nullptr);  // optional, and the stand-in lacks it
+  CHECK((*lib)->bounded_init());            // it has ncclCommInitRankConfig and ncclCommSplit
   nccl::ncclUniqueId id{};
   const absl::Status st = (*lib)->check((*lib)->get_unique_id(&id), "ncclGetUniqueId");
   CHECK(st.code() == absl::StatusCode::kInvalidArgument);
@@ -419,6 +424,224 @@ TEST_CASE("nccl api: our declarations carry nccl.h's values", "[parallel][nccl]"
   CHECK_THAT(std::string(st.message()), ContainsSubstring("(3001 bytes)"));
 }
 
+namespace {
+
+// A scripted NCCL for init_rank(): the set-up of a non-blocking communicator is "in
+// progress" for `polls` calls of ncclCommGetAsyncError (for ever when negative), then
+// ends in `final_state`; every call is counted. Plain functions over one global state, as
+// NcclLibrary holds function pointers.
+struct ScriptedNccl {
+  int polls = 0;
+  nccl::ncclResult_t final_state = nccl::ncclSuccess;
+  int left = 0;                               // polls left of the set-up under way
+  nccl::ncclComm_t* pending_child = nullptr;  // ncclCommSplit's out-parameter, written when done
+  int init_config = 0, split = 0, destroy = 0, abort = 0, get_async = 0, plain_init = 0;
+  bool bad_config = false;
+};
+ScriptedNccl g_script;
+nccl::ncclComm_t fake_comm(uintptr_t n) { return reinterpret_cast<nccl::ncclComm_t>(n); }
+
+nccl::NcclLibrary scripted_library(int polls, nccl::ncclResult_t final_state) {
+  g_script = ScriptedNccl{};
+  g_script.polls = polls;
+  g_script.final_state = final_state;
+  nccl::NcclLibrary lib;
+  lib.path = "libnccl.so.2";
+  lib.version = 22809;
+  lib.get_error_string = [](nccl::ncclResult_t) { return "scripted"; };
+  lib.comm_init_rank = [](nccl::ncclComm_t* c, int, nccl::ncclUniqueId, int) {
+    ++g_script.plain_init;
+    *c = fake_comm(0x30);
+    return nccl::ncclSuccess;
+  };
+  lib.comm_init_rank_config = [](nccl::ncclComm_t* c, int, nccl::ncclUniqueId, int, nccl::ncclConfig* cfg) {
+    ++g_script.init_config;
+    // NCCL refuses a config not made by NCCL_CONFIG_INITIALIZER (its magic and version).
+    if (cfg == nullptr || cfg->magic != 0xcafebeef || cfg->version != 21400 ||
+        cfg->size != sizeof(nccl::ncclConfig) || cfg->blocking != 0) {
+      g_script.bad_config = true;
+      return nccl::ncclInvalidArgument;
+    }
+    *c = fake_comm(0x10);
+    g_script.left = g_script.polls;
+    return nccl::ncclInProgress;
+  };
+  lib.comm_split = [](nccl::ncclComm_t parent, int color, int, nccl::ncclComm_t* child,
+                      nccl::ncclConfig* cfg) {
+    ++g_script.split;
+    if (parent != fake_comm(0x10) || color != 0 || cfg == nullptr || cfg->magic != 0xcafebeef ||
+        cfg->blocking != 1) {
+      g_script.bad_config = true;
+      return nccl::ncclInvalidArgument;
+    }
+    *child = nullptr;  // as NCCL: written when the split is done
+    g_script.pending_child = child;
+    g_script.left = g_script.polls;
+    return nccl::ncclInProgress;
+  };
+  lib.comm_get_async_error = [](nccl::ncclComm_t, nccl::ncclResult_t* state) {
+    ++g_script.get_async;
+    if (g_script.left != 0) {
+      if (g_script.left > 0) --g_script.left;
+      *state = nccl::ncclInProgress;
+      return nccl::ncclSuccess;
+    }
+    *state = g_script.final_state;
+    if (*state == nccl::ncclSuccess && g_script.pending_child != nullptr) {
+      *g_script.pending_child = fake_comm(0x20);
+      g_script.pending_child = nullptr;
+    }
+    return nccl::ncclSuccess;
+  };
+  lib.comm_destroy = [](nccl::ncclComm_t) {
+    ++g_script.destroy;
+    return nccl::ncclSuccess;
+  };
+  lib.comm_abort = [](nccl::ncclComm_t) {
+    ++g_script.abort;
+    return nccl::ncclSuccess;
+  };
+  return lib;
+}
+
+nccl::InitWatch watch_for(std::chrono::milliseconds timeout) {
+  nccl::InitWatch w;
+  w.deadline = std::chrono::steady_clock::now() + timeout;
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("nccl set-up: non-blocking init polled to the end, then split into a blocking communicator",
+          "[parallel][nccl]") {
+  const nccl::NcclLibrary lib = scripted_library(/*polls=*/5, nccl::ncclSuccess);
+  REQUIRE(lib.bounded_init());
+  auto comms = lib.init_rank(nccl::ncclUniqueId{}, 1, 2, watch_for(std::chrono::seconds(30)));
+  REQUIRE(comms.ok());
+  CHECK_FALSE(g_script.bad_config);
+  CHECK(comms->parent == fake_comm(0x10));
+  CHECK(comms->comm == fake_comm(0x20));  // the split's child, not the non-blocking parent
+  CHECK(g_script.init_config == 1);
+  CHECK(g_script.split == 1);
+  CHECK(g_script.get_async == 12);  // 5 in progress + 1 done, twice
+  CHECK(g_script.abort == 0);
+  // Release: the child destroyed, the parent (never used for a collective) aborted.
+  lib.release(*comms, /*comm_aborted=*/false);
+  CHECK(g_script.destroy == 1);
+  CHECK(g_script.abort == 1);
+  CHECK(comms->comm == nullptr);
+  CHECK(comms->parent == nullptr);
+  // A child already aborted is not destroyed again.
+  nccl::RankComms aborted{fake_comm(0x20), fake_comm(0x10)};
+  lib.release(aborted, /*comm_aborted=*/true);
+  CHECK(g_script.destroy == 1);
+  CHECK(g_script.abort == 2);
+}
+
+TEST_CASE("nccl set-up: a rank that never joins is DEADLINE_EXCEEDED in bounded time, the set-up aborted",
+          "[parallel][nccl]") {
+  const nccl::NcclLibrary lib = scripted_library(/*polls=*/-1, nccl::ncclSuccess);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto comms = lib.init_rank(nccl::ncclUniqueId{}, 0, 2, watch_for(std::chrono::milliseconds(300)));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE_FALSE(comms.ok());
+  CHECK(comms.status().code() == absl::StatusCode::kDeadlineExceeded);
+  const std::string msg(comms.status().message());
+  CHECK_THAT(msg, ContainsSubstring("nccl set-up (ncclCommInitRankConfig) of rank 0 of 2 did not finish"));
+  CHECK_THAT(msg, ContainsSubstring("never joined"));
+  CHECK(waited >= 0.29);
+  CHECK(waited < 10);
+  CHECK(g_script.abort == 1);  // the set-up under way stopped
+  CHECK(g_script.split == 0);
+}
+
+TEST_CASE("nccl set-up: a failed peer stops the wait with its reason, and NCCL's own error is named",
+          "[parallel][nccl]") {
+  SECTION("the peers check fails during the init") {
+    const nccl::NcclLibrary lib = scripted_library(-1, nccl::ncclSuccess);
+    nccl::InitWatch w = watch_for(std::chrono::seconds(60));
+    int asked = 0;
+    w.peers = [&asked]() -> absl::Status {
+      if (++asked < 3) return absl::OkStatus();
+      return absl::UnavailableError("rank 1's process closed its connection");
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    auto comms = lib.init_rank(nccl::ncclUniqueId{}, 0, 2, w);
+    REQUIRE_FALSE(comms.ok());
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+    CHECK(comms.status().code() == absl::StatusCode::kUnavailable);
+    CHECK(comms.status().message() ==
+          "nccl set-up (ncclCommInitRankConfig) of rank 0 of 2 stopped: rank 1's process closed its "
+          "connection");
+    CHECK(asked == 3);
+    CHECK(g_script.abort == 1);
+  }
+  SECTION("the peers check fails during the split") {
+    const nccl::NcclLibrary lib = scripted_library(2, nccl::ncclSuccess);
+    nccl::InitWatch w = watch_for(std::chrono::seconds(60));
+    w.peers = []() -> absl::Status {
+      if (g_script.split == 0) return absl::OkStatus();
+      return absl::UnavailableError("rank 1 failed: out of memory");
+    };
+    auto comms = lib.init_rank(nccl::ncclUniqueId{}, 0, 2, w);
+    REQUIRE_FALSE(comms.ok());
+    CHECK_THAT(std::string(comms.status().message()),
+               ContainsSubstring("(ncclCommSplit) of rank 0 of 2 stopped"));
+    CHECK(g_script.abort == 1);  // the parent, which stops the split
+  }
+  SECTION("NCCL reports an error of the set-up") {
+    const nccl::NcclLibrary lib = scripted_library(1, nccl::ncclRemoteError);
+    auto comms = lib.init_rank(nccl::ncclUniqueId{}, 1, 4, watch_for(std::chrono::seconds(60)));
+    REQUIRE_FALSE(comms.ok());
+    CHECK(comms.status().code() == absl::StatusCode::kUnavailable);
+    CHECK(comms.status().message() == "nccl error in ncclCommInitRankConfig: 6 (scripted) (rank 1 of 4)");
+    CHECK(g_script.abort == 1);
+  }
+  SECTION("a library without ncclCommInitRankConfig or ncclCommSplit: ncclCommInitRank, unbounded") {
+    nccl::NcclLibrary lib = scripted_library(-1, nccl::ncclSuccess);
+    lib.comm_split = nullptr;
+    CHECK_FALSE(lib.bounded_init());
+    auto comms = lib.init_rank(nccl::ncclUniqueId{}, 0, 1, watch_for(std::chrono::seconds(60)));
+    REQUIRE(comms.ok());
+    CHECK(comms->comm == fake_comm(0x30));
+    CHECK(comms->parent == nullptr);
+    CHECK(g_script.plain_init == 1);
+    CHECK(g_script.init_config == 0);
+  }
+}
+
+TEST_CASE("group init watch: a local rank's failure and a closed connection stop the other ranks' wait",
+          "[parallel][nccl]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  net::UniqueFd mine(sv[0]), theirs(sv[1]);
+  GroupInitWatch watch(std::chrono::seconds(60), {{mine.get(), "rank 1's process"}});
+  CHECK(watch.check(0).ok());
+  // Data waiting on the connection is not a close, and is left unread.
+  const char byte = 'x';
+  REQUIRE(::send(theirs.get(), &byte, 1, 0) == 1);
+  CHECK_FALSE(net::peer_closed(mine.get()));
+  CHECK(watch.for_rank(0).peers().ok());
+  // A failure of this process's rank 1 is seen by rank 0, not by rank 1 itself.
+  watch.failed(1, absl::InternalError("cudaMalloc: out of memory"));
+  watch.failed(0, absl::UnavailableError("an echo"));  // the first failure is kept
+  CHECK(watch.check(1).ok());
+  const absl::Status st = watch.check(0);
+  CHECK(st.code() == absl::StatusCode::kInternal);
+  CHECK(st.message() == "rank 1 failed: cudaMalloc: out of memory");
+  // A closed connection.
+  GroupInitWatch peers_only(std::chrono::seconds(60), {{mine.get(), "rank 1's process"}});
+  CHECK(peers_only.check(0).ok());
+  theirs.reset();
+  CHECK(net::peer_closed(mine.get()));
+  const absl::Status closed = peers_only.for_rank(0).peers();
+  CHECK(closed.code() == absl::StatusCode::kUnavailable);
+  CHECK_THAT(std::string(closed.message()), StartsWith("rank 1's process closed its connection"));
+  char got = 0;
+  CHECK(::recv(mine.get(), &got, 1, 0) == 1);  // the byte sent before the close is still there
+  CHECK(got == 'x');
+}
+
 TEST_CASE("tensor parallel shapes: heads and the MLP must divide, the vocabulary is padded",
           "[parallel][tp]") {
   auto llama = model_preset("llama3-8b");
@@ -445,7 +668,8 @@ TEST_CASE("tensor parallel shapes: heads and the MLP must divide, the vocabulary
   // 12 neither divides the 8 KV heads nor is a multiple of them; 32 query heads do not divide.
   absl::Status st = check_tensor_parallel(*llama, 12);
   CHECK(st.code() == absl::StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(st.message()), ContainsSubstring("num_q_heads 32, num_kv_heads 8, intermediate 14336"));
+  CHECK_THAT(std::string(st.message()),
+             ContainsSubstring("num_q_heads 32, num_kv_heads 8, intermediate 14336"));
 
   auto tiny = model_preset("tiny");  // 4 q heads, 2 KV heads, intermediate 768, vocab 1024
   REQUIRE(tiny.ok());

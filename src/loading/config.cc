@@ -88,7 +88,7 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
        "with tp_rendezvous: the first rank this process holds (default 0); rank 0's process serves, the "
        "others follow it"},
       {"tp_rendezvous_timeout_s", "1 .. 3600",
-       "how long ranks wait for each other at the rendezvous (default 120)"},
+       "how long ranks wait for each other at the rendezvous, and in NCCL's set-up after it (default 120)"},
       {"tp_allreduce", "auto | nccl | push",
        "GPU ranks' all-reduce: auto (default) runs small ones as one kernel over peer memory when every "
        "pair of GPUs has peer access, nccl sends all through NCCL/RCCL, push is auto with each row-parallel "

@@ -66,7 +66,7 @@ struct Config {
   std::vector<int32_t> devices;  // this process's GPU ordinals, one per rank it holds; empty: 0 .. n-1
   std::string tp_rendezvous;     // host:port of rank 0 when the group spans processes; empty: one process
   int32_t tp_rank = 0;           // with tp_rendezvous: the first rank this process holds
-  int32_t tp_rendezvous_timeout_s = 120;
+  int32_t tp_rendezvous_timeout_s = 120;  // the rendezvous, then NCCL's set-up (each)
   TpAllReduce tp_allreduce = TpAllReduce::auto_;
   // Not a config key (no file or --set reaches it): kvfuse-bench-engine --tp-rank-alone sets
   // it to time rank 0 of a tensor_parallel group on one device with no peers, its shard's

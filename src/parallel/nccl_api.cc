@@ -7,9 +7,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "src/parallel/socket_io.h"
@@ -104,6 +106,10 @@ absl::StatusOr<std::unique_ptr<NcclLibrary>> open_library(const std::string& nam
   need("ncclGroupEnd", lib->group_end);
   if (st.ok()) st = resolve(handle, name, "ncclCommInitAll", /*required=*/false, lib->comm_init_all);
   if (st.ok()) st = resolve(handle, name, "ncclGetLastError", /*required=*/false, lib->get_last_error);
+  if (st.ok()) {
+    st = resolve(handle, name, "ncclCommInitRankConfig", /*required=*/false, lib->comm_init_rank_config);
+  }
+  if (st.ok()) st = resolve(handle, name, "ncclCommSplit", /*required=*/false, lib->comm_split);
   if (st.ok()) st = lib->check(lib->get_version(&lib->version), "ncclGetVersion");
   if (!st.ok()) {
     dlclose(handle);
@@ -174,6 +180,100 @@ absl::Status NcclLibrary::check(ncclResult_t r, const char* call) const {
     default:
       return absl::InternalError(msg);
   }
+}
+
+namespace {
+
+// Polls `comm`'s set-up (the call `call` started) until it is done, the watch's deadline
+// passes or its peers check fails.
+absl::Status wait_ready(const NcclLibrary& lib, ncclComm_t comm, const char* call, int rank, int size,
+                        const InitWatch& watch) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  auto where = [&] { return absl::StrCat(" (rank ", rank, " of ", size, ")"); };
+  auto pause = std::chrono::microseconds(200);
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    absl::Status st = lib.check(lib.comm_get_async_error(comm, &state), "ncclCommGetAsyncError");
+    if (st.ok() && state == ncclSuccess) return absl::OkStatus();
+    if (st.ok() && state != ncclInProgress) st = lib.check(state, call);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat(st.message(), where()));
+    if (watch.peers) {
+      if (absl::Status p = watch.peers(); !p.ok()) {
+        return absl::Status(p.code(), absl::StrCat(lib.flavour(), " set-up (", call, ") of rank ", rank,
+                                                   " of ", size, " stopped: ", p.message()));
+      }
+    }
+    const Clock::time_point now = Clock::now();
+    if (now >= watch.deadline) {
+      const double waited = std::chrono::duration<double>(now - start).count();
+      return absl::DeadlineExceededError(
+          absl::StrFormat("%s set-up (%s) of rank %d of %d did not finish in %.0f s: a rank of the group "
+                          "never joined (it failed "
+                          "before, or its process is not running; its own log says why), or the network "
+                          "between them is blocked",
+                          lib.flavour(), call, rank, size, waited));
+    }
+    std::this_thread::sleep_for(
+        std::min(pause, std::chrono::duration_cast<std::chrono::microseconds>(watch.deadline - now)));
+    pause = std::min(pause * 2, std::chrono::microseconds(10000));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<RankComms> NcclLibrary::init_rank(const ncclUniqueId& id, int rank, int size,
+                                                 const InitWatch& watch) const {
+  auto located = [&](const absl::Status& st) {
+    return absl::Status(st.code(), absl::StrCat(st.message(), " (rank ", rank, " of ", size, ")"));
+  };
+  RankComms out;
+  if (!bounded_init()) {
+    const absl::Status st = check(comm_init_rank(&out.comm, size, id, rank), "ncclCommInitRank");
+    if (!st.ok()) return located(st);
+    return out;
+  }
+  ncclConfig config;
+  config.blocking = 0;
+  ncclResult_t r = comm_init_rank_config(&out.parent, size, id, rank, &config);
+  auto failed = [&](const absl::Status& st) {
+    if (out.parent != nullptr) (void)comm_abort(out.parent);  // stops the set-up under way too
+    out.parent = nullptr;
+    return st;
+  };
+  if (r != ncclSuccess && r != ncclInProgress) return failed(located(check(r, "ncclCommInitRankConfig")));
+  if (out.parent == nullptr) {
+    return absl::InternalError(absl::StrCat(
+        flavour(), " ncclCommInitRankConfig returned no communicator (rank ", rank, " of ", size, ")"));
+  }
+  if (absl::Status st = wait_ready(*this, out.parent, "ncclCommInitRankConfig", rank, size, watch);
+      !st.ok()) {
+    return failed(st);
+  }
+  ncclConfig blocking;
+  blocking.blocking = 1;
+  r = comm_split(out.parent, /*color=*/0, /*key=*/rank, &out.comm, &blocking);
+  if (r != ncclSuccess && r != ncclInProgress) return failed(located(check(r, "ncclCommSplit")));
+  if (absl::Status st = wait_ready(*this, out.parent, "ncclCommSplit", rank, size, watch); !st.ok()) {
+    // Aborting the parent stops the split under way and waits for NCCL's thread, which
+    // writes the child; a child it finished goes too.
+    const absl::Status why = failed(st);
+    if (out.comm != nullptr) (void)comm_abort(out.comm);
+    out.comm = nullptr;
+    return why;
+  }
+  if (out.comm == nullptr) {
+    return failed(absl::InternalError(absl::StrCat(
+        flavour(), " ncclCommSplit finished without a communicator (rank ", rank, " of ", size, ")")));
+  }
+  return out;
+}
+
+void NcclLibrary::release(RankComms& comms, bool comm_aborted) const {
+  if (comms.comm != nullptr && !comm_aborted) (void)comm_destroy(comms.comm);
+  comms.comm = nullptr;
+  if (comms.parent != nullptr) (void)comm_abort(comms.parent);
+  comms.parent = nullptr;
 }
 
 }  // namespace kvfuse::nccl

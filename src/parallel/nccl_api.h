@@ -6,7 +6,9 @@
 // stream is passed as void* (cudaStream_t and hipStream_t are both pointers).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -42,10 +44,23 @@ enum ncclDataType_t : int {
 
 enum ncclRedOp_t : int { ncclSum = 0 };
 
+// ncclConfig_t as NCCL 2.14 declared it: the prefix every later version keeps. NCCL reads
+// `size` bytes and gives every field past them its default, so this is valid for 2.14 on.
+struct ncclConfig {
+  size_t size = sizeof(ncclConfig);
+  unsigned int magic = 0xcafebeef;  // NCCL_API_MAGIC
+  unsigned int version = 21400;     // NCCL_VERSION(2, 14, 0)
+  int blocking = 1;
+};
+
 // Entry points, as nccl.h declares them (stream as void*).
 using GetVersionFn = ncclResult_t (*)(int* version);
 using GetUniqueIdFn = ncclResult_t (*)(ncclUniqueId* id);
 using CommInitRankFn = ncclResult_t (*)(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
+using CommInitRankConfigFn = ncclResult_t (*)(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                               ncclConfig* config);  // NCCL >= 2.14
+using CommSplitFn = ncclResult_t (*)(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
+                                     ncclConfig* config);  // NCCL >= 2.18
 using CommInitAllFn = ncclResult_t (*)(ncclComm_t* comms, int ndev, const int* devlist);
 using CommDestroyFn = ncclResult_t (*)(ncclComm_t comm);
 using CommAbortFn = ncclResult_t (*)(ncclComm_t comm);
@@ -61,6 +76,23 @@ using BroadcastFn = ncclResult_t (*)(const void* send, void* recv, size_t count,
 using GroupStartFn = ncclResult_t (*)();
 using GroupEndFn = ncclResult_t (*)();
 
+// What bounds a rank's wait in NCCL's set-up (NcclLibrary::init_rank).
+struct InitWatch {
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // Asked every few milliseconds while the set-up runs: not OK when a rank of the group is
+  // known to have failed (its thread's error, its process's closed connection). The wait
+  // stops with that status. Null: no such check.
+  std::function<absl::Status()> peers;
+};
+
+// A rank's communicator from init_rank(): `comm` for the collectives (blocking, as
+// ncclCommInitRank makes them), and `parent`, the non-blocking communicator it was split
+// from (null when the library cannot bound the set-up), to be aborted after `comm` is gone.
+struct RankComms {
+  ncclComm_t comm = nullptr;
+  ncclComm_t parent = nullptr;
+};
+
 // The library's entry points. Loaded once per library name and never unloaded (NCCL keeps
 // threads and device state for the life of the process).
 struct NcclLibrary {
@@ -70,6 +102,8 @@ struct NcclLibrary {
   GetUniqueIdFn get_unique_id = nullptr;
   CommInitRankFn comm_init_rank = nullptr;
   CommInitAllFn comm_init_all = nullptr;  // optional: null when the library lacks it
+  CommInitRankConfigFn comm_init_rank_config = nullptr;  // optional (NCCL >= 2.14)
+  CommSplitFn comm_split = nullptr;                      // optional (NCCL >= 2.18)
   CommDestroyFn comm_destroy = nullptr;
   CommAbortFn comm_abort = nullptr;
   CommGetAsyncErrorFn comm_get_async_error = nullptr;
@@ -92,6 +126,26 @@ struct NcclLibrary {
   // What load() tries: library_candidates() with this process's KVFUSE_NCCL_LIBRARY and
   // ROCM_PATH, RCCL's names in HIP builds.
   static std::vector<std::string> candidates();
+
+  // Whether init_rank() can bound its wait: ncclCommInitRankConfig and ncclCommSplit
+  // present (NCCL and RCCL 2.18 on).
+  bool bounded_init() const { return comm_init_rank_config != nullptr && comm_split != nullptr; }
+  // Rank `rank` of `size` joins the group of `id` on the calling thread's current device.
+  // ncclCommInitRank blocks until every rank has joined, for ever when one never does (a
+  // rank that failed before it, a process that died). With bounded_init() the set-up runs
+  // non-blocking instead (ncclCommInitRankConfig, blocking = 0), polled with
+  // ncclCommGetAsyncError until it is done, `watch.deadline` passes (DEADLINE_EXCEEDED)
+  // or `watch.peers` reports a failed rank (its status); both of those abort it
+  // (ncclCommAbort). The finished communicator is then split into a blocking one
+  // (ncclCommSplit, blocking = 1, watched alike): a non-blocking communicator would start
+  // each collective on a thread of NCCL's, outside the stream capture of a CUDA graph.
+  // Without bounded_init(), ncclCommInitRank and no bound. Errors name the call, the rank
+  // and the group's size.
+  absl::StatusOr<RankComms> init_rank(const ncclUniqueId& id, int rank, int size, const InitWatch& watch) const;
+  // Frees what init_rank() made: ncclCommDestroy of comm unless `comm_aborted` (an
+  // ncclCommAbort of it already freed it), then ncclCommAbort of the parent (it never ran a
+  // collective; ncclCommDestroy of a non-blocking communicator may return before it is done).
+  void release(RankComms& comms, bool comm_aborted) const;
 
   // "nccl" or "rccl", from the library name, for messages.
   const char* flavour() const;

@@ -25,7 +25,8 @@ absl::StatusOr<nccl::ncclUniqueId> NcclCommunicator::unique_id(const nccl::NcclL
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const nccl::NcclLibrary& lib,
                                                                           const nccl::ncclUniqueId& id, int rank,
-                                                                          int size, int device, void* stream) {
+                                                                          int size, int device, void* stream,
+                                                                          const nccl::InitWatch& watch) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(
         absl::StrCat(lib.flavour(), " communicator: rank ", rank, " of ", size, " is not a rank of the group"));
@@ -40,24 +41,19 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(lib, rank, size, device, stream));
   KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMalloc(&c->barrier_buf_, sizeof(float)), "cudaMalloc"));
   KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(c->barrier_buf_, 0, sizeof(float)), "cudaMemset"));
-  const absl::Status st = lib.check(lib.comm_init_rank(&c->comm_, size, id, rank), "ncclCommInitRank");
-  if (!st.ok()) {
-    c->comm_ = nullptr;
-    return absl::Status(st.code(), absl::StrCat(st.message(), " (rank ", rank, " of ", size, ", device ", device,
-                                                ", ", lib.path, " ", lib.version_string(), ")"));
+  auto comms = lib.init_rank(id, rank, size, watch);
+  if (!comms.ok()) {
+    return absl::Status(comms.status().code(), absl::StrCat(comms.status().message(), " (device ", device, ", ",
+                                                            lib.path, " ", lib.version_string(), ")"));
   }
+  c->comms_ = *comms;
   return c;
 }
 
 NcclCommunicator::~NcclCommunicator() {
   // The device of this rank, whichever thread destroys it.
   (void)cudaSetDevice(device_);
-  if (comm_ != nullptr) {
-    if (!aborted_.load()) {
-      (void)lib_.comm_destroy(comm_);
-    }
-    comm_ = nullptr;
-  }
+  lib_.release(comms_, aborted_.load());
   if (barrier_buf_ != nullptr) (void)cudaFree(barrier_buf_);
 }
 
@@ -76,7 +72,7 @@ absl::Status NcclCommunicator::usable(const char* op, DType dtype) const {
 absl::Status NcclCommunicator::all_reduce_sum(void* buf, int64_t count, DType dtype) {
   KVFUSE_RETURN_IF_ERROR(check_collective_args("all_reduce_sum", buf, count, *this));
   KVFUSE_RETURN_IF_ERROR(usable("all_reduce_sum", dtype));
-  return lib_.check(lib_.all_reduce(buf, buf, size_t(count), nccl_type(dtype), nccl::ncclSum, comm_, stream_),
+  return lib_.check(lib_.all_reduce(buf, buf, size_t(count), nccl_type(dtype), nccl::ncclSum, comms_.comm, stream_),
                     "ncclAllReduce");
 }
 
@@ -84,7 +80,7 @@ absl::Status NcclCommunicator::all_gather(const void* send, void* recv, int64_t 
   KVFUSE_RETURN_IF_ERROR(check_collective_args("all_gather", send, count_per_rank, *this));
   KVFUSE_RETURN_IF_ERROR(check_collective_args("all_gather", recv, count_per_rank, *this));
   KVFUSE_RETURN_IF_ERROR(usable("all_gather", dtype));
-  return lib_.check(lib_.all_gather(send, recv, size_t(count_per_rank), nccl_type(dtype), comm_, stream_),
+  return lib_.check(lib_.all_gather(send, recv, size_t(count_per_rank), nccl_type(dtype), comms_.comm, stream_),
                     "ncclAllGather");
 }
 
@@ -93,7 +89,7 @@ absl::Status NcclCommunicator::broadcast(void* buf, int64_t bytes, int root) {
   KVFUSE_RETURN_IF_ERROR(check_root("broadcast", root, *this));
   KVFUSE_RETURN_IF_ERROR(usable("broadcast", DType::f32));
   // As bytes: ncclInt8 is 0.
-  return lib_.check(lib_.broadcast(buf, buf, size_t(bytes), nccl::ncclDataType_t(0), root, comm_, stream_),
+  return lib_.check(lib_.broadcast(buf, buf, size_t(bytes), nccl::ncclDataType_t(0), root, comms_.comm, stream_),
                     "ncclBroadcast");
 }
 
@@ -107,7 +103,7 @@ absl::Status NcclCommunicator::barrier() {
         absl::StrCat(name(), " barrier on rank ", rank_, ": the stream is being captured into a graph"));
   }
   KVFUSE_RETURN_IF_ERROR(
-      lib_.check(lib_.all_reduce(barrier_buf_, barrier_buf_, 1, nccl::ncclFloat32, nccl::ncclSum, comm_, stream_),
+      lib_.check(lib_.all_reduce(barrier_buf_, barrier_buf_, 1, nccl::ncclFloat32, nccl::ncclSum, comms_.comm, stream_),
                  "ncclAllReduce (barrier)"));
   KVFUSE_RETURN_IF_ERROR(gpu_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (barrier)"));
   return async_error();
@@ -115,13 +111,13 @@ absl::Status NcclCommunicator::barrier() {
 
 void NcclCommunicator::abort() {
   if (aborted_.exchange(true)) return;
-  if (comm_ != nullptr) (void)lib_.comm_abort(comm_);
+  if (comms_.comm != nullptr) (void)lib_.comm_abort(comms_.comm);
 }
 
 absl::Status NcclCommunicator::async_error() const {
-  if (comm_ == nullptr || aborted_.load()) return absl::OkStatus();
+  if (comms_.comm == nullptr || aborted_.load()) return absl::OkStatus();
   nccl::ncclResult_t r = nccl::ncclSuccess;
-  KVFUSE_RETURN_IF_ERROR(lib_.check(lib_.comm_get_async_error(comm_, &r), "ncclCommGetAsyncError"));
+  KVFUSE_RETURN_IF_ERROR(lib_.check(lib_.comm_get_async_error(comms_.comm, &r), "ncclCommGetAsyncError"));
   return lib_.check(r, "an earlier collective (ncclCommGetAsyncError)");
 }
 

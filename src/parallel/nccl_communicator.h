@@ -21,10 +21,12 @@ class NcclCommunicator final : public Communicator {
   static absl::StatusOr<nccl::ncclUniqueId> unique_id(const nccl::NcclLibrary& lib);
   // Rank `rank` of `size` on GPU `device` (made current on the calling thread), ordered on
   // `stream` (a cudaStream_t or hipStream_t of that device; null: the legacy default
-  // stream). Blocks until all `size` ranks have called it with the same id.
+  // stream). Waits until all `size` ranks have called it with the same id, within what
+  // `watch` allows (NcclLibrary::init_rank: a deadline, a check on the other ranks).
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> create(const nccl::NcclLibrary& lib,
                                                                   const nccl::ncclUniqueId& id, int rank, int size,
-                                                                  int device, void* stream);
+                                                                  int device, void* stream,
+                                                                  const nccl::InitWatch& watch = {});
   ~NcclCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -51,7 +53,7 @@ class NcclCommunicator final : public Communicator {
   const nccl::NcclLibrary& lib_;
   const int rank_, size_, device_;
   void* const stream_;
-  nccl::ncclComm_t comm_ = nullptr;
+  nccl::RankComms comms_;  // comms_.comm runs the collectives
   std::atomic<bool> aborted_{false};
   float* barrier_buf_ = nullptr;  // one float on the device
 };

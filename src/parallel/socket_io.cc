@@ -31,6 +31,15 @@ int remaining_ms(Clock::time_point deadline) {
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+bool peer_closed(int fd) {
+  pollfd p{fd, short(POLLRDHUP), 0};
+  int rc;
+  do {
+    rc = ::poll(&p, 1, 0);
+  } while (rc < 0 && errno == EINTR);
+  return rc > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
 std::string printable(std::string_view text, size_t max_bytes) {
   std::string out;
   const size_t n = std::min(text.size(), max_bytes);

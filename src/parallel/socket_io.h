@@ -71,6 +71,10 @@ enum class RecvResult { ok, timeout, closed };
 // Reads exactly n bytes before the deadline; `closed` covers errors and a peer's shutdown.
 RecvResult recv_all(int fd, void* data, size_t n, Clock::time_point deadline);
 
+// True when the peer of the connected socket `fd` has closed or reset it (POLLRDHUP,
+// POLLHUP or POLLERR). Reads nothing and does not wait.
+bool peer_closed(int fd);
+
 // Binds and listens on host:port (port 0: any free one; host "" or "*": every address),
 // non-blocking. `what` starts error messages. The bound port comes back in *bound_port.
 absl::StatusOr<UniqueFd> listen_tcp(const std::string& host, int port, const std::string& what,

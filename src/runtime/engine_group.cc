@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "src/common/status_macros.h"
+#include "src/parallel/init_watch.h"
 #include "src/parallel/rendezvous.h"
 #include "src/parallel/tcp_communicator.h"
 #include "src/runtime/engine.h"
@@ -133,6 +134,17 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
   // accept waits for the connections of the other ranks (its own process's among them),
   // and NCCL's init for the whole group.
   std::vector<std::unique_ptr<Communicator>> comms(static_cast<size_t>(local));
+  // NCCL's set-up waits for every rank of the group: a rank of this process that fails, or
+  // another process whose connection closes, stops the wait (so does the timeout).
+  std::vector<GroupInitWatch::Peer> peers;
+  if (first == 0) {
+    for (size_t r = 0; r < follower_fds.size(); ++r) {
+      if (follower_fds[r].valid()) peers.push_back({follower_fds[r].get(), absl::StrCat("rank ", r, "'s process")});
+    }
+  } else {
+    peers.push_back({leader_fd.get(), absl::StrCat("rank 0's process (", cfg_.tp_rendezvous, ")")});
+  }
+  GroupInitWatch watch(timeout, std::move(peers));
   KVFUSE_RETURN_IF_ERROR(for_each_rank(
       [&](int32_t r) -> absl::Status {
         const int32_t rank = first + r;
@@ -146,8 +158,12 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
 #if defined(KVFUSE_HAVE_GPU)
         nccl::ncclUniqueId nid;
         std::memcpy(nid.internal, id.data(), id.size());
-        auto c = NcclCommunicator::create(*lib, nid, rank, tp, cfg_.tp_device(r), rank_backend(r).native_stream());
-        if (!c.ok()) return c.status();
+        auto c = NcclCommunicator::create(*lib, nid, rank, tp, cfg_.tp_device(r), rank_backend(r).native_stream(),
+                                          watch.for_rank(rank));
+        if (!c.ok()) {
+          watch.failed(rank, c.status());
+          return c.status();
+        }
         comms[size_t(r)] = std::move(*c);
         return absl::OkStatus();
 #else

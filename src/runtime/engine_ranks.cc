@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
 #include "src/parallel/cpu_communicator.h"
+#include "src/parallel/init_watch.h"
 #include "src/runtime/engine.h"
 #include "src/runtime/engine_rank.h"
 #include "src/runtime/rank_commands.h"
@@ -232,10 +233,16 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
     collectives_library_ = (*lib)->description();
     auto id = NcclCommunicator::unique_id(**lib);
     if (!id.ok()) return id.status();
+    // A rank whose set-up fails stops the others' wait for it (and the timeout bounds it).
+    GroupInitWatch watch(std::chrono::seconds(cfg_.tp_rendezvous_timeout_s), {});
     KVFUSE_RETURN_IF_ERROR(for_each_rank(
         [&](int32_t r) -> absl::Status {
-          auto c = NcclCommunicator::create(**lib, *id, r, tp, cfg_.tp_device(r), rank_backend(r).native_stream());
-          if (!c.ok()) return c.status();
+          auto c = NcclCommunicator::create(**lib, *id, r, tp, cfg_.tp_device(r), rank_backend(r).native_stream(),
+                                            watch.for_rank(r));
+          if (!c.ok()) {
+            watch.failed(r, c.status());
+            return c.status();
+          }
           comms[size_t(r)] = std::move(*c);
           return absl::OkStatus();
         },
