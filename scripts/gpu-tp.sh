@@ -76,6 +76,30 @@ run() {  # name, command...
 bench=("$bundle/kvfuse-bench-engine" --attention split --graphs on --steps 16 --reps 5 --warmup 1)
 cells=(--batch 1,8,64 --context 512,2048 --max-kv-gib 60)
 
+# Rank 1 (the follower, with the environment in follower_env) and rank 0 (the leader) of
+# one tp 2 group of kvfuse-run, started at once, each under `timeout $2`: writes
+# $out/$1-leader.txt and $out/$1-follower.txt, sets lrc and frc (their exit statuses) and
+# took (the leader's seconds), and notes them with the first line of each output that
+# matches $3.
+group_of_two() {  # name, timeout, pattern, kvfuse-run args...
+  local name=$1 limit=$2 pattern=$3
+  shift 3
+  local start_s follower who
+  start_s=$(date +%s)
+  env "${follower_env[@]}" timeout "$limit" "$bundle/kvfuse-run" "$@" --set tp_rank=1 \
+    >"$out/$name-follower.txt" 2>&1 &
+  follower=$!
+  timeout "$limit" "$bundle/kvfuse-run" "$@" >"$out/$name-leader.txt" 2>&1
+  lrc=$?
+  took=$(($(date +%s) - start_s))
+  wait $follower
+  frc=$?
+  note "$name: leader exit $lrc after ${took} s, follower exit $frc"
+  for who in leader follower; do
+    grep -m1 -E "$pattern" "$out/$name-$who.txt" | cut -c1-500 | tee -a "$summary"
+  done
+}
+
 # Whether GPU_TP_ONLY (a comma list of step names, or an alias for several) asks for step
 # $1; unset or empty: every step.
 want() {
@@ -143,16 +167,8 @@ if ((gpus == 1)); then
     # its reason (its last warning, "Duplicate GPU detected"), and neither may hang.
     sg=(--set model=tiny --set tensor_parallel=2 --set tp_rendezvous=127.0.0.1:"${TP_PORT:-29500}"
       --set tp_rendezvous_timeout_s=60 --set devices=0 -n 2 -m 4 -q)
-    timeout 180 "$bundle/kvfuse-run" "${sg[@]}" --set tp_rank=1 >"$out/same-gpu-follower.txt" 2>&1 &
-    follower=$!
-    timeout 180 "$bundle/kvfuse-run" "${sg[@]}" >"$out/same-gpu-leader.txt" 2>&1
-    lrc=$?
-    wait $follower
-    frc=$?
-    note "same-gpu: leader exit $lrc, follower exit $frc"
-    for who in leader follower; do
-      grep -m1 -E "error|Duplicate" "$out/same-gpu-$who.txt" | cut -c1-400 | tee -a "$summary"
-    done
+    follower_env=()
+    group_of_two same-gpu 180 "error|Duplicate" "${sg[@]}"
     if ((lrc == 0 || lrc == 124 || frc == 0 || frc == 124)) ||
       ! grep -q "Duplicate GPU" "$out/same-gpu-leader.txt" || ! grep -q "Duplicate GPU" "$out/same-gpu-follower.txt"; then
       note "FAIL: same-gpu: both processes must fail with NCCL's duplicate-GPU warning, neither time out"
@@ -179,19 +195,8 @@ if ((gpus == 1)); then
     # follower's closed connection, and not wait out its timeout (300 s here).
     fs=(--set model=tiny --set tensor_parallel=2 --set tp_rendezvous=127.0.0.1:"$((${TP_PORT:-29500} + 1))"
       --set tp_rendezvous_timeout_s=300 --set devices=0 -n 2 -m 4 -q)
-    start_s=$(date +%s)
-    NCCL_SOCKET_IFNAME=kvfuse-no-such-if timeout 120 "$bundle/kvfuse-run" "${fs[@]}" --set tp_rank=1 \
-      >"$out/setup-fails-follower.txt" 2>&1 &
-    follower=$!
-    timeout 120 "$bundle/kvfuse-run" "${fs[@]}" >"$out/setup-fails-leader.txt" 2>&1
-    lrc=$?
-    took=$(($(date +%s) - start_s))
-    wait $follower
-    frc=$?
-    note "setup-fails: leader exit $lrc after ${took} s, follower exit $frc"
-    for who in leader follower; do
-      grep -m1 -E "error|closed" "$out/setup-fails-$who.txt" | cut -c1-500 | tee -a "$summary"
-    done
+    follower_env=(NCCL_SOCKET_IFNAME=kvfuse-no-such-if)
+    group_of_two setup-fails 120 "error|closed" "${fs[@]}"
     if ((lrc == 0 || lrc == 124 || lrc > 128 || frc == 0 || frc == 124)) ||
       ! grep -q "rank 1's process closed its connection" "$out/setup-fails-leader.txt"; then
       note "FAIL: setup-fails: the leader must stop naming the follower's closed connection, before its timeout"

@@ -623,8 +623,11 @@ TEST_CASE("group init watch: a local rank's failure and a closed connection stop
   CHECK_FALSE(net::peer_closed(mine.get()));
   CHECK(watch.for_rank(0).peers().ok());
   // A failure of this process's rank 1 is seen by rank 0, not by rank 1 itself.
-  watch.failed(1, absl::InternalError("cudaMalloc: out of memory"));
-  watch.failed(0, absl::UnavailableError("an echo"));  // the first failure is kept
+  // failed() returns the status as given; only the first failure is kept.
+  CHECK(watch.failed(1, absl::InternalError("cudaMalloc: out of memory")).message() ==
+        "cudaMalloc: out of memory");
+  CHECK(watch.failed(0, absl::UnavailableError("an echo")).code() == absl::StatusCode::kUnavailable);
+  CHECK(watch.failed(0, absl::OkStatus()).ok());
   CHECK(watch.check(1).ok());
   const absl::Status st = watch.check(0);
   CHECK(st.code() == absl::StatusCode::kInternal);

@@ -17,12 +17,14 @@ nccl::InitWatch GroupInitWatch::for_rank(int rank) {
   return w;
 }
 
-void GroupInitWatch::failed(int rank, const absl::Status& st) {
-  if (st.ok()) return;
+absl::Status GroupInitWatch::failed(int rank, absl::Status st) {
+  if (st.ok()) return st;
   std::lock_guard<std::mutex> lock(mu_);
-  if (failed_rank_ >= 0) return;
-  failed_rank_ = rank;
-  failure_ = st;
+  if (failed_rank_ < 0) {
+    failed_rank_ = rank;
+    failure_ = st;
+  }
+  return st;
 }
 
 absl::Status GroupInitWatch::check(int asking_rank) {

@@ -27,8 +27,9 @@ class GroupInitWatch {
   // The watch for local rank `rank`'s set-up: not OK once another rank recorded a failure,
   // or a peer's connection closed.
   nccl::InitWatch for_rank(int rank);
-  // Records `rank`'s failure (the first one is kept) for the others to see.
-  void failed(int rank, const absl::Status& st);
+  // Records `rank`'s failure `st` (the first one is kept) for the others to see, and
+  // returns `st` (OK: nothing is recorded).
+  absl::Status failed(int rank, absl::Status st);
   // OK, or the first failure or closed connection seen, as for_rank's check words it.
   absl::Status check(int asking_rank);
 

@@ -184,20 +184,24 @@ absl::Status NcclLibrary::check(ncclResult_t r, const char* call) const {
 
 namespace {
 
+// `st` with the rank and the group's size after its message.
+absl::Status in_group(const absl::Status& st, int rank, int size) {
+  return absl::Status(st.code(), absl::StrCat(st.message(), " (rank ", rank, " of ", size, ")"));
+}
+
 // Polls `comm`'s set-up (the call `call` started) until it is done, the watch's deadline
 // passes or its peers check fails.
 absl::Status wait_ready(const NcclLibrary& lib, ncclComm_t comm, const char* call, int rank, int size,
                         const InitWatch& watch) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
-  auto where = [&] { return absl::StrCat(" (rank ", rank, " of ", size, ")"); };
   auto pause = std::chrono::microseconds(200);
   for (;;) {
     ncclResult_t state = ncclSuccess;
     absl::Status st = lib.check(lib.comm_get_async_error(comm, &state), "ncclCommGetAsyncError");
     if (st.ok() && state == ncclSuccess) return absl::OkStatus();
     if (st.ok() && state != ncclInProgress) st = lib.check(state, call);
-    if (!st.ok()) return absl::Status(st.code(), absl::StrCat(st.message(), where()));
+    if (!st.ok()) return in_group(st, rank, size);
     if (watch.peers) {
       if (absl::Status p = watch.peers(); !p.ok()) {
         return absl::Status(p.code(), absl::StrCat(lib.flavour(), " set-up (", call, ") of rank ", rank,
@@ -207,12 +211,11 @@ absl::Status wait_ready(const NcclLibrary& lib, ncclComm_t comm, const char* cal
     const Clock::time_point now = Clock::now();
     if (now >= watch.deadline) {
       const double waited = std::chrono::duration<double>(now - start).count();
-      return absl::DeadlineExceededError(
-          absl::StrFormat("%s set-up (%s) of rank %d of %d did not finish in %.0f s: a rank of the group "
-                          "never joined (it failed "
-                          "before, or its process is not running; its own log says why), or the network "
-                          "between them is blocked",
-                          lib.flavour(), call, rank, size, waited));
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "%s set-up (%s) of rank %d of %d did not finish in %.0f s: a rank of the group never joined "
+          "(it failed before, or its process is not running; its own log says why), or the network "
+          "between them is blocked",
+          lib.flavour(), call, rank, size, waited));
     }
     std::this_thread::sleep_for(
         std::min(pause, std::chrono::duration_cast<std::chrono::microseconds>(watch.deadline - now)));
@@ -224,13 +227,10 @@ absl::Status wait_ready(const NcclLibrary& lib, ncclComm_t comm, const char* cal
 
 absl::StatusOr<RankComms> NcclLibrary::init_rank(const ncclUniqueId& id, int rank, int size,
                                                  const InitWatch& watch) const {
-  auto located = [&](const absl::Status& st) {
-    return absl::Status(st.code(), absl::StrCat(st.message(), " (rank ", rank, " of ", size, ")"));
-  };
   RankComms out;
   if (!bounded_init()) {
     const absl::Status st = check(comm_init_rank(&out.comm, size, id, rank), "ncclCommInitRank");
-    if (!st.ok()) return located(st);
+    if (!st.ok()) return in_group(st, rank, size);
     return out;
   }
   ncclConfig config;
@@ -241,10 +241,13 @@ absl::StatusOr<RankComms> NcclLibrary::init_rank(const ncclUniqueId& id, int ran
     out.parent = nullptr;
     return st;
   };
-  if (r != ncclSuccess && r != ncclInProgress) return failed(located(check(r, "ncclCommInitRankConfig")));
+  if (r != ncclSuccess && r != ncclInProgress) {
+    return failed(in_group(check(r, "ncclCommInitRankConfig"), rank, size));
+  }
   if (out.parent == nullptr) {
-    return absl::InternalError(absl::StrCat(
-        flavour(), " ncclCommInitRankConfig returned no communicator (rank ", rank, " of ", size, ")"));
+    return in_group(
+        absl::InternalError(absl::StrCat(flavour(), " ncclCommInitRankConfig returned no communicator")),
+        rank, size);
   }
   if (absl::Status st = wait_ready(*this, out.parent, "ncclCommInitRankConfig", rank, size, watch);
       !st.ok()) {
@@ -253,7 +256,7 @@ absl::StatusOr<RankComms> NcclLibrary::init_rank(const ncclUniqueId& id, int ran
   ncclConfig blocking;
   blocking.blocking = 1;
   r = comm_split(out.parent, /*color=*/0, /*key=*/rank, &out.comm, &blocking);
-  if (r != ncclSuccess && r != ncclInProgress) return failed(located(check(r, "ncclCommSplit")));
+  if (r != ncclSuccess && r != ncclInProgress) return failed(in_group(check(r, "ncclCommSplit"), rank, size));
   if (absl::Status st = wait_ready(*this, out.parent, "ncclCommSplit", rank, size, watch); !st.ok()) {
     // Aborting the parent stops the split under way and waits for NCCL's thread, which
     // writes the child; a child it finished goes too.
@@ -263,8 +266,9 @@ absl::StatusOr<RankComms> NcclLibrary::init_rank(const ncclUniqueId& id, int ran
     return why;
   }
   if (out.comm == nullptr) {
-    return failed(absl::InternalError(absl::StrCat(
-        flavour(), " ncclCommSplit finished without a communicator (rank ", rank, " of ", size, ")")));
+    return failed(in_group(
+        absl::InternalError(absl::StrCat(flavour(), " ncclCommSplit finished without a communicator")), rank,
+        size));
   }
   return out;
 }

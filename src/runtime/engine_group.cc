@@ -160,10 +160,7 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
         std::memcpy(nid.internal, id.data(), id.size());
         auto c = NcclCommunicator::create(*lib, nid, rank, tp, cfg_.tp_device(r), rank_backend(r).native_stream(),
                                           watch.for_rank(rank));
-        if (!c.ok()) {
-          watch.failed(rank, c.status());
-          return c.status();
-        }
+        if (!c.ok()) return watch.failed(rank, c.status());
         comms[size_t(r)] = std::move(*c);
         return absl::OkStatus();
 #else

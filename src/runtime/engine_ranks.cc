@@ -239,10 +239,7 @@ absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc) {
         [&](int32_t r) -> absl::Status {
           auto c = NcclCommunicator::create(**lib, *id, r, tp, cfg_.tp_device(r), rank_backend(r).native_stream(),
                                             watch.for_rank(r));
-          if (!c.ok()) {
-            watch.failed(r, c.status());
-            return c.status();
-          }
+          if (!c.ok()) return watch.failed(r, c.status());
           comms[size_t(r)] = std::move(*c);
           return absl::OkStatus();
         },
