@@ -139,3 +139,20 @@ TEST_CASE("rank links: a follower learns that rank 0's connection closed", "[par
   auto next = link.next();
   CHECK(next.status().code() == absl::StatusCode::kUnavailable);
 }
+
+TEST_CASE("rank links: a follower already waiting for the hang-up wakes when rank 0's connection closes",
+          "[parallel][rank_links]") {
+  int sv[2] = {-1, -1};
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  net::UniqueFd leader(sv[0]);
+  LeaderLink link(net::UniqueFd(sv[1]), "node0:29500", {});
+  absl::Status st;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread waiter([&] { st = link.hangup(milliseconds(60000)); });
+  std::this_thread::sleep_for(milliseconds(20));
+  leader.reset();
+  waiter.join();
+  // Woken by the watcher, not by the wait running out.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  CHECK(st.code() == absl::StatusCode::kUnavailable);
+}

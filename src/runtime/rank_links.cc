@@ -166,7 +166,11 @@ LeaderLink::LeaderLink(net::UniqueFd fd, std::string leader, std::function<void(
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 || p[0].revents != 0) return;
       if (p[1].revents != 0) {
-        hung_up_ = true;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          hung_up_ = true;
+        }
+        cv_.notify_all();
         if (on_hangup_) on_hangup_();
         return;
       }
@@ -192,9 +196,8 @@ absl::Status LeaderLink::closed_error() const {
 }
 
 absl::Status LeaderLink::hangup(std::chrono::milliseconds wait) const {
-  const auto end = Clock::now() + wait;
-  while (!hung_up_.load() && Clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  return hung_up_.load() ? closed_error() : absl::OkStatus();
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, wait, [this] { return hung_up_; }) ? closed_error() : absl::OkStatus();
 }
 
 void LeaderLink::report(const absl::Status& st) {

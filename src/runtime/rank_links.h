@@ -92,7 +92,9 @@ class LeaderLink {
   net::UniqueFd fd_;
   std::string leader_;
   std::function<void()> on_hangup_;
-  std::atomic<bool> hung_up_{false};
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool hung_up_ = false;  // the watcher saw the leader's connection close (guarded by mu_)
   WakePipe wake_;
   std::thread thread_;
 };
