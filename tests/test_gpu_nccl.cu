@@ -176,6 +176,18 @@ RankData random_rank_data(uint32_t seed) {
   return d;
 }
 
+// run_rank() as the one rank of a new group on this thread, with random_rank_data(seed);
+// the test case stops if a step of it failed.
+RankData run_group_of_one(const nccl::NcclLibrary& lib, uint32_t seed) {
+  RankData d = random_rank_data(seed);
+  auto id = NcclCommunicator::unique_id(lib);
+  REQUIRE(id.ok());
+  run_rank(lib, *id, 0, 1, d);
+  INFO(run_error);
+  REQUIRE(run_error.empty());
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("nccl communicator: a group of one rank - the bounded set-up on the real library, collectives, graph",
@@ -186,12 +198,7 @@ TEST_CASE("nccl communicator: a group of one rank - the bounded set-up on the re
   // NCCL and RCCL from 2.18 have ncclCommInitRankConfig and ncclCommSplit: the set-up runs
   // non-blocking, then the communicator of the collectives is its blocking split.
   CHECK(lib->bounded_init() == (lib->version >= 21800));
-  RankData d = random_rank_data(11);
-  auto id = NcclCommunicator::unique_id(*lib);
-  REQUIRE(id.ok());
-  run_rank(*lib, *id, 0, 1, d);
-  INFO(run_error);
-  REQUIRE(run_error.empty());
+  const RankData d = run_group_of_one(*lib, 11);
   // One rank: each collective is the identity, the graph's replays too (bitwise).
   CHECK(d.bf16_out == d.bf16_in);
   CHECK(std::memcmp(d.f32_out.data(), d.f32_in.data(), kCount * 4) == 0);
@@ -245,12 +252,7 @@ TEST_CASE("nccl communicator: a rank whose peer never joins fails in bounded tim
   CHECK(waited < 60);
 
   // The GPU and the library serve a new group afterwards.
-  RankData d = random_rank_data(12);
-  auto id3 = NcclCommunicator::unique_id(*lib);
-  REQUIRE(id3.ok());
-  run_rank(*lib, *id3, 0, 1, d);
-  INFO(run_error);
-  REQUIRE(run_error.empty());
+  const RankData d = run_group_of_one(*lib, 12);
   CHECK(std::memcmp(d.replayed.data(), d.f32_in.data(), kCount * 4) == 0);
   REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
 }
