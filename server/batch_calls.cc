@@ -18,18 +18,18 @@ void BatchCall::set_status(int index, const absl::Status& st) {
 
 namespace {
 
-// What a Prefill extend with expected_len finds: its chunk not yet appended (run it),
+// What a Prefill with expected_len finds: its tokens not yet appended (run it),
 // appended but not finished by an earlier attempt (resume that work), or finished.
 enum class Replay { none, resume, done };
 
-absl::StatusOr<Replay> extend_replay(const Scheduler& sched, const Engine& engine,
-                                     const v1::PrefillSequence& s) {
+absl::StatusOr<Replay> prefill_replay(const Scheduler& sched, const Engine& engine,
+                                      const v1::PrefillSequence& s) {
   const SequenceState* seq = sched.is_router_sequence(s.id()) ? engine.sequence(s.id()) : nullptr;
-  if (!seq) return Replay::none;  // router_prefill says NOT_FOUND
+  if (!seq) return Replay::none;  // a new sequence is created; an extend is NOT_FOUND
   const int64_t len = int64_t(seq->tokens.size());
   const int64_t e = s.expected_len();
   const int64_t n = s.token_ids_size();
-  if (len == e) return Replay::none;
+  if (s.extend() && len == e) return Replay::none;
   if (sched.router_busy(s.id())) {
     return absl::AbortedError(absl::StrCat("sequence ", s.id(), " is busy with another call"));
   }
@@ -39,9 +39,20 @@ absl::StatusOr<Replay> extend_replay(const Scheduler& sched, const Engine& engin
   if (chunk_there && len == e + n && seq->num_pending() > 0) return Replay::resume;
   if (chunk_there && len == e + n && !sample) return Replay::done;
   if (chunk_there && len == e + n + 1 && sample && seq->num_pending() == 1) return Replay::done;
+  if (!s.extend()) {
+    return absl::AlreadyExistsError(absl::StrCat("sequence ", s.id(), " already exists with ", len,
+                                                 " tokens that this prompt of ", n, " did not make"));
+  }
   return absl::FailedPreconditionError(absl::StrCat("sequence ", s.id(), " has ", len,
                                                     " tokens; expected_len ", e, " plus this chunk of ", n,
                                                     " cannot match it"));
+}
+
+// The logprobs of a Decode's replayed tokens (those past expected_len), kept by the
+// scheduler when the earlier attempt computed them.
+void add_replayed_logprobs(const Scheduler& sched, const v1::DecodeSequence& s, v1::DecodeResult* r) {
+  if (!s.has_expected_len() || r->token_ids_size() == 0) return;
+  for (const TokenLogprob& t : sched.router_logprobs(s.id(), s.expected_len())) to_proto(t, r->add_logprobs());
 }
 
 }  // namespace
@@ -57,15 +68,22 @@ std::unique_ptr<BatchCall> BatchCall::prefill(Scheduler& sched, const Engine& en
     r->set_id(s.id());
     absl::Status st;
     Replay replay = Replay::none;
-    if (s.extend() && s.has_expected_len()) {
-      auto found = extend_replay(sched, engine, s);
+    if (s.has_expected_len()) {
+      auto found = prefill_replay(sched, engine, s);
       st = found.status();
       if (found.ok()) replay = *found;
     }
     if (!st.ok()) {
       // The replay check failed: the result says why.
     } else if (replay == Replay::done) {
-      if (!s.no_sample()) r->set_token_id(engine.sequence(s.id())->tokens.back());
+      // The earlier attempt's answer: its token, the finish it caused and its logprob.
+      const std::vector<int32_t>& tokens = engine.sequence(s.id())->tokens;
+      if (!s.no_sample()) {
+        r->set_token_id(tokens.back());
+        r->set_finish_reason(to_proto(sched.router_finish(s.id())));
+        const auto lp = sched.router_logprobs(s.id(), int64_t(tokens.size()) - 1);
+        if (!lp.empty()) to_proto(lp.back(), r->mutable_logprob());
+      }
     } else if (replay == Replay::resume) {
       st = sched.router_resume(s.id(), !s.no_sample());
     } else if (!s.extend() && !accept_new) {
@@ -120,8 +138,9 @@ std::unique_ptr<BatchCall> BatchCall::decode(Scheduler& sched, const Engine& eng
                        absl::AbortedError(absl::StrCat("sequence ", s.id(), " is busy with another call")));
       continue;
     }
+    int32_t counted = 0;  // tokens of an earlier attempt that this call's rules count
     if (s.has_expected_len()) {
-      // A replay: the tokens past expected_len were produced by the first attempt.
+      // A replay: the tokens past expected_len were produced by an earlier attempt.
       const int64_t produced = len - int64_t(s.expected_len());
       if (produced < 0 || produced > steps) {
         call->set_status(i, absl::FailedPreconditionError(
@@ -131,21 +150,32 @@ std::unique_ptr<BatchCall> BatchCall::decode(Scheduler& sched, const Engine& eng
       }
       for (int64_t p = s.expected_len(); p < len; ++p) r->add_token_ids(seq->tokens[size_t(p)]);
       to_run = steps - int32_t(produced);
-      // The first attempt ended early if the stop rules finished the sequence: that is
-      // its result, unless this call sets new rules.
+      counted = int32_t(produced);
+      // A finished sequence answers with its finish: the earlier attempt's, which this
+      // call's rules (a retry carries the same) do not undo; with no token past
+      // expected_len, new rules make it live again.
       if (const FinishReason finished = sched.router_finish(s.id());
-          finished != FinishReason::none && !s.has_stop()) {
+          finished != FinishReason::none && (produced > 0 || !s.has_stop())) {
         r->set_finish_reason(to_proto(finished));
+        add_replayed_logprobs(sched, s, r);
         continue;
       }
     }
-    if (to_run == 0) continue;  // fully replayed
+    if (to_run == 0) {  // fully replayed
+      add_replayed_logprobs(sched, s, r);
+      continue;
+    }
     std::optional<StopRules> stop;
     if (s.has_stop()) stop = stop_rules(s.stop());  // validated on arrival
     std::optional<LogprobsOptions> logprobs;
     if (s.has_logprobs()) logprobs = *to_logprobs(s.logprobs());  // validated on arrival
-    if (auto st = sched.router_decode(s.id(), to_run, std::move(stop), logprobs); !st.ok()) {
+    if (auto st = sched.router_decode(s.id(), to_run, std::move(stop), logprobs, counted); !st.ok()) {
       call->set_status(i, st);
+      continue;
+    }
+    add_replayed_logprobs(sched, s, r);
+    if (!sched.router_busy(s.id())) {  // this call's rules end the sequence at a replayed token
+      r->set_finish_reason(to_proto(sched.router_finish(s.id())));
       continue;
     }
     call->index_[s.id()] = i;

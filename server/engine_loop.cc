@@ -168,8 +168,7 @@ void EngineLoop::generate(const v1::GenerateRequest* req, std::shared_ptr<Genera
     g.id = req.id() != 0 ? req.id() : next_generate_id();
     g.prompt.assign(req.prompt_ids().begin(), req.prompt_ids().end());
     g.sampling = *to_sampling(req.sampling(), limits_.vocab);  // validated on arrival
-    g.max_new_tokens = req.max_tokens() != 0 ? int32_t(req.max_tokens())
-                                             : std::min(limits_.default_max_tokens, limits_.max_seq_len);
+    g.max_new_tokens = generate_max_tokens(req, limits_);
     g.stop_token_ids.assign(req.stop_token_ids().begin(), req.stop_token_ids().end());
     g.ignore_eos = req.ignore_eos();
     g.min_new_tokens = int32_t(req.min_tokens());

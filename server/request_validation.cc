@@ -1,5 +1,6 @@
 #include "server/request_validation.h"
 
+#include <algorithm>
 #include <iterator>
 #include <unordered_set>
 
@@ -108,6 +109,10 @@ void to_proto(const TokenLogprob& t, v1::TokenLogprob* out) {
   }
 }
 
+int32_t generate_max_tokens(const v1::GenerateRequest& req, const ServiceLimits& lim) {
+  return req.max_tokens() != 0 ? int32_t(req.max_tokens()) : std::min(lim.default_max_tokens, lim.max_seq_len);
+}
+
 int32_t decode_steps(const v1::DecodeRequest& req) { return req.steps() == 0 ? 1 : int32_t(req.steps()); }
 
 absl::Status validate(const v1::PrefillRequest& req, const ServiceLimits& lim) {
@@ -128,8 +133,8 @@ absl::Status validate(const v1::PrefillRequest& req, const ServiceLimits& lim) {
     if (s.extend() && s.has_sampling()) {
       return invalid(where, "sampling is set when the sequence is created, not when it is extended");
     }
-    if (s.has_expected_len() && !s.extend()) {
-      return invalid(where, "expected_len applies to an extend only");
+    if (s.has_expected_len() && !s.extend() && s.expected_len() != 0) {
+      return invalid(where, "expected_len ", s.expected_len(), " of a new sequence must be 0 (its length before this call)");
     }
     if (s.has_expected_len() && int64_t(s.expected_len()) + s.token_ids_size() > int64_t(lim.max_seq_len)) {
       return invalid(where, "expected_len ", s.expected_len(), " plus ", s.token_ids_size(),
@@ -199,10 +204,9 @@ absl::Status validate(const v1::GenerateRequest& req, const ServiceLimits& lim) 
     return invalid(req.stop_token_ids_size(), " stop tokens exceed the limit of ", lim.max_stop_tokens);
   }
   KVFUSE_RETURN_IF_ERROR(check_tokens(req.stop_token_ids(), lim.vocab, "stop_token_ids"));
-  const bool capped = req.max_tokens() != 0;
-  if (req.min_tokens() > uint32_t(lim.max_seq_len) || (capped && req.min_tokens() > req.max_tokens())) {
-    return invalid("min_tokens ", req.min_tokens(), " exceeds ", capped ? "max_tokens " : "max_seq_len ",
-                   capped ? req.max_tokens() : uint32_t(lim.max_seq_len));
+  if (const int32_t max_tokens = generate_max_tokens(req, lim); req.min_tokens() > uint32_t(max_tokens)) {
+    return invalid("min_tokens ", req.min_tokens(), " exceeds ",
+                   req.max_tokens() != 0 ? "max_tokens " : "the default max_tokens ", max_tokens);
   }
   if (auto sp = to_sampling(req.sampling(), lim.vocab); !sp.ok()) return sp.status();
   if (auto lp = to_logprobs(req.logprobs()); !lp.ok()) return lp.status();

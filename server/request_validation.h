@@ -36,6 +36,8 @@ absl::StatusOr<StopRules> to_stop_rules(const v1::StopRules& p, const ServiceLim
 StopRules stop_rules(const v1::StopRules& p);
 // Logprobs parameters, validated (INVALID_ARGUMENT naming the field).
 absl::StatusOr<LogprobsOptions> to_logprobs(const v1::LogprobsParams& p);
+// The tokens a Generate request may produce: max_tokens, or the default for 0.
+int32_t generate_max_tokens(const v1::GenerateRequest& req, const ServiceLimits& lim);
 // The proto form of a token's logprobs.
 void to_proto(const TokenLogprob& t, v1::TokenLogprob* out);
 // Steps of a Decode call (0 means 1).

@@ -91,6 +91,9 @@ struct RouterResult {
 
 struct SchedulerLimits {
   size_t max_waiting = 4096;
+  // Logprobs of a router-driven sequence's last sampled tokens kept for replayed calls
+  // (router_logprobs): one Decode call's worth at the server's step limit.
+  size_t replay_logprobs = 256;
 };
 
 class Scheduler {
@@ -146,8 +149,18 @@ class Scheduler {
   // The task ends early when the stop rules finish the sequence (RouterResult::finish).
   // FAILED_PRECONDITION on a finished sequence, unless `stop` replaces its rules.
   // `logprobs`, when set, replaces the sequence's logprobs options from this task on.
+  // `counted`: the sequence's last `counted` tokens were sampled by an earlier attempt
+  // of the same call (a replay), and `stop` counts them as its own: its max_new_tokens
+  // and min_new_tokens include them. If the rules finish the sequence at the last of
+  // them, the sequence finishes with no task started (router_busy is false after an OK
+  // return); at an earlier one, FAILED_PRECONDITION (the tokens after it cannot be
+  // this call's). All or nothing: on an error the sequence is as it was.
   absl::Status router_decode(SeqId id, int32_t steps, std::optional<StopRules> stop = std::nullopt,
-                             std::optional<LogprobsOptions> logprobs = std::nullopt);
+                             std::optional<LogprobsOptions> logprobs = std::nullopt, int32_t counted = 0);
+  // The logprobs of the sequence's sampled tokens from position `from` to its end, when
+  // every one of them was sampled with logprobs and is still kept
+  // (SchedulerLimits::replay_logprobs); otherwise none.
+  std::vector<TokenLogprob> router_logprobs(SeqId id, int64_t from) const;
   // Why a router-driven sequence finished (none: it is live or unknown).
   FinishReason router_finish(SeqId id) const;
   // Ends the running task of a sequence with `why` (its result is queued); the
@@ -200,6 +213,10 @@ class Scheduler {
     LogprobsOptions logprobs;
     int32_t generated = 0;  // tokens sampled since the rules were set
     FinishReason finished = FinishReason::none;
+    // Logprobs of the sequence's last sampled tokens, those before position recent_end
+    // (router_logprobs).
+    std::deque<TokenLogprob> recent_logprobs;
+    int64_t recent_end = 0;
   };
   // Who a step item belongs to.
   struct Owner {

@@ -114,7 +114,7 @@ FinishReason Scheduler::router_finish(SeqId id) const {
 }
 
 absl::Status Scheduler::router_decode(SeqId id, int32_t steps, std::optional<StopRules> stop,
-                                      std::optional<LogprobsOptions> logprobs) {
+                                      std::optional<LogprobsOptions> logprobs, int32_t counted) {
   if (!router_.count(id)) return not_found(id);
   if (router_busy(id)) return busy(id);
   if (steps < 1) return absl::InvalidArgumentError(absl::StrCat("steps ", steps, " must be >= 1"));
@@ -125,21 +125,46 @@ absl::Status Scheduler::router_decode(SeqId id, int32_t steps, std::optional<Sto
                                                       "): release it, or decode with new stop rules"));
   }
   const SequenceState* s = engine_.sequence(id);
-  if (s->num_pending() == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("sequence ", id,
-                     " has no token to decode from: its last prefill sampled nothing; prefill more tokens"));
+  // The tokens an earlier attempt sampled, under this call's rules.
+  FinishReason finish = FinishReason::none;
+  if (stop && counted > 0) {
+    const size_t first = s->tokens.size() - size_t(counted);
+    for (int32_t k = 0; k < counted && finish == FinishReason::none; ++k) {
+      finish = stop_reason(*stop, engine_.spec().eos_token_ids, s->tokens[first + size_t(k)], k + 1);
+      if (finish != FinishReason::none && k + 1 < counted) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "sequence ", id, ": this call's stop rules end it at its token ", first + size_t(k),
+            ", but it holds ", counted - k - 1, " more past expected_len: not a retry of the call that made them"));
+      }
+    }
   }
-  // Every step but the last computes the token sampled by the step before.
-  KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, int64_t(s->tokens.size()) + steps - 1));
+  if (finish == FinishReason::none) {
+    if (s->num_pending() == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("sequence ", id,
+                       " has no token to decode from: its last prefill sampled nothing; prefill more tokens"));
+    }
+    // Every step but the last computes the token sampled by the step before.
+    KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, int64_t(s->tokens.size()) + steps - 1));
+  }
   if (stop) {
     rs.stop = std::move(*stop);
-    rs.generated = 0;
-    rs.finished = FinishReason::none;
+    rs.generated = counted;
+    rs.finished = finish;
   }
   if (logprobs) rs.logprobs = *logprobs;
-  start_router_task(id, steps);
+  if (finish == FinishReason::none) start_router_task(id, steps);
   return absl::OkStatus();
+}
+
+std::vector<TokenLogprob> Scheduler::router_logprobs(SeqId id, int64_t from) const {
+  auto it = router_.find(id);
+  const SequenceState* s = engine_.sequence(id);
+  if (it == router_.end() || !s) return {};
+  const RouterSeq& rs = it->second;
+  const int64_t len = int64_t(s->tokens.size());
+  if (from < 0 || from > len || rs.recent_end != len || int64_t(rs.recent_logprobs.size()) < len - from) return {};
+  return {rs.recent_logprobs.end() - (len - from), rs.recent_logprobs.end()};
 }
 
 void Scheduler::start_router_task(SeqId id, int32_t samples) {
@@ -228,6 +253,14 @@ void Scheduler::apply_router_result(SeqId id, const StepResult& res) {
                                   res.prompt_logprobs.end());
   if (res.logprob) t.result.logprobs.push_back(*res.logprob);
   if (res.token) {
+    // Kept for a replay of this call (router_logprobs): the new token is the last.
+    const int64_t len = int64_t(engine_.sequence(id)->tokens.size());
+    if (!res.logprob || rs.recent_end != len - 1) rs.recent_logprobs.clear();
+    if (res.logprob) {
+      rs.recent_logprobs.push_back(*res.logprob);
+      if (rs.recent_logprobs.size() > limits_.replay_logprobs) rs.recent_logprobs.pop_front();
+    }
+    rs.recent_end = len;
     t.result.tokens.push_back(*res.token);
     --t.samples_left;
     rs.finished = stop_reason(rs.stop, engine_.spec().eos_token_ids, *res.token, ++rs.generated);
