@@ -18,6 +18,7 @@
 #include "server/signals.h"
 #include "src/common/status_macros.h"
 #include "src/loading/config.h"
+#include "src/loading/env_switches.h"
 #include "src/runtime/engine.h"
 
 using namespace kvfuse;
@@ -132,12 +133,17 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 2047))
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error")->capture_default_str();
-  bool print_keys = false;
+  bool print_keys = false, print_env = false;
   app.add_flag("--config-keys", print_keys, "print every config key and exit");
+  app.add_flag("--help-env", print_env, "print every KVFUSE_* environment variable and exit");
   CLI11_PARSE(app, argc, argv);
 
   if (print_keys) {
     for (const auto& d : config_key_docs()) std::printf("%-18s %-45s %s\n", d.key, d.values, d.meaning);
+    return 0;
+  }
+  if (print_env) {
+    std::fputs(env_help().c_str(), stdout);
     return 0;
   }
   spdlog::set_level(spdlog::level::from_str(log_level));

@@ -10,12 +10,17 @@
 #include <set>
 #include <sstream>
 
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "kernels/enum_name.h"
 #include "src/common/status_macros.h"
+#include "src/loading/env_switches.h"
 #include "src/loading/int_list.h"
 #include "src/parallel/rendezvous.h"
 
@@ -58,8 +63,8 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"graphs", "on | off",
        "decode steps replay a CUDA/HIP graph captured per batch bucket (default on; no effect on the CPU)"},
       {"page_size", "1 .. 1024", "tokens per KV page (default 16)"},
-      {"num_pages", ">= 1", "pages in the full pool (default 4096)"},
-      {"swa_num_pages", ">= 0", "pages in the SWA pool; 0 sizes it from the window and batch limits"},
+      {"num_pages", "1 .. 2147483647", "pages in the full pool (default 4096)"},
+      {"swa_num_pages", "0 .. 2147483647", "pages in the SWA pool; 0 sizes it from the window and batch limits"},
       {"sliding_window", "-1 | 0 | W > 0", "-1 keeps the preset's window, 0 disables SWA, W sets it"},
       {"swa_layers", "preset | none | all | alternate | [layer, ...]",
        "which layers use the window; alternate marks even layers"},
@@ -128,13 +133,32 @@ absl::Status parse_enum(const json& j, const std::string& key, const std::map<st
   return absl::OkStatus();
 }
 
+// Optional '-' and one or more digits: how an integer is written.
+bool is_integer_literal(absl::string_view text) {
+  absl::ConsumePrefix(&text, "-");
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// An integer key's value within [lo, hi]. A value no 64-bit integer holds is out of
+// range as written (an unsigned one above INT64_MAX, or a whole number the JSON reader
+// could only hold as a double), never wrapped around.
 template <class T>
 absl::Status parse_int(const json& j, const std::string& key, int64_t lo, int64_t hi, T& out) {
+  const auto out_of_range = [&](const std::string& v) {
+    return key_error(key, absl::StrCat(v, " is out of range [", lo, ", ", hi, "]"));
+  };
+  if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(INT64_MAX)) return out_of_range(dump(j));
+  if (int64_t unused = 0; j.is_string() && is_integer_literal(j.get_ref<const std::string&>()) &&
+                          !absl::SimpleAtoi(j.get_ref<const std::string&>(), &unused)) {
+    return out_of_range(j.get<std::string>());  // beyond 64 bits, as typed (apply_config_override)
+  }
+  if (j.is_number_float() && std::isfinite(j.get<double>()) && std::trunc(j.get<double>()) == j.get<double>() &&
+      std::fabs(j.get<double>()) >= 0x1p63) {
+    return out_of_range(dump(j));
+  }
   if (!j.is_number_integer()) return key_error(key, absl::StrCat(dump(j), " is not an integer"));
   const int64_t v = j.get<int64_t>();
-  if (v < lo || v > hi) {
-    return key_error(key, absl::StrCat(v, " is out of range [", lo, ", ", hi, "]"));
-  }
+  if (v < lo || v > hi) return out_of_range(absl::StrCat(v));
   out = T(v);
   return absl::OkStatus();
 }
@@ -330,9 +354,9 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
                                       std::map<std::string, bool>{{"on", true}, {"off", false}}, c.overlap_fanout));
   }
   if (has("page_size")) KVFUSE_RETURN_IF_ERROR(parse_int(j["page_size"], "page_size", 1, 1024, c.page_size));
-  if (has("num_pages")) KVFUSE_RETURN_IF_ERROR(parse_int(j["num_pages"], "num_pages", 1, int64_t(1) << 31, c.num_pages));
+  if (has("num_pages")) KVFUSE_RETURN_IF_ERROR(parse_int(j["num_pages"], "num_pages", 1, INT32_MAX, c.num_pages));
   if (has("swa_num_pages")) {
-    KVFUSE_RETURN_IF_ERROR(parse_int(j["swa_num_pages"], "swa_num_pages", 0, int64_t(1) << 31, c.swa_num_pages));
+    KVFUSE_RETURN_IF_ERROR(parse_int(j["swa_num_pages"], "swa_num_pages", 0, INT32_MAX, c.swa_num_pages));
   }
   if (has("sliding_window")) {
     KVFUSE_RETURN_IF_ERROR(parse_int(j["sliding_window"], "sliding_window", -1, 1 << 24, c.sliding_window));
@@ -405,6 +429,8 @@ absl::Status apply_config_override(json& j, const std::string& assignment) {
   const std::string key = config_key_name(assignment.substr(0, eq));
   const std::string text = assignment.substr(eq + 1);
   json v = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  // An integer literal beyond 64 bits reads as a double; errors name it as typed.
+  if (v.is_number_float() && is_integer_literal(text)) v = json(text);
   // The later assignment wins, whichever spelling the earlier one used.
   if (j.is_object()) {
     for (auto it = j.begin(); it != j.end();) {
@@ -422,6 +448,12 @@ std::string config_env_name(const std::string& key) {
 }
 
 absl::Status apply_config_env(json& j) {
+  // A misspelled variable would change nothing without a word.
+  for (const UnknownEnv& u : unknown_kvfuse_env(environ)) {
+    spdlog::warn("event=unknown_env name={} closest={} note=\"no config key or switch of that name: ignored; "
+                 "kvfuse-server --help-env lists them\"",
+                 u.name, u.closest);
+  }
   for (const auto& d : config_key_docs()) {
     const std::string var = config_env_name(d.key);
     const char* value = std::getenv(var.c_str());

@@ -101,7 +101,9 @@ std::string config_key_name(std::string key);
 std::string config_env_name(const std::string& key);
 // Applies the KVFUSE_<KEY> environment variables that are set and not empty, as
 // overrides. Precedence: command line > environment > config file > default, so call
-// this after loading the file and before applying the command line.
+// this after loading the file and before applying the command line. Logs a warning
+// (event=unknown_env) for each KVFUSE_* variable that names neither a config key nor a
+// switch of src/loading/env_switches.h, with the closest name.
 absl::Status apply_config_env(nlohmann::json& j);
 nlohmann::json config_to_json(const Config& c);
 
