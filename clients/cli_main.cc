@@ -1,6 +1,10 @@
 // kvfuse-cli: calls a running kvfuse-server. Prints responses as JSON (one line);
-// `generate` streams tokens as they arrive. Exits with the gRPC status code of a
-// failed call (0 on success).
+// `generate` streams tokens as they arrive. Exit codes (kExit* below, and --help):
+//   0       the call succeeded: every sequence's result is OK; health is SERVING
+//   1 .. 16 the gRPC status code of the failed call, or of the first sequence result
+//           (in request order) that is not OK
+//   20      health answered, and not SERVING
+//   64      the command line is wrong
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -29,13 +33,34 @@ void set_deadline(grpc::ClientContext& ctx, const Common& c) {
   }
 }
 
-int report(const grpc::Status& st, const google::protobuf::Message* resp) {
+constexpr int kExitNotServing = 20;
+constexpr int kExitUsage = 64;
+
+// 0, or the code of the first result that is not OK.
+template <class Results>
+int first_failure(const Results& results) {
+  for (const auto& r : results) {
+    if (r.status().code() != v1::SequenceStatus::OK) return int(r.status().code());
+  }
+  return 0;
+}
+int exit_code(const google::protobuf::Message&) { return 0; }
+int exit_code(const v1::PrefillResponse& r) { return first_failure(r.results()); }
+int exit_code(const v1::DecodeResponse& r) { return first_failure(r.results()); }
+int exit_code(const grpc::health::v1::HealthCheckResponse& r) {
+  return r.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : kExitNotServing;
+}
+
+// Prints the response (or the call's error) and returns the exit code.
+template <class Response>
+int report(const grpc::Status& st, const Response* resp) {
   if (!st.ok()) {
     std::fprintf(stderr, "kvfuse-cli: %s\n", client::describe(st).c_str());
     return int(st.error_code());
   }
-  if (resp) std::printf("%s\n", client::to_json(*resp).c_str());
-  return 0;
+  if (!resp) return 0;
+  std::printf("%s\n", client::to_json(*resp).c_str());
+  return exit_code(*resp);
 }
 
 struct SamplingFlags {
@@ -143,7 +168,7 @@ int run_generate(v1::DecodeService::Stub& stub, const Common& c, v1::GenerateReq
     std::printf("\n");
     std::fflush(stdout);
   }
-  return report(st, nullptr);
+  return report<google::protobuf::Message>(st, nullptr);
 }
 
 }  // namespace
@@ -193,7 +218,7 @@ int main(int argc, char** argv) {
   prefill->add_flag("--no-sample", no_sample, "compute the KV only (a middle chunk)");
   int64_t pf_expected_len = -1;
   prefill->add_option("--expected-len", pf_expected_len,
-                      "with --extend: the length before this chunk (a retry does not append twice)");
+                      "the length before this call (0 for a new sequence): a retry returns the first answer");
   pf_sampling.add(prefill);
   StopFlags pf_stop;
   pf_stop.add(prefill);
@@ -206,7 +231,7 @@ int main(int argc, char** argv) {
   int64_t expected_len = -1;
   decode->add_option("--id", dec_ids, "sequence id (repeatable)")->required();
   decode->add_option("-n,--steps", steps, "steps")->capture_default_str();
-  decode->add_option("--expected-len", expected_len, "the length the caller knows (safe retries)");
+  decode->add_option("--expected-len", expected_len, "the length the caller knows: a retry returns the first answer");
   StopFlags dec_stop;
   dec_stop.add(decode);
   LogprobFlags dec_logprobs;
@@ -220,7 +245,11 @@ int main(int argc, char** argv) {
   uint64_t abort_id = 0;
   abort->add_option("--id", abort_id, "id")->required();
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : kExitUsage;  // --help is not an error
+  }
 
   auto channel = client::make_channel(c.addr);
   v1::DecodeService::Stub stub(channel);
@@ -248,7 +277,7 @@ int main(int argc, char** argv) {
     if (!ids.ok() || !stops.ok()) {
       std::fprintf(stderr, "kvfuse-cli: %s\n",
                    std::string((ids.ok() ? stops : ids).status().message()).c_str());
-      return 2;
+      return kExitUsage;
     }
     v1::GenerateRequest req;
     req.set_id(gen_id);
@@ -265,7 +294,7 @@ int main(int argc, char** argv) {
     auto ids = parse_int_list(pf_ids);
     if (!ids.ok()) {
       std::fprintf(stderr, "kvfuse-cli: %s\n", std::string(ids.status().message()).c_str());
-      return 2;
+      return kExitUsage;
     }
     v1::PrefillRequest req;
     v1::PrefillSequence* s = req.add_sequences();
@@ -275,7 +304,7 @@ int main(int argc, char** argv) {
     s->set_no_sample(no_sample);
     if (pf_expected_len >= 0) s->set_expected_len(uint32_t(pf_expected_len));
     if (!extend) pf_sampling.fill(s->mutable_sampling());
-    if (pf_stop.given() && !pf_stop.fill(s->mutable_stop())) return 2;
+    if (pf_stop.given() && !pf_stop.fill(s->mutable_stop())) return kExitUsage;
     if (pf_logprobs.given()) pf_logprobs.fill(s->mutable_logprobs());
     v1::PrefillResponse resp;
     return report(stub.Prefill(&ctx, req, &resp), &resp);
@@ -286,7 +315,7 @@ int main(int argc, char** argv) {
       v1::DecodeSequence* s = req.add_sequences();
       s->set_id(id);
       if (expected_len >= 0) s->set_expected_len(uint32_t(expected_len));
-      if (dec_stop.given() && !dec_stop.fill(s->mutable_stop())) return 2;
+      if (dec_stop.given() && !dec_stop.fill(s->mutable_stop())) return kExitUsage;
       if (dec_logprobs.given()) dec_logprobs.fill(s->mutable_logprobs());
     }
     req.set_steps(steps);

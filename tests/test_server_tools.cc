@@ -89,7 +89,7 @@ TEST_CASE("kvfuse-cli: info, load, health, generate, prefill, decode, release, a
   CHECK(rc == int(grpc::StatusCode::INVALID_ARGUMENT));
   CHECK(out.find("logprobs.top_n 21") != std::string::npos);
   std::tie(rc, out) = run(cli + "prefill --id 11 --prompt-ids 1 --stop-ids 1,x");
-  CHECK(rc == 2);
+  CHECK(rc == 64);  // a wrong command line
   CHECK(out.find("--stop-ids") != std::string::npos);
   std::tie(rc, out) = run(cli + "release --id 10");
   CHECK(rc == 0);
@@ -103,6 +103,54 @@ TEST_CASE("kvfuse-cli: info, load, health, generate, prefill, decode, release, a
   std::tie(rc, out) = run(cli + "generate --prompt-ids 1,99999");
   CHECK(rc == int(grpc::StatusCode::INVALID_ARGUMENT));
   CHECK(t.wait_all_pages_free());
+}
+
+TEST_CASE("kvfuse-cli: the exit code is 0 only when every result is OK and health is SERVING",
+          "[server][tools]") {
+  auto t = TestServer::start();
+  const std::string cli = std::string(KVFUSE_CLI_BIN) + " --addr " + t.server->address() + " ";
+  // A failed sequence of a call that succeeded: its code.
+  auto [rc, out] = run(cli + "decode --id 4242 -n 2");
+  INFO(out);
+  CHECK(rc == int(grpc::StatusCode::NOT_FOUND));
+  CHECK(out.find("NOT_FOUND") != std::string::npos);
+  std::tie(rc, out) = run(cli + "prefill --id 5 --prompt-ids 1,2,3 --extend");
+  CHECK(rc == int(grpc::StatusCode::NOT_FOUND));
+  // The first failure in request order.
+  std::tie(rc, out) = run(cli + "prefill --id 5 --prompt-ids 1,2,3");
+  CHECK(rc == 0);
+  std::tie(rc, out) = run(cli + "decode --id 5 --id 4243 -n 1 --expected-len 99");
+  CHECK(rc == int(grpc::StatusCode::FAILED_PRECONDITION));
+  std::tie(rc, out) = run(cli + "decode --id 4243 --id 5 -n 1");
+  CHECK(rc == int(grpc::StatusCode::NOT_FOUND));
+  // A service the health service does not know: the call fails NOT_FOUND.
+  std::tie(rc, out) = run(cli + "health --service no.such.Service");
+  CHECK(rc == int(grpc::StatusCode::NOT_FOUND));
+  // A command line CLI11 refuses: 64; --help: 0.
+  std::tie(rc, out) = run(cli + "decode -n 2");
+  CHECK(rc == 64);
+  std::tie(rc, out) = run(cli + "decode --help");
+  CHECK(rc == 0);
+  REQUIRE(t.release({5}).ok());
+  CHECK(t.wait_all_pages_free());
+}
+
+TEST_CASE("kvfuse-cli: health NOT_SERVING exits 20", "[server][tools]") {
+  // Held before its warm-up, the server answers health NOT_SERVING.
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  auto t = TestServer::start(
+      {}, [&](server::ServerOptions& o) { o.loop.before_warmup = [released] { released.wait(); }; },
+      /*wait=*/false);
+  const std::string cli = std::string(KVFUSE_CLI_BIN) + " --addr " + t.server->address() + " ";
+  auto [rc, out] = run(cli + "health");
+  INFO(out);
+  CHECK(out.find("NOT_SERVING") != std::string::npos);
+  CHECK(rc == 20);
+  release.set_value();
+  REQUIRE(t.server->wait_until_serving(30).ok());
+  std::tie(rc, out) = run(cli + "health");
+  CHECK(rc == 0);
 }
 
 TEST_CASE("kvfuse-bench-serve: concurrent streams, progress, throughput and latency percentiles",
@@ -161,4 +209,47 @@ TEST_CASE("kvfuse-server: config key flags take dashes, and KVFUSE_<KEY> variabl
   std::tie(rc, out) = run("KVFUSE_KV_WRITE=unfused " + srv + "--kv_write sideways2");
   CHECK(rc != 0);
   CHECK(out.find("sideways2") != std::string::npos);
+}
+
+TEST_CASE("kvfuse-server: a KVFUSE_ variable that names no key or switch is a warning naming the closest",
+          "[server][tools][config]") {
+  // A bad value of a real key stops the server right after the environment is read.
+  const std::string srv = std::string(KVFUSE_SERVER_BIN) + " --listen 127.0.0.1:0 --metrics-port -1 --kv-write x";
+  auto [rc, out] = run("KVFUSE_KV_WRTE=unfused " + srv);
+  INFO(out);
+  CHECK(rc != 0);
+  CHECK(out.find("event=unknown_env name=KVFUSE_KV_WRTE closest=KVFUSE_KV_WRITE") != std::string::npos);
+  // Known names, a config key's and a switch's, are not warned about.
+  std::tie(rc, out) = run("KVFUSE_CPU_GEMM=generic KVFUSE_JOBS=2 " + srv);
+  CHECK(out.find("unknown_env") == std::string::npos);
+  // --help-env lists both kinds.
+  std::tie(rc, out) = run(std::string(KVFUSE_SERVER_BIN) + " --help-env");
+  CHECK(rc == 0);
+  for (const char* name : {"KVFUSE_KV_WRITE", "KVFUSE_NUM_PAGES", "KVFUSE_CPU_GEMM", "KVFUSE_GEMM_TUNE"}) {
+    CHECK(out.find(name) != std::string::npos);
+  }
+}
+
+TEST_CASE("kvfuse-server: an integer key beyond 64 bits is refused as typed, never wrapped",
+          "[server][tools][config]") {
+  // Bounded: a value that wraps to a valid one starts a server that would serve forever.
+  const std::string srv =
+      "timeout 60 " + std::string(KVFUSE_SERVER_BIN) + " --listen 127.0.0.1:0 --metrics-port -1 ";
+  for (const auto& [flag, want] :
+       {std::pair<std::string, std::string>{"--set sliding_window=18446744073709551615",
+                                            "18446744073709551615 is out of range [-1, 16777216]"},
+        {"--set tensor_parallel=18446744073709551615", "18446744073709551615 is out of range [1, 64]"},
+        {"--set num_pages=99999999999999999999999", "99999999999999999999999 is out of range [1, 2147483647]"},
+        {"--set page_size=-9223372036854775809", "-9223372036854775809 is out of range [1, 1024]"}}) {
+    auto [rc, out] = run(srv + flag);
+    INFO(flag << "\n" << out);
+    CHECK(rc != 0);
+    CHECK(out.find("event=bad_config") != std::string::npos);
+    CHECK(out.find(want) != std::string::npos);
+  }
+  // The environment likewise.
+  auto [rc, out] = run("KVFUSE_SLIDING_WINDOW=18446744073709551615 " + srv);
+  INFO(out);
+  CHECK(rc != 0);
+  CHECK(out.find("18446744073709551615 is out of range [-1, 16777216]") != std::string::npos);
 }
