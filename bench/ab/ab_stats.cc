@@ -8,40 +8,87 @@
 
 namespace kvfuse::ab {
 
+namespace {
+
+double mean(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m += x / double(v.size());
+  return m;
+}
+
+// The geometric mean of the values of `v` not dropped.
+double geomean(const std::vector<double>& v, const std::vector<bool>& drop) {
+  std::vector<double> logs;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!drop[i]) logs.push_back(std::log(v[i]));
+  }
+  return std::exp(mean(logs));
+}
+
+// The paired log ratios log(a tok/s / b tok/s) of a cell.
+std::vector<double> log_ratios(const Cell& c) {
+  std::vector<double> logs;
+  for (size_t i = 0; i < std::min(c.a.size(), c.b.size()); ++i)
+    logs.push_back(std::log(c.a[i].tokens_per_s / c.b[i].tokens_per_s));
+  return logs;
+}
+
+}  // namespace
+
+std::vector<bool> dropped_pairs(const std::vector<double>& log_ratios) {
+  const size_t n = log_ratios.size();
+  std::vector<bool> drop(n, false);
+  if (n < size_t(kMinPairsToDrop)) return drop;
+  const std::vector<bool> out = outliers(log_ratios);
+  // The farthest from the median first, as many as the cap allows.
+  const double med = median(log_ratios);
+  std::vector<size_t> order;
+  for (size_t i = 0; i < n; ++i) {
+    if (out[i]) order.push_back(i);
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return std::fabs(log_ratios[x] - med) > std::fabs(log_ratios[y] - med);
+  });
+  const size_t cap = size_t(std::floor(kMaxDropFraction * double(n) + 1e-9));
+  for (size_t k = 0; k < std::min(cap, order.size()); ++k) drop[order[k]] = true;
+  return drop;
+}
+
 Summary summarize(const Cell& c) {
   Summary s;
   const size_t n = std::min(c.a.size(), c.b.size());
   if (n == 0) return s;
-  // Step times by their median and tok/s from that same median: one repetition on a
-  // busy machine moves neither, and the two columns cannot disagree.
-  std::vector<double> a_ms, b_ms, ratios;
-  double tokens_per_step = 0;
+  const std::vector<double> logs = log_ratios(c);
+  std::vector<double> a_ms, b_ms, a_tps, b_tps;
   for (size_t i = 0; i < n; ++i) {
     a_ms.push_back(c.a[i].step_ms);
     b_ms.push_back(c.b[i].step_ms);
-    ratios.push_back(c.a[i].tokens_per_s / c.b[i].tokens_per_s);
-    tokens_per_step += c.a[i].tokens_per_s * c.a[i].step_ms / 1000.0 / double(n);
+    a_tps.push_back(c.a[i].tokens_per_s);
+    b_tps.push_back(c.b[i].tokens_per_s);
   }
-  s.a_step_ms = median(a_ms);
-  s.b_step_ms = median(b_ms);
-  s.a_tps = 1000.0 * tokens_per_step / s.a_step_ms;
-  s.b_tps = 1000.0 * tokens_per_step / s.b_step_ms;
-  // The ratio: mean of the paired ratios without the outliers, with its t interval.
-  const std::vector<bool> drop = outliers(ratios);
+  // A dropped pair leaves every column: the row stays one set of pairs.
+  const std::vector<bool> drop = dropped_pairs(logs);
   std::vector<double> kept;
   for (size_t i = 0; i < n; ++i) {
-    if (!drop[i]) kept.push_back(ratios[i]);
+    if (!drop[i]) kept.push_back(logs[i]);
   }
   s.n = int(kept.size());
   s.outliers = int(n - kept.size());
-  const bench::MeanCi m = bench::mean_ci(kept);
-  s.ratio = m.mean;
-  s.ci_low = m.mean - m.half;
-  s.ci_high = m.mean + m.half;
+  s.a_tps = geomean(a_tps, drop);
+  s.b_tps = geomean(b_tps, drop);
+  s.a_step_ms = geomean(a_ms, drop);
+  s.b_step_ms = geomean(b_ms, drop);
+  // geomean(a) / geomean(b) = exp(mean of the log ratios); the t interval of that mean,
+  // exponentiated, around it (ratio x exp(-+half) holds the ratio however it rounds).
+  s.ratio = s.a_tps / s.b_tps;
+  const double half = bench::mean_ci(kept).half;
+  s.ci_low = s.ratio * std::exp(-half);
+  s.ci_high = s.ratio * std::exp(half);
   return s;
 }
 
 bool too_wide(const Summary& s) { return s.n < 2 || (s.ci_high - s.ci_low) / 2 > kWideInterval * s.ratio; }
+bool too_few(const Summary& s) { return s.n < kMinPairs; }
 
 std::string render_table(const std::vector<Cell>& cells, const std::string& a_name,
                          const std::string& b_name) {
@@ -51,14 +98,19 @@ std::string render_table(const std::vector<Cell>& cells, const std::string& a_na
                 (a_name + " tok/s").c_str(), "step ms", (b_name + " tok/s").c_str(), "step ms", "A/B",
                 "95% CI", " note");
   out << line;
-  int wide = 0;
+  int wide = 0, few = 0;
   for (const Cell& c : cells) {
     const Summary s = summarize(c);
     std::string note;
+    char buf[64];
     if (s.outliers > 0) {
-      char buf[48];
-      std::snprintf(buf, sizeof buf, " %d outlier(s) dropped", s.outliers);
+      std::snprintf(buf, sizeof buf, " %d of %d pairs dropped (outliers)", s.outliers, s.n + s.outliers);
       note += buf;
+    }
+    if (too_few(s)) {
+      std::snprintf(buf, sizeof buf, " CI from %d pairs (< %d)", s.n, kMinPairs);
+      note += buf;
+      ++few;
     }
     if (too_wide(s)) {
       note += " CI wider than +-5%";
@@ -69,8 +121,13 @@ std::string render_table(const std::vector<Cell>& cells, const std::string& a_na
                   s.ci_high, note.c_str());
     out << line;
   }
-  out << "tok/s and step ms: median over the repetitions; A/B: mean of the paired tok/s ratios, "
-         "outliers (beyond 3.5 scaled MADs of the median) dropped\n";
+  out << "tok/s and step ms: geometric mean over the pairs kept; A/B: the ratio of the tok/s columns (exp "
+         "of the mean paired log ratio) with its 95% paired t interval; with >= 8 pairs, up to 20% beyond "
+         "3.5 scaled MADs of the median log ratio are dropped from every column\n";
+  if (few > 0) {
+    out << "warning: " << few << " of " << cells.size() << " cells have a 95% interval from fewer than "
+        << kMinPairs << " pairs: a rough spread and a large t quantile (more --reps)\n";
+  }
   if (wide > 0) {
     out << "warning: " << wide << " of " << cells.size()
         << " cells have a 95% interval wider than +-5%: the machine is noisy or the repetitions too few "
@@ -86,8 +143,11 @@ nlohmann::json to_json(const std::vector<Cell>& cells, const std::string& a_name
   j["a"] = a_name;
   j["b"] = b_name;
   j["estimates"] =
-      "tokens_per_s and step_ms: median over the repetitions; ratio: mean of the paired tokens/s ratios a/b, "
-      "outliers (beyond 3.5 scaled MADs of the median) dropped, with its 95% Student t interval";
+      "tokens_per_s and step_ms: geometric mean over the pairs kept; ratio: a_tokens_per_s / b_tokens_per_s, "
+      "the exp of the mean paired log ratio log(a/b), with ci95 its paired 95% Student t interval, "
+      "exponentiated; with at least 8 pairs, up to 20% of them beyond 3.5 scaled MADs of the median log "
+      "ratio are dropped from every figure (dropped_pairs: their indices); ci95_from_fewer_than_5_pairs and "
+      "ci95_wider_than_5pct flag intervals that say little";
   for (const Cell& c : cells) {
     const Summary s = summarize(c);
     nlohmann::json cell = {{"batch", c.batch},
@@ -98,8 +158,15 @@ nlohmann::json to_json(const std::vector<Cell>& cells, const std::string& a_name
                            {"b_step_ms", s.b_step_ms},
                            {"ratio", s.ratio},
                            {"ci95", {s.ci_low, s.ci_high}},
+                           {"pairs", s.n},
                            {"outliers_dropped", s.outliers},
+                           {"dropped_pairs", nlohmann::json::array()},
+                           {"ci95_from_fewer_than_5_pairs", too_few(s)},
                            {"ci95_wider_than_5pct", too_wide(s)}};
+    const std::vector<bool> drop = dropped_pairs(log_ratios(c));
+    for (size_t i = 0; i < drop.size(); ++i) {
+      if (drop[i]) cell["dropped_pairs"].push_back(i);
+    }
     for (const auto& [name, side] : {std::pair{"a_samples", &c.a}, std::pair{"b_samples", &c.b}}) {
       for (const Sample& x : *side)
         cell[name].push_back({{"step_ms", x.step_ms}, {"tokens_per_s", x.tokens_per_s}});
@@ -119,9 +186,9 @@ double text_width(const std::string& text, double size) { return 0.6 * size * do
 
 std::string render_svg(const std::vector<Cell>& cells, const std::string& a_name, const std::string& b_name,
                        const std::string& title) {
-  const std::string subtitle = "tokens/s ratio " + a_name + " / " + b_name +
-                               ": mean of paired repetitions, 95% confidence interval; above 1: " + a_name +
-                               " faster";
+  const std::string subtitle =
+      "tokens/s ratio " + a_name + " / " + b_name +
+      ": geometric mean of paired repetitions, 95% paired t interval; above 1: " + a_name + " faster";
   std::vector<Summary> sums;
   double lo = 1.0, hi = 1.0;
   for (const Cell& c : cells) {
@@ -129,7 +196,7 @@ std::string render_svg(const std::vector<Cell>& cells, const std::string& a_name
     lo = std::min({lo, sums.back().ci_low, sums.back().ratio});
     hi = std::max({hi, sums.back().ci_high, sums.back().ratio});
   }
-  // A ratio is positive: an interval reaching below 0 says only that it is wide.
+  // The interval is a ratio's (exponentiated): above 0, however wide.
   lo = std::max(0.0, lo);
   const double span = hi - lo;
   const Axis axis = nice_axis(std::max(0.0, lo - 0.08 * span), hi + 0.12 * span, 5);
@@ -180,7 +247,9 @@ std::string render_svg(const std::vector<Cell>& cells, const std::string& a_name
     char buf[64];
     std::snprintf(buf, sizeof buf, "%+.1f%%", (m.ratio - 1.0) * 100.0);
     s << "<text x='" << x << "' y='" << std::min(y(ci_hi), y1) - 6 << "' text-anchor='middle'>" << buf
-      << (too_wide(m) ? " (wide CI)" : "") << "</text>\n";
+      << (too_wide(m) ? " (wide CI)" : "");
+    if (too_few(m)) s << " (" << m.n << " pairs)";
+    s << "</text>\n";
     s << "<text x='" << x << "' y='" << bottom + 18 << "' text-anchor='middle'>b=" << cells[i].batch
       << "</text>\n";
     s << "<text x='" << x << "' y='" << bottom + 32 << "' text-anchor='middle' fill='#555'>ctx "

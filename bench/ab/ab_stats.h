@@ -1,5 +1,6 @@
-// Statistics and rendering for kvfuse-ab: paired A/B repetitions, a mean ratio with a
-// 95% confidence interval (from bench/common/stats.h), and the table, JSON and SVG outputs.
+// Statistics and rendering for kvfuse-ab: paired A/B repetitions summarized by geometric
+// means, their ratio with a paired 95% confidence interval (from bench/common/stats.h), and
+// the table, JSON and SVG outputs.
 #pragma once
 
 #include <string>
@@ -23,15 +24,27 @@ struct Cell {
   std::vector<Sample> a, b;  // paired: a[i] and b[i] ran back to back
 };
 
+// A cell's row. Every column comes from the same kept pairs: tok/s and step ms are the
+// geometric means over them, and the ratio is a_tps / b_tps, which is exp of the mean of
+// the paired log ratios log(a tok/s / b tok/s); its interval is the paired Student t
+// interval of those logs, exponentiated, so it always holds the ratio, and tok/s x step ms
+// is the batch in both columns.
 struct Summary {
-  double a_tps = 0, b_tps = 0;          // tokens/s at the median step time
-  double a_step_ms = 0, b_step_ms = 0;  // median step time
-  double ratio = 0;                     // mean of the paired ratios a_tps / b_tps, outliers dropped
-  double ci_low = 0, ci_high = 0;       // 95% confidence interval of that mean
-  int n = 0;                            // repetitions in the ratio
-  int outliers = 0;                     // repetitions dropped from it
+  double a_tps = 0, b_tps = 0;          // geometric mean tokens/s
+  double a_step_ms = 0, b_step_ms = 0;  // geometric mean step time
+  double ratio = 0;                     // a_tps / b_tps
+  double ci_low = 0, ci_high = 0;       // its 95% confidence interval
+  int n = 0;                            // pairs kept
+  int outliers = 0;                     // pairs dropped (from every column)
 };
 
+// Outliers (beyond 3.5 scaled MADs of the median log ratio) are dropped only from this
+// many pairs on, and never more than this fraction of them (the farthest first).
+inline constexpr int kMinPairsToDrop = 8;
+inline constexpr double kMaxDropFraction = 0.2;
+// An interval from fewer pairs than this is flagged: its t quantile is large and its
+// spread estimate rough.
+inline constexpr int kMinPairs = 5;
 // A cell whose interval is wider than +-5% of its ratio says little: flagged.
 inline constexpr double kWideInterval = 0.05;
 
@@ -44,8 +57,12 @@ using bench::outliers;
 using bench::t95;
 using bench::xml_escape;
 
+// Which of the paired log ratios `log_ratios` summarize() drops: the outliers, with at
+// least kMinPairsToDrop of them, at most kMaxDropFraction, the farthest from the median.
+std::vector<bool> dropped_pairs(const std::vector<double>& log_ratios);
 Summary summarize(const Cell& c);
 bool too_wide(const Summary& s);
+bool too_few(const Summary& s);  // an interval from fewer than kMinPairs pairs
 
 std::string render_table(const std::vector<Cell>& cells, const std::string& a_name,
                          const std::string& b_name);
