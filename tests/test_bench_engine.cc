@@ -120,18 +120,24 @@ TEST_CASE("kvfuse-bench-engine: CPU smoke run writes every cell and variant", "[
                        json_path.string() + " --svg " + svg_path.string());
   INFO(out);
   REQUIRE(rc == 0);
-  CHECK(out.find("x roofline") != std::string::npos);
-  CHECK(out.find("graphs speedup unified") != std::string::npos);
+  // Graphs do nothing on the CPU: only the eager variants run, and nothing compares them.
+  CHECK(out.find("graphs speedup") == std::string::npos);
+  CHECK(out.find("/graphs") == std::string::npos);
+  CHECK(out.find("no effect on the CPU") == std::string::npos);  // not asked for: nothing to say
+  // The CPU has no memory roofline of its own: no peak, no roofline columns or line.
+  CHECK(out.find("x roofline") == std::string::npos);
+  CHECK(out.find("roofline ms") == std::string::npos);
+  CHECK(out.find("%peak") == std::string::npos);
+  CHECK(out.find("roofline:") == std::string::npos);
+  CHECK(out.find("GB/s") != std::string::npos);  // the achieved bandwidth stays
+  CHECK(out.find("split/unified eager") != std::string::npos);
   // Not a terminal: the progress comes as lines, one per cell, with no carriage returns.
   CHECK(out.find('\r') == std::string::npos);
   CHECK(out.find("kvfuse-bench-engine: cell 4/4 (batch 2, context 64)") != std::string::npos);
   const nlohmann::json j = read_json(json_path);
   CHECK(j["meta"]["model"] == "tiny");
   CHECK(j["meta"]["device"].get<std::string>().find("cpu") != std::string::npos);
-  // The CPU backend has no HBM figure: the H200's table entry is the reference, said so.
-  CHECK(j["meta"]["peak_gbs"].get<double>() == 4800.0);
-  CHECK(j["meta"]["peak_source"].get<std::string>().find("reference: NVIDIA H200") != std::string::npos);
-  CHECK(out.find("at a peak of 4800 GB/s (reference: NVIDIA H200") != std::string::npos);
+  CHECK(j["meta"]["peak_gbs"].is_null());
   CHECK(j["meta"]["reps"] == 3);
   CHECK(j["meta"]["command_line"].get<std::string>().find("--context 32,64") != std::string::npos);
   CHECK(j["skipped"].empty());
@@ -139,20 +145,23 @@ TEST_CASE("kvfuse-bench-engine: CPU smoke run writes every cell and variant", "[
   std::set<std::pair<int, int>> seen;
   for (const auto& c : j["cells"]) {
     seen.insert({c["batch"].get<int>(), c["context"].get<int>()});
-    REQUIRE(c["variants"].size() == 4);
+    REQUIRE(c["variants"].size() == 2);
     std::set<std::string> names;
     for (const auto& v : c["variants"]) {
       names.insert(v["variant"].get<std::string>());
+      CHECK(v["graphs"] == false);
       CHECK(v["step_ms"].get<double>() > 0);
       CHECK(v["tokens_per_s"].get<double>() > 0);
       CHECK(v["achieved_gbs"].get<double>() > 0);
-      CHECK(v["ratio_to_roofline"].get<double>() > 0);
+      CHECK(v["ratio_to_roofline"].is_null());
+      CHECK(v["roofline_ms"].is_null());
+      CHECK(v["fraction_of_peak"].is_null());
       CHECK(v["samples"].size() == 3);
       // The context grows during the run: what a step attends is at least the nominal context.
       CHECK(v["mean_context_len"].get<double>() > c["context"].get<double>());
     }
-    CHECK(names == std::set<std::string>{"unified/eager", "unified/graphs", "split/eager", "split/graphs"});
-    CHECK(c["comparisons"].contains("graphs speedup unified"));
+    CHECK(names == std::set<std::string>{"unified/eager", "split/eager"});
+    CHECK_FALSE(c["comparisons"].contains("graphs speedup unified"));
     CHECK(c["comparisons"].contains("split/unified eager"));
   }
   CHECK(seen == std::set<std::pair<int, int>>{{1, 32}, {1, 64}, {2, 32}, {2, 64}});
@@ -160,6 +169,58 @@ TEST_CASE("kvfuse-bench-engine: CPU smoke run writes every cell and variant", "[
   const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
   CHECK(text.find("<svg") != std::string::npos);
   CHECK(text.find("context 64") != std::string::npos);
+  CHECK(text.find("roofline") == std::string::npos);
+}
+
+TEST_CASE("kvfuse-bench-engine: on the CPU --peak-gbs brings the roofline columns", "[bench][tools]") {
+  TempDir dir;
+  const std::filesystem::path json_path = dir / "out.json", svg_path = dir / "out.svg";
+  auto [rc, out] = run(std::string(KVFUSE_BENCH_ENGINE_BIN) +
+                       " --set device=cpu --set model=tiny --batch 1 --context 32 --attention unified "
+                       "--steps 1 --reps 3 --warmup 0 --peak-gbs 100 --json " +
+                       json_path.string() + " --svg " + svg_path.string());
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(out.find("x roofline") != std::string::npos);
+  CHECK(out.find("roofline ms") != std::string::npos);
+  CHECK(out.find("%peak") != std::string::npos);
+  CHECK(out.find("at a peak of 100 GB/s (--peak-gbs)") != std::string::npos);
+  const nlohmann::json j = read_json(json_path);
+  CHECK(j["meta"]["peak_gbs"].get<double>() == 100.0);
+  CHECK(j["meta"]["peak_source"] == "--peak-gbs");
+  REQUIRE(j["cells"].size() == 1);
+  const auto& v = j["cells"][0]["variants"][0];
+  // step time / (bytes at 100 GB/s), from the figures the JSON carries.
+  CHECK(v["roofline_ms"].get<double>() == Approx(v["bytes_per_step"].get<double>() / 1e11 * 1e3));
+  CHECK(v["ratio_to_roofline"].get<double>() > 0);
+  CHECK(v["fraction_of_peak"].get<double>() == Approx(v["achieved_gbs"].get<double>() / 100.0));
+  std::ifstream svg(svg_path);
+  const std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(text.find("step time / roofline") != std::string::npos);
+}
+
+TEST_CASE("kvfuse-bench-engine: --graphs on says once that the CPU ignores it, and runs eager",
+          "[bench][tools]") {
+  TempDir dir;
+  const std::filesystem::path json_path = dir / "out.json";
+  auto [rc, out] = run(std::string(KVFUSE_BENCH_ENGINE_BIN) +
+                       " --set device=cpu --set model=tiny --batch 1,2 --context 32 --attention unified "
+                       "--graphs on --steps 1 --reps 3 --warmup 1 --json " +
+                       json_path.string());
+  INFO(out);
+  REQUIRE(rc == 0);
+  const std::string note = "graphs have no effect on the CPU backend";
+  const size_t at = out.find(note);
+  REQUIRE(at != std::string::npos);
+  CHECK(out.find(note, at + 1) == std::string::npos);  // once, not per cell
+  CHECK(out.find("graphs speedup") == std::string::npos);
+  const nlohmann::json j = read_json(json_path);
+  REQUIRE(j["cells"].size() == 2);
+  for (const auto& c : j["cells"]) {
+    REQUIRE(c["variants"].size() == 1);
+    CHECK(c["variants"][0]["variant"] == "unified/eager");
+    CHECK(c["variants"][0]["graphs"] == false);
+  }
 }
 
 // Config keys from KVFUSE_<KEY> variables, as every kvfuse program takes them (README,

@@ -37,7 +37,8 @@ PeakBandwidth resolve_peak(std::string_view device_name, int bus_width_bits, int
 
 // For a program that knows only the device's name (the engine benchmark reads it from the
 // backend's description): --peak-gbs, else the table, else the table's reference row,
-// the H200, said so in the source (the CPU backend has no HBM figure of its own).
+// the H200, said so in the source. (The CPU backend has no HBM figure of its own:
+// kvfuse-bench-engine computes no roofline there unless --peak-gbs is given.)
 PeakBandwidth resolve_peak_by_name(std::string_view device_name, std::optional<double> override_gbs);
 
 // The --peak-gbs help text every benchmark shows.

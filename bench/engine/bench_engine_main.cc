@@ -4,6 +4,8 @@
 // each variant (attention unified | split x graphs off | on, and with --kv-write each KV
 // write path: the unfused / fused / fused_rope A/B in one engine) interleaved, in rotating
 // order, after a warm-up that covers graph capture; the output is a table, JSON and SVG.
+// On the CPU backend graphs do nothing (only graphs off runs) and there is no memory
+// roofline unless --peak-gbs names a bandwidth: without it, no roofline figures.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -105,7 +107,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batches, "batch sizes, comma-separated");
   app.add_option("--context", contexts, "context lengths, comma-separated");
   app.add_option("--attention", attn_list, "attention paths: unified,split");
-  app.add_option("--graphs", graphs_list, "graph modes: off,on (no effect on the CPU backend)");
+  app.add_option("--graphs", graphs_list,
+                 "graph modes: off,on (graphs have no effect on the CPU backend: there only off runs)");
   app.add_option(
       "--kv-write", write_list,
       "KV write paths: unfused,fused,fused_rope, each a variant (default: the config's kv_write alone)");
@@ -114,7 +117,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(3, 1000));
   app.add_option("--warmup", warmup, "unmeasured repetitions first (>= 1 with graphs on)")
       ->check(CLI::Range(0, 100));
-  app.add_option("--peak-gbs", peak_flag, kPeakGbsHelp)->check(CLI::PositiveNumber);
+  app.add_option("--peak-gbs", peak_flag,
+                 std::string(kPeakGbsHelp) +
+                     "; on the CPU backend none: no roofline figures unless this option is given")
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-kv-gib", max_kv_gib,
                  "KV budget in GiB; bigger cells are skipped (default 100 on a GPU, 2 on the CPU)")
       ->check(CLI::PositiveNumber);
@@ -142,28 +148,20 @@ int main(int argc, char** argv) {
     if (std::find(writes.begin(), writes.end(), c->kv_write) == writes.end()) writes.push_back(c->kv_write);
   }
   if (!write_list.empty() && writes.empty()) return fail("--kv-write needs at least one value");
-  std::vector<Variant> vars;
+  // The variants are made once the device is known (graphs off alone on the CPU).
+  std::vector<AttentionPath> attns;
+  std::vector<bool> graph_modes;
   for (const auto& a : split_list(attn_list)) {
     if (a != "unified" && a != "split")
       return fail("--attention takes unified and/or split, got '" + a + "'");
-    for (const auto& g : split_list(graphs_list)) {
-      if (g != "off" && g != "on") return fail("--graphs takes off and/or on, got '" + g + "'");
-      Variant v{a == "split" ? AttentionPath::split : AttentionPath::unified, g == "on"};
-      if (writes.empty()) {
-        vars.push_back(v);  // the config's write path, filled in below
-        continue;
-      }
-      for (KvWritePath w : writes) {
-        v.write = w;
-        v.name_write = writes.size() > 1;
-        vars.push_back(v);
-      }
-    }
+    attns.push_back(a == "split" ? AttentionPath::split : AttentionPath::unified);
   }
-  if (vars.empty()) return fail("--attention and --graphs need at least one value each");
-  const bool any_graphs = std::any_of(vars.begin(), vars.end(), [](const Variant& v) { return v.graphs; });
-  if (any_graphs && warmup < 1)
-    return fail("--warmup must be >= 1 with --graphs on: the first step captures a graph");
+  for (const auto& g : split_list(graphs_list)) {
+    if (g != "off" && g != "on") return fail("--graphs takes off and/or on, got '" + g + "'");
+    graph_modes.push_back(g == "on");
+  }
+  if (attns.empty() || graph_modes.empty())
+    return fail("--attention and --graphs need at least one value each");
 
   json j = json::object();
   if (!config_path.empty()) {
@@ -184,9 +182,6 @@ int main(int argc, char** argv) {
   }
   auto base = config_from_json(j);
   if (!base.ok()) return fail(std::string(base.status().message()));
-  if (writes.empty()) {
-    for (Variant& v : vars) v.write = base->kv_write;
-  }
   auto spec_or = resolve_model_spec(*base);
   if (!spec_or.ok()) return fail(std::string(spec_or.status().message()));
   const ModelSpec spec = *spec_or;
@@ -202,6 +197,18 @@ int main(int argc, char** argv) {
   auto backend = make_backend(base->device, base->tp_device(0));
   if (!backend.ok()) return fail(std::string(backend.status().message()));
   const bool gpu = (*backend)->device() != Device::cpu;
+  if (!gpu && std::find(graph_modes.begin(), graph_modes.end(), true) != graph_modes.end()) {
+    // Graphs do nothing on the CPU: "on" would time the same steps as "off" again.
+    if (app.count("--graphs"))
+      std::printf(
+          "kvfuse-bench-engine: --graphs on: graphs have no effect on the CPU backend; running graphs off "
+          "only\n");
+    graph_modes = {false};
+  }
+  const std::vector<Variant> vars = make_variants(attns, graph_modes, writes, base->kv_write);
+  const bool any_graphs = std::any_of(vars.begin(), vars.end(), [](const Variant& v) { return v.graphs; });
+  if (any_graphs && warmup < 1)
+    return fail("--warmup must be >= 1 with --graphs on: the first step captures a graph");
   if (max_kv_gib <= 0) max_kv_gib = gpu ? 100 : 2;
   double budget = max_kv_gib * double(int64_t(1) << 30);
 
@@ -304,17 +311,26 @@ int main(int argc, char** argv) {
     write_names += (write_names.empty() ? "" : ",") + std::string(to_string(v.write));
   }
   const int64_t weight_bytes = decode_weight_bytes(rank_spec);
-  // The backend's description names the device ("cuda NVIDIA H200 (sm_90, 140 GiB)").
-  const PeakBandwidth peak = resolve_peak_by_name(
-      e.backend().description(), app.count("--peak-gbs") ? std::optional<double>(peak_flag) : std::nullopt);
-  const double peak_gbs = peak.gbs;
+  // The backend's description names the device ("cuda NVIDIA H200 (sm_90, 140 GiB)"). The
+  // CPU has no peak of its own: a roofline there only against --peak-gbs.
+  const bool roofline = gpu || app.count("--peak-gbs") > 0;
+  const PeakBandwidth peak =
+      roofline
+          ? resolve_peak_by_name(e.backend().description(),
+                                 app.count("--peak-gbs") ? std::optional<double>(peak_flag) : std::nullopt)
+          : PeakBandwidth{0, "none: the CPU backend has no peak bandwidth of its own (--peak-gbs gives one)"};
+  const double peak_gbs = peak.gbs;  // 0 without a roofline: figures() leaves its figures NaN
   std::printf(
       "kvfuse-bench-engine: model %s on %s, kv %s, %s write; %d reps (+%d warm-up) of %d decode steps "
       "per variant and cell\n",
       spec.name.c_str(), e.backend().description().c_str(), kv_format_name(e.kv_format()),
       write_names.c_str(), reps, warmup, steps);
-  std::printf("roofline: (%.3f GB of bf16 weights + KV attended) per step at a peak of %.0f GB/s (%s)\n",
-              double(weight_bytes) / 1e9, peak_gbs, peak.source.c_str());
+  if (roofline) {
+    std::printf("roofline: (%.3f GB of bf16 weights + KV attended) per step at a peak of %.0f GB/s (%s)\n",
+                double(weight_bytes) / 1e9, peak_gbs, peak.source.c_str());
+  } else {
+    std::printf("no memory roofline on the CPU backend (--peak-gbs N computes one against N GB/s)\n");
+  }
   if (tp > 1 && e.rank_alone()) {
     std::printf(
         "tensor_parallel %d, rank 0 alone (--tp-rank-alone): its shard of the weights and its KV heads on "
@@ -435,15 +451,21 @@ int main(int argc, char** argv) {
   int name_w = 15, comp_w = 22;
   for (const Variant& v : vars) name_w = std::max(name_w, int(v.name().size()));
   for (const auto& k : comps) comp_w = std::max(comp_w, int(k.name.size()));
-  std::printf("\n%6s %8s  %-*s %10s %9s %11s %9s %7s %11s %10s\n", "batch", "context", name_w, "variant",
-              "step ms", "ci95 ms", "tok/s", "GB/s", "%peak", "roofline ms", "x roofline");
+  if (roofline) {
+    std::printf("\n%6s %8s  %-*s %10s %9s %11s %9s %7s %11s %10s\n", "batch", "context", name_w, "variant",
+                "step ms", "ci95 ms", "tok/s", "GB/s", "%peak", "roofline ms", "x roofline");
+  } else {
+    std::printf("\n%6s %8s  %-*s %10s %9s %11s %9s\n", "batch", "context", name_w, "variant", "step ms",
+                "ci95 ms", "tok/s", "GB/s");
+  }
   for (const Cell& cell : cells) {
     if (!cell.skip.empty()) continue;
     for (int v = 0; v < V; ++v) {
       const Figures f = figures(cell.s[size_t(v)], cell.batch, peak_gbs);
-      std::printf("%6d %8d  %-*s %10.3f %9.3f %11.1f %9.2f %7.3f %11.4f %10.2f\n", cell.batch, cell.context,
-                  name_w, vars[size_t(v)].name().c_str(), f.step_ms, f.ci_ms, f.tokens_per_s, f.gbs,
-                  100 * f.frac_peak, f.roofline_ms, f.ratio);
+      std::printf("%6d %8d  %-*s %10.3f %9.3f %11.1f %9.2f", cell.batch, cell.context, name_w,
+                  vars[size_t(v)].name().c_str(), f.step_ms, f.ci_ms, f.tokens_per_s, f.gbs);
+      if (roofline) std::printf(" %7.3f %11.4f %10.2f", 100 * f.frac_peak, f.roofline_ms, f.ratio);
+      std::printf("\n");
     }
   }
   if (!comps.empty()) {
@@ -459,10 +481,11 @@ int main(int argc, char** argv) {
       }
       std::printf("\n");
     }
+    // The CPU runs no graphs, so has no graphs speedup to explain.
     std::printf(
-        "(graphs speedup: eager / graphs step time, > 1: graphs faster; split/unified: step time "
-        "ratio, < 1: split faster; a/b of write paths: step time ratio, < 1: a faster; ± is the 95%% "
-        "interval over paired repetitions)\n");
+        "(%ssplit/unified: step time ratio, < 1: split faster; a/b of write paths: step time ratio, < 1: a "
+        "faster; ± is the 95%% interval over paired repetitions)\n",
+        gpu ? "graphs speedup: eager / graphs step time, > 1: graphs faster; " : "");
   }
 
   if (tp > 1 && !e.rank_alone()) {
@@ -491,7 +514,7 @@ int main(int argc, char** argv) {
                    {"steps", steps},
                    {"reps", reps},
                    {"warmup", warmup},
-                   {"peak_gbs", peak_gbs},
+                   {"peak_gbs", roofline ? json(peak_gbs) : json(nullptr)},
                    {"peak_source", peak.source},
                    {"max_kv_gib", max_kv_gib},
                    {"weight_bytes", weight_bytes},
@@ -518,13 +541,15 @@ int main(int argc, char** argv) {
       if (cell.collectives_ms >= 0) jc["collectives_ms"] = cell.collectives_ms;
       for (int v = 0; v < V; ++v) {
         const Figures f = figures(cell.s[size_t(v)], cell.batch, peak_gbs);
-        json jv = {{"variant", vars[size_t(v)].name()}, {"attention", to_string(vars[size_t(v)].attention)},
-                   {"graphs", vars[size_t(v)].graphs},  {"step_ms", f.step_ms},
-                   {"step_ms_ci95_half", f.ci_ms},      {"tokens_per_s", f.tokens_per_s},
-                   {"bytes_per_step", f.bytes},         {"kv_bytes_per_step", f.kv_bytes},
-                   {"mean_context_len", f.context},     {"achieved_gbs", f.gbs},
-                   {"fraction_of_peak", f.frac_peak},   {"roofline_ms", f.roofline_ms},
-                   {"ratio_to_roofline", f.ratio},      {"ratio_to_roofline_ci95_half", f.ratio_ci}};
+        // Without a roofline (the CPU, no --peak-gbs) its figures are null.
+        const auto rf = [&](double x) { return roofline ? json(x) : json(nullptr); };
+        json jv = {{"variant", vars[size_t(v)].name()},   {"attention", to_string(vars[size_t(v)].attention)},
+                   {"graphs", vars[size_t(v)].graphs},    {"step_ms", f.step_ms},
+                   {"step_ms_ci95_half", f.ci_ms},        {"tokens_per_s", f.tokens_per_s},
+                   {"bytes_per_step", f.bytes},           {"kv_bytes_per_step", f.kv_bytes},
+                   {"mean_context_len", f.context},       {"achieved_gbs", f.gbs},
+                   {"fraction_of_peak", rf(f.frac_peak)}, {"roofline_ms", rf(f.roofline_ms)},
+                   {"ratio_to_roofline", rf(f.ratio)},    {"ratio_to_roofline_ci95_half", rf(f.ratio_ci)}};
         jv["kv_write"] = to_string(vars[size_t(v)].write);
         for (const Sample& x : cell.s[size_t(v)])
           jv["samples"].push_back(
@@ -543,12 +568,16 @@ int main(int argc, char** argv) {
     std::printf("wrote %s\n", json_path.c_str());
   }
   if (!svg_path.empty()) {
-    if (title.empty()) title = "kvfuse decode step vs memory roofline: " + spec.name + " on " + device;
-    const std::string sub = absl::StrFormat(
-        "step time / ((bf16 weights + KV attended) at %.0f GB/s); KV %s, %s write; lower is better, 1 = at "
-        "the "
-        "roofline; bars: 95%% CI",
-        peak_gbs, kv_format_name(e.kv_format()), write_names);
+    if (title.empty())
+      title = (roofline ? "kvfuse decode step vs memory roofline: " : "kvfuse decode step time: ") +
+              spec.name + " on " + device;
+    const std::string sub =
+        roofline ? absl::StrFormat(
+                       "step time / ((bf16 weights + KV attended) at %.0f GB/s); KV %s, %s write; lower is "
+                       "better, 1 = at the roofline; bars: 95%% CI",
+                       peak_gbs, kv_format_name(e.kv_format()), write_names)
+                 : absl::StrFormat("mean decode step time; KV %s, %s write; lower is better; bars: 95%% CI",
+                                   kv_format_name(e.kv_format()), write_names);
     std::ofstream f(svg_path);
     f << render_svg(cells, vars, cs, peak_gbs, title, sub);
     if (!f) return fail("cannot write " + svg_path);

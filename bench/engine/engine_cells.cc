@@ -9,6 +9,27 @@
 
 namespace kvfuse::bench {
 
+std::vector<Variant> make_variants(const std::vector<AttentionPath>& attentions,
+                                   const std::vector<bool>& graph_modes,
+                                   const std::vector<KvWritePath>& writes, KvWritePath config_write) {
+  std::vector<Variant> vars;
+  for (AttentionPath a : attentions) {
+    for (bool g : graph_modes) {
+      Variant v{a, g, config_write};
+      if (writes.empty()) {
+        vars.push_back(v);
+        continue;
+      }
+      for (KvWritePath w : writes) {
+        v.write = w;
+        v.name_write = writes.size() > 1;
+        vars.push_back(v);
+      }
+    }
+  }
+  return vars;
+}
+
 Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs) {
   Figures f;
   std::vector<double> ms, ratios;
@@ -24,6 +45,10 @@ Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs) {
   f.ci_ms = m.half;
   f.tokens_per_s = 1000.0 * batch / m.mean;
   f.gbs = f.bytes / m.mean / 1e6;
+  if (!(peak_gbs > 0)) {
+    f.frac_peak = f.roofline_ms = f.ratio = f.ratio_ci = NAN;
+    return f;
+  }
   f.frac_peak = f.gbs / peak_gbs;
   f.roofline_ms = roofline_ms(f.bytes, peak_gbs);
   f.ratio = r.mean;
@@ -55,9 +80,14 @@ std::vector<double> y_ticks(double lo, double hi) {
 std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant>& vars,
                        const std::vector<int>& contexts, double peak_gbs, const std::string& title,
                        const std::string& subtitle) {
+  // What is plotted: step time / roofline, or without a roofline the step time (ms).
+  const bool roofline = peak_gbs > 0;
+  const auto value = [&](const Figures& f) { return roofline ? f.ratio : f.step_ms; };
+  const auto half = [&](const Figures& f) { return roofline ? f.ratio_ci : f.ci_ms; };
   std::vector<int> ctxs;
   int bmin = 1 << 30, bmax = 0;
-  double lo = 1.0, hi = 1.0;
+  // The roofline (1) is always in range; without one, the data alone.
+  double lo = roofline ? 1.0 : INFINITY, hi = roofline ? 1.0 : 0.0;
   for (int c : contexts) {
     bool any = false;
     for (const Cell& cell : cells) {
@@ -67,14 +97,15 @@ std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant
       bmax = std::max(bmax, cell.batch);
       for (size_t v = 0; v < vars.size(); ++v) {
         const Figures f = figures(cell.s[v], cell.batch, peak_gbs);
-        lo = std::min(lo, f.ratio);
-        hi = std::max(hi, f.ratio + std::min(f.ratio_ci, f.ratio));
+        lo = std::min(lo, value(f));
+        hi = std::max(hi, value(f) + std::min(half(f), value(f)));
       }
     }
     if (any) ctxs.push_back(c);
   }
   // The y range is the data's (and the roofline's, 1) with a margin of 4% of the span
   // on each side, so cells a few percent apart stay apart on the page.
+  if (!(lo > 0 && hi >= lo)) lo = hi = 1.0;  // no cell ran
   const double span = std::max(std::log10(hi / lo), 0.02);
   const double ylo = lo / std::pow(10.0, 0.04 * span), yhi = hi * std::pow(10.0, 0.04 * span);
   const std::vector<double> ticks = y_ticks(ylo, yhi);
@@ -136,11 +167,12 @@ std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant
     s << "<text x='" << x0 + pw / 2 << "' y='" << y0 - 6
       << "' text-anchor='middle' font-weight='bold'>context " << ctxs[p] << "</text>\n";
     for (double v : ticks) {
+      const bool at_roofline = roofline && v == 1.0;
       s << "<line x1='" << x0 << "' x2='" << x0 + pw << "' y1='" << Y(v) << "' y2='" << Y(v) << "' stroke='"
-        << (v == 1.0 ? "#333" : "#eee") << "'" << (v == 1.0 ? " stroke-dasharray='3 3'" : "")
+        << (at_roofline ? "#333" : "#eee") << "'" << (at_roofline ? " stroke-dasharray='3 3'" : "")
         << "/><text x='" << x0 - 5 << "' y='" << Y(v) + 4 << "' text-anchor='end'>" << fmt(v) << "</text>\n";
     }
-    if (ylo <= 1.0 && 1.0 <= yhi)
+    if (roofline && ylo <= 1.0 && 1.0 <= yhi)
       s << "<text x='" << x0 + pw - 4 << "' y='" << Y(1.0) - 4
         << "' text-anchor='end' fill='#333'>roofline</text>\n";
     for (int b = 1; b <= bmax; b *= 2) {
@@ -152,7 +184,8 @@ std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant
     s << "<text x='" << x0 + pw / 2 << "' y='" << y0 + ph + 32
       << "' text-anchor='middle'>batch size (log2)</text>\n";
     s << "<text transform='translate(" << x0 - 44 << "," << y0 + ph / 2
-      << ") rotate(-90)' text-anchor='middle'>step time / roofline (log)</text>\n";
+      << ") rotate(-90)' text-anchor='middle'>" << (roofline ? "step time / roofline (log)" : "step ms (log)")
+      << "</text>\n";
     for (size_t v = 0; v < vars.size(); ++v) {
       const char* color = color_of(vars[v]);
       std::ostringstream path;
@@ -160,11 +193,12 @@ std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant
         if (cell.context != ctxs[p] || !cell.skip.empty()) continue;
         const Figures f = figures(cell.s[v], cell.batch, peak_gbs);
         const double x = X(cell.batch) + dodge(v);
-        path << (path.tellp() == 0 ? "M" : " L") << x << "," << Y(f.ratio);
-        s << "<line x1='" << x << "' x2='" << x << "' y1='" << Y(std::max(ylo, f.ratio - f.ratio_ci))
-          << "' y2='" << Y(std::min(yhi, f.ratio + f.ratio_ci)) << "' stroke='" << color << "'/>"
-          << marker(vars[v], x, Y(f.ratio)) << "><title>" << vars[v].name() << " batch " << cell.batch << ": "
-          << fmt(f.ratio) << "x roofline, " << fmt(f.step_ms) << " ms</title></"
+        const double y = value(f), h = half(f);
+        path << (path.tellp() == 0 ? "M" : " L") << x << "," << Y(y);
+        s << "<line x1='" << x << "' x2='" << x << "' y1='" << Y(std::max(ylo, y - h)) << "' y2='"
+          << Y(std::min(yhi, y + h)) << "' stroke='" << color << "'/>" << marker(vars[v], x, Y(y))
+          << "><title>" << vars[v].name() << " batch " << cell.batch << ": "
+          << (roofline ? fmt(f.ratio) + "x roofline, " : std::string()) << fmt(f.step_ms) << " ms</title></"
           << (vars[v].attention == AttentionPath::split ? "rect" : "circle") << ">\n";
       }
       s << "<path d='" << path.str() << "' fill='none' stroke='" << color << "' stroke-width='1.8'"

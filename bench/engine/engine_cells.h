@@ -22,6 +22,12 @@ struct Variant {
   }
 };
 
+// A run's variants: every attention path x graph mode, each with every write path of
+// `writes` (named by it when there are several), or with `config_write` when it is empty.
+std::vector<Variant> make_variants(const std::vector<AttentionPath>& attentions,
+                                   const std::vector<bool>& graph_modes,
+                                   const std::vector<KvWritePath>& writes, KvWritePath config_write);
+
 // One repetition of one variant: mean step time and the bytes a step had to read.
 struct Sample {
   double step_ms = 0;
@@ -43,7 +49,8 @@ struct Figures {
   double gbs = 0, frac_peak = 0, roofline_ms = 0, ratio = 0, ratio_ci = 0;
 };
 
-// A cell's figures for one variant's repetitions.
+// A cell's figures for one variant's repetitions; with peak_gbs <= 0 (no roofline: the CPU
+// without --peak-gbs) frac_peak, roofline_ms, ratio and ratio_ci are NaN.
 Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs);
 
 // Tick values for a log axis over [lo, hi]: round values of each decade, as many as fit
@@ -51,7 +58,8 @@ Figures figures(const std::vector<Sample>& s, int batch, double peak_gbs);
 std::vector<double> y_ticks(double lo, double hi);
 
 // Small multiples, one panel per context: step time / roofline (log y) against batch size
-// (log2 x), a line per variant with 95% intervals, and the roofline at 1.
+// (log2 x), a line per variant with 95% intervals, and the roofline at 1. With peak_gbs <= 0
+// (no roofline) the step time in ms instead, and no roofline.
 std::string render_svg(const std::vector<Cell>& cells, const std::vector<Variant>& vars,
                        const std::vector<int>& contexts, double peak_gbs, const std::string& title,
                        const std::string& subtitle);
