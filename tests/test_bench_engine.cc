@@ -223,6 +223,28 @@ TEST_CASE("kvfuse-bench-engine: --graphs on says once that the CPU ignores it, a
   }
 }
 
+TEST_CASE("kvfuse-bench-engine: --help shows the defaults", "[bench][tools]") {
+  auto [rc, out] = run(std::string(KVFUSE_BENCH_ENGINE_BIN) + " --help");
+  INFO(out);
+  REQUIRE(rc == 0);
+  // The line of each option names its default: "--reps INT=5" (CLI11 2.1) or
+  // "--reps INT [5]" (later CLI11).
+  const auto shows = [&](const std::string& opt, const std::string& value) {
+    const size_t at = out.find(opt + " ");
+    REQUIRE(at != std::string::npos);
+    const std::string line = out.substr(at, out.find('\n', at) - at);
+    INFO(line);
+    return line.find("=" + value) != std::string::npos || line.find("[" + value + "]") != std::string::npos;
+  };
+  CHECK(shows("--batch", "1,8,32,64,128,256"));
+  CHECK(shows("--context", "512,2048,8192,32768"));
+  CHECK(shows("--reps", "5"));
+  CHECK(shows("--steps", "8"));
+  CHECK(shows("--warmup", "2"));
+  CHECK(shows("--attention", "unified,split"));
+  CHECK(shows("--graphs", "off,on"));
+}
+
 // Config keys from KVFUSE_<KEY> variables, as every kvfuse program takes them (README,
 // "Configuration"): under --set and --kv-write, over the --config file.
 TEST_CASE("kvfuse-bench-engine: config keys from the environment, under the command line", "[bench][tools]") {

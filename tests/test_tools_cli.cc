@@ -12,6 +12,16 @@ using kvfuse::testing::TempDir;
 namespace {
 const std::string kRun = std::string(KVFUSE_RUN_BIN) + " --set device=cpu --set model=tiny -q ";
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Whether `help` (a program's --help) shows `value` as option `opt`'s default, on the
+// option's line: "--reps INT=5" (CLI11 2.1) or "--reps INT [5]" (later CLI11).
+bool shows_default(const std::string& help, const std::string& opt, const std::string& value) {
+  const size_t at = help.find(opt + " ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = help.substr(at, help.find('\n', at) - at);
+  INFO(line);
+  return has(line, "=" + value) || has(line, "[" + value + "]");
+}
 }  // namespace
 
 TEST_CASE("kvfuse-run: prompt ids and max tokens are checked as the server checks them", "[tools][cli]") {
@@ -60,4 +70,23 @@ TEST_CASE("kvfuse-eval: takes a bare list of prompts, as kvfuse-calibrate does",
   const auto object = nlohmann::json::parse(std::ifstream(dir / "object.out.json"));
   REQUIRE(bare["results"].size() == 2);
   CHECK(bare["results"][1]["greedy"][0] == object["results"][1]["greedy"][0]);
+}
+
+TEST_CASE("kvfuse-run and kvfuse-ab: --help shows the defaults", "[tools][cli]") {
+  auto [rc, out] = run_command(std::string(KVFUSE_RUN_BIN) + " --help");
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(shows_default(out, "--num-prompts", "4"));
+  CHECK(shows_default(out, "--max-tokens", "32"));
+  CHECK(shows_default(out, "--prompt-ids", "1,2,3,4,5,6,7,8"));
+  CHECK(shows_default(out, "--temperature", "0"));
+
+  std::tie(rc, out) = run_command(std::string(KVFUSE_AB_BIN) + " --help");
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(shows_default(out, "--batch", "1,8,32"));
+  CHECK(shows_default(out, "--context", "512,2048"));
+  CHECK(shows_default(out, "--reps", "5"));
+  CHECK(shows_default(out, "--warmup", "1"));
+  CHECK(shows_default(out, "--steps", "16"));
 }

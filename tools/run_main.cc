@@ -39,16 +39,18 @@ int main(int argc, char** argv) {
   app.add_option("-s,--set", overrides,
                  "override a config key: key=value (repeatable; over KVFUSE_<KEY> environment variables, "
                  "over the --config file)");
-  app.add_option("--prompt-ids", prompt_ids, "comma-separated prompt token ids");
+  app.add_option("--prompt-ids", prompt_ids, "comma-separated prompt token ids")->capture_default_str();
   app.add_option(
          "-n,--num-prompts", num_prompts,
          "number of sequences (prompt i is the prompt with i added to every id; each must stay inside "
          "the vocabulary)")
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   app.add_option("-m,--max-tokens", max_tokens,
                  "tokens to generate per sequence (at most max_seq_len; generation also stops there)")
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_option("-t,--temperature", temperature, "sampling temperature (0 = greedy)");
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-t,--temperature", temperature, "sampling temperature (0 = greedy)")->capture_default_str();
   app.add_flag("-q,--quiet-steps", quiet_steps, "print only the summary, not each step");
   app.add_flag("--config-keys", print_keys, "print every config key and exit");
   CLI11_PARSE(app, argc, argv);

@@ -91,14 +91,20 @@ int main(int argc, char** argv) {
   app.add_option("--server", servers,
                  "measure a running kvfuse-server over gRPC instead of an in-process engine: give it twice, "
                  "side A then side B (host:port)");
-  app.add_option("--batch", batches, "batch sizes, comma-separated");
-  app.add_option("--context", contexts, "context lengths, comma-separated");
-  app.add_option("--reps", reps, "measured repetitions per side and cell (>= 5)")->check(CLI::Range(5, 1000));
-  app.add_option("--warmup", warmup, "unmeasured repetitions first")->check(CLI::Range(0, 100));
-  app.add_option("--steps", steps, "decode steps per repetition")->check(CLI::Range(1, 100000));
+  app.add_option("--batch", batches, "batch sizes, comma-separated")->capture_default_str();
+  app.add_option("--context", contexts, "context lengths, comma-separated")->capture_default_str();
+  app.add_option("--reps", reps, "measured repetitions per side and cell (>= 5)")
+      ->check(CLI::Range(5, 1000))
+      ->capture_default_str();
+  app.add_option("--warmup", warmup, "unmeasured repetitions first")
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
+  app.add_option("--steps", steps, "decode steps per repetition")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   app.add_option("--json", json_path, "write the results as JSON");
   app.add_option("--svg", svg_path, "write the plot as SVG");
-  app.add_option("--title", title, "plot title");
+  app.add_option("--title", title, "plot title (default: the two sides, the model and the device)");
   CLI11_PARSE(app, argc, argv);
 
   auto bl = parse_int_list(batches), cl = parse_int_list(contexts);

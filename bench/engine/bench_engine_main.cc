@@ -104,19 +104,24 @@ int main(int argc, char** argv) {
   bool rank_alone = false;
   app.add_option("--config", config_path, "engine config JSON (default: the built-in defaults)");
   app.add_option("-s,--set", overrides, "override a config key: key=value (repeatable)");
-  app.add_option("--batch", batches, "batch sizes, comma-separated");
-  app.add_option("--context", contexts, "context lengths, comma-separated");
-  app.add_option("--attention", attn_list, "attention paths: unified,split");
+  app.add_option("--batch", batches, "batch sizes, comma-separated")->capture_default_str();
+  app.add_option("--context", contexts, "context lengths, comma-separated")->capture_default_str();
+  app.add_option("--attention", attn_list, "attention paths: unified,split")->capture_default_str();
   app.add_option("--graphs", graphs_list,
-                 "graph modes: off,on (graphs have no effect on the CPU backend: there only off runs)");
+                 "graph modes: off,on (graphs have no effect on the CPU backend: there only off runs)")
+      ->capture_default_str();
   app.add_option(
       "--kv-write", write_list,
       "KV write paths: unfused,fused,fused_rope, each a variant (default: the config's kv_write alone)");
-  app.add_option("--steps", steps, "decode steps per repetition")->check(CLI::Range(1, 100000));
+  app.add_option("--steps", steps, "decode steps per repetition")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   app.add_option("--reps", reps, "measured repetitions per variant and cell (>= 3)")
-      ->check(CLI::Range(3, 1000));
+      ->check(CLI::Range(3, 1000))
+      ->capture_default_str();
   app.add_option("--warmup", warmup, "unmeasured repetitions first (>= 1 with graphs on)")
-      ->check(CLI::Range(0, 100));
+      ->check(CLI::Range(0, 100))
+      ->capture_default_str();
   app.add_option("--peak-gbs", peak_flag,
                  std::string(kPeakGbsHelp) +
                      "; on the CPU backend none: no roofline figures unless this option is given")
@@ -129,7 +134,7 @@ int main(int argc, char** argv) {
                "collective left out (what a rank computes, on a machine of one GPU; logits meaningless)");
   app.add_option("--json", json_path, "write every figure as JSON");
   app.add_option("--svg", svg_path, "write the plot as SVG");
-  app.add_option("--title", title, "plot title");
+  app.add_option("--title", title, "plot title (default: the model and the device)");
   CLI11_PARSE(app, argc, argv);
   std::string cmdline;
   for (int i = 0; i < argc; ++i) cmdline += (i ? " " : "") + std::string(argv[i]);
