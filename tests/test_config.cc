@@ -147,6 +147,20 @@ TEST_CASE("config: every shipped config/*.json loads", "[config]") {
   CHECK(missing.status().code() == absl::StatusCode::kNotFound);
 }
 
+// config/cpu-default.json is the server's default config (scripts/serve.sh, the CPU
+// image): it names the CPU and otherwise restates no default differently, so that the
+// built-in defaults (what kvfuse-run and kvfuse-server take without --config) are the one
+// source of every value, the KV pool's included.
+TEST_CASE("config: the CPU default config differs from the built-in defaults only in the device",
+          "[config]") {
+  auto file = load_config_file(KVFUSE_SOURCE_DIR "/config/cpu-default.json");
+  REQUIRE(file.ok());
+  auto built_in = config_from_json(json{{"device", "cpu"}});
+  REQUIRE(built_in.ok());
+  CHECK(file->num_pages == built_in->num_pages);
+  CHECK(config_to_json(*file) == config_to_json(*built_in));
+}
+
 TEST_CASE("config: the README documents every key", "[config][docs]") {
   std::ifstream in(KVFUSE_SOURCE_DIR "/README.md");
   REQUIRE(in);

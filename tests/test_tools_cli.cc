@@ -6,6 +6,8 @@
 #include "tests/checkpoint_test_util.h"
 #include "tests/run_command.h"
 
+#include "src/loading/config.h"
+
 using kvfuse::testing::run_command;
 using kvfuse::testing::TempDir;
 
@@ -21,6 +23,14 @@ bool shows_default(const std::string& help, const std::string& opt, const std::s
   const std::string line = help.substr(at, help.find('\n', at) - at);
   INFO(line);
   return has(line, "=" + value) || has(line, "[" + value + "]");
+}
+
+// The page count kvfuse-run's banner names ("..., 4096 pages x 16 tokens, ...").
+long long pages_in_banner(const std::string& out) {
+  const size_t at = out.find(" pages x ");
+  REQUIRE(at != std::string::npos);
+  const size_t from = out.rfind(' ', at - 1);
+  return std::stoll(out.substr(from + 1, at - from - 1));
 }
 }  // namespace
 
@@ -89,4 +99,21 @@ TEST_CASE("kvfuse-run and kvfuse-ab: --help shows the defaults", "[tools][cli]")
   CHECK(shows_default(out, "--reps", "5"));
   CHECK(shows_default(out, "--warmup", "1"));
   CHECK(shows_default(out, "--steps", "16"));
+}
+
+// One default: kvfuse-run without --config, kvfuse-server without --config and the
+// default config file the server ships with (config/cpu-default.json: scripts/serve.sh,
+// the CPU image) give the same KV pool, the built-in default's.
+TEST_CASE("kvfuse-run: the default KV pool is the default config's", "[tools][cli][config]") {
+  auto [rc, out] = run_command(std::string(KVFUSE_RUN_BIN) + " --set device=cpu -q -n 1 -m 1");
+  INFO(out);
+  REQUIRE(rc == 0);
+  const long long built_in = pages_in_banner(out);
+  CHECK(built_in == kvfuse::Config{}.num_pages);
+  const std::string default_config = KVFUSE_SOURCE_DIR "/config/cpu-default.json";
+  std::tie(rc, out) =
+      run_command(std::string(KVFUSE_RUN_BIN) + " --config " + default_config + " -q -n 1 -m 1");
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(pages_in_banner(out) == built_in);
 }

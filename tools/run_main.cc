@@ -35,7 +35,9 @@ int main(int argc, char** argv) {
   float temperature = 0.0f;
   bool quiet_steps = false;
   bool print_keys = false;
-  app.add_option("-c,--config", config_path, "JSON config file (default: the built-in CPU default)");
+  app.add_option("-c,--config", config_path,
+                 "JSON config file (default: the built-in defaults, as kvfuse-server's without --config; "
+                 "see --config-keys)");
   app.add_option("-s,--set", overrides,
                  "override a config key: key=value (repeatable; over KVFUSE_<KEY> environment variables, "
                  "over the --config file)");
