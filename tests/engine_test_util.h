@@ -6,6 +6,8 @@
 #include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
 #include <vector>
 #include "tests/catch.h"
 
@@ -28,6 +30,44 @@ inline std::unique_ptr<Engine> make_engine(const nlohmann::json& overrides = nlo
   INFO(e.status().ToString());
   REQUIRE(e.ok());
   return std::move(*e);
+}
+
+// "" when a == b, else what differs: the sizes, or how many elements differ and the
+// first of them (index and both values). Compare large vectors with
+// CHECK(mismatch(a, b) == ""), never CHECK(a == b): on a failure Catch2 prints every
+// element of both, and its console reporter wraps that text at 80 columns in time that
+// grows faster than the text. For the megabytes of cache_bytes a failed comparison took
+// minutes, and a wrong KV write ran into ctest's timeout instead of failing.
+template <class T>
+std::string mismatch(const std::vector<T>& a, const std::vector<T>& b) {
+  if (a.size() != b.size()) {
+    return "sizes differ: " + std::to_string(a.size()) + " and " + std::to_string(b.size());
+  }
+  size_t count = 0, first = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!(a[i] == b[i]) && count++ == 0) first = i;
+  }
+  if (count == 0) return "";
+  std::ostringstream out;
+  out << count << " of " << a.size() << " elements differ, the first at " << first << ": " << +a[first]
+      << " vs " << +b[first];
+  return out.str();
+}
+
+// The same for rows (logits rows, tokens per sequence): how many rows differ, and the first one's mismatch.
+template <class T>
+std::string mismatch(const std::vector<std::vector<T>>& a, const std::vector<std::vector<T>>& b) {
+  if (a.size() != b.size()) {
+    return "row counts differ: " + std::to_string(a.size()) + " and " + std::to_string(b.size());
+  }
+  size_t count = 0;
+  std::string first;
+  for (size_t r = 0; r < a.size(); ++r) {
+    std::string m = mismatch(a[r], b[r]);
+    if (!m.empty() && count++ == 0) first = "row " + std::to_string(r) + ": " + m;
+  }
+  if (count == 0) return "";
+  return std::to_string(count) + " of " + std::to_string(a.size()) + " rows differ, the first " + first;
 }
 
 // Every byte of every layer's K and V buffers.

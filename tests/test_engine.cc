@@ -54,13 +54,13 @@ TEST_CASE("engine fused/unfused writes: byte-identical KV caches after 24 decode
       auto eb = make_engine(b);
       const auto ta = run_batch(*ea, 24);
       const auto tb = run_batch(*eb, 24);
-      CHECK(ta == tb);
+      CHECK(mismatch(ta, tb) == "");
       const auto ca = cache_bytes(*ea);
       const auto cb = cache_bytes(*eb);
       REQUIRE(ca.size() == cb.size());
       CHECK(std::count_if(ca.begin(), ca.end(), [](uint8_t x) { return x != 0; }) >
             1000);  // something was written
-      CHECK(ca == cb);
+      CHECK(mismatch(ca, cb) == "");
     }
   }
 }
@@ -85,16 +85,18 @@ TEST_CASE("engine fused_rope write: the fused write's tokens and KV bytes, RoPE 
       CHECK(eb->config().kv_write == KvWritePath::fused_rope);
       const auto ta = run_batch(*ea, 24);
       const auto tb = run_batch(*eb, 24);
-      CHECK(ta == tb);
+      CHECK(mismatch(ta, tb) == "");
       const auto ca = cache_bytes(*ea);
       const auto cb = cache_bytes(*eb);
       REQUIRE(ca.size() == cb.size());
       CHECK(std::count_if(ca.begin(), ca.end(), [](uint8_t x) { return x != 0; }) > 1000);
-      CHECK(ca == cb);
+      CHECK(mismatch(ca, cb) == "");
       // Logits too, teacher-forced over the same continuation (prefill and decode rows).
       const auto prompt = prompt_of(70, 9, ea->spec().vocab);
       const auto tokens = greedy(*ea, 7, prompt, 12);
-      CHECK(teacher_forced_logits(*ea, 8, prompt, tokens) == teacher_forced_logits(*eb, 8, prompt, tokens));
+      const auto la = teacher_forced_logits(*ea, 8, prompt, tokens);
+      const auto lb = teacher_forced_logits(*eb, 8, prompt, tokens);
+      CHECK(mismatch(la, lb) == "");
     }
   }
 }
@@ -150,7 +152,7 @@ TEST_CASE("engine swa: a window longer than the sequence equals full attention b
   CHECK(greedy(*swa, 1, prompt, 20) == tokens);
   const auto la = teacher_forced_logits(*full, 2, prompt, tokens);
   const auto lb = teacher_forced_logits(*swa, 2, prompt, tokens);
-  CHECK(la == lb);
+  CHECK(mismatch(la, lb) == "");
 }
 
 TEST_CASE("engine swa: hybrid model frees out-of-window pages while decoding 300 tokens", "[engine][swa]") {
