@@ -13,19 +13,12 @@
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
 #include "src/loading/rope.h"
+#include "tests/gpu_backend_test_util.h"
 
 using namespace kvfuse;
+using namespace kvfuse::testing;
 
 namespace {
-
-std::unique_ptr<Backend> gpu_or_skip() {
-  for (Device d : {Device::cuda, Device::hip}) {
-    auto b = make_backend(d);
-    if (b.ok()) return std::move(*b);
-  }
-  WARN("GPU backend tests skipped: this build has no GPU backend or no GPU is visible");
-  return nullptr;
-}
 
 std::vector<bf16_t> random_bf16(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
@@ -34,31 +27,6 @@ std::vector<bf16_t> random_bf16(size_t n, uint32_t seed, float scale = 1.0f) {
   for (auto& x : v) x = f32_to_bf16(dist(rng));
   return v;
 }
-
-// A host array mirrored in a backend's memory.
-template <class T>
-struct Mirror {
-  DeviceBuffer buf;
-  size_t n = 0;
-  Mirror(Backend& b, const std::vector<T>& host) : n(host.size()) {
-    auto a = b.alloc(n * sizeof(T));
-    REQUIRE(a.ok());
-    buf = std::move(*a);
-    REQUIRE(b.copy_to_device(buf.get(), host.data(), n * sizeof(T)).ok());
-  }
-  Mirror(Backend& b, size_t count) : n(count) {
-    auto a = b.alloc(n * sizeof(T));
-    REQUIRE(a.ok());
-    buf = std::move(*a);
-    REQUIRE(b.memset(buf.get(), 0, n * sizeof(T)).ok());
-  }
-  T* ptr() const { return buf.as<T>(); }
-  std::vector<T> read(Backend& b) const {
-    std::vector<T> host(n);
-    REQUIRE(b.copy_to_host(host.data(), buf.get(), n * sizeof(T)).ok());
-    return host;
-  }
-};
 
 // |a - b| <= ulps bf16 ulps of the larger magnitude, plus `abs` for values near zero.
 void check_close(const std::vector<bf16_t>& a, const std::vector<bf16_t>& b, float ulps, float abs_tol,

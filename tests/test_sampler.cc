@@ -201,3 +201,61 @@ TEST_CASE("sampler: logprobs are the log-softmax of the raw logits - top-n is th
   }
   CHECK(std::abs(total - 1.0) < 1e-6);
 }
+
+TEST_CASE("sampler: logprobs of logits near +-1000 are finite and exact - the maximum is taken out first",
+          "[sampler][logprobs]") {
+  // exp(1000) overflows even a double (and exp(-1000) underflows to 0), so a log-softmax
+  // that sums the exponentials of the raw logits gives -inf (or +inf) here; the logits
+  // drawn from N(0, 4) of the test above never get near. Shifting a row leaves its
+  // log-softmax unchanged: 1000 - logsumexp(1000, 999, 998) = -log(1 + e^-1 + e^-2).
+  constexpr double kTop = -0.407606;
+  for (float shift : {1000.0f, -998.0f}) {
+    CAPTURE(shift);
+    const std::vector<float> lg = {shift, shift - 1, shift - 2};
+    LogprobOut out;
+    cpu::logprobs_row(lg.data(), 3, 0, 2, out);
+    CHECK(out.token == 0);
+    CHECK(std::isfinite(out.logprob));
+    CHECK(double(out.logprob) == Approx(kTop).margin(1e-5));
+    REQUIRE(out.top_n == 2);
+    CHECK(out.top_ids[0] == 0);
+    CHECK(out.top_ids[1] == 1);
+    CHECK(double(out.top_logprobs[0]) == Approx(kTop).margin(1e-5));
+    CHECK(double(out.top_logprobs[1]) == Approx(kTop - 1).margin(1e-5));
+    cpu::logprobs_row(lg.data(), 3, 2, 0, out);
+    CHECK(double(out.logprob) == Approx(kTop - 2).margin(1e-5));
+  }
+  // Whole rows around +1000, around -1000, and half of each, against a long double
+  // reference on the same float logits (within 1e-5 relative: a logprob near -2000 is
+  // a float of ulp 1.2e-4).
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist(0.0f, 4.0f);
+  const int64_t vocab = 4099;
+  const auto close = [](float got, long double want) {
+    return std::abs(double(got) - double(want)) <= 1e-5 * std::max(1.0, std::abs(double(want)));
+  };
+  for (int kind = 0; kind < 3; ++kind) {
+    CAPTURE(kind);
+    std::vector<float> lg(static_cast<size_t>(vocab));
+    for (size_t i = 0; i < lg.size(); ++i) {
+      const float centre = kind == 0 ? 1000.0f : kind == 1 ? -1000.0f : i % 2 ? 1000.0f : -1000.0f;
+      lg[i] = centre + dist(gen);
+    }
+    long double mx = -INFINITY, z = 0;
+    for (float x : lg) mx = std::max<long double>(mx, x);
+    for (float x : lg) z += std::exp((long double)x - mx);
+    const long double lse = mx + std::log(z);
+    for (int32_t target : {0, 1, 17, int32_t(vocab) - 1}) {
+      CAPTURE(target);
+      LogprobOut out;
+      cpu::logprobs_row(lg.data(), vocab, target, kMaxTopLogprobs, out);
+      REQUIRE(std::isfinite(out.logprob));
+      CHECK(close(out.logprob, (long double)lg[size_t(target)] - lse));
+      REQUIRE(out.top_n == kMaxTopLogprobs);
+      for (int32_t j = 0; j < out.top_n; ++j) {
+        CAPTURE(j, out.top_ids[j], out.top_logprobs[j]);
+        CHECK(close(out.top_logprobs[j], (long double)lg[size_t(out.top_ids[j])] - lse));
+      }
+    }
+  }
+}
