@@ -271,3 +271,45 @@ TEST_CASE("scheduler: logprobs survive chunked prefill and preemption: each prom
   }
   CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
 }
+
+TEST_CASE("scheduler: a prompt filling the pool is refused at submit - its first sampled token needs a slot",
+          "[scheduler][pool][errors]") {
+  // 2 pages of 16 tokens. A 32-token prompt fills them, but the token sampled after its
+  // prefill is written at position 32 by the next step, and no page is left for it: the
+  // request can never finish, so submit refuses it instead of failing it at its first
+  // decode. Only a prompt whose length is a multiple of the page size needs the page.
+  auto ref = make_engine();
+  auto e = make_engine({{"num_pages", 2}, {"page_size", 16}});
+  const int32_t vocab = e->spec().vocab;
+  Scheduler s(*e);
+  const absl::Status full = s.submit(request(1, 32, 4, vocab));
+  CHECK(full.code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(full.message()),
+             Catch::Matchers::ContainsSubstring("needs more KV pages than the pool holds"));
+  CHECK_FALSE(s.has_work());
+  CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
+
+  // One token shorter, it fits: 31 prompt tokens and the first sampled one fill the two
+  // pages, and the second sampled token is never written.
+  const GenerateRequest fits = request(2, 31, 2, vocab);
+  const auto want = greedy(*ref, 100, fits.prompt, 2);
+  REQUIRE(s.submit(fits).ok());
+  std::vector<int32_t> got;
+  FinishReason reason = FinishReason::none;
+  for (int i = 0; i < 10 && s.has_work(); ++i) {
+    auto ev = s.step();
+    REQUIRE(ev.ok());
+    for (const auto& x : *ev) {
+      INFO("request " << x.id << ": " << x.status.ToString());
+      CHECK(x.id == 2);
+      CHECK(x.status.ok());
+      if (x.token) got.push_back(*x.token);
+      if (x.finish != FinishReason::none) reason = x.finish;
+    }
+  }
+  CHECK_FALSE(s.has_work());
+  CHECK(got == want);
+  CHECK(reason == FinishReason::length);
+  CHECK(s.num_preemptions() == 0);
+  CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
+}
