@@ -3,12 +3,15 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include "tests/catch.h"
 
 #include "src/loading/config.h"
 #include "src/loading/model_spec.h"
+#include "tests/checkpoint_test_util.h"
 
 using namespace kvfuse;
+using Catch::Matchers::ContainsSubstring;
 using nlohmann::json;
 
 namespace {
@@ -19,6 +22,37 @@ std::string error_of(const json& j) {
   return std::string(c.status().message());
 }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// What config_from_json (or load_config_file) says of a config: "accepted", or the
+// message it refuses it with, its code checked to be INVALID_ARGUMENT. Unlike error_of,
+// an accepted config does not end the test case: each source is checked on its own.
+std::string verdict(const absl::StatusOr<Config>& c) {
+  if (c.ok()) return "accepted";
+  CHECK(c.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(c.status().message());
+}
+
+// An environment variable set for a scope; what it was (or its absence) comes back after.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(std::string name) : name_(std::move(name)) {
+    if (const char* v = std::getenv(name_.c_str())) old_ = v;
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  void set(const std::string& value) { REQUIRE(setenv(name_.c_str(), value.c_str(), 1) == 0); }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
 }  // namespace
 
 TEST_CASE("config: defaults, and every key round-trips through JSON", "[config]") {
@@ -331,5 +365,72 @@ TEST_CASE("config: every model preset of the model registry is accepted by name"
     INFO(name);
     REQUIRE(c.ok());
     CHECK(c->model == name);
+  }
+}
+
+TEST_CASE("config: k_scale and v_scale of 0, below 0, NaN or infinite are refused from every source, named",
+          "[config][errors]") {
+  // The pool would refuse such a scale only when the engine starts (KvPool::set_scales);
+  // the parser refuses it first, from a program's JSON, a file, --set or the environment.
+  for (const std::string key : {"k_scale", "v_scale"}) {
+    CAPTURE(key);
+    const std::string named = "config key '" + key + "'";
+    // JSON a program builds: NaN and the infinities too, which JSON text cannot spell.
+    for (double bad : {0.0, -0.0, -1.0, -1e-30, double(NAN), double(INFINITY), -double(INFINITY)}) {
+      CAPTURE(bad);
+      CHECK_THAT(verdict(config_from_json({{key, bad}})), ContainsSubstring(named));
+      // One scale per layer, one of them bad.
+      CHECK_THAT(verdict(config_from_json({{key, {1.0, bad, 1.0, 1.0}}})), ContainsSubstring(named));
+    }
+    // A file, in what a user can write: 1e-999 reads as 0, and "nan" is a string.
+    kvfuse::testing::TempDir dir;
+    const std::string path = dir / "kvfuse.json";
+    for (const char* text :
+         {"0", "0.0", "-0", "-1", "-1e-30", "1e-999", "\"nan\"", "\"inf\"", "[1, 0, 1, 1]"}) {
+      CAPTURE(text);
+      kvfuse::testing::write_file(path, "{\"" + key + "\": " + std::string(text) + "}");
+      CHECK_THAT(verdict(load_config_file(path)), ContainsSubstring(path + ": " + named));
+    }
+    // NaN, Infinity and 1e999 are no JSON numbers: the file is refused as not JSON.
+    for (const char* text : {"NaN", "Infinity", "-Infinity", "1e999", "-1e999"}) {
+      CAPTURE(text);
+      kvfuse::testing::write_file(path, "{\"" + key + "\": " + std::string(text) + "}");
+      CHECK_THAT(verdict(load_config_file(path)), ContainsSubstring(path + "' is not valid JSON"));
+    }
+    // --set key=value and KVFUSE_K_SCALE / KVFUSE_V_SCALE: a value that is not JSON
+    // ("nan", "inf") is taken as a string, and config_from_json checks what was set.
+    const std::vector<std::string> values = {"0",   "-0",   "-1",    "nan",    "NaN",
+                                             "inf", "-inf", "1e999", "1e-999", "[1,0,1,1]"};
+    for (const std::string& value : values) {
+      CAPTURE(value);
+      json j = json::object();
+      REQUIRE(apply_config_override(j, key + "=" + value).ok());
+      CHECK_THAT(verdict(config_from_json(j)), ContainsSubstring(named));
+    }
+    const std::string var = config_env_name(key);
+    ScopedEnv env(var);
+    for (const std::string& value : values) {
+      CAPTURE(var, value);
+      env.set(value);
+      json j = json::object();
+      REQUIRE(apply_config_env(j).ok());
+      CHECK_THAT(verdict(config_from_json(j)), ContainsSubstring(named));
+    }
+    // The same sources take a good scale.
+    const auto scales = [&](const Config& c) { return key == "k_scale" ? c.k_scale : c.v_scale; };
+    env.set("0.5");
+    json j = json::object();
+    REQUIRE(apply_config_env(j).ok());
+    auto c = config_from_json(j);
+    REQUIRE(c.ok());
+    CHECK(scales(*c) == std::vector<float>{0.5f});
+    REQUIRE(apply_config_override(j, key + "=0.25").ok());
+    c = config_from_json(j);
+    REQUIRE(c.ok());
+    CHECK(scales(*c) == std::vector<float>{0.25f});
+    kvfuse::testing::write_file(path, "{\"" + key + "\": [0.5, 1, 2, 448]}");
+    c = load_config_file(path);
+    REQUIRE(c.ok());
+    CHECK(scales(*c) == std::vector<float>{0.5f, 1.0f, 2.0f, 448.0f});
   }
 }
