@@ -9,6 +9,7 @@
 
 using namespace kvfuse;
 using namespace kvfuse::testing;
+using Catch::Matchers::ContainsSubstring;
 
 namespace {
 
@@ -254,5 +255,84 @@ TEST_CASE("safetensors index: weight_map is parsed and shard names outside the d
     auto r = parse_safetensors_index(bad, "index.json");
     REQUIRE_FALSE(r.ok());
     CHECK(contains(std::string(r.status().message()), "index.json: "));
+  }
+}
+
+TEST_CASE("safetensors header length: at most the file's size - 8 bytes, else it runs past the end",
+          "[safetensors][errors]") {
+  // The buffers handed to the parser go on past `size` with spaces (a header's own
+  // padding): a parser that reads past the end of the file finds more header there,
+  // neither crashing nor saying that the length runs past the end.
+  const auto parse_padded = [](const std::string& file) {
+    const std::string buf = file + std::string(64, ' ');
+    return parse_safetensors(reinterpret_cast<const uint8_t*>(buf.data()), file.size(), "bad.safetensors")
+        .status();
+  };
+  const auto with_length = [](std::string file, uint64_t n) {
+    for (int i = 0; i < 8; ++i) file[size_t(i)] = char((n >> (8 * i)) & 0xff);
+    return file;
+  };
+
+  // 10 bytes: a length of 3, then "{}". The header would end one byte past the file.
+  const std::string ten = with_length(std::string(8, '\0'), 3) + "{}";
+  REQUIRE(ten.size() == 10);
+  absl::Status st = parse_padded(ten);
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(st.message()),
+             ContainsSubstring("header length 3 runs past the end of the file (10 bytes)"));
+  // The same file on disk (mapped: the rest of its page reads as zeros).
+  TempDir dir;
+  write_file(dir / "ten.safetensors", ten);
+  auto f = SafetensorsFile::open(dir / "ten.safetensors");
+  REQUIRE_FALSE(f.ok());
+  CHECK_THAT(std::string(f.status().message()), ContainsSubstring(dir / "ten.safetensors"));
+  CHECK_THAT(std::string(f.status().message()), ContainsSubstring("runs past the end of the file"));
+  // A length of 2 makes it a valid file of no tensors.
+  REQUIRE(parse_padded(with_length(ten, 2)).ok());
+
+  // "{}" and 14 spaces: any length from 2 to 16 (size - 8) reads a JSON object; 16 leaves
+  // no data (a valid file), a shorter one leaves data no tensor holds, a longer one runs
+  // past the end.
+  const std::string body = with_length(std::string(8, '\0'), 0) + "{}" + std::string(14, ' ');
+  const uint64_t fits = body.size() - 8;
+  for (uint64_t n = 0; n <= fits + 16; ++n) {
+    CAPTURE(n);
+    st = parse_padded(with_length(body, n));
+    if (n == fits) {
+      CHECK(st.ok());
+      continue;
+    }
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    const std::string msg(st.message());
+    const std::string past =
+        "header length " + std::to_string(n) + " runs past the end of the file (24 bytes)";
+    const char* short_header = n == 0 ? "does not start with '{'" : "not valid JSON";
+    CHECK_THAT(msg, ContainsSubstring(n > fits ? past : n < 2 ? short_header : "after the last tensor"));
+  }
+
+  // small_file() with its length field swept over the boundary: its own length parses;
+  // one that takes data bytes into the header leaves too few for tensor 'a' (the JSON
+  // parser ends the header at the data's first byte, a 0); one past size - 8 runs past
+  // the end.
+  const std::string good = small_file();
+  uint64_t own = 0;
+  for (int i = 7; i >= 0; --i) own = (own << 8) | uint8_t(good[size_t(i)]);
+  REQUIRE(parse_padded(good).ok());
+  const uint64_t last = good.size() - 8;
+  REQUIRE(own < last - 1);
+  for (uint64_t n = last - 1; n <= good.size() + 8; ++n) {
+    CAPTURE(n);
+    st = parse_padded(with_length(good, n));
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    const std::string msg(st.message());
+    if (n > last) {
+      CHECK_THAT(msg,
+                 ContainsSubstring("header length " + std::to_string(n) + " runs past the end of the file"));
+    } else {
+      CHECK_THAT(msg, ContainsSubstring("tensor 'a': data_offsets [0, 24] run past the data section"));
+    }
   }
 }
