@@ -6,7 +6,8 @@
 #   scripts/gpu-bench.sh [JOB ...]      (default: tests engine-llama ab-target)
 #
 # Jobs:
-#   tests          test_gpu_backend and test_gpu_engine (GPU vs CPU, graph replay vs eager)
+#   tests          test_gpu_backend, test_gpu_logprobs and test_gpu_engine (GPU vs CPU, graph
+#                  replay vs eager)
 #   engine-llama   kvfuse-bench-engine, llama3-8b, fp8_e4m3 KV: batch x context grid,
 #                  unified/split x eager/graphs
 #   engine-hybrid  the same for hybrid-swa (engine-qwen: qwen2.5-7b, engine-mistral:
@@ -84,6 +85,7 @@ for job in "${jobs[@]}"; do
   case $job in
     tests)
       run test_gpu_backend "$bundle/test_gpu_backend"
+      run test_gpu_logprobs "$bundle/test_gpu_logprobs"
       run test_gpu_engine "$bundle/test_gpu_engine" -s
       grep -E "^graphs |passed|failed" "$res/test_gpu_engine.log" | tail -20 | tee -a "$summary"
       ;;
