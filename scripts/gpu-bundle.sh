@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the engine with the CUDA backend here (sm_90a) and packs the GPU engine tests,
 # kvfuse-run (kvfuse-eval and kvfuse-calibrate for tests/hf_reference.py), the benchmarks,
-# and kvfuse-server with kvfuse-bench-serve, with the non-system shared libraries they
+# and kvfuse-server with its clients kvfuse-cli and kvfuse-bench-serve, with the non-system shared libraries they
 # need, into .device-bundle/ and .device-bundle.tar.xz (both git-ignored), for a CUDA
 # machine that has the driver and CUDA 13 but none of the Debian libraries. cuBLASLt and
 # the CUDA runtime are not packed: the machine's own /usr/local/cuda provides them.
@@ -16,7 +16,7 @@ nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
 cmake -S . -B "$build" -G Ninja -DKVFUSE_GPU=CUDA -DKVFUSE_BUILD_SERVER=ON -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null
 targets=(kvfuse-run kvfuse-eval kvfuse-calibrate kvfuse-ab kvfuse-bench-engine test_gpu_backend test_gpu_logprobs
-  test_gpu_engine test_gpu_nccl test_gpu_peer_allreduce test_gpu_tp kvfuse-bench-allreduce kvfuse-server kvfuse-bench-serve)
+  test_gpu_engine test_gpu_nccl test_gpu_peer_allreduce test_gpu_tp kvfuse-bench-allreduce kvfuse-server kvfuse-bench-serve kvfuse-cli)
 ninja -C "$build" -j"${KVFUSE_JOBS:-$(nproc)}" "${targets[@]}"
 bundle=.device-bundle
 rm -rf "$bundle"
@@ -25,7 +25,7 @@ cp "$build/kvfuse-run" "$build/kvfuse-eval" "$build/kvfuse-calibrate" "$build/be
   "$build/bench/engine/kvfuse-bench-engine" "$build/tests/test_gpu_backend" "$build/tests/test_gpu_logprobs" \
   "$build/tests/test_gpu_engine" "$build/tests/test_gpu_nccl" "$build/tests/test_gpu_peer_allreduce" \
   "$build/tests/test_gpu_tp" \
-  "$build/bench/allreduce/kvfuse-bench-allreduce" "$build/kvfuse-server" "$build/kvfuse-bench-serve" "$bundle/"
+  "$build/bench/allreduce/kvfuse-bench-allreduce" "$build/kvfuse-server" "$build/kvfuse-bench-serve" "$build/kvfuse-cli" "$bundle/"
 # KVFUSE_BUNDLE_KERNEL_TESTS="test_gemv_gpu ...": these kernel parity tests (tests/gpu) too,
 # in kernel-tests/ (scripts/gpu-ab.sh runs them), so the GPU machine compiles nothing.
 if [[ -n ${KVFUSE_BUNDLE_KERNEL_TESTS:-} ]]; then

@@ -4,6 +4,7 @@
 #   1. kvfuse-server, $MODEL (default llama3-8b, synthetic bf16 weights), fp8 KV, split attention, graphs
 #      on, and kvfuse-bench-serve at $STREAMS streams (prompt 32, $TOKENS tokens each) for
 #      $SERVE_S seconds, overlap_fanout on and off in turn ($FANOUT: "on off" by default), $ROUNDS rounds;
+#      then scripts/router-check.sh: the router path through kvfuse-cli, every page free after;
 #   2. kvfuse-bench-engine, the same engine in-process: the decode step at batch $STREAMS
 #      x the streams' mean context (32 + $TOKENS / 2).
 # Prints each run's ITL p50 and its ratio to the in-process step, and how many GEMM shapes
@@ -15,7 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu-run-common.sh gpu-serve
-[[ -x $bundle/kvfuse-server && -x $bundle/kvfuse-bench-serve ]] ||
+[[ -x $bundle/kvfuse-server && -x $bundle/kvfuse-bench-serve && -x $bundle/kvfuse-cli ]] ||
   { note "FAIL: no server in $bundle (scripts/gpu-bundle.sh)"; exit 1; }
 streams=${STREAMS:-64}
 tokens=${TOKENS:-256}
@@ -49,6 +50,11 @@ serve() {  # name, overlap_fanout value
   "$bundle/kvfuse-bench-serve" --addr "127.0.0.1:$port" --concurrency "$streams" --duration-s "$serve_s" \
     --prompt-len 32 --max-tokens "$tokens" >"$out/bench-$name.txt" 2>"$out/bench-$name.err"
   local rc=$?
+  # The router path once the streams are done: Prefill, Decode and retries, Release, no page left.
+  if ! scripts/router-check.sh "$bundle/kvfuse-cli" "127.0.0.1:$port" >"$out/router-$name.txt" 2>&1; then
+    status=1
+  fi
+  note "$name: $(tail -1 "$out/router-$name.txt")"
   kill -TERM $pid
   wait $pid
   ((rc == 0)) || status=1

@@ -253,3 +253,15 @@ TEST_CASE("kvfuse-server: an integer key beyond 64 bits is refused as typed, nev
   CHECK(rc != 0);
   CHECK(out.find("18446744073709551615 is out of range [-1, 16777216]") != std::string::npos);
 }
+
+TEST_CASE("scripts/router-check.sh: the router path through kvfuse-cli passes and leaves every page free",
+          "[server][tools]") {
+  auto t = TestServer::start();
+  auto [rc, out] = run("timeout 120 " + std::string(KVFUSE_SOURCE_DIR) + "/scripts/router-check.sh " +
+                       KVFUSE_CLI_BIN + " " + t.server->address() + " 40");
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(out.find("its retry: 256 tokens") != std::string::npos);
+  CHECK(out.find("PASS") != std::string::npos);
+  CHECK(t.wait_all_pages_free());
+}
