@@ -72,3 +72,17 @@ TEST_CASE("config: a config file's integer past int64 is refused naming the file
   CHECK_THAT(std::string(c.status().message()),
              Catch::Matchers::ContainsSubstring("'max_running_seqs': 18446744073709551615 is out of range [1, 4096]"));
 }
+
+TEST_CASE("config: a KV scale a float cannot hold as a normal number is refused, not stored as 0",
+          "[config][errors]") {
+  // 1e-50 rounds to 0.0f; 1e-40 is subnormal, and its reciprocal overflows to inf.
+  for (const char* key : {"k_scale", "v_scale"}) {
+    for (double tiny : {1e-50, 1e-46, 1e-40, 1e-39}) {
+      CAPTURE(key, tiny);
+      CHECK_THAT(error_of({{key, tiny}}), Catch::Matchers::ContainsSubstring(std::string("'") + key + "'"));
+      CHECK_THAT(error_of({{key, {1.0, tiny}}}), Catch::Matchers::ContainsSubstring("from 1.2e-38 to 3e38"));
+    }
+    auto c = config_from_json({{key, 1.2e-38}});
+    REQUIRE(c.ok());
+  }
+}

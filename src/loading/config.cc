@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -176,9 +177,11 @@ absl::Status parse_scales(const json& j, const std::string& key, std::vector<flo
   for (const json* pv : items) {
     const json& v = *pv;
     if (!v.is_number()) return key_error(key, absl::StrCat(dump(v), " is not a number"));
+    // A float, and a normal one: a subnormal scale's reciprocal overflows, and one below
+    // that rounds to 0.
     const double d = v.get<double>();
-    if (!std::isfinite(d) || d <= 0.0 || d > 3.0e38) {
-      return key_error(key, absl::StrCat(dump(v), " must be a finite number > 0"));
+    if (!std::isfinite(d) || d <= 0.0 || d > 3.0e38 || d < double(FLT_MIN)) {
+      return key_error(key, absl::StrCat(dump(v), " must be a finite number > 0, from 1.2e-38 to 3e38"));
     }
     out.push_back(float(d));
   }
