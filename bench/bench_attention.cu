@@ -16,7 +16,7 @@
 // --target-only launches split then unified once each at the target shape (batch 64 x
 // context 4096, fp8), eagerly and untimed: for profilers. "% of peak" is of the device's
 // peak bandwidth (bench/common/peak_bandwidth.h).
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "bench/common/gpu_bench.cuh"
-#include "kernels/attention.cuh"
+#include "kernels/attention/attention.cuh"
 
 namespace {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
-#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm/gemm.h"
 #include "src/loading/int_list.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);

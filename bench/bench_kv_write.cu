@@ -22,7 +22,7 @@
 //   bench_kv_write [--json PATH] [--rounds N] [--peak-gbs GBS]
 //
 // "% of peak" is of the device's peak bandwidth (bench/common/peak_bandwidth.h).
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -34,10 +34,10 @@
 #include <vector>
 
 #include "bench/common/gpu_bench.cuh"
-#include "kernels/enum_name.h"
-#include "kernels/kv_write.cuh"
-#include "kernels/kv_write_rope.cuh"
-#include "kernels/model_ops.cuh"
+#include "kernels/common/enum_name.h"
+#include "kernels/kv_write/kv_write.cuh"
+#include "kernels/kv_write/kv_write_rope.cuh"
+#include "kernels/ops/model_ops.cuh"
 
 namespace {
 

@@ -15,7 +15,7 @@
 //   slot first     the slot loaded and checked before the row loads are issued (two
 //                  dependent round trips; Triton's kernel of the same semantics does this)
 //   pdl wait       griddepcontrol.wait and launch_dependents in a launch without PDL, as
-//                  the KV writes ran before they were built twice (kernels/gpu.h,
+//                  the KV writes ran before they were built twice (kernels/common/gpu.h,
 //                  pdl_handshake)
 // and, launched with programmatic dependent launch (the engine's launch on sm_90):
 //   pdl            the plain kernel with the wait, then launch_dependents
@@ -28,7 +28,7 @@
 // figures.
 //
 //   bench_kv_write_probe [--rounds N]
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <cstdio>
 #include <cstring>
@@ -36,8 +36,8 @@
 #include <vector>
 
 #include "bench/common/gpu_bench.cuh"
-#include "kernels/fp8_convert.cuh"
-#include "kernels/kv_write.cuh"
+#include "kernels/common/fp8_convert.cuh"
+#include "kernels/kv_write/kv_write.cuh"
 
 namespace {
 

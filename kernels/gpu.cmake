@@ -1,5 +1,5 @@
 # GPU kernels, one CUDA-dialect source for both vendors (DESIGN.md §5): with
-# KVFUSE_GPU=CUDA the kernels/*.cu files build as CUDA, with KVFUSE_GPU=HIP the same
+# KVFUSE_GPU=CUDA the kernels/<family>/*.cu files build as CUDA, with KVFUSE_GPU=HIP the same
 # files are marked LANGUAGE HIP. Included by the top-level CMakeLists.txt and by the
 # standalone GPU test build (tests/gpu/CMakeLists.txt), so paths are relative to this
 # file, never to PROJECT_SOURCE_DIR.
@@ -55,7 +55,7 @@ endfunction()
 function(kvfuse_gpu_warnings target)
   # nvcc: host code through the host compiler's flags, device code through --Werror.
   # No fast-math anywhere: the conversions rely on IEEE division, NaN compares and
-  # denormals (kernels/kv_write.cu).
+  # denormals (kernels/kv_write/kv_write.cu).
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror>
     $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Werror --Werror all-warnings>
@@ -69,14 +69,15 @@ endfunction()
 if(TARGET kvfuse_kernels_cpu)
   set(KVFUSE_GPU_CPU_REF kvfuse_kernels_cpu)
 else()
-  add_library(kvfuse_cpu_ref STATIC ${KVFUSE_ROOT}/kernels/cpu/kv_write.cc ${KVFUSE_ROOT}/kernels/cpu/attention.cc)
+  add_library(kvfuse_cpu_ref STATIC ${KVFUSE_ROOT}/kernels/cpu/kv_write/kv_write.cc ${KVFUSE_ROOT}/kernels/cpu/attention/attention.cc)
   target_include_directories(kvfuse_cpu_ref PUBLIC ${KVFUSE_ROOT})
   target_compile_options(kvfuse_cpu_ref PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
   kvfuse_gpu_warnings(kvfuse_cpu_ref)
   set(KVFUSE_GPU_CPU_REF kvfuse_cpu_ref)
 endif()
 
-file(GLOB KVFUSE_GPU_KERNEL_SOURCES CONFIGURE_DEPENDS ${KVFUSE_ROOT}/kernels/*.cu)
+# Every family folder's .cu (kernels/cpu holds C++ only).
+file(GLOB_RECURSE KVFUSE_GPU_KERNEL_SOURCES CONFIGURE_DEPENDS ${KVFUSE_ROOT}/kernels/*.cu)
 kvfuse_gpu_sources(${KVFUSE_GPU_KERNEL_SOURCES})
 add_library(kvfuse_kernels_gpu STATIC ${KVFUSE_GPU_KERNEL_SOURCES})
 target_include_directories(kvfuse_kernels_gpu PUBLIC ${KVFUSE_ROOT})

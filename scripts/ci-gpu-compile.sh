@@ -21,7 +21,7 @@ bad() {
 
 # The tensor-parallel parts (NCCL communicator, its test, the all-reduce benchmark) include
 # absl and Catch2 from the system, as the engine build does; NCCL itself is dlopen'ed.
-sources=(kernels/*.cu tests/gpu/*.cu bench/*.cu src/parallel/*.cu tests/test_gpu_*.cu bench/allreduce/*.cu)
+sources=(kernels/*/*.cu kernels/*/*/*.cu tests/gpu/*.cu bench/*.cu src/parallel/*.cu tests/test_gpu_*.cu bench/allreduce/*.cu)
 common=(-std=c++20 -O3 -I. -DKVFUSE_TEST_DATA_DIR=\"tests/data\")
 
 # --- CUDA ------------------------------------------------------------------------------
@@ -44,8 +44,8 @@ else
     done
     say "nvcc $arch: ${#sources[@]} sources compiled ($(($(date +%s) - start)) s)"
   done
-  for write in kv_write kv_write_rope; do
-    ptx="$out/$write.sm_90a.ptx"
+  for write in kv_write/kv_write kv_write/kv_write_rope; do
+    ptx="$out/$(basename "$write").sm_90a.ptx"
     if "$nvcc" "${common[@]}" -arch=sm_90a -ptx "kernels/$write.cu" -o "$ptx"; then
       for ins in cvt.rn.satfinite.e4m3x2.f32 cvt.rn.satfinite.e5m2x2.f32; do
         n=$(grep -c "$ins" "$ptx" || true)

@@ -2,7 +2,7 @@
 """Per-kernel resource table of kvfuse's HIP device code, and the gates CI applies.
 
 Reads the machine code the build produced (not bitcode): for every object of the
-kernel library (kernels/*.cu) it takes the offload bundle out of the object's
+kernel library (kernels/<family>/*.cu) it takes the offload bundle out of the object's
 .hip_fatbin section, unbundles each gfx target's code object, and reads
   - the AMDHSA metadata (llvm-readelf --notes): VGPRs (arch + accumulation, as
     allocated), AGPRs, scratch (private segment bytes per lane), LDS (group segment
@@ -28,19 +28,19 @@ Gates (exit status 1 if any fails):
     each arch whose hardware has that format: gfx942 all three (FNUZ hardware, OCP
     through the halving recipe), gfx950 e4m3fn and e5m2 (e4m3fnuz is not a gfx950
     format: there it is the scalar reference encoding, listed, not gated);
-  - the MFMA probe kernels (kernels/mfma_probe.cu, one per wrapper of kernels/mfma.cuh):
+  - the MFMA probe kernels (kernels/attention/mfma/mfma_probe.cu, one per wrapper of kernels/attention/mfma/mfma.cuh):
     no scratch, and the matrix instruction each wrapper promises in the ISA of each
     arch (MFMA_PROBE below): 16x16x16 bf16/f16 on both, 16x16x32 bf16/f16 as one
     instruction on gfx950 and as two 16x16x16 on gfx942;
-  - the MFMA attention kernels (kernels/attention_mfma.cu, every head_dim x KV format x
+  - the MFMA attention kernels (kernels/attention/mfma/attention_mfma.cu, every head_dim x KV format x
     page mapping): no scratch, at least 2 waves per SIMD (its launch bounds: 2 blocks of
     4 waves a CU), matrix instructions in the ISA (MFMA_ATTENTION below: 16x16x16 on
     gfx942, 16x16x32 on gfx950), and the hardware FP8 decode where the arch has the
     format: v_cvt_pk_f32_fp8 for e4m3fnuz on gfx942, v_cvt_scalef32_pk_f16_fp8 for
     e4m3fn on gfx950 (the other e4m3 decodes by bit manipulation, e5m2 by a byte move);
   - every other attention kernel (the split path's merge): recorded;
-  - model ops (model_op_report below): the kernels of kernels/model_ops.cu and
-    kernels/sampling.cu reduce across lanes without ds_bpermute_b32 (DPP instead), take
+  - model ops (model_op_report below): the kernels of kernels/ops/model_ops.cu and
+    kernels/ops/sampling.cu reduce across lanes without ds_bpermute_b32 (DPP instead), take
     16-byte global loads where they have a vector path, and use no scratch.
 
 Usage: hip-kernel-report.py BUILD_DIR TOOL_DIR
@@ -78,14 +78,14 @@ TARGETS = [
     ("other", r"", None),
 ]
 FORMATS = {"0": "e4m3fn", "1": "e4m3fnuz", "2": "e5m2"}
-KV_FORMATS = ["bf16", "e4m3fn", "e4m3fnuz", "e5m2"]  # kernels/kv_types.h KvFormat
+KV_FORMATS = ["bf16", "e4m3fn", "e4m3fnuz", "e5m2"]  # kernels/common/kv_types.h KvFormat
 # MFMA attention, per arch: the matrix instructions its bf16 / f16 operands become, and the
 # hardware FP8 decode: (format, instruction) the kernels of that format must contain.
 MFMA_ATTENTION = {
     "gfx942": (("v_mfma_f32_16x16x16_bf16", "v_mfma_f32_16x16x16_f16"), ("e4m3fnuz", "v_cvt_pk_f32_fp8")),
     "gfx950": (("v_mfma_f32_16x16x32_bf16", "v_mfma_f32_16x16x32_f16"), ("e4m3fn", "v_cvt_scalef32_pk_f16_fp8")),
 }
-MFMA_INSTRS = ["bf16_16x16x16", "f16_16x16x16", "bf16_16x16x32", "f16_16x16x32"]  # kernels/mfma_probe.cuh
+MFMA_INSTRS = ["bf16_16x16x16", "f16_16x16x16", "bf16_16x16x32", "f16_16x16x32"]  # kernels/attention/mfma/mfma_probe.cuh
 # (probe, arch) -> (mnemonic, how many) the kernel's ISA must contain.
 MFMA_PROBE = {
     ("bf16_16x16x16", "gfx942"): ("v_mfma_f32_16x16x16_bf16", 1),
@@ -186,9 +186,9 @@ def occupancy(k, arch):
 
 
 # ---- Model ops ---------------------------------------------------------------------
-# The row and elementwise kernels of kernels/model_ops.cu and kernels/sampling.cu. On
+# The row and elementwise kernels of kernels/ops/model_ops.cu and kernels/ops/sampling.cu. On
 # CDNA a __shfl_xor is a ds_bpermute_b32 (an LDS round trip per 32-bit word and step);
-# the warp reductions and scans of kernels/gpu.h use DPP there, so a reducing kernel
+# the warp reductions and scans of kernels/common/gpu.h use DPP there, so a reducing kernel
 # with a ds_bpermute has fallen back to shuffles. A bf16 or fp32 row read by 2- or
 # 4-byte loads moves 128 or 256 bytes per wave instruction: the kernels with a 16-byte
 # path must contain global_load_dwordx4. (name pattern, no ds_bpermute, wide loads,
@@ -208,7 +208,7 @@ def model_op_report(build, tools):
     failures, rows = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for src in ("model_ops", "sampling"):
-            obj = os.path.join(build, "CMakeFiles", "kvfuse_kernels_gpu.dir", "kernels", src + ".cu.o")
+            obj = os.path.join(build, "CMakeFiles", "kvfuse_kernels_gpu.dir", "kernels", "ops", src + ".cu.o")
             if not os.path.exists(obj):
                 failures.append("model ops: no object " + obj)
                 continue
@@ -259,7 +259,7 @@ def model_op_report(build, tools):
     w = max([len(r[1]) for r in rows] + [6])
     hdr = "%-6s  %-*s  %5s %7s %6s %4s %8s %6s %6s  %s" % ("arch", w, "kernel", "VGPR", "scratch", "bperm", "dpp",
                                                           "readlane", "ldx4", "ld<16", "gate")
-    print("hip-kernel-report: model ops (kernels/model_ops.cu, kernels/sampling.cu)")
+    print("hip-kernel-report: model ops (kernels/ops/model_ops.cu, kernels/ops/sampling.cu)")
     print(hdr)
     print("-" * len(hdr))
     for arch, name, vgpr, scratch, c, verdict in rows:
@@ -272,7 +272,8 @@ def model_op_report(build, tools):
 
 def main():
     build, tools = sys.argv[1], sys.argv[2]
-    objs = sorted(glob.glob(os.path.join(build, "CMakeFiles", "kvfuse_kernels_gpu.dir", "kernels", "*.cu.o")))
+    objs = sorted(glob.glob(os.path.join(build, "CMakeFiles", "kvfuse_kernels_gpu.dir", "kernels", "**", "*.cu.o"),
+                            recursive=True))
     if not objs:
         print("hip-kernel-report: no kernel objects under " + build)
         return 1
@@ -373,7 +374,7 @@ def main():
         print("hip-kernel-report: %s: %d packed FP8 conversions in %d RoPE + KV-write kernels" %
               (arch, sum(r["fp8"] + r["bf8"] for r in rope), len(rope)))
         if not rope:
-            failures.append("%s: no RoPE + KV-write kernels (kernels/kv_write_rope.cu)" % arch)
+            failures.append("%s: no RoPE + KV-write kernels (kernels/kv_write/kv_write_rope.cu)" % arch)
     for arch in ARCH:
         probes = [r for r in rows if r["arch"] == arch and r["name"].startswith("mfma_probe_kernel<")]
         print("hip-kernel-report: %s: MFMA probe: %s" % (arch, ", ".join(

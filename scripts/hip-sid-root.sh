@@ -11,7 +11,7 @@
 # only used once complete (built in a temporary folder, renamed under a lock, so
 # concurrent jobs make it once). Roots of other keys unused for a day are removed.
 #
-# Needs root and mmdebstrap (scripts/install-deps.sh with KVFUSE_WITH_HIP_BUILD=1).
+# Needs root and mmdebstrap (scripts/install-deps.sh with KVFUSE_WITH_HIP_CHECK=1).
 # About 3 minutes and 2.5 GB on a cold cache.
 set -euo pipefail
 

@@ -7,8 +7,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/enum_name.h"
-#include "kernels/kv_types.h"
+#include "kernels/common/enum_name.h"
+#include "kernels/common/kv_types.h"
 #include "server/status_codes.h"
 #include "src/common/status_macros.h"
 

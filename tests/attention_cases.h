@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/attention.h"
-#include "kernels/kv_types.h"
+#include "kernels/cpu/attention/attention.h"
+#include "kernels/common/kv_types.h"
 
 namespace kvfuse::attention_cases {
 
@@ -75,7 +75,7 @@ inline int32_t first_visible(int32_t pos, int32_t window) {
   return window > 0 ? std::max(0, pos - window + 1) : 0;
 }
 
-// Host problem with the layout the device copy gets (kernels/kv_types.h).
+// Host problem with the layout the device copy gets (kernels/common/kv_types.h).
 struct Problem {
   Case c;
   int32_t num_q_heads = 0;

@@ -1,4 +1,4 @@
-// Tests of the CPU paged attention (kernels/cpu/attention.h): unified and split agree
+// Tests of the CPU paged attention (kernels/cpu/attention/attention.h): unified and split agree
 // with each other and with a dense double-precision reference on mixed batches, GQA,
 // sliding windows, FP8 and bf16 caches, shuffled page tables and multi-partition
 // split-KV.
@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention/attention.h"
 
 namespace {
 

@@ -1,19 +1,19 @@
-// The CDNA MFMA attention kernel's block (kernels/attention_mfma.h) run on the host, lane
-// by lane (kernels/cpu/wave_emu.h: 4 waves x 64 lanes as fibers, the MFMA instructions
-// emulated from the lanes' registers by kernels/cpu/mfma_emu.h), on the GPU parity
+// The CDNA MFMA attention kernel's block (kernels/attention/mfma/attention_mfma.h) run on the host, lane
+// by lane (kernels/cpu/attention/wave_emu.h: 4 waves x 64 lanes as fibers, the MFMA instructions
+// emulated from the lanes' registers by kernels/cpu/attention/mfma_emu.h), on the GPU parity
 // test's problems (tests/attention_cases.h), against the CPU reference within the CUDA
 // kernel's tolerance. Both paths (unified; split with its decode partitions, prefill
 // blocks and merge), every KV format with each FP8 conversion the targets use (the
 // instruction, emulated as the exact decode, and the bit manipulation), head_dim
 // 64/128/256, GQA 1..8, page sizes 1..64, sliding windows, NaN in every slot no query may
 // read. What this cannot show: that the hardware's operand layouts are the ones
-// kernels/mfma_layout.h assumes (tests/gpu/test_mfma_gpu.cu on an AMD GPU), and speed.
+// kernels/attention/mfma/mfma_layout.h assumes (tests/gpu/test_mfma_gpu.cu on an AMD GPU), and speed.
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "kernels/attention_mfma.h"
-#include "kernels/cpu/wave_emu.h"
+#include "kernels/attention/mfma/attention_mfma.h"
+#include "kernels/cpu/attention/wave_emu.h"
 #include "tests/attention_cases.h"
 #include "tests/catch.h"
 
@@ -23,7 +23,7 @@ using namespace kvfuse;
 using namespace kvfuse::attention_cases;
 namespace am = kvfuse::gpu::attention_detail;
 
-// A lane of the emulated block as kernels/attention_mfma.h's executor. kHwCvt: FP8
+// A lane of the emulated block as kernels/attention/mfma/attention_mfma.h's executor. kHwCvt: FP8
 // conversions as the targets' instructions compute them (the exact value, factor 1)
 // instead of the bit manipulation (a power-of-two factor).
 template <bool kHwCvt>

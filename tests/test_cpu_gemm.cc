@@ -1,4 +1,4 @@
-// Tests of the CPU GEMM (kernels/cpu/gemm.h): its fixed summation order (every output is
+// Tests of the CPU GEMM (kernels/cpu/gemm/gemm.h): its fixed summation order (every output is
 // the fma chain over k in order, bit for bit), batch invariance (a row's bits do not
 // depend on the other rows, the batch size or the row's place), the same bits from every
 // kernel this CPU runs, and accuracy against a double-precision reference.
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm/gemm.h"
 #include "tests/catch.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// Tests of the CPU elementwise/row ops (kernels/cpu/ops.h) against double-precision
+// Tests of the CPU elementwise/row ops (kernels/cpu/ops/ops.h) against double-precision
 // references (the GEMM: test_cpu_gemm.cc).
 //
 // Every op rounds its fp32 result to bf16 once. bf16 keeps 8 significant bits, so the
@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/ops/ops.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// What the GPU kernels are built for (kernels/dispatch.h), checked on the CPU: the
+// What the GPU kernels are built for (kernels/common/dispatch.h), checked on the CPU: the
 // predicates the launchers and Backend::check_supported use, and the messages that name
 // an unsupported shape. The GPU side of the same verdicts is tests/gpu and
 // tests/test_gpu_engine.cc.
@@ -6,7 +6,7 @@
 
 #include "tests/catch.h"
 
-#include "kernels/dispatch.h"
+#include "kernels/common/dispatch.h"
 #include "src/backends/cpu/cpu_backend.h"
 
 using namespace kvfuse;

@@ -68,7 +68,7 @@ TEST_CASE("engine fused/unfused writes: byte-identical KV caches after 24 decode
 TEST_CASE("engine fused_rope write: the fused write's tokens and KV bytes, RoPE in the write's kernel",
           "[engine][kv_write]") {
   // On the CPU the path is rope_neox then kv_write_fused in one op with the same code
-  // (kernels/cpu/rope_rows.h): the queries, the cache and so every token are the same bits.
+  // (kernels/cpu/ops/rope_rows.h): the queries, the cache and so every token are the same bits.
   for (const char* dtype : {"bf16", "fp8_e4m3", "fp8_e5m2"}) {
     for (bool hybrid : {false, true}) {
       CAPTURE(dtype, hybrid);
@@ -343,7 +343,7 @@ TEST_CASE("engine graph padding: decode padded to its bucket gives the unpadded 
   // (graph_replay off): sequences padded to the batch bucket (3 -> 4, 5 -> 8) with slot
   // -1 and no query rows, keys to the context bucket (contexts cross 512 -> 1024), block
   // tables re-strided. Padding rows must change nothing: no KV written, no sequence's
-  // attention touched. The CPU backend is batch-invariant (kernels/cpu/gemm.h), so
+  // attention touched. The CPU backend is batch-invariant (kernels/cpu/gemm/gemm.h), so
   // tokens and logits must be identical bit for bit.
   for (const char* dtype : {"bf16", "fp8_e4m3"}) {
     for (const char* attention : {"unified", "split"}) {

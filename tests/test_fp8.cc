@@ -1,4 +1,4 @@
-// FP8 encode/decode (kernels/fp8.h) against an independent slow reference, hand-picked
+// FP8 encode/decode (kernels/common/fp8.h) against an independent slow reference, hand-picked
 // boundary cases, and conversion vectors from an H200's cvt.rn.satfinite and PyTorch's
 // CPU casts (tests/data/README.md). The bytes written to the KV cache are defined by
 // fp8_encode, so every byte of it is checked.
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/bf16.h"
-#include "kernels/fp8.h"
+#include "kernels/common/bf16.h"
+#include "kernels/common/fp8.h"
 
 namespace {
 

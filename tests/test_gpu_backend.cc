@@ -9,7 +9,7 @@
 #include <vector>
 #include "tests/catch.h"
 
-#include "kernels/fp8.h"
+#include "kernels/common/fp8.h"
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
 #include "src/loading/rope.h"
@@ -261,7 +261,7 @@ TEST_CASE("gpu backend: seeded temperature, top-k and top-p sampling picks the C
   auto gpu = gpu_or_skip();
   if (!gpu) return;
   auto cpu = make_cpu_backend();
-  // Both run the rule of kernels/sampling.h with integer (fixed-point) sums, so they
+  // Both run the rule of kernels/ops/sampling.h with integer (fixed-point) sums, so they
   // agree exactly unless the two exp implementations straddle a 2^-40 step of a weight
   // and that moves a boundary: expected never in this many rows; >= 99% is asserted and
   // the count printed. Greedy rows are left unwritten by both.

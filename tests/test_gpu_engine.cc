@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "kernels/cpu/sampling.h"
+#include "kernels/cpu/ops/sampling.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/engine_test_util.h"
 
@@ -164,7 +164,7 @@ TEST_CASE("gpu engine: graph replay equals the padded eager step bit for bit", "
 TEST_CASE("gpu engine: seeded sampling on the device, in and out of graphs", "[gpu][engine][sampling]") {
   // The device sampler against sample_token on the same (device) logits with the same
   // draws: equal unless the CPU's and the GPU's exp straddle a 2^-40 weight step at a
-  // boundary (kernels/sampling.h), so at most one miss is allowed. Then a sampling
+  // boundary (kernels/ops/sampling.h), so at most one miss is allowed. Then a sampling
   // schedule through graphs equals its padded eager run token for token.
   json cfg = {{"kv_cache_dtype", "fp8_e4m3"}};
   auto e = gpu_engine_or_skip(cfg);

@@ -15,8 +15,8 @@
 #include <vector>
 #include "tests/catch.h"
 
-#include "kernels/bf16.h"
-#include "kernels/gpu.h"
+#include "kernels/common/bf16.h"
+#include "kernels/common/gpu.h"
 #include "src/parallel/cpu_communicator.h"
 #include "src/parallel/nccl_communicator.h"
 

@@ -38,13 +38,13 @@
 #include <vector>
 #include "tests/catch.h"
 
-#include "kernels/gpu.h"  // first: the HIP runtime before kernels/bf16.h
+#include "kernels/common/gpu.h"  // first: the HIP runtime before kernels/common/bf16.h
 
 #include "absl/strings/str_cat.h"
-#include "kernels/bf16.h"
-#include "kernels/gemv.cuh"
-#include "kernels/model_ops.cuh"
-#include "kernels/tp_push.cuh"
+#include "kernels/common/bf16.h"
+#include "kernels/gemm/gemv.cuh"
+#include "kernels/ops/model_ops.cuh"
+#include "kernels/parallel/tp_push.cuh"
 #include "src/common/status_macros.h"
 #include "src/parallel/cpu_communicator.h"
 #include "src/parallel/nccl_communicator.h"

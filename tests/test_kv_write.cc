@@ -1,4 +1,4 @@
-// Tests of the CPU KV write (kernels/cpu/kv_write.h): the fused and unfused paths must
+// Tests of the CPU KV write (kernels/cpu/kv_write/kv_write.h): the fused and unfused paths must
 // produce byte-identical caches, honour the per-tensor scales, saturate, skip padding
 // and SWA-unmapped slots, and never touch their inputs.
 #include "tests/catch.h"
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/kv_write.h"
+#include "kernels/cpu/kv_write/kv_write.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Tests of the CPU KV write with RoPE on the way (kernels/cpu/kv_write.h, kv_write_rope:
+// Tests of the CPU KV write with RoPE on the way (kernels/cpu/kv_write/kv_write.h, kv_write_rope:
 // the CPU twin of KvWritePath::fused_rope). Its contract is a composition: q as
 // rope_neox leaves it, the cache as rope_neox followed by kv_write_fused leaves it, bit for
 // bit, for every KV format, head dims 64/128/256, grouped queries, SWA tables, padding and
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/kv_write.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/kv_write/kv_write.h"
+#include "kernels/cpu/ops/ops.h"
 #include "src/backends/cpu/cpu_backend.h"
 #include "src/loading/rope.h"
 

@@ -6,7 +6,7 @@
 #include <vector>
 #include "tests/catch.h"
 
-#include "kernels/cpu/sampling.h"
+#include "kernels/cpu/ops/sampling.h"
 #include "tests/engine_test_util.h"
 
 using namespace kvfuse;

@@ -1,5 +1,5 @@
-// The MFMA lane layouts (kernels/mfma_layout.h) and the host emulator
-// (kernels/cpu/mfma_emu.h), on the CPU:
+// The MFMA lane layouts (kernels/attention/mfma/mfma_layout.h) and the host emulator
+// (kernels/cpu/attention/mfma_emu.h), on the CPU:
 // - the layouts against AMD's matrix instruction calculator's tables, entry by entry
 //   (tests/data/mfma/: CDNA3's 16x16x16, and CDNA3's 16x16x32 fp8 table as the
 //   stand-in for gfx950's 16x16x32, which the calculator does not cover);
@@ -8,7 +8,7 @@
 // - the emulator: matrices distributed over lanes, one instruction, D gathered gives
 //   A * B + C, exactly for integer-valued inputs (every partial sum exact in any order),
 //   within mfma_sum_error_bound for random bf16/f16; 16x16x32 equals two 16x16x16 on the
-//   halves of the lane vectors (what kernels/mfma.cuh does on gfx942).
+//   halves of the lane vectors (what kernels/attention/mfma/mfma.cuh does on gfx942).
 // The hardware side, the same comparisons on an AMD GPU, is tests/gpu/test_mfma_gpu.cu.
 #include <array>
 #include <cmath>
@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/bf16.h"
-#include "kernels/cpu/mfma_emu.h"
-#include "kernels/mfma_layout.h"
+#include "kernels/common/bf16.h"
+#include "kernels/cpu/attention/mfma_emu.h"
+#include "kernels/attention/mfma/mfma_layout.h"
 #include "tests/catch.h"
 
 namespace {
@@ -95,7 +95,7 @@ TEST_CASE("mfma 16x16x32 operand layouts follow CDNA3's 16x16x32 lane and value 
   using L = Mfma16x16x32Layout;
   // The fp8 table: 8 one-byte values per lane, four to a VGPR: value = 4 * GPR + LO / 8.
   // gfx950's bf16/f16 16x16x32 holds 8 two-byte values per lane in the same order
-  // (kernels/mfma_layout.h gives the sources).
+  // (kernels/attention/mfma/mfma_layout.h gives the sources).
   const auto ta = read_calculator_table("cdna3.v_mfma_f32_16x16x32_fp8_fp8_A.csv", 16, 32);
   const auto tb = read_calculator_table("cdna3.v_mfma_f32_16x16x32_fp8_fp8_B.csv", 32, 16);
   for (int r = 0; r < 16; ++r) {

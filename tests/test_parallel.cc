@@ -18,7 +18,7 @@
 #include <unistd.h>
 #include "tests/catch.h"
 
-#include "kernels/bf16.h"
+#include "kernels/common/bf16.h"
 #include "src/loading/model_spec.h"
 #include "src/parallel/cpu_communicator.h"
 #include "src/parallel/init_watch.h"

@@ -5,7 +5,7 @@
 #include <vector>
 #include "tests/catch.h"
 
-#include "kernels/cpu/sampling.h"
+#include "kernels/cpu/ops/sampling.h"
 #include "src/runtime/sampler.h"
 
 using namespace kvfuse;
@@ -75,7 +75,7 @@ TEST_CASE("sampler: the same seed gives the same stream, and parameters are vali
 
 namespace {
 
-// The rule of kernels/sampling.h written the obvious way: sort by (logit desc, id asc),
+// The rule of kernels/ops/sampling.h written the obvious way: sort by (logit desc, id asc),
 // take the top-k prefix, then the shortest prefix reaching ceil(p x weight), then walk
 // the kept tokens in id order.
 int32_t brute_force_sample(const std::vector<float>& lg, const RowSampling& p) {

@@ -12,7 +12,7 @@
 #include <vector>
 #include "tests/catch.h"
 
-#include "kernels/bf16.h"
+#include "kernels/common/bf16.h"
 #include "src/parallel/cpu_communicator.h"
 #include "src/parallel/tcp_communicator.h"
 #include "tests/free_port.h"

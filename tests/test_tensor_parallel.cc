@@ -23,7 +23,7 @@
 #include <atomic>
 #include <chrono>
 
-#include "kernels/bf16.h"
+#include "kernels/common/bf16.h"
 #include "src/backends/cpu/cpu_backend.h"
 #include "src/loading/calibration.h"
 #include "tests/engine_test_util.h"

@@ -45,9 +45,9 @@
 
 #include "bench/common/gpu_bench.cuh"
 #include "bench/common/json_writer.h"
-#include "kernels/gemv.cuh"
-#include "kernels/model_ops.cuh"
-#include "kernels/tp_push.cuh"
+#include "kernels/gemm/gemv.cuh"
+#include "kernels/ops/model_ops.cuh"
+#include "kernels/parallel/tp_push.cuh"
 #include "src/parallel/nccl_communicator.h"
 #include "src/parallel/peer_allreduce.h"
 

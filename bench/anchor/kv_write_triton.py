@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A Triton peer of kvfuse's fused KV write, timed the way bench_kv_write times its own.
 
-The kernel has the fused write's semantics (kernels/kv_write.cuh): bf16 K and V rows of
+The kernel has the fused write's semantics (kernels/kv_write/kv_write.cuh): bf16 K and V rows of
 8 KV heads x 128 for T tokens, one int64 slot per token (negative: skipped), x / scale
 cast to e4m3fn, stored into a paged [pages, 16, 8, 128] cache. Scales are read from
 device memory, as the engine's are. Each program writes one token's K and V rows.

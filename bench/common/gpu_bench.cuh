@@ -3,7 +3,7 @@
 // timing of a call as CUDA-graph replay or as eager launches between two events.
 #pragma once
 
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -46,7 +46,7 @@ inline std::optional<DeviceInfo> query_device(int dev = 0) {
   d.multiprocessors = prop.multiProcessorCount;
   d.l2_bytes = prop.l2CacheSize;
   d.memory_bytes = int64_t(prop.totalGlobalMem);
-  // BENCH_RT(cuda name, hip name): the runtime's own name where kernels/vendor/hip.h
+  // BENCH_RT(cuda name, hip name): the runtime's own name where kernels/common/vendor/hip.h
   // maps none. Attributes, not cudaDeviceProp fields: CUDA 13 dropped the clock fields.
 #if defined(KVFUSE_HIP) || defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)
 #define BENCH_RT(cuda, hip) hip

@@ -12,9 +12,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/kv_types.h"
-#include "kernels/sampling.h"
-#include "kernels/tp_push.h"
+#include "kernels/common/kv_types.h"
+#include "kernels/ops/sampling.h"
+#include "kernels/parallel/tp_push.h"
 #include "src/common/status_macros.h"
 #include "src/loading/config.h"
 #include "src/loading/model_spec.h"
@@ -141,7 +141,7 @@ class Backend {
   virtual absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
                                                      const bf16_t* bias) = 0;
 
-  // Ops. Activations are bf16 rows; see kernels/cpu/ops.h for the contracts.
+  // Ops. Activations are bf16 rows; see kernels/cpu/ops/ops.h for the contracts.
   virtual absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
                                  bf16_t* out) = 0;
   virtual absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
@@ -149,7 +149,7 @@ class Backend {
   virtual absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) = 0;
   virtual absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) = 0;
   // linear into out (the same bits), the [m, w.n] result also stored into every push target
-  // (kernels/tp_push.h: a tensor-parallel peer's inbox, device memory this backend's GPU
+  // (kernels/parallel/tp_push.h: a tensor-parallel peer's inbox, device memory this backend's GPU
   // reaches). GPU backends only: the GEMV stores from its epilogue, other GEMMs are
   // followed by a copy kernel. Others: UNIMPLEMENTED (the model asks its communicator
   // first, and only GPU communicators offer push targets).
@@ -185,7 +185,7 @@ class Backend {
   // own scratch (grown as the attention scratch is; see graph_epoch).
   virtual absl::Status kv_write(const KvWriteArgs& args, KvWritePath path) = 0;
   // KvWritePath::fused_rope: rope() of args.q and args.kv.k and the fused kv_write in one
-  // op (kernels/kv_types.h, KvWriteRopeArgs): q ends as rope leaves it, the cache as rope
+  // op (kernels/common/kv_types.h, KvWriteRopeArgs): q ends as rope leaves it, the cache as rope
   // then the fused write leave it; args.kv.k is not modified.
   virtual absl::Status kv_write_rope(const KvWriteRopeArgs& args) = 0;
   // Sizes that scratch for the largest step (max_tokens rows of row_elems) up front, so
@@ -207,12 +207,12 @@ class Backend {
                                    int32_t* finite) = 0;
 
   // Per row with params[row].temperature > 0: the sampled token into tokens[row]
-  // (kernels/sampling.h has the rule; greedy rows are not written).
+  // (kernels/ops/sampling.h has the rule; greedy rows are not written).
   virtual absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
                                    int32_t* tokens) = 0;
 
   // Per row with req[row].top_n >= 0: the logprob of its target and its top-n tokens
-  // into out[row] (kernels/sampling.h has the rule; a target < 0 is the row's chosen
+  // into out[row] (kernels/ops/sampling.h has the rule; a target < 0 is the row's chosen
   // token: sampled[row] if params[row].temperature > 0, else greedy[row]). Other rows
   // are not written.
   virtual absl::Status logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,

@@ -9,7 +9,7 @@
 // library that made it), and ends in " +skinny" where kvfuse's skinny GEMM was among
 // the shape's candidates; "algo" is the library's opaque algorithm struct in hex, or empty when
 // "kernel" names kvfuse's own kernel instead ("kvfuse-gemv/N", variant N of
-// kernels/gemv.cuh, or "kvfuse-skinny/N", of kernels/gemm_skinny.cuh; absent for the
+// kernels/gemm/gemv.cuh, or "kvfuse-skinny/N", of kernels/gemm/gemm_skinny.cuh; absent for the
 // library's). Writers take an advisory lock (flock on "<file>.lock"), merge with what is
 // there and replace the file by a rename, so concurrent processes never leave a torn file
 // and never lose each other's entries. A file that cannot be parsed is ignored (and

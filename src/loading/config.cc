@@ -19,7 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "kernels/enum_name.h"
+#include "kernels/common/enum_name.h"
 #include "src/common/status_macros.h"
 #include "src/loading/env_switches.h"
 #include "src/loading/int_list.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "kernels/bf16.h"
+#include "kernels/common/bf16.h"
 #include "src/loading/model_spec.h"
 
 namespace kvfuse {

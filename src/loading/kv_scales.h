@@ -26,7 +26,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "absl/status/statusor.h"
-#include "kernels/kv_types.h"
+#include "kernels/common/kv_types.h"
 #include "src/loading/config.h"
 
 namespace kvfuse {

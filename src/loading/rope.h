@@ -1,6 +1,6 @@
 // The rotary embedding's frequency table of a model: inv_freq[i] for the pair
 // (i, i + head_dim/2), and the factor that multiplies cos and sin, computed on the host
-// once per model and handed to Backend::rope (kernels/cpu/ops.h rope_neox has the
+// once per model and handed to Backend::rope (kernels/cpu/ops/ops.h rope_neox has the
 // contract). The formulas are transformers' (modeling_rope_utils.py, the 5.x release):
 //   default  inv_freq[i] = theta^(-2i/D)
 //   linear   theta^(-2i/D) / factor

@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kernels/fp8.h"
+#include "kernels/common/fp8.h"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {

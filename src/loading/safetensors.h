@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/bf16.h"
+#include "kernels/common/bf16.h"
 
 namespace kvfuse {
 

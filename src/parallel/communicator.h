@@ -23,7 +23,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "kernels/tp_push.h"
+#include "kernels/parallel/tp_push.h"
 
 namespace kvfuse {
 
@@ -68,7 +68,7 @@ class Communicator {
   // (the same answer on every rank; false by default, and the caller then all-reduces and
   // norms as usual). push_targets(call): where the projection of the forward pass's pushed
   // call number `call` (0, 1, ... in the order every rank makes them) also stores its
-  // [rows, cols] bf16 result (kernels/tp_push.h). push_add_rmsnorm(call, ...): after that
+  // [rows, cols] bf16 result (kernels/parallel/tp_push.h). push_add_rmsnorm(call, ...): after that
   // projection wrote `partial` on this rank, x = bf16(x + all-reduced partials) and out =
   // rmsnorm(x) * w, the bits of all_reduce_sum then the backend's add_rmsnorm; enqueued
   // like a collective.

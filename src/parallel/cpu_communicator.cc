@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kernels/bf16.h"
+#include "kernels/common/bf16.h"
 
 namespace kvfuse {
 

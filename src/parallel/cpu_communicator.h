@@ -6,7 +6,7 @@
 //
 // all_reduce_sum is deterministic and the same on every rank: element i is
 // ((x_0 + x_1) + x_2) + ... in fp32, ranks in order, and bf16 inputs are widened exactly
-// and rounded once at the end (kernels/bf16.h, round to nearest even). Rank r computes
+// and rounded once at the end (kernels/common/bf16.h, round to nearest even). Rank r computes
 // the elements of its slice into the group's scratch and every rank copies the whole
 // result, so the bits do not depend on which rank computed them.
 //

@@ -1,7 +1,7 @@
 #include "src/parallel/nccl_communicator.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {

@@ -4,13 +4,13 @@
 #include <cstdlib>
 #include <cstring>
 
-// kernels/gpu.h first: under HIP it brings the device memcpy that kernels/bf16.h uses.
-#include "kernels/gpu.h"
+// kernels/common/gpu.h first: under HIP it brings the device memcpy that kernels/common/bf16.h uses.
+#include "kernels/common/gpu.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/bf16.h"
-#include "kernels/rmsnorm_row.cuh"
-#include "kernels/tp_push.cuh"
+#include "kernels/common/bf16.h"
+#include "kernels/ops/rmsnorm_row.cuh"
+#include "kernels/parallel/tp_push.cuh"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {
@@ -48,7 +48,7 @@ struct KernelArgs {
   bool vectors;  // buf is 16-byte aligned
 };
 
-// bf16 (as raw bits) or f32 elements: widened exactly, rounded once (kernels/bf16.h, the
+// bf16 (as raw bits) or f32 elements: widened exactly, rounded once (kernels/common/bf16.h, the
 // CPU communicator's conversion).
 template <class T>
 struct Elem;

@@ -52,10 +52,10 @@
 // sits between a row-parallel projection and the residual add + RMSNorm after it. There the
 // group can do without a kernel of its own: the projection stores its bf16 partial sums
 // into every peer's inbox as well as into its own output (the GEMV from its epilogue,
-// kernels/gemv.cuh; other GEMMs through launch_push_copy, kernels/tp_push.cuh), and the
+// kernels/gemm/gemv.cuh; other GEMMs through launch_push_copy, kernels/parallel/tp_push.cuh), and the
 // norm kernel of each rank sums its own partial and its inbox's, in rank order, before the
 // add and the norm: the bits of all_reduce_sum followed by the backend's add_rmsnorm. No
-// flags: every inbox element holds kPushEmpty (kernels/tp_push.h) until a peer stores a
+// flags: every inbox element holds kPushEmpty (kernels/parallel/tp_push.h) until a peer stores a
 // value, which is never kPushEmpty, and the norm polls each 16-byte chunk until none of its
 // elements is, then stores kPushEmpty back ("Lamport" buffers, as TensorRT-LLM's one-shot
 // all-reduce). A call costs the remote stores, which the projection issues as it finishes,
@@ -112,7 +112,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/tp_push.h"
+#include "kernels/parallel/tp_push.h"
 #include "src/parallel/communicator.h"
 
 namespace kvfuse {

@@ -46,7 +46,7 @@ struct SequenceState {
 // `logits` returns the logits of the item's last token (teacher-forced evaluation in
 // tests and tools), with or without sampling.
 //
-// Logprobs (kernels/sampling.h: log-softmax of the raw logits): `logprobs` asks for the
+// Logprobs (kernels/ops/sampling.h: log-softmax of the raw logits): `logprobs` asks for the
 // sampled token's (needs `sample`), `prompt_logprobs` for each token of the item whose
 // predecessor the item computes — every computed position whose next token is already
 // known gives the logprob of that token — each with its `top_logprobs` most likely

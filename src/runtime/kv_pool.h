@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/kv_types.h"
+#include "kernels/common/kv_types.h"
 #include "src/backends/backend.h"
 
 namespace kvfuse {

@@ -42,7 +42,7 @@ struct DecoderPass {
   float* logits_gathered = nullptr;
   int32_t* tokens = nullptr;  // out: [3, R] greedy tokens, finiteness flags, sampled tokens
 
-  // Logprobs (kernels/sampling.h). Per logits row, or null when no row asks.
+  // Logprobs (kernels/ops/sampling.h). Per logits row, or null when no row asks.
   const LogprobRow* logprobs = nullptr;  // [R]
   // Rows of T whose logits serve logprobs only (a prompt token's, its target the next
   // token): run in chunks of logits_capacity rows through `last` and `logits` before the

@@ -31,7 +31,7 @@ struct ForwardBatch {
   std::vector<int32_t> logits_rows;   // rows of T whose greedy token (and maybe logits) are returned
   std::vector<uint8_t> logits_host;   // per logits row: 1 copies the row's logits to the host
   std::vector<RowSampling> sampling;  // per logits row: temperature > 0 samples on the device
-  // Logprobs (kernels/sampling.h): per logits row, or empty when no row asks.
+  // Logprobs (kernels/ops/sampling.h): per logits row, or empty when no row asks.
   std::vector<LogprobRow> logprobs;
   // Rows of T whose logits serve logprobs only (prompt tokens, targets known); not in a
   // decode-only batch.

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/sampling.h"
+#include "kernels/cpu/ops/sampling.h"
 
 namespace kvfuse {
 

@@ -4,7 +4,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/enum_name.h"
+#include "kernels/common/enum_name.h"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {

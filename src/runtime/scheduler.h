@@ -28,7 +28,7 @@ namespace kvfuse {
 enum class FinishReason { none, length, stop, abort, error };
 const char* to_string(FinishReason r);
 
-// Logprobs a request asks for (kernels/sampling.h: log-softmax of the raw logits):
+// Logprobs a request asks for (kernels/ops/sampling.h: log-softmax of the raw logits):
 // each sampled token's (`enabled`), the prompt tokens' (`prompt`: every token whose
 // predecessor is computed by the request's prefill), each with its `top_n` (0 .. 20)
 // most likely tokens.

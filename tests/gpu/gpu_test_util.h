@@ -3,7 +3,7 @@
 // "N passed, M failed" and exits non-zero on failure needs nothing beyond the toolkit.
 #pragma once
 
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,5 +1,5 @@
-// GPU paged attention (kernels/attention.cuh), unified and split, against the CPU
-// reference (kernels/cpu/attention.h) on mixed batches of prefill chunks (with prior
+// GPU paged attention (kernels/attention/attention.cuh), unified and split, against the CPU
+// reference (kernels/cpu/attention/attention.h) on mixed batches of prefill chunks (with prior
 // context) and decode rows: every cache dtype (e4m3fn through the hardware conversion and
 // through bit manipulation, e4m3fnuz, e5m2, bf16), head_dim 64/128/256, GQA 1..8 (7
 // included), page sizes 1, 3, 16, 48, 64, sliding windows, shuffled pages with -1 for
@@ -15,7 +15,7 @@
 // (1e-4 for outputs near zero through cancellation; values here are O(1), and a wrong
 // mask, page or scale moves outputs by ~0.1). Out-of-row padding must be untouched and
 // every output element written.
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention.cuh"
-#include "kernels/cpu/attention.h"
+#include "kernels/attention/attention.cuh"
+#include "kernels/cpu/attention/attention.h"
 #include "tests/attention_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 

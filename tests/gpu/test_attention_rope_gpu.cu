@@ -1,4 +1,4 @@
-// Attention with RoPE and the KV write taken in (kernels/attention.cuh, the rope argument
+// Attention with RoPE and the KV write taken in (kernels/attention/attention.cuh, the rope argument
 // of launch_attention_unified / launch_attention_split) against the two launches it
 // replaces on the same device: launch_kv_write_rope (tested against the CPU twin in
 // test_kv_write_rope_gpu) followed by the same attention launcher without the write
@@ -15,7 +15,7 @@
 // and with the merge kernel, PDL on and off, a CUDA-graph replay; and the refusals
 // (prefill rows, k_rotated, e4m3fnuz, a write over other rows or another cache). Without
 // a GPU it skips.
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -25,8 +25,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention.cuh"
-#include "kernels/kv_write_rope.cuh"
+#include "kernels/attention/attention.cuh"
+#include "kernels/kv_write/kv_write_rope.cuh"
 #include "tests/attention_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 

@@ -1,4 +1,4 @@
-// Device FP8 conversion (kernels/fp8_convert.cuh) against the bytes that define it:
+// Device FP8 conversion (kernels/common/fp8_convert.cuh) against the bytes that define it:
 // - on the GPU: cvt_fp8x4<F> over every bf16 value (widened exactly) and over 65,536
 //   random fp32 values, against the H200 instruction's files in tests/data (e4m3fn,
 //   e5m2) and the CPU reference fp8_encode (all three formats, FNUZ included);
@@ -12,7 +12,7 @@
 //   instruction does there is not documented and the fix-up must cover both; the gfx950
 //   one writes NaN, and overflow (which the recipe's clamp must prevent), with the
 //   input's sign, as the OCP encodings allow.
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <cmath>
 #include <cstdio>
@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/bf16.h"
-#include "kernels/fp8_convert.cuh"
+#include "kernels/common/bf16.h"
+#include "kernels/common/fp8_convert.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {

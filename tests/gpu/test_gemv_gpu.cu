@@ -1,4 +1,4 @@
-// The decode GEMM (kernels/gemv.cuh) against an exact reference: out = x . w^T for m = 1..8
+// The decode GEMM (kernels/gemm/gemv.cuh) against an exact reference: out = x . w^T for m = 1..8
 // rows over shapes from tiny to llama3-8b's (n not a multiple of the block's rows, k of
 // one 16-byte chunk up to 14336), fp32 and bf16 outputs, and the refusals. Without a GPU
 // it skips.
@@ -16,11 +16,11 @@
 // must the bits be; so is the pushed GEMV (launch_gemv_push_bf16), each target holding the
 // results' push_bits and nothing else.
 //
-// The skinny tensor-core GEMM (kernels/gemm_skinny.cuh, m up to 64) is held to the same
+// The skinny tensor-core GEMM (kernels/gemm/gemm_skinny.cuh, m up to 64) is held to the same
 // bound for every variant (k split 1 to 8 ways: the parts are fp32 sums too, and adding
 // them is more fp32 additions, within gamma(k)), its bf16 output must be its fp32 output
 // rounded, and each variant must repeat its own bits on a second launch.
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <cmath>
 #include <cstdio>
@@ -30,10 +30,10 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/gemm_skinny.cuh"
-#include "kernels/gemv.cuh"
-#include "kernels/model_ops.cuh"
-#include "kernels/tp_push.h"
+#include "kernels/gemm/gemm_skinny.cuh"
+#include "kernels/gemm/gemv.cuh"
+#include "kernels/ops/model_ops.cuh"
+#include "kernels/parallel/tp_push.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {

@@ -1,5 +1,5 @@
-// GPU KV write parity (kernels/kv_write.cuh) against the CPU reference
-// (kernels/cpu/kv_write.h): whole K and V cache buffers byte-identical after the fused
+// GPU KV write parity (kernels/kv_write/kv_write.cuh) against the CPU reference
+// (kernels/cpu/kv_write/kv_write.h): whole K and V cache buffers byte-identical after the fused
 // and the unfused write, for every cache dtype (e4m3fn, e4m3fnuz, e5m2, bf16), both
 // source dtypes, head_dim 64/128/256, page sizes 1/3/16/64, with and without an SWA
 // table, k_scale != v_scale != 1, values beyond the format's range, +-inf, NaN,
@@ -10,7 +10,7 @@
 // through the kernels at scale 1 against the H200 instruction's files, CUDA-graph
 // replays with padding slots (T = 64, 8 and 1), and the unsupported-argument path.
 // Without a GPU it skips.
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/kv_write.h"
-#include "kernels/kv_write.cuh"
+#include "kernels/cpu/kv_write/kv_write.h"
+#include "kernels/kv_write/kv_write.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {

@@ -1,5 +1,5 @@
-// GPU KV write with RoPE on the way (kernels/kv_write_rope.cuh) against the CPU twin
-// (kernels/cpu/kv_write.h, kv_write_rope) and against the two kernels it replaces.
+// GPU KV write with RoPE on the way (kernels/kv_write/kv_write_rope.cuh) against the CPU twin
+// (kernels/cpu/kv_write/kv_write.h, kv_write_rope) and against the two kernels it replaces.
 //
 // What must hold, per case:
 // - q within rope's tolerance of the CPU's (the device's sinf/cosf are not the libm's:
@@ -18,7 +18,7 @@
 // positions up to 300000, attention_scaling 1 and 1.1386, scales != 1 and the pool's
 // reciprocals, PDL on and off, T = 1 .. 8 (decode), 37 and 300. Also CUDA-graph replays
 // with padding slots and the unsupported-argument path. Without a GPU it skips.
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,10 +31,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/kv_write.h"
-#include "kernels/kv_write.cuh"
-#include "kernels/kv_write_rope.cuh"
-#include "kernels/model_ops.cuh"
+#include "kernels/cpu/kv_write/kv_write.h"
+#include "kernels/kv_write/kv_write.cuh"
+#include "kernels/kv_write/kv_write_rope.cuh"
+#include "kernels/ops/model_ops.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {

@@ -1,6 +1,6 @@
-// The MFMA instructions on an AMD GPU (kernels/mfma_probe.cu, through kernels/mfma.cuh's
-// wrappers) against the host emulator (kernels/cpu/mfma_emu.h), lane register by lane
-// register: the hardware check of the lane layouts in kernels/mfma_layout.h.
+// The MFMA instructions on an AMD GPU (kernels/attention/mfma/mfma_probe.cu, through kernels/attention/mfma/mfma.cuh's
+// wrappers) against the host emulator (kernels/cpu/attention/mfma_emu.h), lane register by lane
+// register: the hardware check of the lane layouts in kernels/attention/mfma/mfma_layout.h.
 // - integer-valued operands and accumulators, whose every partial sum is exact in any
 //   order: the accumulators must be equal, bit for bit;
 // - random bf16 / f16 operands and fp32 accumulators: within twice mfma_sum_error_bound
@@ -8,7 +8,7 @@
 //   within the bound of the exact value).
 // On CUDA, and without a GPU, it skips: MFMA is a CDNA instruction. The layouts and the
 // emulator are also tested on the CPU (tests/test_mfma_layout.cc).
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <cmath>
 #include <cstdio>
@@ -16,9 +16,9 @@
 #include <random>
 #include <string>
 
-#include "kernels/bf16.h"
-#include "kernels/cpu/mfma_emu.h"
-#include "kernels/mfma_probe.cuh"
+#include "kernels/common/bf16.h"
+#include "kernels/cpu/attention/mfma_emu.h"
+#include "kernels/attention/mfma/mfma_probe.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// The cross-lane helpers of kernels/gpu.h on the device (shuffles on NVIDIA, DPP on
+// The cross-lane helpers of kernels/common/gpu.h on the device (shuffles on NVIDIA, DPP on
 // AMD CDNA), lane by lane, against host sums, maxima and scans of the same values:
 // - warp_reduce_sum of integer-valued floats (exact in any order) and of u64 values that
 //   carry across 32-bit words: equal to the host's; of random floats: every lane the same
@@ -10,7 +10,7 @@
 // Also launch_kernel's errors: a launch the runtime refuses (more threads than a block may
 // have), with and without PDL, returns its error and leaves none behind for the next
 // launch, which succeeds.
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <cmath>
 #include <cstdio>

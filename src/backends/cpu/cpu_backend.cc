@@ -8,11 +8,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/kv_write.h"
-#include "kernels/cpu/ops.h"
-#include "kernels/cpu/sampling.h"
+#include "kernels/cpu/attention/attention.h"
+#include "kernels/cpu/gemm/gemm.h"
+#include "kernels/cpu/kv_write/kv_write.h"
+#include "kernels/cpu/ops/ops.h"
+#include "kernels/cpu/ops/sampling.h"
 #include "src/runtime/sampler.h"
 
 namespace kvfuse {
@@ -32,7 +32,7 @@ class CpuBackend final : public Backend {
   KvFormat resolve_kv_format(KvCacheDtype d) const override { return kv_format_for(d, false); }
   // The reference kernels (kernels/cpu/) take any head_dim, page size and format; they
   // need positive heads with the query heads a multiple of the KV heads (which
-  // resolve_model_spec already validates; kernels/cpu/attention.cc aborts otherwise).
+  // resolve_model_spec already validates; kernels/cpu/attention/attention.cc aborts otherwise).
   absl::Status check_supported(const ModelSpec& s, KvFormat) const override {
     if (s.head_dim > 0 && s.num_kv_heads > 0 && s.num_q_heads > 0 && s.num_q_heads % s.num_kv_heads == 0) {
       return absl::OkStatus();

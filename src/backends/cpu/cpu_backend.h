@@ -5,12 +5,12 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm/gemm.h"
 #include "src/backends/backend.h"
 
 namespace kvfuse {
 
-// GEMMs on the given kernel (every kernel computes the same bits; see kernels/cpu/gemm.h).
+// GEMMs on the given kernel (every kernel computes the same bits; see kernels/cpu/gemm/gemm.h).
 std::unique_ptr<Backend> make_cpu_backend(cpu::GemmIsa isa);
 // GEMMs on the widest kernel this CPU runs.
 std::unique_ptr<Backend> make_cpu_backend();

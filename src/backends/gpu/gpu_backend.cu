@@ -2,7 +2,7 @@
 // GEMMs through cuBLASLt / hipBLASLt, every other op through the kernels in kernels/.
 // All work is queued on one stream; the host waits only when it reads results back
 // (copy_to_host, synchronize), so a step has no host synchronisation inside it.
-#include "kernels/gpu.h"
+#include "kernels/common/gpu.h"
 
 #include <algorithm>
 #include <atomic>
@@ -19,15 +19,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/attention.cuh"
-#include "kernels/dispatch.h"
-#include "kernels/gemm_skinny.cuh"
-#include "kernels/gemv.cuh"
-#include "kernels/kv_write.cuh"
-#include "kernels/kv_write_rope.cuh"
-#include "kernels/model_ops.cuh"
-#include "kernels/sampling.cuh"
-#include "kernels/tp_push.cuh"
+#include "kernels/attention/attention.cuh"
+#include "kernels/common/dispatch.h"
+#include "kernels/gemm/gemm_skinny.cuh"
+#include "kernels/gemm/gemv.cuh"
+#include "kernels/kv_write/kv_write.cuh"
+#include "kernels/kv_write/kv_write_rope.cuh"
+#include "kernels/ops/model_ops.cuh"
+#include "kernels/ops/sampling.cuh"
+#include "kernels/parallel/tp_push.cuh"
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
 #include "src/backends/gemm_cache.h"
@@ -440,7 +440,7 @@ class GpuBackend final : public Backend {
     // OCP e4m3fn. gcnArchName carries feature suffixes ("gfx942:sramecc+:xnack-").
     const std::string arch = prop.gcnArchName;
     fnuz_ = arch.rfind("gfx940", 0) == 0 || arch.rfind("gfx941", 0) == 0 || arch.rfind("gfx942", 0) == 0;
-    // The kernels are built for 64-lane wavefronts (kernels/vendor/hip.h).
+    // The kernels are built for 64-lane wavefronts (kernels/common/vendor/hip.h).
     if (prop.warpSize != gpu::kWarpSize) {
       return absl::FailedPreconditionError(
           absl::StrFormat("hip: %s (%s) runs %d-lane wavefronts; kvfuse's kernels need %d (CDNA)", prop.name,
@@ -504,8 +504,8 @@ class GpuBackend final : public Backend {
     blasLtMatmulDesc_t desc = nullptr;
     blasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
     blasLtMatmulAlgo_t algo{};
-    int gemv = -1;  // >= 0: kvfuse's GEMV (kernels/gemv.cuh) of that variant instead of the library
-    int skinny = -1;  // >= 0: kvfuse's skinny GEMM (kernels/gemm_skinny.cuh) of that variant
+    int gemv = -1;  // >= 0: kvfuse's GEMV (kernels/gemm/gemv.cuh) of that variant instead of the library
+    int skinny = -1;  // >= 0: kvfuse's skinny GEMM (kernels/gemm/gemm_skinny.cuh) of that variant
     GemmPlan() = default;
     GemmPlan(const GemmPlan&) = delete;
     GemmPlan& operator=(const GemmPlan&) = delete;
@@ -531,7 +531,7 @@ class GpuBackend final : public Backend {
   // keyed by device, library version and shape, so that every process on the machine (two
   // servers A/B-ed side by side) runs the same kernels and a restart does not tune again.
   // KVFUSE_GEMM_TUNE_LOG=1 prints each decision to stderr. Shapes of at most
-  // gpu::kGemvMaxRows rows also time kvfuse's GEMV (kernels/gemv.cuh) the same way, and
+  // gpu::kGemvMaxRows rows also time kvfuse's GEMV (kernels/gemm/gemv.cuh) the same way, and
   // run it where it is the fastest (KVFUSE_GEMV=0 leaves it out).
   static constexpr int64_t kTuneMaxRows = 512;
   static constexpr int kTuneCandidates = 8;

@@ -1,0 +1,66 @@
+// The CPU backend's GEMM: y[m, n] = x[m, k] * w[n, k]^T (+ bias), the layout of a Linear
+// layer's weight, with a fixed summation order so that the CPU backend is batch-invariant.
+//
+// Every output element is one fp32 fused multiply-add chain over k in increasing order,
+// starting from +0:  acc = 0; for p in 0..k-1: acc = fma(x[i, p], w[j, p], acc).
+// Tiles, vector width (AVX-512, AVX2+FMA, or scalar) and k blocking change only how many
+// such chains run side by side, never the order within one, so the bits of a row depend
+// on that row and the weights alone: not on m, the row's position in the batch, the tail
+// handling or the machine's SIMD width.
+//
+// Weights stay bf16 (half the bytes a decode step streams) and are packed once at load in
+// panels of kGemmPanel output columns, k-major within a panel (zero-padded past n), so a
+// tile reads a panel row with one vector load and widens it exactly to fp32. Activations
+// are bf16 and are widened per call.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "kernels/common/bf16.h"
+
+namespace kvfuse::cpu {
+
+constexpr int64_t kGemmPanel = 16;  // output columns per packed weight panel
+
+enum class GemmIsa { generic, avx2, avx512 };
+
+const char* gemm_isa_name(GemmIsa isa);
+bool gemm_isa_supported(GemmIsa isa);
+// The widest kernel this CPU runs.
+GemmIsa gemm_widest_isa();
+// The widest supported kernel, or the one named by KVFUSE_CPU_GEMM (generic, avx2,
+// avx512); an unknown or unsupported name there is an error naming the variable.
+bool gemm_isa_from_env(GemmIsa& isa, std::string& error);
+
+// bf16 elements of a packed [n, k] weight.
+size_t gemm_packed_elems(int64_t n, int64_t k);
+// Packs a bf16 [n, k] row-major weight.
+void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, bf16_t* packed);
+
+// y[i * ldy + j] = sum_p x[i * k + p] * w[j, p] for j < round_up(n, kGemmPanel) (columns
+// past n are 0), with `packed` from gemm_pack_weight. ldy >= round_up(n, kGemmPanel).
+// wbuf (gemm_wbuf_floats(), or null) lets large m widen each weight block once.
+void gemm_f32(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* y, int64_t ldy,
+              GemmIsa isa, float* wbuf = nullptr);
+size_t gemm_wbuf_floats();
+
+// Floats of scratch linear_bf16 / linear_f32_out need.
+size_t gemm_scratch_floats(int64_t m, int64_t k, int64_t n);
+
+// out (bf16) = round(x * w^T + bias); bias may be null. The bias is added to the finished
+// fp32 dot product, then the sum is rounded once.
+void linear_bf16(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, const float* bias,
+                 bf16_t* out, float* scratch, GemmIsa isa);
+
+// out (fp32) = x * w^T; used for logits.
+void linear_f32_out(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* out,
+                    float* scratch, GemmIsa isa);
+
+// The per-ISA drivers (gemm_avx2.cc, gemm_avx512.cc; x86-64 builds only).
+void gemm_f32_avx2(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t panels, float* y,
+                   int64_t ldy, float* wbuf);
+void gemm_f32_avx512(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t panels, float* y,
+                     int64_t ldy, float* wbuf);
+
+}  // namespace kvfuse::cpu
