@@ -18,6 +18,7 @@
 #include "server/signals.h"
 #include "src/common/status_macros.h"
 #include "src/loading/config.h"
+#include "src/loading/config_docs.h"
 #include "src/loading/env_switches.h"
 #include "src/runtime/engine.h"
 
@@ -133,12 +134,23 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 2047))
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace | debug | info | warn | error")->capture_default_str();
-  bool print_keys = false, print_env = false;
-  app.add_flag("--config-keys", print_keys, "print every config key and exit");
+  std::string keys_format;
+  CLI::Option* print_keys =
+      app.add_option("--config-keys", keys_format,
+                     "print every config key and exit; =markdown prints the tables of docs/configuration.md "
+                     "(keys with defaults and variables, then the KVFUSE_* switches)")
+          ->expected(0, 1)
+          ->default_str("plain")
+          ->check(CLI::IsMember({"plain", "markdown"}));
+  bool print_env = false;
   app.add_flag("--help-env", print_env, "print every KVFUSE_* environment variable and exit");
   CLI11_PARSE(app, argc, argv);
 
-  if (print_keys) {
+  if (print_keys->count() > 0) {
+    if (keys_format == "markdown") {
+      std::fputs(config_keys_markdown().c_str(), stdout);
+      return 0;
+    }
     for (const auto& d : config_key_docs()) std::printf("%-18s %-45s %s\n", d.key, d.values, d.meaning);
     return 0;
   }
