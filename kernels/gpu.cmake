@@ -1,4 +1,4 @@
-# GPU kernels, one CUDA-dialect source for both vendors (DESIGN.md §5): with
+# GPU kernels, one CUDA-dialect source for both vendors (docs/design.md#gpu-portability-layer): with
 # KVFUSE_GPU=CUDA the kernels/<family>/*.cu files build as CUDA, with KVFUSE_GPU=HIP the same
 # files are marked LANGUAGE HIP. Included by the top-level CMakeLists.txt and by the
 # standalone GPU test build (tests/gpu/CMakeLists.txt), so paths are relative to this

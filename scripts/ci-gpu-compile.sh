@@ -21,7 +21,7 @@ bad() {
 
 # The tensor-parallel parts (NCCL communicator, its test, the all-reduce benchmark) include
 # absl and Catch2 from the system, as the engine build does; NCCL itself is dlopen'ed.
-sources=(kernels/*/*.cu kernels/*/*/*.cu tests/gpu/*.cu bench/*.cu src/parallel/*.cu tests/test_gpu_*.cu bench/allreduce/*.cu)
+sources=(kernels/*/*.cu kernels/*/*/*.cu tests/gpu/*.cu bench/*.cu src/parallel/*.cu bench/allreduce/*.cu)
 common=(-std=c++20 -O3 -I. -DKVFUSE_TEST_DATA_DIR=\"tests/data\")
 
 # --- CUDA ------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 # Tensor parallelism on a machine with two GPUs (or more), in one run, from the bundle that
 # scripts/gpu-bundle.sh packs (carry .device-bundle or .device-bundle.tar.xz along):
 #   1. test_gpu_nccl, test_gpu_peer_allreduce (the all-reduce over peer memory against the
-#      rank-ordered sum, graphs, abort/timeout) and tests/test_gpu_tp (tp 2 against tp 1:
+#      rank-ordered sum, graphs, abort/timeout) and tests/gpu/test_gpu_tp.cc (tp 2 against tp 1:
 #      logits, greedy tokens, graphs on and off, layer-0 KV bytes per rank; the peer
 #      all-reduce against NCCL's at tp 2);
 #   2. kvfuse-bench-allreduce: NCCL and the peer all-reduce per call, 8 KB - 8 MB (the peer

@@ -2,7 +2,7 @@
 // the CPU build compiles too: the block modes, the kernel parameters, the split-KV
 // partition arithmetic and the merge of the partitions. The CUDA tile kernel
 // (kernels/attention/attention_tile.cuh), the CDNA MFMA kernel (kernels/attention/mfma/attention_mfma.h) and the
-// host lane runs of the latter (tests/test_attention_mfma_lanes.cc) all read them here.
+// host lane runs of the latter (tests/kernels/test_attention_mfma_lanes.cc) all read them here.
 #pragma once
 
 #include <climits>
@@ -85,7 +85,7 @@ inline Params base_params(const AttnArgs& a) {
 // Fixed cost of a decode block (Q, first loads, merge of its groups, partial output and
 // its share of the merge kernel), in keys: fitted on the H200 (batch 64 x 4096, e4m3fn,
 // partitions of 512..4096 keys took waves x (keys + 180) to within 1.2%;
-// bench/results/attention_h200.txt). Not refitted for CDNA.
+// bench/journal/results/attention_h200.txt). Not refitted for CDNA.
 constexpr int64_t kBlockOverheadKeys = 180;
 // Cost of each partition in a row's merge, in keys: the merge reads every partition's
 // partial result (max, sum and D outputs per query head) one after another, once per row

@@ -3,7 +3,7 @@
 // launchers' argument checks (kv_write_unsupported, attention_unsupported) take their
 // verdicts from here, and kernels/common/dispatch.cuh turns the same lists into template
 // instantiations: a shape is either listed here and compiled, or refused with a message
-// naming it (DESIGN.md §5, "one dispatch place").
+// naming it (docs/design.md#kernel-dispatch).
 #pragma once
 
 #include <array>

@@ -1,6 +1,6 @@
 // FP8 formats of the KV cache: encode from fp32 and decode to fp32.
 //
-// Encoding follows DESIGN.md and NVIDIA's cvt.rn.satfinite: round to nearest, ties to
+// Encoding follows docs/design.md#fp8-encoding-and-saturation and NVIDIA's cvt.rn.satfinite: round to nearest, ties to
 // even; finite values beyond the largest finite value and +-inf saturate to +-max
 // finite; NaN becomes the format's canonical NaN. This header is the CPU reference
 // that defines the cache bytes, and GPU kernels include it for their scalar fallback,

@@ -1,5 +1,5 @@
-// Packed fp32 -> FP8 conversion on the device, with the write semantics of DESIGN.md
-// ("Scales"): round to nearest even; finite overflow and +-inf saturate to +-max finite;
+// Packed fp32 -> FP8 conversion on the device, with the write semantics of
+// docs/design.md#fp8-encoding-and-saturation: round to nearest even; finite overflow and +-inf saturate to +-max finite;
 // every NaN becomes the format's canonical NaN (0x7f e4m3fn/e5m2, 0x80 e4m3fnuz). The
 // bytes equal kvfuse::fp8_encode (kernels/common/fp8.h), the CPU reference, for every input.
 //

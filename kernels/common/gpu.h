@@ -1,4 +1,4 @@
-// The GPU portability layer (DESIGN.md §5, llama.cpp style). Kernels and host code are
+// The GPU portability layer (docs/design.md#gpu-portability-layer, llama.cpp style). Kernels and host code are
 // written once in the CUDA dialect; kernels/common/vendor/hip.h maps the runtime names for
 // AMD, and the same .cu files build as LANGUAGE HIP (kernels/gpu.cmake). Everything
 // that differs between vendors inside a kernel is a helper here, so kernels have no

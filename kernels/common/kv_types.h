@@ -9,7 +9,7 @@
 namespace kvfuse {
 
 // Concrete element type of a KV cache buffer. fp8_e4m3 in the config resolves to
-// e4m3fn or e4m3fnuz depending on the device (DESIGN.md, "KV cache layout").
+// e4m3fn or e4m3fnuz depending on the device (docs/design.md#fp8-formats).
 enum class KvFormat : uint8_t { bf16, fp8_e4m3fn, fp8_e4m3fnuz, fp8_e5m2 };
 
 KVFUSE_HD int kv_format_bytes(KvFormat d) { return d == KvFormat::bf16 ? 2 : 1; }
@@ -59,7 +59,7 @@ struct PagedKvView {
   }
 };
 
-// Maps a token's full-pool slot to its slot in the SWA pool (DESIGN.md, "Slots").
+// Maps a token's full-pool slot to its slot in the SWA pool (docs/design.md#sliding-window-and-the-swa-pool).
 // Entries are -1 where the full slot has no SWA slot. A null table means no remap.
 struct SwaSlotTable {
   const int64_t* full_to_swa = nullptr;

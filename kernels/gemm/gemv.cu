@@ -20,7 +20,7 @@ constexpr int kThreads = 128;
 // each warp stores its group's kRows results of a token row, adjacent columns, as one vector
 // where `vector` allows (kRows x 2 bytes: 4 or 8), else one at a time. The same bits every
 // way. On an H200 with two ranks sharing it the staged stores took 2 us off a layer at 8 rows
-// and cost 0.8 us at 1 (bench/RESULTS.md).
+// and cost 0.8 us at 1 (bench/journal/2026-12-03.md).
 struct Push {
   PushTargets targets;  // count 0: none
   bool staged = false;

@@ -27,7 +27,7 @@ std::string kv_write_unsupported(const KvWriteArgs& args);
 
 // Launch options. The defaults are what the engine uses; the benchmark varies them.
 // Two warps (NVIDIA) or one wavefront (CDNA) per block. H200 sweep, graph replay
-// (bench/results/kv_write_h200.txt): T = 256: 1.75 / 1.73 / 1.72 / 1.90 / 2.44 / 3.39 us
+// (bench/journal/results/kv_write_h200.txt): T = 256: 1.75 / 1.73 / 1.72 / 1.90 / 2.44 / 3.39 us
 // for 32 / 64 / 128 / 256 / 512 / 1024 threads (small blocks spread the rows over more
 // SMs); T = 65536: 4.16 TB/s for 32 and 64, 4.14 for 128..512.
 constexpr int kKvWriteBlockThreads = 64;
@@ -55,7 +55,7 @@ struct KvWriteLaunch {
 };
 
 // One kernel writes K and V: FP8 caches get x * (1/scale) converted with saturation;
-// bf16 caches get launch_kv_store_bf16's copy. The fused path of DESIGN.md.
+// bf16 caches get launch_kv_store_bf16's copy. The fused path of docs/design.md#fused-write.
 LaunchStatus launch_kv_write_fused(const KvWriteArgs& args, cudaStream_t stream,
                                    const KvWriteLaunch& launch = {});
 

@@ -60,7 +60,7 @@ struct Config {
   // Server: a step's tokens go out to their streams while the device runs the next step
   // (off: between the two, on the step's critical path; for A/B).
   bool overlap_fanout = true;
-  // Tensor parallelism (src/parallel; docs in README "Tensor parallelism"): the ranks in one
+  // Tensor parallelism (src/parallel; docs/tensor-parallel.md): the ranks in one
   // process, or, with tp_rendezvous, spread over processes (one or several ranks each).
   int32_t tensor_parallel = 1;   // ranks in the group (the world size)
   std::vector<int32_t> devices;  // this process's GPU ordinals, one per rank it holds; empty: 0 .. n-1
@@ -107,7 +107,7 @@ std::string config_env_name(const std::string& key);
 absl::Status apply_config_env(nlohmann::json& j);
 nlohmann::json config_to_json(const Config& c);
 
-// Reference of every key, for --help and the README: key, allowed values, default, meaning.
+// Reference of every key, for --help and docs/configuration.md (config_keys_markdown in src/loading/config_docs.h): key, allowed values, meaning.
 struct ConfigKeyDoc {
   const char* key;
   const char* values;

@@ -1,7 +1,7 @@
 // The reference tables of docs/configuration.md, rendered from the code's own tables
 // (config_key_docs, config_to_json(Config{}), config_env_name, env_switches), so that the
 // page cannot drift from what the programs accept. kvfuse-server --config-keys=markdown
-// prints it; tests/test_config.cc checks that the page carries exactly this text.
+// prints it; tests/loading/test_config.cc checks that the page carries exactly this text.
 #pragma once
 
 #include <string>

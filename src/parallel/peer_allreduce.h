@@ -94,9 +94,9 @@
 // as they are created; with CUDA_DEVICE_MAX_CONNECTIONS=1 two ranks on an H200 hang until
 // the timeout in their first call), every rank allocates its memory before any rank calls
 // (an allocation may synchronise the GPU), and a group's first call is not the first work
-// of a fresh stream (seen to hang now and then on an H200). tests/test_gpu_peer_allreduce.cu
+// of a fresh stream (seen to hang now and then on an H200). tests/gpu/test_gpu_peer_allreduce.cu
 // does all three (run_ranks, Allocated). The engine's ranks sharing a GPU
-// (Config::tp_share_gpu, tests/test_gpu_tp.cc) meet on the host before each collective
+// (Config::tp_share_gpu, tests/gpu/test_gpu_tp.cc) meet on the host before each collective
 // (SharedGpuCommunicator) instead, and the test loads every kernel at start-up. What is
 // left: a kernel that needs many SMs at once (a persistent GEMM sized to the GPU, a
 // cluster launch) may wait behind a peer's spinning blocks; a graph replay, which meets

@@ -130,7 +130,7 @@ class Engine {
   int32_t num_local_ranks() const { return 1 + int32_t(ranks_.size()); }
   Backend& rank_backend(int32_t local_rank);
 
-  // A group across processes (tp_rendezvous; README "Tensor parallelism"): the process
+  // A group across processes (tp_rendezvous; docs/tensor-parallel.md#spanning-processes-and-nodes): the process
   // of rank 0 (the leader) is an ordinary engine whose steps also run on the other
   // processes' ranks. A process whose tp_rank is not 0 is a follower: Engine::create
   // joins the group, and follow() then runs the leader's commands; a follower's own

@@ -1,4 +1,4 @@
-// Tensor parallelism across processes (README "Tensor parallelism"): the engine's part
+// Tensor parallelism across processes (docs/tensor-parallel.md#spanning-processes-and-nodes): the engine's part
 // that forms the group (rendezvous, communicators; a process holds one rank or several
 // consecutive ones, each on its own thread and device), the leader's commands to the
 // other processes and a follower's loop that runs them on every rank it holds.

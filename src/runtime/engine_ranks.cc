@@ -1,4 +1,4 @@
-// Tensor parallelism inside one process (README "Tensor parallelism"): the engine's
+// Tensor parallelism inside one process (docs/tensor-parallel.md#in-one-process): the engine's
 // ranks other than 0 (a thread, a backend, a communicator, a model shard and a runner
 // each), made and loaded at creation; every call that runs on all ranks at once
 // (for_each_rank); the group's failure handling; the collectives benchmark; and rank 0

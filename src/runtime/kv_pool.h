@@ -1,5 +1,5 @@
 // The paged KV cache: page allocators, per-sequence page tables, slot mapping, and
-// the per-layer K/V buffers and scales in device memory (DESIGN.md, "Contracts").
+// the per-layer K/V buffers and scales in device memory (docs/design.md#paged-kv-cache-layout).
 //
 // Layers are either full-attention layers, whose pages come from the full pool, or
 // sliding-window layers, whose pages come from a separate, smaller SWA pool. Every

@@ -8,7 +8,7 @@
 // shape, graph replay equal to eager, and the unsupported-argument path. Without a GPU
 // it skips.
 //
-// Tolerance (as tests/test_attention.cc and tests/test_gpu_backend.cc): both sides
+// Tolerance (as tests/kernels/test_attention.cc and tests/gpu/test_gpu_backend.cc): both sides
 // compute in fp32 and round the output to bf16 once; they differ in summation order
 // (and exp2 vs exp), a few fp32 ulps, so the bf16 outputs agree within one bf16 ulp:
 //   |gpu - cpu| <= ulp_bf16(max(|gpu|, |cpu|)) + 1e-4
@@ -28,7 +28,7 @@
 
 #include "kernels/attention/attention.cuh"
 #include "kernels/cpu/attention/attention.h"
-#include "tests/attention_cases.h"
+#include "tests/util/attention_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {

@@ -27,7 +27,7 @@
 
 #include "kernels/attention/attention.cuh"
 #include "kernels/kv_write/kv_write_rope.cuh"
-#include "tests/attention_cases.h"
+#include "tests/util/attention_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {

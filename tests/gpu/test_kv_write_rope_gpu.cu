@@ -189,7 +189,7 @@ std::vector<uint16_t> columns(const HostInputs& in, const std::vector<uint16_t>&
   return out;
 }
 
-// rope's tolerance (tests/test_gpu_backend.cc, inputs of unit spread): one bf16 ulp of the
+// rope's tolerance (tests/gpu/test_gpu_backend.cc, inputs of unit spread): one bf16 ulp of the
 // larger magnitude, plus 2e-3 x attention_scaling x the inputs' spread for the
 // cancellation in x0*c - x1*s, where the device's cos and sin (within 2 ulp of the libm's)
 // move a small result by a part of the inputs' size; NaN against NaN and equal

@@ -7,7 +7,7 @@
 //   (AMD leaves the order of the fp32 additions open; emulator and hardware are each
 //   within the bound of the exact value).
 // On CUDA, and without a GPU, it skips: MFMA is a CDNA instruction. The layouts and the
-// emulator are also tested on the CPU (tests/test_mfma_layout.cc).
+// emulator are also tested on the CPU (tests/kernels/test_mfma_layout.cc).
 #include "kernels/common/gpu.h"
 
 #include <cmath>

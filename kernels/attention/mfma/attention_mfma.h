@@ -3,7 +3,7 @@
 // executor is the wavefront itself; on the host (kernels/cpu/attention/wave_emu.h) it is 64 lanes
 // run one at a time that meet at every cross-lane step, with the MFMA instructions
 // emulated (kernels/cpu/attention/mfma_emu.h), so the CPU tests run this code lane by lane against
-// the CPU reference (tests/test_attention_mfma_lanes.cc). The contract is the CUDA
+// the CPU reference (tests/kernels/test_attention_mfma_lanes.cc). The contract is the CUDA
 // kernel's (kernels/attention/attention.cuh): GQA packing, causal, sliding window, every KV format
 // and page size, unified and split paths; the numerics are its numerics
 // (kernels/attention/attention_tile.cuh, "Numerics"): FP8 becomes f16 exactly (up to a power of two

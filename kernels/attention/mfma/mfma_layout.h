@@ -18,7 +18,7 @@
 //   _f16): "A i: (lane % 16), A k: 4 * floor(lane / 16) + 2 * GPR_num + floor(GPR_bits /
 //   16)", B alike with j for i, "C or D i: 4 * floor(lane / 16) + (GPR_num % 4), j: (lane %
 //   16)". Its full --register-layout tables for A, B and D are in tests/data/mfma/ and
-//   tests/test_mfma_layout.cc checks these functions against every entry.
+//   tests/kernels/test_mfma_layout.cc checks these functions against every entry.
 //
 //   v_mfma_f32_16x16x32_{bf16,f16}  gfx950 (CDNA4) only, K = 32:
 //     A[l % 16][8 * (l / 16) + i]   i = 0..7
@@ -37,7 +37,7 @@
 // k orders apart; what must hold is that A's and B's agree and that rows and columns are
 // right. This is also why 16x16x32 equals two 16x16x16 on the halves of each lane's
 // vector (elements 0-3, then 4-7): each half is a 16x16x16 over its own 16 k's
-// (kernels/attention/mfma/mfma.cuh uses it on gfx942, tests/test_mfma_layout.cc checks it).
+// (kernels/attention/mfma/mfma.cuh uses it on gfx942, tests/kernels/test_mfma_layout.cc checks it).
 #pragma once
 
 #include "kernels/common/host_device.h"

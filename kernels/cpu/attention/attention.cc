@@ -1,4 +1,4 @@
-// CPU reference of paged attention (DESIGN.md, "Attention").
+// CPU reference of paged attention (docs/design.md#attention-unified-and-split).
 //
 // Both paths compute, for query row at position p and query head h (KV head
 // h / (num_q_heads / num_kv_heads)), softmax(q . k_j * softmax_scale) . v_j over the

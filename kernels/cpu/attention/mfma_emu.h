@@ -13,7 +13,7 @@
 //   not specify the order (or the grouping) of the fp32 additions within one
 //   instruction. The emulator adds in k order onto C, rounding each addition to nearest
 //   even. So results agree with the hardware exactly only where every partial sum is
-//   exact in any order (small integers, tests/test_mfma_layout.cc), and otherwise
+//   exact in any order (small integers, tests/kernels/test_mfma_layout.cc), and otherwise
 //   within mfma_sum_error_bound below.
 // - Not modelled: denormal flushing (the MODE register), NaN payloads, the instructions'
 //   CBSZ/ABID/BLGP broadcast and negation modifiers (kvfuse's wrappers pass 0).

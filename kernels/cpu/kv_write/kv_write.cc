@@ -1,4 +1,4 @@
-// CPU reference of the KV write (DESIGN.md, "Scales" and "Fused and unfused writes").
+// CPU reference of the KV write (docs/design.md#kv-scales and #kv-write-paths).
 //
 // Numerics shared by both paths, so they produce the same bytes:
 // - FP8 cache: stored = fp8_encode(x * inv) with inv = 1.0f / scale computed once per

@@ -451,7 +451,7 @@ class GpuBackend final : public Backend {
 #else
     fnuz_ = false;
     // Programmatic dependent launch lets the write's launch overlap the kernel before it
-    // (about 0.3 us a call on an H200, bench/results/kv_write_h200.txt); the kernels wait
+    // (about 0.3 us a call on an H200, bench/journal/results/kv_write_h200.txt); the kernels wait
     // in-kernel before touching memory, so it is safe after any kernel.
     kv_launch_.pdl = prop.major >= 9;
     // The other kernels of a step too (each waits for the kernel before it in-kernel);
@@ -691,7 +691,7 @@ class GpuBackend final : public Backend {
   // kvfuse's skinny GEMM the same way (KVFUSE_GEMM_SKINNY=0 leaves it out: the A/B), for
   // calls of at most KVFUSE_GEMM_SKINNY_ROWS rows (default 16, at most 64). Above 16 rows
   // its calls won in the tuner's graphs and the llama3-8b step still lost 1-2% at batch 32
-  // on an H200, attention before it slower by about 4 us a layer (bench/RESULTS.md).
+  // on an H200, attention before it slower by about 3.5 us a layer (bench/journal/2026-12-02.md).
   static bool skinny_enabled() {
     static const bool on = env_flag("KVFUSE_GEMM_SKINNY", true);
     return on;

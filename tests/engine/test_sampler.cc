@@ -1,0 +1,261 @@
+// Sampling: greedy ties, top-k/top-p truncation, the distribution, determinism.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+#include "tests/util/catch.h"
+
+#include "kernels/cpu/ops/sampling.h"
+#include "src/runtime/sampler.h"
+
+using namespace kvfuse;
+
+TEST_CASE("sampler: greedy takes the largest logit, ties to the lowest id", "[sampler]") {
+  std::vector<float> lg = {0.1f, 2.0f, -1.0f, 2.0f, 1.9f};
+  Rng rng(1);
+  CHECK(sample_token(lg.data(), 5, SamplingParams{}, rng) == 1);
+  SamplingParams k1{1.0f, 1, 1.0f, 7};
+  CHECK(sample_token(lg.data(), 5, k1, rng) == 1);  // top_k = 1 is greedy
+  SamplingParams p_small{1.0f, 0, 1e-6f, 7};
+  CHECK(sample_token(lg.data(), 5, p_small, rng) == 1);  // a tiny nucleus is greedy
+}
+
+TEST_CASE("sampler: temperature sampling follows softmax(logits / T)", "[sampler]") {
+  const std::vector<float> lg = {1.0f, 0.0f, 2.0f, -1.0f};
+  const float T = 0.7f;
+  std::vector<double> p(4);
+  double z = 0;
+  for (size_t i = 0; i < 4; ++i) z += p[i] = std::exp(lg[i] / T);
+  Rng rng(42);
+  SamplingParams sp{T, 0, 1.0f, 0};
+  const int n = 40000;
+  std::vector<int> hits(4);
+  for (int i = 0; i < n; ++i) ++hits[size_t(sample_token(lg.data(), 4, sp, rng))];
+  for (size_t i = 0; i < 4; ++i) {
+    const double expect = p[i] / z;
+    const double sigma = std::sqrt(expect * (1 - expect) / n);
+    CAPTURE(i, expect, hits[i]);
+    CHECK(std::fabs(double(hits[i]) / n - expect) < 5 * sigma);  // 5 sigma: flaky once in ~10^6
+  }
+}
+
+TEST_CASE("sampler: top-k and top-p never return excluded tokens", "[sampler]") {
+  const std::vector<float> lg = {3.0f, 2.5f, 2.0f, 0.0f, -1.0f, 1.0f};
+  Rng rng(3);
+  SamplingParams k2{1.0f, 2, 1.0f, 0};
+  for (int i = 0; i < 2000; ++i) {
+    const int t = sample_token(lg.data(), 6, k2, rng);
+    CHECK((t == 0 || t == 1));
+  }
+  // softmax(3, 2.5, 2, ...) puts ~0.44 on token 0 and ~0.27 on token 1: top_p 0.6 keeps both.
+  SamplingParams p6{1.0f, 0, 0.6f, 0};
+  for (int i = 0; i < 2000; ++i) {
+    const int t = sample_token(lg.data(), 6, p6, rng);
+    CHECK((t == 0 || t == 1));
+  }
+}
+
+TEST_CASE("sampler: the same seed gives the same stream, and parameters are validated", "[sampler]") {
+  Rng a(99), b(99), c(100);
+  bool differs = false;
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t x = a.next();
+    CHECK(x == b.next());
+    differs |= x != c.next();
+  }
+  CHECK(differs);
+  CHECK(validate_sampling({0.0f, 0, 1.0f, 0}, 10).ok());
+  CHECK_FALSE(validate_sampling({-0.1f, 0, 1.0f, 0}, 10).ok());
+  CHECK_FALSE(validate_sampling({NAN, 0, 1.0f, 0}, 10).ok());
+  CHECK_FALSE(validate_sampling({1.0f, 11, 1.0f, 0}, 10).ok());
+  CHECK_FALSE(validate_sampling({1.0f, -1, 1.0f, 0}, 10).ok());
+  CHECK_FALSE(validate_sampling({1.0f, 0, 0.0f, 0}, 10).ok());
+  CHECK_FALSE(validate_sampling({1.0f, 0, 1.5f, 0}, 10).ok());
+}
+
+namespace {
+
+// The rule of kernels/ops/sampling.h written the obvious way: sort by (logit desc, id asc),
+// take the top-k prefix, then the shortest prefix reaching ceil(p x weight), then walk
+// the kept tokens in id order.
+int32_t brute_force_sample(const std::vector<float>& lg, const RowSampling& p) {
+  const int64_t v = int64_t(lg.size());
+  std::vector<int64_t> order(lg.size());
+  for (int64_t i = 0; i < v; ++i) order[size_t(i)] = i;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return lg[size_t(a)] > lg[size_t(b)] || (lg[size_t(a)] == lg[size_t(b)] && a < b);
+  });
+  if (p.temperature == 0.0f) return int32_t(order[0]);
+  const float mx = lg[size_t(order[0])];
+  const double inv_t = 1.0 / double(p.temperature);
+  size_t keep = (p.top_k > 0 && p.top_k < v) ? size_t(p.top_k) : size_t(v);
+  uint64_t total = 0;
+  for (size_t j = 0; j < keep; ++j) total += sampling_weight(lg[size_t(order[j])], mx, inv_t);
+  if (p.top_p < 1.0f) {
+    const uint64_t target = sampling_top_p_target(p.top_p, total);
+    uint64_t acc = 0;
+    for (size_t j = 0; j < keep; ++j) {
+      acc += sampling_weight(lg[size_t(order[j])], mx, inv_t);
+      if (acc >= target) {
+        keep = j + 1;
+        break;
+      }
+    }
+  }
+  std::vector<bool> kept(lg.size(), false);
+  uint64_t k_total = 0;
+  for (size_t j = 0; j < keep; ++j) {
+    kept[size_t(order[j])] = true;
+    k_total += sampling_weight(lg[size_t(order[j])], mx, inv_t);
+  }
+  const uint64_t s = sampling_draw(p.u, k_total);
+  uint64_t acc = 0;
+  for (int64_t i = 0; i < v; ++i) {
+    if (!kept[size_t(i)]) continue;
+    acc += sampling_weight(lg[size_t(i)], mx, inv_t);
+    if (acc > s) return int32_t(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("sampler: the radix-select sampler equals a sort-based reference of the same rule",
+          "[sampler]") {
+  // Random rows, rows with many exact ties (logits on a coarse grid, so top-k and top-p
+  // boundaries fall inside runs of equal logits), every parameter mix, many draws.
+  std::mt19937 gen(11);
+  int checked = 0;
+  for (int64_t vocab : {int64_t(1), int64_t(7), int64_t(300), int64_t(5000)}) {
+    for (int coarse = 0; coarse < 2; ++coarse) {
+      std::vector<float> lg(static_cast<size_t>(vocab));
+      std::normal_distribution<float> dist(0.0f, 2.0f);
+      for (auto& x : lg) x = coarse ? std::round(dist(gen)) : dist(gen);
+      for (float t : {0.0f, 0.3f, 1.0f, 2.5f}) {
+        for (int32_t k : {0, 1, 2, 5, 64}) {
+          for (float tp : {1.0f, 0.9f, 0.5f, 1e-6f}) {
+            for (int d = 0; d < 8; ++d) {
+              RowSampling p;
+              p.temperature = t;
+              p.top_k = k;
+              p.top_p = tp;
+              p.u = std::uniform_real_distribution<double>(0.0, 1.0)(gen);
+              CAPTURE(vocab, coarse, t, k, tp, p.u);
+              REQUIRE(cpu::sample_row(lg.data(), vocab, p) == brute_force_sample(lg, p));
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(checked == 4 * 2 * 4 * 5 * 4 * 8);
+}
+
+TEST_CASE("sampler: logprobs are the log-softmax of the raw logits - top-n is the sorted head",
+          "[sampler][logprobs]") {
+  std::mt19937 gen(3);
+  for (int64_t vocab : {int64_t(1), int64_t(4), int64_t(999), int64_t(50000)}) {
+    for (int coarse = 0; coarse < 2; ++coarse) {
+      std::normal_distribution<float> dist(0.0f, 4.0f);
+      std::vector<float> lg(static_cast<size_t>(vocab));
+      for (auto& x : lg) x = coarse ? std::round(dist(gen)) : dist(gen);
+      if (vocab > 3) lg[2] = -INFINITY;
+      // Reference: long double log-sum-exp and a full sort by (logit desc, id asc).
+      long double mx = -INFINITY, z = 0;
+      for (float x : lg) mx = std::max<long double>(mx, x);
+      for (float x : lg) z += std::exp((long double)x - mx);
+      const long double lse = mx + std::log(z);
+      std::vector<int32_t> order(static_cast<size_t>(vocab));
+      for (int32_t i = 0; i < int32_t(vocab); ++i) order[size_t(i)] = i;
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return lg[size_t(a)] > lg[size_t(b)]; });
+      for (int32_t top_n : {0, 1, 7, kMaxTopLogprobs}) {
+        const int32_t target = int32_t(gen() % uint32_t(vocab));
+        LogprobOut out;
+        cpu::logprobs_row(lg.data(), vocab, target, top_n, out);
+        CAPTURE(vocab, coarse, top_n, target);
+        CHECK(out.token == target);
+        if (std::isinf(lg[size_t(target)])) {
+          CHECK(out.logprob == -INFINITY);
+        } else {
+          CHECK(std::abs(double(out.logprob) - double((long double)lg[size_t(target)] - lse)) <= 1e-5);
+        }
+        REQUIRE(out.top_n == std::min<int64_t>(top_n, vocab));
+        for (int32_t j = 0; j < out.top_n; ++j) {
+          CHECK(out.top_ids[j] == order[size_t(j)]);
+          CHECK(out.top_logprobs[j] <= 0.0f);
+          if (j > 0) CHECK(out.top_logprobs[j] <= out.top_logprobs[j - 1]);
+        }
+      }
+    }
+  }
+  // The probabilities sum to one.
+  std::vector<float> lg = {0.5f, -2.0f, 3.0f, 3.0f, 1.0f};
+  double total = 0;
+  for (int32_t t = 0; t < 5; ++t) {
+    LogprobOut out;
+    cpu::logprobs_row(lg.data(), 5, t, 5, out);
+    total += std::exp(double(out.logprob));
+    CHECK(out.top_ids[0] == 2);  // the tie of 3.0 goes to the lower id
+    CHECK(out.top_ids[1] == 3);
+  }
+  CHECK(std::abs(total - 1.0) < 1e-6);
+}
+
+TEST_CASE("sampler: logprobs of logits near +-1000 are finite and exact - the maximum is taken out first",
+          "[sampler][logprobs]") {
+  // exp(1000) overflows even a double (and exp(-1000) underflows to 0), so a log-softmax
+  // that sums the exponentials of the raw logits gives -inf (or +inf) here; the logits
+  // drawn from N(0, 4) of the test above never get near. Shifting a row leaves its
+  // log-softmax unchanged: 1000 - logsumexp(1000, 999, 998) = -log(1 + e^-1 + e^-2).
+  constexpr double kTop = -0.407606;
+  for (float shift : {1000.0f, -998.0f}) {
+    CAPTURE(shift);
+    const std::vector<float> lg = {shift, shift - 1, shift - 2};
+    LogprobOut out;
+    cpu::logprobs_row(lg.data(), 3, 0, 2, out);
+    CHECK(out.token == 0);
+    CHECK(std::isfinite(out.logprob));
+    CHECK(double(out.logprob) == Approx(kTop).margin(1e-5));
+    REQUIRE(out.top_n == 2);
+    CHECK(out.top_ids[0] == 0);
+    CHECK(out.top_ids[1] == 1);
+    CHECK(double(out.top_logprobs[0]) == Approx(kTop).margin(1e-5));
+    CHECK(double(out.top_logprobs[1]) == Approx(kTop - 1).margin(1e-5));
+    cpu::logprobs_row(lg.data(), 3, 2, 0, out);
+    CHECK(double(out.logprob) == Approx(kTop - 2).margin(1e-5));
+  }
+  // Whole rows around +1000, around -1000, and half of each, against a long double
+  // reference on the same float logits (within 1e-5 relative: a logprob near -2000 is
+  // a float of ulp 1.2e-4).
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist(0.0f, 4.0f);
+  const int64_t vocab = 4099;
+  const auto close = [](float got, long double want) {
+    return std::abs(double(got) - double(want)) <= 1e-5 * std::max(1.0, std::abs(double(want)));
+  };
+  for (int kind = 0; kind < 3; ++kind) {
+    CAPTURE(kind);
+    std::vector<float> lg(static_cast<size_t>(vocab));
+    for (size_t i = 0; i < lg.size(); ++i) {
+      const float centre = kind == 0 ? 1000.0f : kind == 1 ? -1000.0f : i % 2 ? 1000.0f : -1000.0f;
+      lg[i] = centre + dist(gen);
+    }
+    long double mx = -INFINITY, z = 0;
+    for (float x : lg) mx = std::max<long double>(mx, x);
+    for (float x : lg) z += std::exp((long double)x - mx);
+    const long double lse = mx + std::log(z);
+    for (int32_t target : {0, 1, 17, int32_t(vocab) - 1}) {
+      CAPTURE(target);
+      LogprobOut out;
+      cpu::logprobs_row(lg.data(), vocab, target, kMaxTopLogprobs, out);
+      REQUIRE(std::isfinite(out.logprob));
+      CHECK(close(out.logprob, (long double)lg[size_t(target)] - lse));
+      REQUIRE(out.top_n == kMaxTopLogprobs);
+      for (int32_t j = 0; j < out.top_n; ++j) {
+        CAPTURE(j, out.top_ids[j], out.top_logprobs[j]);
+        CHECK(close(out.top_logprobs[j], (long double)lg[size_t(out.top_ids[j])] - lse));
+      }
+    }
+  }
+}
