@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the whole HIP target of kvfuse (server, tools, tests, benchmarks) for gfx942
 # and gfx950 with -Werror, links it against libamdhip64 and hipBLASLt, and checks the
-# device code (scripts/hip-kernel-report.sh: per-kernel resource table and gates).
+# device code (scripts/ci/hip-kernel-report.py: per-kernel resource table and gates).
 #
 # One script, one set of flags, for both places the HIP build happens:
-#   - CI, inside the Debian sid root (scripts/ci-hip-build.sh): Debian's ROCm, clang-21;
+#   - CI, inside the Debian sid root (scripts/ci/ci-hip-build.sh): Debian's ROCm, clang-21;
 #   - docker/Dockerfile.rocm, on AMD's ROCm 7 image: /opt/rocm's clang.
 # Usage: scripts/hip-build.sh [build-dir]   (default build-hip)
 # Environment: KVFUSE_JOBS (default nproc), KVFUSE_HIP_CXX (the HIP compiler),
@@ -50,7 +50,7 @@ done
 # The device code as machine code: per-kernel table and gates (registers, scratch,
 # occupancy, packed FP8 conversions), from the objects just built.
 tools=$(dirname "$(readlink -f "$cxx")")
-python3 scripts/hip-kernel-report.py "$dir" "$tools"
+python3 scripts/ci/hip-kernel-report.py "$dir" "$tools"
 
 # The FP8 conversion recipes of gfx942 and gfx950 against emulators of the instruction
 # (host code; the GPU part of the test skips without a device).

@@ -11,11 +11,11 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 libcli11-dev
   libopenblas-dev libcpp-httplib-dev
   libboost-math-dev  # Student's t quantiles of the benchmarks (header-only)
-  clang libclang-rt-14-dev python3  # the libFuzzer targets (scripts/fuzz.sh)
+  clang libclang-rt-14-dev python3  # the libFuzzer targets (scripts/ci/fuzz.sh)
 )
 # Optional extras, only on request: mmdebstrap for the HIP build in a Debian sid root
-# (scripts/ci-hip-build.sh; the root brings its own ROCm); podman and runc for the
-# container image check (scripts/container-check.sh).
+# (scripts/ci/ci-hip-build.sh; the root brings its own ROCm); podman and runc for the
+# container image check (scripts/ci/container-check.sh).
 if [[ "${KVFUSE_WITH_HIP_CHECK:-0}" == 1 ]]; then
   packages+=(mmdebstrap)
 fi

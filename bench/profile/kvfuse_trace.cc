@@ -5,9 +5,9 @@
 // per record (what: K kernel, C copy, R runtime call; start ns, end ns, correlation id,
 // name) to $KVFUSE_TRACE_OUT (default kvfuse_trace.csv) as buffers fill and at exit.
 // Kernels replayed from one graph launch share that launch's correlation id.
-// scripts/gpu-profile.sh builds it on the GPU machine (the records' versions are the
+// scripts/gpu/profile.sh builds it on the GPU machine (the records' versions are the
 // newest in that toolkit's header: KVFUSE_KERNEL_RECORD, KVFUSE_MEMCPY_RECORD) and
-// reduces the CSV with scripts/profile-table.py.
+// reduces the CSV with scripts/gpu/profile-table.py.
 #include <cupti.h>
 
 #include <cstdio>

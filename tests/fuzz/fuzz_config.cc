@@ -1,4 +1,4 @@
-// libFuzzer target: the config parsers. Built and run by scripts/fuzz.sh (clang only).
+// libFuzzer target: the config parsers. Built and run by scripts/ci/fuzz.sh (clang only).
 //
 // Each input is tried as a kvfuse config (and, when it is accepted, must survive
 // config_to_json -> config_from_json unchanged), as a Hugging Face config.json (an

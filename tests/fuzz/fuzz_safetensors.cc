@@ -1,5 +1,5 @@
 // libFuzzer target: the safetensors header parser, the shard index parser, and the
-// checkpoint loader behind them. Built and run by scripts/fuzz.sh (clang only).
+// checkpoint loader behind them. Built and run by scripts/ci/fuzz.sh (clang only).
 //
 // Each input is parsed as a safetensors file held in memory; the parser must either
 // reject it or return tensors that lie inside the buffer. Inputs that parse are then
@@ -21,7 +21,7 @@ namespace {
 
 std::string g_dir;
 
-// One layer, GQA 2:1, head_dim 4: tensors of a few dozen bytes (scripts/fuzz.sh
+// One layer, GQA 2:1, head_dim 4: tensors of a few dozen bytes (scripts/ci/fuzz.sh
 // writes a valid model.safetensors of this shape as a seed).
 constexpr const char* kConfig = R"({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 8, "hidden_size": 8,
   "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of the fuzz targets (scripts/fuzz.sh calls it).
+"""Writes the seed corpora of the fuzz targets (scripts/ci/fuzz.sh calls it).
 
 seeds/fuzz_safetensors: valid micro checkpoints of the shape fuzz_safetensors.cc's
 config.json describes (BF16 with KV scales; F32 with an FP8 q_proj and its per-channel

@@ -254,10 +254,10 @@ TEST_CASE("kvfuse-server: an integer key beyond 64 bits is refused as typed, nev
   CHECK(out.find("18446744073709551615 is out of range [-1, 16777216]") != std::string::npos);
 }
 
-TEST_CASE("scripts/router-check.sh: the router path through kvfuse-cli passes and leaves every page free",
+TEST_CASE("scripts/ci/router-check.sh: the router path through kvfuse-cli passes and leaves every page free",
           "[server][tools]") {
   auto t = TestServer::start();
-  auto [rc, out] = run("timeout 120 " + std::string(KVFUSE_SOURCE_DIR) + "/scripts/router-check.sh " +
+  auto [rc, out] = run("timeout 120 " + std::string(KVFUSE_SOURCE_DIR) + "/scripts/ci/router-check.sh " +
                        KVFUSE_CLI_BIN + " " + t.server->address() + " 40");
   INFO(out);
   CHECK(rc == 0);

@@ -1,6 +1,6 @@
 // One MFMA instruction run once on given lane registers: the device half of the MFMA
 // parity test (tests/gpu/test_mfma_gpu.cu compares it with kernels/cpu/attention/mfma_emu.h) and
-// the kernels whose machine code scripts/hip-kernel-report.py checks for v_mfma
+// the kernels whose machine code scripts/ci/hip-kernel-report.py checks for v_mfma
 // instructions on gfx942 and gfx950. AMD (HIP) only: on CUDA the launcher refuses.
 #pragma once
 

@@ -3,9 +3,9 @@
 #   Prefill (expected_len 0) -> Decode(16) and its retry (the same answer) -> a Decode of
 #   256 steps under a short deadline (usually cut off) and its retry without one (all 256
 #   tokens, the earlier attempt's included) -> Release -> every KV page free again.
-# Usage: scripts/router-check.sh KVFUSE_CLI ADDR [PROMPT_LEN]. Run it when no other
+# Usage: scripts/ci/router-check.sh KVFUSE_CLI ADDR [PROMPT_LEN]. Run it when no other
 # client holds pages (after a load run). One line per step; exit 0 when every step gave
-# what it should. scripts/gpu-serve.sh runs it on a GPU server; a CPU test runs it too.
+# what it should. scripts/gpu/serve.sh runs it on a GPU server; a CPU test runs it too.
 set -uo pipefail
 cli=$1 addr=$2 plen=${3:-64} id=${ROUTER_CHECK_ID:-7001}
 call() { "$cli" --addr "$addr" "$@"; }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# End-to-end GPU runs from the bundle that scripts/gpu-bundle.sh builds (a CUDA machine
+# End-to-end GPU runs from the bundle that scripts/gpu/bundle.sh builds (a CUDA machine
 # with the driver and CUDA 13, none of the Debian libraries): the engine tests, the
 # engine benchmark and the fused/unfused A/B, as named jobs, in one command:
 #
-#   scripts/gpu-bench.sh [JOB ...]      (default: tests engine-llama ab-target)
+#   scripts/gpu/bench.sh [JOB ...]      (default: tests engine-llama ab-target)
 #
 # Jobs:
 #   tests          test_gpu_backend, test_gpu_logprobs and test_gpu_engine (GPU vs CPU, graph
@@ -26,7 +26,7 @@
 # every job's log, table, JSON and SVG (the device runner returns at most 8 files).
 # Exit status 0 if every job succeeded.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 bundle=.device-bundle
 out=${OUT:-build-gpu-bench}
 res=$(mktemp -d)/gpu-bench
@@ -36,7 +36,7 @@ summary="$out/summary.txt"
 t0=$(date +%s)
 note() { echo "gpu-bench: $* ($(($(date +%s) - t0))s)" | tee -a "$summary"; }
 if [[ ! -x $bundle/kvfuse-bench-engine ]]; then
-  note "FAIL: no $bundle; build it with scripts/gpu-bundle.sh and carry it"
+  note "FAIL: no $bundle; build it with scripts/gpu/bundle.sh and carry it"
   exit 1
 fi
 cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")

@@ -10,7 +10,7 @@
 # host's network, cgroupfs, vfs storage). The container uses the host's network, so the
 # server listens on free ports picked here, not on 50051/9400.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 start=$(date +%s)
 say() { echo "container-check: $*"; }
 export CONTAINERS_CONF=$PWD/docker/podman/containers.conf

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Through the server against in-process, on one GPU, in one run, from the bundle that
-# scripts/gpu-bundle.sh packs (carry .device-bundle.tar.xz along):
+# scripts/gpu/bundle.sh packs (carry .device-bundle.tar.xz along):
 #   1. kvfuse-server, $MODEL (default llama3-8b, synthetic bf16 weights), fp8 KV, split attention, graphs
 #      on, and kvfuse-bench-serve at $STREAMS streams (prompt 32, $TOKENS tokens each) for
 #      $SERVE_S seconds, overlap_fanout on and off in turn ($FANOUT: "on off" by default), $ROUNDS rounds;
-#      then scripts/router-check.sh: the router path through kvfuse-cli, every page free after;
+#      then scripts/ci/router-check.sh: the router path through kvfuse-cli, every page free after;
 #   2. kvfuse-bench-engine, the same engine in-process: the decode step at batch $STREAMS
 #      x the streams' mean context (32 + $TOKENS / 2).
 # Prints each run's ITL p50 and its ratio to the in-process step, and how many GEMM shapes
@@ -14,10 +14,10 @@
 # does. Writes $OUT (or build-gpu-serve/): summary.txt and every program's output. Exit 0
 # when everything ran.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/gpu-run-common.sh gpu-serve
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh gpu-serve
 [[ -x $bundle/kvfuse-server && -x $bundle/kvfuse-bench-serve && -x $bundle/kvfuse-cli ]] ||
-  { note "FAIL: no server in $bundle (scripts/gpu-bundle.sh)"; exit 1; }
+  { note "FAIL: no server in $bundle (scripts/gpu/bundle.sh)"; exit 1; }
 streams=${STREAMS:-64}
 tokens=${TOKENS:-256}
 serve_s=${SERVE_S:-15}
@@ -51,7 +51,7 @@ serve() {  # name, overlap_fanout value
     --prompt-len 32 --max-tokens "$tokens" >"$out/bench-$name.txt" 2>"$out/bench-$name.err"
   local rc=$?
   # The router path once the streams are done: Prefill, Decode and retries, Release, no page left.
-  if ! scripts/router-check.sh "$bundle/kvfuse-cli" "127.0.0.1:$port" >"$out/router-$name.txt" 2>&1; then
+  if ! scripts/ci/router-check.sh "$bundle/kvfuse-cli" "127.0.0.1:$port" >"$out/router-$name.txt" 2>&1; then
     status=1
   fi
   note "$name: $(tail -1 "$out/router-$name.txt")"

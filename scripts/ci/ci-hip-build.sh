@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # CI: the whole HIP target of kvfuse built in a Debian sid root that holds a current
-# ROCm from Debian's own packages (scripts/hip-sid-root.sh makes it once and caches it
+# ROCm from Debian's own packages (scripts/ci/hip-sid-root.sh makes it once and caches it
 # outside the repository), with scripts/hip-build.sh, the script docker/Dockerfile.rocm
 # runs on AMD's image. Needs root (mmdebstrap, chroot). Exit status: the build's.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 repo=$(pwd)
 start=$(date +%s)
-root=$(scripts/hip-sid-root.sh)
+root=$(scripts/ci/hip-sid-root.sh)
 # The repository is bound into the root at /src; every mount lives in a private mount
 # namespace and goes away with it.
 mkdir -p "$root/src"

@@ -5,7 +5,7 @@
 # (KVFUSE_CPU_GEMM). The CPU backend's bits must not depend on any of them. Needs a
 # build from scripts/test.sh (or scripts/build.sh).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 jobs=${KVFUSE_JOBS:-$(nproc)}
 exact='batch invariance|cpu gemm|engine graph padding|engine chunked prefill|scheduler: preemption|scheduler: seeded sampling|scheduler: continuous batching'
 log=$(mktemp)

@@ -43,7 +43,7 @@ Gates (exit status 1 if any fails):
     kernels/ops/sampling.cu reduce across lanes without ds_bpermute_b32 (DPP instead), take
     16-byte global loads where they have a vector path, and use no scratch.
 
-Usage: hip-kernel-report.py BUILD_DIR TOOL_DIR
+Usage: scripts/ci/hip-kernel-report.py BUILD_DIR TOOL_DIR
   TOOL_DIR holds clang-offload-bundler, llvm-objcopy, llvm-readelf, llvm-objdump
   (the HIP compiler's own bin directory).
 """

@@ -5,11 +5,11 @@
 # need, into .device-bundle/ and .device-bundle.tar.xz (both git-ignored), for a CUDA
 # machine that has the driver and CUDA 13 but none of the Debian libraries. cuBLASLt and
 # the CUDA runtime are not packed: the machine's own /usr/local/cuda provides them.
-# scripts/gpu-check.sh, gpu-tp.sh and gpu-serve.sh run the bundle when it is there
+# scripts/gpu/check.sh, scripts/gpu/tp.sh and scripts/gpu/serve.sh run the bundle when it is there
 # (unpacking the archive first when only it was carried along).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-"$(dirname "$0")/install-deps.sh"
+cd "$(dirname "$0")/../.."
+scripts/install-deps.sh
 build=${KVFUSE_CUDA_BUILD_DIR:-build-cuda}
 arch=${KVFUSE_CUDA_ARCH:-90a}
 nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
@@ -27,7 +27,7 @@ cp "$build/kvfuse-run" "$build/kvfuse-eval" "$build/kvfuse-calibrate" "$build/be
   "$build/tests/test_gpu_tp" \
   "$build/bench/allreduce/kvfuse-bench-allreduce" "$build/kvfuse-server" "$build/kvfuse-bench-serve" "$build/kvfuse-cli" "$bundle/"
 # KVFUSE_BUNDLE_KERNEL_TESTS="test_gemv_gpu ...": these kernel parity tests (tests/gpu) too,
-# in kernel-tests/ (scripts/gpu-ab.sh runs them), so the GPU machine compiles nothing.
+# in kernel-tests/ (scripts/gpu/ab.sh runs them), so the GPU machine compiles nothing.
 if [[ -n ${KVFUSE_BUNDLE_KERNEL_TESTS:-} ]]; then
   # shellcheck disable=SC2086  # a list of target names
   ninja -C "$build" -j"${KVFUSE_JOBS:-$(nproc)}" $KVFUSE_BUNDLE_KERNEL_TESTS

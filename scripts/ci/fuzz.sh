@@ -4,15 +4,15 @@
 # sanitizer report or a timeout; the reproducer is left in the build directory
 # (crash-*, leak-*, timeout-*) and named in the output.
 #
-#   scripts/fuzz.sh [seconds per target]      (default 60, or $FUZZ_SECONDS)
+#   scripts/ci/fuzz.sh [seconds per target]      (default 60, or $FUZZ_SECONDS)
 #
 # Environment: FUZZ_CXX (default clang++), FUZZ_BUILD_DIR (default build-fuzz).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 secs=${1:-${FUZZ_SECONDS:-60}}
 cxx=${FUZZ_CXX:-clang++}
 out=${FUZZ_BUILD_DIR:-build-fuzz}
-command -v "$cxx" >/dev/null || { echo "fuzz.sh: $cxx not found (Debian: apt-get install clang)" >&2; exit 2; }
+command -v "$cxx" >/dev/null || { echo "scripts/ci/fuzz.sh: $cxx not found (Debian: apt-get install clang)" >&2; exit 2; }
 
 mkdir -p "$out/obj"
 common=(-std=c++20 -O1 -g -fno-omit-frame-pointer -I. -Wall -Wextra -Werror)
@@ -28,7 +28,7 @@ declare -A deps=(
     src/loading/rope.cc src/parallel/rendezvous.cc src/parallel/socket_io.cc"
 )
 
-echo "fuzz.sh: compiling with $("$cxx" --version | head -1)"
+echo "scripts/ci/fuzz.sh: compiling with $("$cxx" --version | head -1)"
 for s in "${lib[@]}"; do
   "$cxx" "${common[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c "$s" -o "$out/obj/$(basename "$s" .cc).o"
 done
@@ -44,12 +44,12 @@ status=0
 for t in fuzz_safetensors fuzz_config; do
   dict=$PWD/tests/fuzz/${t#fuzz_}.dict
   mkdir -p "$out/corpus/$t"
-  echo "fuzz.sh: $t for ${secs}s"
+  echo "scripts/ci/fuzz.sh: $t for ${secs}s"
   # -timeout: one input may take at most 10 s (a hang is a failure); -rss_limit_mb bounds
   # memory; reproducers go to $out (-artifact_prefix).
   if ! (cd "$out" && "./$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
         -print_final_stats=1 -artifact_prefix="./$t-" -dict="$dict" "corpus/$t" "seeds/$t"); then
-    echo "fuzz.sh: $t FAILED; reproduce with: $out/$t $out/$t-<artifact>" >&2
+    echo "scripts/ci/fuzz.sh: $t FAILED; reproduce with: $out/$t $out/$t-<artifact>" >&2
     status=1
   fi
 done

@@ -16,7 +16,7 @@ first kernel's start to the last one's end, the time the device was idle inside 
 the idle time between consecutive replays (the host's share of a step), and the host's
 runtime calls and the copies inside the last such gap, from the end of one replay's last
 kernel to the start of the next one's first.
-Usage: profile-table.py trace.csv
+Usage: scripts/gpu/profile-table.py trace.csv
 """
 import lzma
 import re

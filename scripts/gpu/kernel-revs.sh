@@ -6,7 +6,7 @@
 # times, so drift of a shared machine falls on every side.
 #
 #   mkdir -p .device-revs && for r in REV1 REV2; do git archive $r | xz > .device-revs/$r.tar.xz; done  (here)
-#   REVS_BENCH=bench_attention REVS_GREP='^ +64 +4096 ' scripts/gpu-kernel-revs.sh                    (GPU machine)
+#   REVS_BENCH=bench_attention REVS_GREP='^ +64 +4096 ' scripts/gpu/kernel-revs.sh                    (GPU machine)
 #
 # Environment: REVS_BENCH (default bench_attention), REVS_ARGS (its arguments), REVS_GREP
 # (an extended regex: the table rows to put in the summary, default every row),
@@ -14,8 +14,8 @@
 # Writes $OUT (or build-gpu-kernel-revs/): summary.txt (each round's rows per side) and revs.tgz
 # with every build log and run. Exit 0 when every build and run succeeded.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/gpu-run-common.sh gpu-kernel-revs
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh gpu-kernel-revs
 bench=${REVS_BENCH:-bench_attention}
 work=$(mktemp -d)
 mkdir -p "$work/runs"

@@ -1,7 +1,7 @@
 # The start that the scripts running the device bundle on a GPU machine share
-# (gpu-ab.sh, gpu-compare.sh, gpu-gemm-tune.sh, gpu-kernel-revs.sh, gpu-profile.sh,
-# gpu-serve.sh, gpu-tp.sh), sourced from the repository root:
-#   source scripts/gpu-run-common.sh NAME [EXTRA_LIBRARY_DIR]
+# (scripts/gpu/ab.sh, scripts/gpu/compare.sh, scripts/gpu/gemm-tune.sh, scripts/gpu/kernel-revs.sh, scripts/gpu/profile.sh,
+# scripts/gpu/serve.sh, scripts/gpu/tp.sh), sourced from the repository root:
+#   source scripts/gpu/common.sh NAME [EXTRA_LIBRARY_DIR]
 # sets out ($OUT, default build-NAME), summary ($out/summary.txt, emptied), note() (a line
 # with the seconds since the start, to the terminal and the summary), bundle
 # (.device-bundle, unpacked from .device-bundle.tar.xz when only the archive was carried

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GEMM tuner's decisions for a model's decode shapes, from a fresh GEMM cache, and the
-# decode step they give, on one GPU, from the bundle (scripts/gpu-bundle.sh) and, when
-# .device-baseline/ is there (scripts/gpu-baseline.sh REV), the baseline's engine too:
+# decode step they give, on one GPU, from the bundle (scripts/gpu/bundle.sh) and, when
+# .device-baseline/ is there (scripts/gpu/baseline.sh REV), the baseline's engine too:
 #   for each side: KVFUSE_GEMM_TUNE_LOG=1 kvfuse-bench-engine at batch $TUNE_BATCH x
 #   context 512 with its own empty cache file, so each side tunes on its own (the
 #   log's lines: every candidate's time per call in a graph, and the choice);
@@ -10,9 +10,9 @@
 # Environment: MODEL (default llama3-8b), TUNE_BATCH (default 1,8). Writes $OUT (or
 # build-gpu-gemm-tune/): summary.txt and every run's output.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/gpu-run-common.sh gpu-gemm-tune .device-baseline/lib
-[[ -x $bundle/kvfuse-bench-engine ]] || { note "FAIL: no $bundle (scripts/gpu-bundle.sh)"; exit 1; }
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh gpu-gemm-tune .device-baseline/lib
+[[ -x $bundle/kvfuse-bench-engine ]] || { note "FAIL: no $bundle (scripts/gpu/bundle.sh)"; exit 1; }
 note "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%FT%TZ), ${MODEL:-llama3-8b}"
 status=0
 work=$(mktemp -d)

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Where a decode step's time goes on the GPU: a kernel trace (bench/profile/kvfuse_trace.cc,
 # CUPTI's activity API, built here against the machine's toolkit) of kvfuse-bench-engine
-# for one cell, from the bundle (scripts/gpu-bundle.sh), reduced by
-# scripts/profile-table.py to the kernels of one replay of the step's graph (count, total
+# for one cell, from the bundle (scripts/gpu/bundle.sh), reduced by
+# scripts/gpu/profile-table.py to the kernels of one replay of the step's graph (count, total
 # and mean time), the device's idle time inside the step and between steps.
 # Environment: MODEL (default llama3-8b), BATCH (1), CONTEXT (512), PROFILE_ENV (extra
 # environment for the engine, e.g. "KVFUSE_GEMV=0"), PROFILE_ARGS (more kvfuse-bench-engine
 # arguments, e.g. "--set tensor_parallel=2 --tp-rank-alone"). Writes $OUT (or build-gpu-profile/).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/gpu-run-common.sh gpu-profile
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh gpu-profile
 cupti=
 for d in /usr/local/cuda/extras/CUPTI /usr/local/cuda/targets/x86_64-linux /usr/local/cuda; do
   [[ -f $d/include/cupti.h ]] && { cupti=$d; break; }
@@ -30,7 +30,7 @@ env ${PROFILE_ENV:-} CUDA_INJECTION64_PATH="$tracer" KVFUSE_TRACE_OUT="$out/trac
   --batch "${BATCH:-1}" --context "${CONTEXT:-512}" --attention split --graphs on --reps 3 --warmup 2 ${PROFILE_ARGS:-} \
   >"$out/engine.txt" 2>&1 || { note "FAIL: the traced engine"; tail -20 "$out/engine.txt"; exit 1; }
 grep -E "^ +[0-9]+ +[0-9]+ " "$out/engine.txt" | tee -a "$summary"
-python3 scripts/profile-table.py "$out/trace.csv" | tee -a "$summary"
+python3 scripts/gpu/profile-table.py "$out/trace.csv" | tee -a "$summary"
 xz -T0 "$out/trace.csv"
 rm -f "$tracer"
 note DONE

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The tensor-parallel step against tp 1, per cell, from kvfuse-bench-engine --json files.
 
-    scripts/tp-ratios.py BASE.json NAME=FILE.json [NAME=FILE.json ...]
+    scripts/gpu/tp-ratios.py BASE.json NAME=FILE.json [NAME=FILE.json ...]
 
 BASE is the tp 1 run; each NAME=FILE another run of the same cells (tp 2 with some path,
 or rank 0 of tp 2 alone). Prints, per batch x context cell, every run's step in ms and its

@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# Packs a baseline revision for scripts/gpu-compare.sh, which runs this tree's GPU
+# Packs a baseline revision for scripts/gpu/compare.sh, which runs this tree's GPU
 # benchmarks and the baseline's side by side on one GPU (a refactor that must not change
 # speed is checked this way, as ratios inside one run):
 #
-#   scripts/gpu-baseline.sh REV
+#   scripts/gpu/baseline.sh REV
 #
 # Writes .device-baseline/ (git-ignored): src.tar.xz, the baseline's sources (the device
 # builds its kernel benchmarks from them), and kvfuse-bench-engine, the baseline's engine
 # benchmark built here with the CUDA backend (sm_90a) in a worktree under build-baseline/.
-# Its shared libraries come from .device-bundle/lib (scripts/gpu-bundle.sh), plus any it
+# Its shared libraries come from .device-bundle/lib (scripts/gpu/bundle.sh), plus any it
 # needs that are not there. Carry .device-baseline and .device-bundle to the device.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-rev=${1:?usage: scripts/gpu-baseline.sh REV}
+cd "$(dirname "$0")/../.."
+rev=${1:?usage: scripts/gpu/baseline.sh REV}
 sha=$(git rev-parse --verify "$rev^{commit}")
 arch=${KVFUSE_CUDA_ARCH:-90a}
 nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)

@@ -4,9 +4,9 @@
 # benchmark's decode step. Runs alternate (baseline, new, baseline, new, ...) so drift
 # of a shared machine falls on both sides.
 #
-#   scripts/gpu-baseline.sh REV     (here: packs .device-baseline/)
-#   scripts/gpu-bundle.sh           (here: packs .device-bundle/)
-#   scripts/gpu-compare.sh          (on the GPU machine, both folders carried along)
+#   scripts/gpu/baseline.sh REV     (here: packs .device-baseline/)
+#   scripts/gpu/bundle.sh           (here: packs .device-bundle/)
+#   scripts/gpu/compare.sh          (on the GPU machine, both folders carried along)
 #
 # COMPARE_ENV="NAME=VALUE ..." compares this tree with itself instead: the baseline side is
 # this bundle's engine benchmark run with those variables set (an A/B of a switch such as
@@ -21,8 +21,8 @@
 # Writes $OUT (or build-gpu-compare/): summary.txt and compare.tgz with every run's
 # table and JSON. Exit 0 when every run succeeded (the ratios are for reading).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/gpu-run-common.sh gpu-compare .device-baseline/lib
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh gpu-compare .device-baseline/lib
 rounds=${COMPARE_ROUNDS:-2}
 work=$(mktemp -d)
 mkdir -p "$work/runs"
@@ -33,7 +33,7 @@ needs=(.device-baseline/src.tar.xz)
 ((engine)) && needs+=(.device-baseline/kvfuse-bench-engine .device-bundle/kvfuse-bench-engine)
 [[ -n $env_base ]] && needs=(.device-bundle/kvfuse-bench-engine) && engine=1
 for need in "${needs[@]}"; do
-  [[ -e $need ]] || { note "FAIL: $need missing (scripts/gpu-baseline.sh REV, scripts/gpu-bundle.sh)"; exit 1; }
+  [[ -e $need ]] || { note "FAIL: $need missing (scripts/gpu/baseline.sh REV, scripts/gpu/bundle.sh)"; exit 1; }
 done
 base_name=$(cat .device-baseline/REV 2>/dev/null || echo '?')
 [[ -n $env_base ]] && base_name="this tree with $env_base"

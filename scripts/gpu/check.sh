@@ -2,8 +2,8 @@
 # The one command that builds and runs the GPU parity tests and the kernel benchmarks
 # on a CUDA or ROCm machine:
 #
-#   scripts/gpu-check.sh                    # NVIDIA (nvcc), e.g. an H200
-#   KVFUSE_GPU=HIP scripts/gpu-check.sh     # AMD (ROCm clang), e.g. an MI300X or MI355X
+#   scripts/gpu/check.sh                    # NVIDIA (nvcc), e.g. an H200
+#   KVFUSE_GPU=HIP scripts/gpu/check.sh     # AMD (ROCm clang), e.g. an MI300X or MI355X
 #
 # KVFUSE_GPU defaults to CUDA where nvcc is found, else HIP where a ROCm clang is.
 # It needs only the vendor toolkit, cmake (>= 3.22) and a host compiler: it configures the
@@ -30,9 +30,9 @@
 # (default 15), KVFUSE_ATTN_BENCH_ROUNDS (default 9), KVFUSE_SANITIZER_TIMEOUT (s per
 # memcheck run, 150), KVFUSE_CHECK_BENCHES_ONLY=1 (build, then only the two kernel
 # benchmarks: no tests, memcheck or engine step), KVFUSE_CHECK_BUILD_ONLY=1 (configure and
-# build, nothing else: scripts/gpu-kv-write-sass.sh builds this way).
+# build, nothing else: scripts/gpu/kv-write-sass.sh builds this way).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 build=${KVFUSE_GPU_BUILD_DIR:-build-gpu-check}
 out=${OUT:-$build/logs}
 mkdir -p "$out"
@@ -182,7 +182,7 @@ else
 fi
 
 # The engine on the GPU: backend op parity and CPU-vs-GPU engine tests, from the
-# bundle scripts/gpu-bundle.sh builds on a machine with the Debian libraries (the device
+# bundle scripts/gpu/bundle.sh builds on a machine with the Debian libraries (the device
 # machine has none of them). Skipped when no bundle was carried along.
 bundle=.device-bundle
 [[ -d $bundle ]] || [[ ! -f $bundle.tar.xz ]] || tar xJf "$bundle.tar.xz"
@@ -252,7 +252,7 @@ elif [[ -x $bundle/test_gpu_backend ]]; then
     note "hf_reference.py: SKIP (no kvfuse-eval in the bundle, or no torch/transformers)"
   fi
 else
-  note "engine tests: SKIP (no $bundle; build it with scripts/gpu-bundle.sh)"
+  note "engine tests: SKIP (no $bundle; build it with scripts/gpu/bundle.sh)"
 fi
 
 note "$( ((status == 0)) && echo PASS || echo FAIL) after $(elapsed)"

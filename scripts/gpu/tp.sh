@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tensor parallelism on a machine with two GPUs (or more), in one run, from the bundle that
-# scripts/gpu-bundle.sh packs (carry .device-bundle or .device-bundle.tar.xz along):
+# scripts/gpu/bundle.sh packs (carry .device-bundle or .device-bundle.tar.xz along):
 #   1. test_gpu_nccl, test_gpu_peer_allreduce (the all-reduce over peer memory against the
 #      rank-ordered sum, graphs, abort/timeout) and tests/gpu/test_gpu_tp.cc (tp 2 against tp 1:
 #      logits, greedy tokens, graphs on and off, layer-0 KV bytes per rank; the peer
@@ -23,7 +23,7 @@
 #      tp 2 in one process (NCCL's all-reduce there too), and the follower must exit 0
 #      once the leader is done. With 4 GPUs or more, also tp 4 across two processes of two
 #      GPUs each (ranks 0-1 on GPUs 0,1; ranks 2-3 on GPUs 2,3).
-# After step 3, scripts/tp-ratios.py prints every tp 2 variant's step against tp 1 per cell,
+# After step 3, scripts/gpu/tp-ratios.py prints every tp 2 variant's step against tp 1 per cell,
 # the targets' verdicts and push against auto. GPU_TP_ONLY picks steps by name, a comma
 # list of tests (1), allreduce (2), engine (3), 70b (4), processes (5); one-process is steps
 # 1-4; unset, every step. Step 3 builds five llama3-8b engines and step 4 llama3-70b's from 141 GB of synthetic
@@ -49,9 +49,9 @@
 # libnccl.so.2; NCCL_NVLS_ENABLE=0 unless the environment sets it. Writes $OUT (or
 # build-gpu-tp/): summary.txt and every program's output. Exit 0 when everything passed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/gpu-run-common.sh gpu-tp
-[[ -x $bundle/test_gpu_tp ]] || { note "FAIL: no $bundle (scripts/gpu-bundle.sh)"; exit 1; }
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh gpu-tp
+[[ -x $bundle/test_gpu_tp ]] || { note "FAIL: no $bundle (scripts/gpu/bundle.sh)"; exit 1; }
 gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
 ((gpus >= 1)) || { note "FAIL: no GPU visible"; exit 1; }
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
@@ -147,7 +147,7 @@ if ((gpus == 1)); then
         grep -E "^ +(1|8|64) " "$out/engine-llama3-8b-$variant-$round.txt" | tee -a "$summary"
       done
       if [[ -s $out/engine-llama3-8b-tp1-$round.json && -s $out/engine-llama3-8b-tp2-alone-$round.json ]]; then
-        python3 scripts/tp-ratios.py "$out/engine-llama3-8b-tp1-$round.json" \
+        python3 scripts/gpu/tp-ratios.py "$out/engine-llama3-8b-tp1-$round.json" \
           "tp2-alone=$out/engine-llama3-8b-tp2-alone-$round.json" 2>&1 | tee -a "$summary"
       fi
     done
@@ -241,7 +241,7 @@ if want engine; then
       ratios+=("$variant=$out/engine-llama3-8b-$variant.json")
   done
   if [[ -s $out/engine-llama3-8b-tp1.json ]] && ((${#ratios[@]} > 0)); then
-    python3 scripts/tp-ratios.py "$out/engine-llama3-8b-tp1.json" "${ratios[@]}" 2>&1 | tee -a "$summary"
+    python3 scripts/gpu/tp-ratios.py "$out/engine-llama3-8b-tp1.json" "${ratios[@]}" 2>&1 | tee -a "$summary"
   fi
 fi
 if want 70b; then

@@ -3,10 +3,10 @@
 # kernels it touched, the GPU backend, engine and peer all-reduce tests, then an A/B of its switches
 # in the decode step, all from the prebuilt bundle (nothing is compiled on the GPU machine).
 #
-#   KVFUSE_BUNDLE_KERNEL_TESTS="test_gemv_gpu test_attention_gpu" scripts/gpu-bundle.sh  (here)
-#   AB_ENV="KVFUSE_GEMV_SILU=0;KVFUSE_ATTN_MERGE_KERNEL=1" scripts/gpu-ab.sh  (GPU machine)
+#   KVFUSE_BUNDLE_KERNEL_TESTS="test_gemv_gpu test_attention_gpu" scripts/gpu/bundle.sh  (here)
+#   AB_ENV="KVFUSE_GEMV_SILU=0;KVFUSE_ATTN_MERGE_KERNEL=1" scripts/gpu/ab.sh  (GPU machine)
 #
-# The kernel tests are those gpu-bundle.sh packed into .device-bundle/kernel-tests (built
+# The kernel tests are those scripts/gpu/bundle.sh packed into .device-bundle/kernel-tests (built
 # from tests/gpu for sm_90a). The A/B runs kvfuse-bench-engine (llama3-8b, fp8 KV, split
 # attention, graphs) once with every switch of AB_ENV (';'-separated NAME=VALUE sets, one
 # side each) and once with none, alternating for AB_ROUNDS rounds (default 2), all sides
@@ -19,8 +19,8 @@
 # Writes $OUT (or build-gpu-ab/): summary.txt (each step time and each side's ratio
 # against the side with no switch, median over rounds) and ab.tgz with every run's output.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-source scripts/gpu-run-common.sh gpu-ab
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh gpu-ab
 status=0
 note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%FT%TZ)"
 runs=$(mktemp -d)
@@ -49,7 +49,7 @@ if [[ ${AB_SKIP_TESTS:-0} != 1 ]]; then
   [[ -x $bundle/test_gpu_peer_allreduce ]] &&
     check test_gpu_peer_allreduce env NCCL_NVLS_ENABLE="${NCCL_NVLS_ENABLE:-0}" "$bundle/test_gpu_peer_allreduce"
 fi
-# The kernel benchmarks gpu-bundle.sh packed into .device-bundle/kernel-benches
+# The kernel benchmarks scripts/gpu/bundle.sh packed into .device-bundle/kernel-benches
 # (KVFUSE_BUNDLE_KERNEL_BENCHES), after the tests: their tables go into ab.tgz, their
 # last lines to the summary. AB_BENCH_ARGS: NAME:ARG words, as AB_TEST_ARGS.
 for b in "$bundle"/kernel-benches/*; do
