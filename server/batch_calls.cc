@@ -24,7 +24,7 @@ enum class Replay { none, resume, done };
 
 absl::StatusOr<Replay> prefill_replay(const Scheduler& sched, const Engine& engine,
                                       const v1::PrefillSequence& s) {
-  const SequenceState* seq = sched.is_router_sequence(s.id()) ? engine.sequence(s.id()) : nullptr;
+  const Sequence* seq = sched.is_router_sequence(s.id()) ? engine.sequence(s.id()) : nullptr;
   if (!seq) return Replay::none;  // a new sequence is created; an extend is NOT_FOUND
   const int64_t len = int64_t(seq->tokens.size());
   const int64_t e = s.expected_len();
@@ -100,7 +100,7 @@ std::unique_ptr<BatchCall> BatchCall::prefill(Scheduler& sched, const Engine& en
                                   *sampling, s.extend(), !s.no_sample(), std::move(stop), logprobs);
       }
     }
-    if (const SequenceState* seq = engine.sequence(s.id()); seq && sched.is_router_sequence(s.id())) {
+    if (const Sequence* seq = engine.sequence(s.id()); seq && sched.is_router_sequence(s.id())) {
       r->set_seq_len(uint32_t(seq->tokens.size()));
       if (st.ok() && !s.extend()) r->set_cached_tokens(uint32_t(seq->num_cached));
     }
@@ -125,7 +125,7 @@ std::unique_ptr<BatchCall> BatchCall::decode(Scheduler& sched, const Engine& eng
     const v1::DecodeSequence& s = req.sequences(i);
     v1::DecodeResult* r = resp->add_results();
     r->set_id(s.id());
-    const SequenceState* seq = sched.is_router_sequence(s.id()) ? engine.sequence(s.id()) : nullptr;
+    const Sequence* seq = sched.is_router_sequence(s.id()) ? engine.sequence(s.id()) : nullptr;
     if (!seq) {
       call->set_status(i, absl::NotFoundError(absl::StrCat("no router-driven sequence ", s.id())));
       continue;

@@ -2,13 +2,10 @@
 
 #include <algorithm>
 
+#include "src/common/arith.h"
 #include "src/runtime/kv_pool.h"
 
 namespace kvfuse::bench {
-
-namespace {
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-}  // namespace
 
 absl::StatusOr<ModelSpec> rank_shapes(const ModelSpec& spec, int tp) {
   auto shard = tensor_parallel_shard(spec, tp);

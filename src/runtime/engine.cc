@@ -10,7 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/common/arith.h"
 #include "src/common/status_macros.h"
+#include "src/common/timing.h"
 #include "src/loading/checkpoint.h"
 #include "src/loading/kv_scales.h"
 #include "src/runtime/engine_rank.h"
@@ -20,11 +22,6 @@
 namespace kvfuse {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-int32_t ceil_div(int64_t a, int64_t b) { return int32_t((a + b - 1) / b); }
 double available_memory_gib() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -109,6 +106,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg, std::u
     e->follower_links_.reset();
     return st;
   }
+  e->seqs_ = std::make_unique<SequenceTable>(e->cfg_, *e->pool_, e->model_->spec().vocab);
   return e;
 }
 
@@ -222,87 +220,26 @@ absl::Status Engine::forward(const ForwardOptions& opts) {
   return for_each_rank([&](int32_t r) { return run_rank_pass(r, opts); }, true);
 }
 
-absl::Status Engine::check_tokens(const std::vector<int32_t>& tokens) const {
-  const int32_t vocab = model_->spec().vocab;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", tokens[i], " at index ", i,
-                                                     " is outside the vocabulary [0, ", vocab, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
                                   const Rng* rng, bool reuse_prefix) {
   KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
-  if (seqs_.count(id)) return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
-  if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
-  if (int64_t(prompt.size()) >= cfg_.max_seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt of ", prompt.size(), " tokens leaves no room under max_seq_len ", cfg_.max_seq_len));
+  KVFUSE_RETURN_IF_ERROR(seqs_->add(id, std::move(prompt), sampling, SequenceOwner::router));
+  if (rng) seqs_->get(id)->rng = *rng;
+  if (absl::Status st = seqs_->admit(id, reuse_prefix); !st.ok()) {
+    (void)seqs_->release(id);
+    return st;
   }
-  KVFUSE_RETURN_IF_ERROR(check_tokens(prompt));
-  KVFUSE_RETURN_IF_ERROR(validate_sampling(sampling, model_->spec().vocab));
-  // Prefix reuse: the live sequence whose computed tokens match the longest prefix.
-  SeqId donor = 0;
-  int32_t shared = 0;
-  if (cfg_.prefix_reuse && reuse_prefix && !pool_->has_swa()) {
-    const int32_t ps = cfg_.page_size;
-    const size_t limit = prompt.size() - 1;  // the last prompt token is computed: its logits
-    for (const auto& [sid, st] : seqs_) {
-      const size_t n = std::min(limit, size_t(st.num_computed));
-      const size_t common = size_t(std::mismatch(prompt.begin(), prompt.begin() + ptrdiff_t(n), st.tokens.begin()).first -
-                                   prompt.begin());
-      const int32_t pages = int32_t(common) / ps * ps;
-      if (pages > shared) {
-        shared = pages;
-        donor = sid;
-      }
-    }
-  }
-  KVFUSE_RETURN_IF_ERROR(pool_->add_sequence(id));
-  if (shared > 0) {
-    if (absl::Status st = pool_->share_prefix(id, donor, shared); !st.ok()) {
-      (void)pool_->release(id);
-      return st;
-    }
-  }
-  SequenceState& s = seqs_[id];
-  s.id = id;
-  s.num_computed = shared;
-  s.num_cached = shared;
-  s.num_prompt = int32_t(prompt.size());
-  s.tokens = std::move(prompt);
-  s.sampling = sampling;
-  s.rng = rng ? *rng : Rng(sampling.seed);
   return absl::OkStatus();
 }
 
 absl::Status Engine::append_tokens(SeqId id, const std::vector<int32_t>& tokens) {
   KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
-  if (tokens.empty()) return absl::InvalidArgumentError("no tokens to append");
-  if (int64_t(it->second.tokens.size() + tokens.size()) > cfg_.max_seq_len) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sequence ", id, " would exceed max_seq_len ", cfg_.max_seq_len));
-  }
-  KVFUSE_RETURN_IF_ERROR(check_tokens(tokens));
-  auto& t = it->second.tokens;
-  t.insert(t.end(), tokens.begin(), tokens.end());
-  return absl::OkStatus();
+  return seqs_->append(id, tokens);
 }
 
 absl::Status Engine::release(SeqId id) {
   KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
-  if (!seqs_.erase(id)) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
-  return pool_->release(id);
-}
-
-const SequenceState* Engine::sequence(SeqId id) const {
-  auto it = seqs_.find(id);
-  return it == seqs_.end() ? nullptr : &it->second;
+  return seqs_->release(id);
 }
 
 absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items) {
@@ -311,11 +248,33 @@ absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>
 
 absl::StatusOr<std::vector<StepResult>> Engine::step(const std::vector<StepItem>& items,
                                                      const ForwardOptions& opts) {
-  KVFUSE_RETURN_IF_ERROR(begin_step(items, opts));
-  return end_step();
+  KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
+  // The caller planned these items itself: bad items reject the step before anything
+  // changes; then their pages are reserved here, and a sequence that cannot get them
+  // fails alone.
+  StepPlan plan;
+  plan.items = items;
+  plan.options = opts;
+  KVFUSE_RETURN_IF_ERROR(check_plan(plan, /*require_reserved=*/false));
+  std::vector<StepResult> results(items.size());
+  std::vector<size_t> run;
+  plan.items.clear();
+  for (size_t i = 0; i < items.size(); ++i) {
+    results[i].id = items[i].id;
+    results[i].status = seqs_->reserve(items[i].id, items[i].num_tokens);
+    if (!results[i].status.ok()) continue;
+    run.push_back(i);
+    plan.items.push_back(items[i]);
+  }
+  if (plan.items.empty()) return results;  // none could get its pages
+  KVFUSE_RETURN_IF_ERROR(begin(plan));
+  auto out = end();
+  if (!out.ok()) return out.status();
+  for (size_t r = 0; r < run.size(); ++r) results[run[r]] = std::move(out->results[r]);
+  return results;
 }
 
-absl::Status Engine::begin_step(const std::vector<StepItem>& items, const ForwardOptions& opts) {
+absl::Status Engine::begin(const StepPlan& plan) {
   if (is_follower()) {
     return absl::FailedPreconditionError("step: this process follows rank 0, whose engine runs the steps");
   }
@@ -324,30 +283,24 @@ absl::Status Engine::begin_step(const std::vector<StepItem>& items, const Forwar
   InFlight& f = in_flight_;
   f.t0 = Clock::now();
   timings_ = StepTimings{};
-  KVFUSE_RETURN_IF_ERROR(check_items(items));
-  f.items = items;
-  f.results.assign(items.size(), StepResult{});
-  f.run = reserve_pages(items, f.results);
-  f.launched = false;
-  if (!f.run.empty()) {
-    build_batch(items, f.run);
-    timings_.prepare_ms = ms_since(f.t0);
-    f.t1 = Clock::now();
-    // One rank: queue the pass and return; end_step waits. Several: every rank's thread
-    // runs its pass to the end (they meet in the collectives), here.
-    const absl::Status st = single_rank() ? runner_->launch(batch_, *pool_, opts, fwd_) : forward(opts);
-    if (!st.ok()) return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
-    f.launched = true;
-  }
+  KVFUSE_RETURN_IF_ERROR(check_plan(plan, /*require_reserved=*/true));
+  f.items = plan.items;
+  build_batch(plan.items);
+  timings_.prepare_ms = ms_since(f.t0);
+  f.t1 = Clock::now();
+  // One rank: queue the pass and return; end() waits. Several: every rank's thread runs
+  // its pass to the end (they meet in the collectives), here.
+  const absl::Status st =
+      single_rank() ? runner_->launch(batch_, *pool_, plan.options, fwd_) : forward(plan.options);
+  if (!st.ok()) return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
   f.active = true;
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<StepResult>> Engine::end_step() {
-  if (!in_flight_.active) return absl::FailedPreconditionError("no step in flight (begin_step first)");
+absl::StatusOr<StepOutput> Engine::end() {
+  if (!in_flight_.active) return absl::FailedPreconditionError("no step in flight (begin first)");
   InFlight& f = in_flight_;
   f.active = false;
-  if (!f.launched) return std::move(f.results);
   if (single_rank()) {
     if (auto st = runner_->finish(batch_, fwd_); !st.ok()) {
       return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
@@ -355,17 +308,20 @@ absl::StatusOr<std::vector<StepResult>> Engine::end_step() {
   }
   timings_.forward_ms = ms_since(f.t1);
 
+  StepOutput out;
   const auto t2 = Clock::now();
-  apply_results(f.items, f.run, f.results);
+  apply_results(f.items, out.results);
   timings_.sample_ms = ms_since(t2);
   timings_.total_ms = ms_since(f.t0);
   timings_.num_tokens = batch_.num_tokens();
-  timings_.num_seqs = int32_t(f.run.size());
+  timings_.num_seqs = int32_t(f.items.size());
   timings_.graph = fwd_.graph;
-  return std::move(f.results);
+  out.timings = timings_;
+  return out;
 }
 
-absl::Status Engine::check_items(const std::vector<StepItem>& items) const {
+absl::Status Engine::check_plan(const StepPlan& plan, bool require_reserved) const {
+  const std::vector<StepItem>& items = plan.items;
   if (items.empty()) return absl::InvalidArgumentError("step: no items");
   if (int64_t(items.size()) > cfg_.max_running_seqs) {
     return absl::InvalidArgumentError(
@@ -374,11 +330,14 @@ absl::Status Engine::check_items(const std::vector<StepItem>& items) const {
   std::unordered_set<SeqId> seen;
   int64_t total = 0;
   for (const StepItem& it : items) {
-    auto s = seqs_.find(it.id);
-    if (s == seqs_.end()) return absl::NotFoundError(absl::StrCat("step: sequence ", it.id, " not found"));
+    const Sequence* s = seqs_->get(it.id);
+    if (!s) return absl::NotFoundError(absl::StrCat("step: sequence ", it.id, " not found"));
+    if (!s->admitted) {
+      return absl::FailedPreconditionError(absl::StrCat("step: sequence ", it.id, " holds no pages (not admitted)"));
+    }
     if (!seen.insert(it.id).second)
       return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " twice"));
-    const int32_t pending = s->second.num_pending();
+    const int32_t pending = s->num_pending();
     if (it.num_tokens < 1 || it.num_tokens > pending) {
       return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.id, " asks for ", it.num_tokens,
                                                      " tokens with ", pending, " pending"));
@@ -395,9 +354,14 @@ absl::Status Engine::check_items(const std::vector<StepItem>& items) const {
       return absl::InvalidArgumentError(
           absl::StrCat("step: sequence ", it.id, " samples before its last token"));
     }
-    if (it.sample && int64_t(s->second.tokens.size()) >= cfg_.max_seq_len) {
+    if (it.sample && int64_t(s->tokens.size()) >= cfg_.max_seq_len) {
       return absl::InvalidArgumentError(
           absl::StrCat("step: sequence ", it.id, " is at max_seq_len ", cfg_.max_seq_len));
+    }
+    // Pages are reserved by whoever planned the step (the scheduler, or step()).
+    if (require_reserved && !seqs_->reserved(it.id, it.num_tokens)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("step: sequence ", it.id, "'s KV pages for ", it.num_tokens, " tokens are not reserved"));
     }
     total += it.num_tokens;
   }
@@ -408,21 +372,7 @@ absl::Status Engine::check_items(const std::vector<StepItem>& items) const {
   return absl::OkStatus();
 }
 
-std::vector<size_t> Engine::reserve_pages(const std::vector<StepItem>& items,
-                                          std::vector<StepResult>& results) {
-  // Pages a scheduler reserved already cost nothing here; a sequence that cannot get
-  // them fails alone.
-  std::vector<size_t> run;
-  for (size_t i = 0; i < items.size(); ++i) {
-    results[i].id = items[i].id;
-    const SequenceState& s = seqs_.at(items[i].id);
-    results[i].status = pool_->reserve(s.id, s.num_computed + items[i].num_tokens);
-    if (results[i].status.ok()) run.push_back(i);
-  }
-  return run;
-}
-
-void Engine::build_batch(const std::vector<StepItem>& items, const std::vector<size_t>& run) {
+void Engine::build_batch(const std::vector<StepItem>& items) {
   ForwardBatch& b = batch_;
   const int32_t ps = cfg_.page_size;
   b.token_ids.clear();
@@ -440,18 +390,17 @@ void Engine::build_batch(const std::vector<StepItem>& items, const std::vector<s
   bool any_logprobs = false;
   b.max_query_len = 0;
   b.max_context_len = 0;
-  for (size_t i : run) {
-    const SequenceState& s = seqs_.at(items[i].id);
-    const int32_t ctx = s.num_computed + items[i].num_tokens;
+  for (const StepItem& it : items) {
+    const int32_t ctx = seqs_->get(it.id)->num_computed + it.num_tokens;
     b.max_context_len = std::max(b.max_context_len, ctx);
-    b.max_query_len = std::max(b.max_query_len, items[i].num_tokens);
+    b.max_query_len = std::max(b.max_query_len, it.num_tokens);
   }
-  b.max_pages_per_seq = ceil_div(b.max_context_len, ps);
-  b.block_table_full.assign(run.size() * size_t(b.max_pages_per_seq), -1);
+  b.max_pages_per_seq = int32_t(ceil_div(b.max_context_len, ps));
+  b.block_table_full.assign(items.size() * size_t(b.max_pages_per_seq), -1);
   b.block_table_swa.assign(pool_->has_swa() ? b.block_table_full.size() : 0, -1);
-  for (size_t r = 0; r < run.size(); ++r) {
-    const StepItem& it = items[run[r]];
-    SequenceState& s = seqs_.at(it.id);
+  for (size_t r = 0; r < items.size(); ++r) {
+    const StepItem& it = items[r];
+    Sequence& s = *seqs_->get(it.id);
     const size_t extra_before = b.extra_rows.size();
     for (int32_t p = s.num_computed; p < s.num_computed + it.num_tokens; ++p) {
       if (it.prompt_logprobs && size_t(p) + 1 < s.tokens.size()) {
@@ -501,18 +450,17 @@ TokenLogprob to_token_logprob(const LogprobOut& o) {
 }
 }  // namespace
 
-void Engine::apply_results(const std::vector<StepItem>& items, const std::vector<size_t>& run,
-                           std::vector<StepResult>& results) {
+void Engine::apply_results(const std::vector<StepItem>& items, std::vector<StepResult>& results) {
+  results.assign(items.size(), StepResult{});
   size_t row = 0, host_row = 0, extra = 0;
-  for (size_t r = 0; r < run.size(); ++r) {
-    const size_t i = run[r];
+  for (size_t i = 0; i < items.size(); ++i) {
     const StepItem& it = items[i];
-    SequenceState& s = seqs_.at(it.id);
-    for (size_t e = 0; e < extra_count_[r]; ++e) {
+    Sequence& s = *seqs_->get(it.id);
+    results[i].id = it.id;
+    for (size_t e = 0; e < extra_count_[i]; ++e) {
       results[i].prompt_logprobs.push_back(to_token_logprob(fwd_.extra_logprobs[extra++]));
     }
-    s.num_computed += it.num_tokens;
-    pool_->trim_window(it.id);
+    seqs_->computed(s, it.num_tokens);
     if (!it.sample && !it.logits) continue;
     const size_t k = row++;
     if (batch_.logits_host[k]) results[i].logits_row = int32_t(host_row++);
@@ -578,9 +526,9 @@ absl::StatusOr<int> Engine::warm_up_decode_graphs() {
 
 absl::Status Engine::assume_computed(SeqId id, int32_t n) {
   KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
-  SequenceState& s = it->second;
+  Sequence* found = seqs_->get(id);
+  if (!found) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
+  Sequence& s = *found;
   if (n < 0 || n >= s.num_pending()) {
     return absl::InvalidArgumentError(absl::StrCat("assume_computed: ", n, " of ", s.num_pending(),
                                                    " pending tokens (the last one must still run)"));
@@ -589,10 +537,9 @@ absl::Status Engine::assume_computed(SeqId id, int32_t n) {
   // prefill would: the SWA pool then holds a window plus one chunk, not the whole context.
   for (int32_t left = n; left > 0;) {
     const int32_t chunk = std::min(left, cfg_.max_batch_tokens);
-    KVFUSE_RETURN_IF_ERROR(pool_->reserve(id, s.num_computed + chunk));
-    s.num_computed += chunk;
+    KVFUSE_RETURN_IF_ERROR(seqs_->reserve(id, chunk));
+    seqs_->computed(s, chunk);
     left -= chunk;
-    pool_->trim_window(id);
   }
   return absl::OkStatus();
 }

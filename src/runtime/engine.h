@@ -1,8 +1,9 @@
-// The engine runs one step at a time: check the items -> reserve their pages -> build
-// the batch -> run it (ModelRunner) -> apply the tokens. It owns the backend, the KV
-// pool, the model, its runner and the per-sequence token state; what to run in a step
-// (which sequences, how many tokens each, whose pages to free first) is the
-// scheduler's choice.
+// The engine runs steps: it owns the backend, the KV pool, the sequences (their tokens
+// and sampler streams, SequenceTable), the model and its runner, and the tensor-parallel
+// ranks. A step is data: a StepPlan whose items have their pages reserved goes in
+// (StepRunner::begin), a StepOutput comes back (end); what to run in a step is the
+// scheduler's choice (src/runtime/scheduler.h), which sees the engine only as the
+// runner of its plans and the owner of the sequences and the pool.
 #pragma once
 
 #include <chrono>
@@ -21,71 +22,14 @@
 #include "src/runtime/model.h"
 #include "src/runtime/model_runner.h"
 #include "src/runtime/sampler.h"
+#include "src/runtime/sequences.h"
+#include "src/runtime/step_plan.h"
 
 namespace kvfuse {
 
 class FollowerLinks;
 class LeaderLink;
 enum class RankCommand : uint32_t;
-
-struct SequenceState {
-  SeqId id = 0;
-  std::vector<int32_t> tokens;  // prompt, then generated tokens
-  int32_t num_prompt = 0;
-  int32_t num_computed = 0;  // tokens whose K/V are in the cache
-  int32_t num_cached = 0;    // of those, the prompt prefix taken from another sequence's pages
-  SamplingParams sampling;
-  Rng rng;
-
-  int32_t num_pending() const { return int32_t(tokens.size()) - num_computed; }
-  int32_t num_generated() const { return int32_t(tokens.size()) - num_prompt; }
-};
-
-// One sequence's share of a step: its next `num_tokens` pending tokens. `sample` asks
-// for a new token, which requires the step to cover all of the pending tokens.
-// `logits` returns the logits of the item's last token (teacher-forced evaluation in
-// tests and tools), with or without sampling.
-//
-// Logprobs (kernels/ops/sampling.h: log-softmax of the raw logits): `logprobs` asks for the
-// sampled token's (needs `sample`), `prompt_logprobs` for each token of the item whose
-// predecessor the item computes — every computed position whose next token is already
-// known gives the logprob of that token — each with its `top_logprobs` most likely
-// tokens (0 .. kMaxTopLogprobs).
-struct StepItem {
-  SeqId id = 0;
-  int32_t num_tokens = 0;
-  bool sample = true;
-  bool logits = false;
-  bool logprobs = false;
-  bool prompt_logprobs = false;
-  int32_t top_logprobs = 0;
-};
-
-// A token's log-probability and the most likely tokens at its position, highest first.
-struct TokenLogprob {
-  int32_t token = 0;
-  float logprob = 0.0f;
-  std::vector<std::pair<int32_t, float>> top;
-};
-
-struct StepResult {
-  SeqId id = 0;
-  absl::Status status;           // per sequence: one failing does not fail the others
-  std::optional<int32_t> token;  // the sampled token, if asked for and the step ran
-  int32_t logits_row = -1;       // row of last_logits() for this item, if it has one
-  std::optional<TokenLogprob> logprob;        // the sampled token's, with StepItem::logprobs
-  std::vector<TokenLogprob> prompt_logprobs;  // with StepItem::prompt_logprobs, in position order
-};
-
-struct StepTimings {
-  double prepare_ms = 0;  // KV reservation and batch metadata
-  double forward_ms = 0;  // model forward, logits on the host
-  double sample_ms = 0;
-  double total_ms = 0;
-  int64_t num_tokens = 0;
-  int32_t num_seqs = 0;
-  bool graph = false;  // the forward pass ran as a graph
-};
 
 // RESOURCE_EXHAUSTED naming the sizes when the model's bf16 weights would take more than
 // 80% of `available_gib` (the CPU backend's check at engine creation; <= 0: unknown, ok).
@@ -107,7 +51,7 @@ using LoadProgressFn = std::function<void(const LoadProgress&)>;
 // however fast the layers load.
 LoadProgressFn load_progress_every(double every_s, LoadProgressFn sink);
 
-class Engine {
+class Engine : public StepRunner {
  public:
   static absl::StatusOr<std::unique_ptr<Engine>> create(const Config& cfg, LoadProgressFn progress = {});
   // On a given backend (the server's, tests').
@@ -147,42 +91,44 @@ class Engine {
   const KvPool& pool() const { return *pool_; }
   KvFormat kv_format() const { return pool_->config().format; }
 
-  // Starts a sequence from its prompt. ALREADY_EXISTS if the id is live;
-  // INVALID_ARGUMENT for an empty or over-long prompt, bad token ids or parameters.
-  // `rng` resumes a sampler stream (a sequence recomputed after preemption).
-  // With prefix_reuse on and `reuse_prefix`, the longest page-aligned prefix of the prompt
-  // that a live sequence has computed (at most the prompt less its last token) is shared
-  // from that sequence's pages instead of computed (SequenceState::num_cached).
+  // The sequences, their tokens and pages. Changing them while a step is in flight is
+  // the caller's mistake (the engine's own methods below refuse it).
+  SequenceTable& sequences() { return *seqs_; }
+  const SequenceTable& sequences() const { return *seqs_; }
+  // Starts a sequence from its prompt and admits it (SequenceTable::add and admit: a
+  // caller-driven sequence). ALREADY_EXISTS if the id is live; INVALID_ARGUMENT for an
+  // empty or over-long prompt, bad token ids or parameters. `rng` resumes a sampler
+  // stream. With prefix_reuse on and `reuse_prefix`, a live sequence's computed prompt
+  // pages are shared (Sequence::num_cached).
   absl::Status add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
                             const Rng* rng = nullptr, bool reuse_prefix = true);
   // Appends tokens to a live sequence (a further prompt chunk, or a forced token).
   absl::Status append_tokens(SeqId id, const std::vector<int32_t>& tokens);
   // Frees the sequence's pages. NOT_FOUND if unknown.
   absl::Status release(SeqId id);
-  const SequenceState* sequence(SeqId id) const;
-  size_t num_sequences() const { return seqs_.size(); }
+  const Sequence* sequence(SeqId id) const { return seqs_->get(id); }
+  size_t num_sequences() const { return seqs_->size(); }
 
-  // Checks the items (known, distinct ids, 1 <= num_tokens <= pending, the step's
-  // token and sequence limits), reserves their KV pages, runs the forward pass and
-  // samples. A sequence whose pages cannot be reserved fails alone with
-  // RESOURCE_EXHAUSTED; the others run. An error status means the step as a whole
+  // StepRunner. begin() checks the plan (known, distinct, admitted ids, 1 <= num_tokens <=
+  // pending, the step's token and sequence limits, every item's pages reserved) and
+  // launches it; end() waits for it, applies the tokens and returns the output. An error
+  // from begin() leaves nothing in flight. While a step is in flight, end() is the only
+  // call allowed on the engine (the others may read or change what the device is using);
+  // end() without one is FAILED_PRECONDITION. With tensor parallelism the pass completes
+  // inside begin().
+  absl::Status begin(const StepPlan& plan) override;
+  absl::StatusOr<StepOutput> end() override;
+  bool step_in_flight() const { return in_flight_.active; }
+
+  // A whole step for callers that plan their own (tests, tools, benchmarks): reserves the
+  // items' pages — a sequence that cannot get them fails alone with RESOURCE_EXHAUSTED,
+  // the others run — then begin() and end(). An error status means the step as a whole
   // was rejected (bad items) or failed on the device.
   absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items);
   // Same, with the write and attention paths given instead of taken from the config
   // (A/B tests and benchmarks on one engine).
   absl::StatusOr<std::vector<StepResult>> step(const std::vector<StepItem>& items,
                                                const ForwardOptions& opts);
-  // step() in two halves, so that a caller can do its own host work while the device
-  // runs the step (the server's loop fans the previous step's tokens out to its streams
-  // there): begin_step() checks the items, reserves their pages and launches the pass;
-  // end_step() waits for it, applies the tokens and returns what step() returns. An error
-  // from begin_step() is step()'s error and leaves nothing in flight. While a step is in
-  // flight, end_step() is the only call allowed on the engine (the others may read or
-  // change what the device is using); end_step() without one is FAILED_PRECONDITION.
-  // With tensor parallelism the pass completes inside begin_step().
-  absl::Status begin_step(const std::vector<StepItem>& items, const ForwardOptions& opts);
-  absl::StatusOr<std::vector<StepResult>> end_step();
-  bool step_in_flight() const { return in_flight_.active; }
 
   // On a backend with graphs and with `graphs: on`: runs one decode-shaped step for every
   // batch bucket up to max_running_seqs (throw-away one-token sequences), so that each
@@ -284,15 +230,11 @@ class Engine {
   bool single_rank() const { return ranks_.empty() && !follower_links_; }
   // FAILED_PRECONDITION while a step is in flight: what would change what the device uses.
   absl::Status check_no_step_in_flight() const;
-  absl::Status check_tokens(const std::vector<int32_t>& tokens) const;
-  // The phases of a step: bad items reject it; a sequence whose pages cannot be
-  // reserved drops out alone (the indices of the items that run are returned); the
-  // batch of those is built into batch_, run, and its tokens applied.
-  absl::Status check_items(const std::vector<StepItem>& items) const;
-  std::vector<size_t> reserve_pages(const std::vector<StepItem>& items, std::vector<StepResult>& results);
-  void build_batch(const std::vector<StepItem>& items, const std::vector<size_t>& run);
-  void apply_results(const std::vector<StepItem>& items, const std::vector<size_t>& run,
-                     std::vector<StepResult>& results);
+  // The phases of a step: a bad plan is rejected (with `require_reserved`, also one whose
+  // items lack their pages); its batch is built into batch_, run, and its tokens applied.
+  absl::Status check_plan(const StepPlan& plan, bool require_reserved) const;
+  void build_batch(const std::vector<StepItem>& items);
+  void apply_results(const std::vector<StepItem>& items, std::vector<StepResult>& results);
 
   Config cfg_;
   LoadProgressFn load_progress_;  // Engine::create's, for init()
@@ -309,20 +251,17 @@ class Engine {
   absl::Status group_failed_;           // a rank failed mid-step: the group is aborted
   std::unique_ptr<FollowerLinks> follower_links_;  // a leader's connections to the other processes
   std::unique_ptr<LeaderLink> leader_link_;        // a follower's connection to the leader
-  std::unordered_map<SeqId, SequenceState> seqs_;
+  std::unique_ptr<SequenceTable> seqs_;
   ForwardResult fwd_;
   StepTimings timings_;
   ForwardBatch batch_;  // reused between steps
-  // The step between begin_step() and end_step().
+  // The step between begin() and end().
   struct InFlight {
     bool active = false;
-    bool launched = false;  // a pass was launched (not every item failed its reservation)
     std::vector<StepItem> items;
-    std::vector<size_t> run;
-    std::vector<StepResult> results;
     std::chrono::steady_clock::time_point t0, t1;
   } in_flight_;
-  std::vector<size_t> extra_count_;  // per item that ran: its rows in batch_.extra_rows
+  std::vector<size_t> extra_count_;  // per item: its rows in batch_.extra_rows
 };
 
 }  // namespace kvfuse

@@ -19,6 +19,7 @@
 #include "src/runtime/engine_rank.h"
 #include "src/runtime/rank_commands.h"
 #include "src/runtime/rank_links.h"
+#include "src/common/timing.h"
 #if defined(KVFUSE_HAVE_GPU)
 #include "src/parallel/nccl_communicator.h"
 #include "src/parallel/peer_allreduce.h"
@@ -27,10 +28,6 @@
 namespace kvfuse {
 
 namespace {
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 #if defined(KVFUSE_HAVE_GPU)
 // The engine's peer group: programmatic launches unless KVFUSE_PEER_PDL=0, inboxes for
 // tp_allreduce push. kPushPath: what collectives_path() says of push.

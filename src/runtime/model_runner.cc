@@ -4,12 +4,12 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/arith.h"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {
 
 namespace {
-int32_t ceil_div(int64_t a, int64_t b) { return int32_t((a + b - 1) / b); }
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 }  // namespace
 
@@ -237,7 +237,7 @@ int32_t ModelRunner::graph_context_bucket(int32_t max_context_len, int32_t page_
 void ModelRunner::pad_for_graph(const ForwardBatch& in, int32_t ps, ForwardBatch& out) const {
   const int32_t S = in.num_seqs();
   const int32_t Sb = graph_batch_bucket(S);
-  const int32_t pages = ceil_div(graph_context_bucket(in.max_context_len, ps), ps);
+  const int32_t pages = int32_t(ceil_div(graph_context_bucket(in.max_context_len, ps), ps));
   out.token_ids = in.token_ids;
   out.positions = in.positions;
   out.slot_mapping = in.slot_mapping;

@@ -11,7 +11,14 @@ namespace kvfuse {
 
 const char* to_string(FinishReason r) { return enum_name(r, {"none", "length", "stop", "abort", "error"}); }
 
-Scheduler::Scheduler(Engine& engine, SchedulerLimits limits) : engine_(engine), limits_(limits) {}
+Scheduler::Scheduler(Engine& engine, SchedulerLimits limits)
+    : runner_(engine),
+      seqs_(engine.sequences()),
+      pool_(engine.pool()),
+      cfg_(engine.config()),
+      spec_(engine.spec()),
+      options_(engine.forward_options()),
+      limits_(limits) {}
 
 bool Scheduler::contains(SeqId id) const {
   auto match = [id](const Entry& e) { return e.req.id == id; };
@@ -20,8 +27,8 @@ bool Scheduler::contains(SeqId id) const {
 }
 
 PagesNeeded Scheduler::pages_to_finish_prefill(const Entry& e) const {
-  // The whole prompt plus the first sampled token.
-  return engine_.pool().pages_to_hold(e.req.id, int64_t(e.tokens.size()) + 1);
+  // The whole prompt (and what it generated before a preemption) plus the first sampled token.
+  return pool_.pages_to_hold(e.req.id, int64_t(seqs_.get(e.req.id)->tokens.size()) + 1);
 }
 
 bool Scheduler::can_admit(const Entry& e) const {
@@ -36,7 +43,7 @@ bool Scheduler::can_admit(const Entry& e) const {
     promised.swa += n.swa;
   }
   const PagesNeeded need = pages_to_finish_prefill(e);
-  const KvPool& pool = engine_.pool();
+  const KvPool& pool = pool_;
   if (pool.usage(PoolKind::full).free_pages - promised.full < need.full) return false;
   if (pool.has_swa() && pool.usage(PoolKind::swa).free_pages - promised.swa < need.swa) return false;
   return true;
@@ -61,8 +68,8 @@ FinishReason stop_reason(const StopRules& rules, const std::vector<int32_t>& eos
 }
 
 absl::Status Scheduler::submit(GenerateRequest req) {
-  const auto& cfg = engine_.config();
-  if (contains(req.id) || engine_.sequence(req.id)) {
+  const Config& cfg = cfg_;
+  if (contains(req.id) || seqs_.get(req.id)) {
     return absl::AlreadyExistsError(absl::StrCat("sequence ", req.id, " already exists"));
   }
   if (req.prompt.empty()) return absl::InvalidArgumentError("empty prompt");
@@ -79,7 +86,7 @@ absl::Status Scheduler::submit(GenerateRequest req) {
     return absl::InvalidArgumentError(absl::StrCat("prompt of ", req.prompt.size(),
                                                    " tokens exceeds max_seq_len ", cfg.max_seq_len, " - 1"));
   }
-  const int32_t vocab = engine_.spec().vocab;
+  const int32_t vocab = spec_.vocab;
   for (size_t i = 0; i < req.prompt.size(); ++i) {
     if (req.prompt[i] < 0 || req.prompt[i] >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat("prompt token id ", req.prompt[i], " at index ", i,
@@ -92,17 +99,19 @@ absl::Status Scheduler::submit(GenerateRequest req) {
     return absl::ResourceExhaustedError(
         absl::StrCat("waiting queue is full (", limits_.max_waiting, " requests)"));
   }
-  Entry e;
-  e.tokens = req.prompt;
-  e.stop = StopRules{std::move(req.stop_token_ids), req.ignore_eos, req.max_new_tokens, req.min_new_tokens};
-  e.req = std::move(req);
-  const PagesNeeded need = pages_to_finish_prefill(e);
-  const KvPool& pool = engine_.pool();
-  if (need.full > pool.usage(PoolKind::full).total_pages ||
-      (pool.has_swa() && need.swa > pool.usage(PoolKind::swa).total_pages)) {
+  // The whole prompt plus the first sampled token must fit in an empty pool.
+  const PagesNeeded need = pool_.pages_to_hold(req.id, int64_t(req.prompt.size()) + 1);
+  if (need.full > pool_.usage(PoolKind::full).total_pages ||
+      (pool_.has_swa() && need.swa > pool_.usage(PoolKind::swa).total_pages)) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("prompt of ", e.tokens.size(), " tokens needs more KV pages than the pool holds"));
+        absl::StrCat("prompt of ", req.prompt.size(), " tokens needs more KV pages than the pool holds"));
   }
+  Entry e;
+  e.prompt_len = int32_t(req.prompt.size());
+  e.stop = StopRules{std::move(req.stop_token_ids), req.ignore_eos, req.max_new_tokens, req.min_new_tokens};
+  KVFUSE_RETURN_IF_ERROR(seqs_.add(req.id, std::move(req.prompt), req.sampling, SequenceOwner::generate));
+  req.prompt.clear();
+  e.req = std::move(req);
   waiting_.push_back(std::move(e));
   return absl::OkStatus();
 }
@@ -110,16 +119,16 @@ absl::Status Scheduler::submit(GenerateRequest req) {
 absl::Status Scheduler::admit(Entry& e) {
   // No prefix reuse while the prompt's logprobs are still to be computed.
   const bool reuse = !(e.req.logprobs.prompt && e.generated == 0);
-  return engine_.add_sequence(e.req.id, e.tokens, e.req.sampling, e.rng ? &*e.rng : nullptr, reuse);
+  return seqs_.admit(e.req.id, reuse);
 }
 
 TokenEvent Scheduler::finish(Entry& e, FinishReason reason, absl::Status status) {
-  if (engine_.sequence(e.req.id)) (void)engine_.release(e.req.id);
+  (void)seqs_.release(e.req.id);
   TokenEvent ev;
   ev.id = e.req.id;
   ev.finish = reason;
   ev.status = std::move(status);
-  ev.prompt_tokens = int32_t(e.req.prompt.size());
+  ev.prompt_tokens = e.prompt_len;
   ev.completion_tokens = e.generated;
   return ev;
 }
@@ -127,6 +136,7 @@ TokenEvent Scheduler::finish(Entry& e, FinishReason reason, absl::Status status)
 absl::Status Scheduler::abort(SeqId id) {
   for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
     if (it->req.id == id) {
+      (void)seqs_.release(id);
       waiting_.erase(it);
       return absl::OkStatus();
     }
@@ -143,13 +153,12 @@ absl::Status Scheduler::abort(SeqId id) {
 }
 
 void Scheduler::preempt(size_t i) {
-  // Recompute later: keep the tokens and the sampler state, free the pages now.
+  // Recompute later: the sequence keeps its tokens and sampler state, its pages go now.
   Entry e = std::move(running_[i]);
   running_.erase(running_.begin() + int64_t(i));
-  if (const auto* s = engine_.sequence(e.req.id)) e.rng = s->rng;
   // A prefill cut short is recomputed from the start, its prompt logprobs with it.
   if (e.generated == 0) e.prompt_logprobs.clear();
-  (void)engine_.release(e.req.id);
+  seqs_.evict(e.req.id);
   waiting_.push_front(std::move(e));
   ++preemptions_;
 }
@@ -166,7 +175,7 @@ std::vector<TokenEvent> Scheduler::fail_all(const absl::Status& why) {
 
 void Scheduler::admit_waiting(std::vector<TokenEvent>& events) {
   // Router tasks take step slots too: admit only what the next steps can run.
-  const auto& cfg = engine_.config();
+  const auto& cfg = cfg_;
   while (!waiting_.empty() && int64_t(running_.size() + router_active_.size()) < cfg.max_running_seqs &&
          can_admit(waiting_.front())) {
     Entry e = std::move(waiting_.front());
@@ -179,37 +188,52 @@ void Scheduler::admit_waiting(std::vector<TokenEvent>& events) {
   }
 }
 
-void Scheduler::plan_generate_items(bool decode_pass, int64_t& budget, std::vector<StepItem>& items,
-                                    std::vector<Owner>& owners) {
-  const size_t max_items = size_t(engine_.config().max_running_seqs);
-  for (size_t i = 0; i < running_.size() && budget > 0 && items.size() < max_items; ++i) {
-    const SequenceState* s = engine_.sequence(running_[i].req.id);
-    const int32_t pending = s->num_pending();
-    if (decode_pass != (pending == 1)) continue;
-    const int32_t n = int32_t(std::min<int64_t>(pending, budget));
-    const LogprobsOptions& lp = running_[i].req.logprobs;
-    StepItem it{s->id, n, n == pending};
-    it.logprobs = lp.enabled && it.sample;
-    // Prompt logprobs on the first prefill only: a recomputation after preemption with
-    // tokens generated has sent them already.
-    it.prompt_logprobs = lp.prompt && running_[i].generated == 0;
-    it.top_logprobs = lp.top_n;
-    items.push_back(it);
-    owners.push_back({false, s->id});
-    budget -= n;
+std::optional<StepItem> Scheduler::plan_item(const Owner& owner, const Entry* entry, bool decode_pass,
+                                             int64_t budget) {
+  const Sequence& s = *seqs_.get(owner.id);
+  const int32_t pending = s.num_pending();
+  // A router task samples while it has samples left; a generate request always does.
+  const RouterSeq* rs = owner.router ? &router_.at(owner.id) : nullptr;
+  const bool samples = !rs || rs->task->samples_left > 0;
+  if (decode_pass != (pending == 1 && samples)) return std::nullopt;
+  const int32_t n = int32_t(std::min<int64_t>(pending, budget));
+  StepItem it{owner.id, n, n == pending && samples};
+  if (rs && it.sample && int64_t(s.tokens.size()) >= cfg_.max_seq_len) {
+    finish_router_task(owner.id, absl::OutOfRangeError(absl::StrCat("sequence ", owner.id,
+                                                                    " reached max_seq_len ", cfg_.max_seq_len)));
+    return std::nullopt;
   }
+  const LogprobsOptions& lp = rs ? rs->logprobs : entry->req.logprobs;
+  it.logprobs = lp.enabled && it.sample;
+  // A router item's prompt logprobs whenever asked (a decode item's one row has no known
+  // next token); a generate request's on its first prefill only: a recomputation after
+  // preemption with tokens generated has sent them already.
+  it.prompt_logprobs = lp.prompt && (rs || entry->generated == 0);
+  it.top_logprobs = lp.top_n;
+  return it;
 }
 
-void Scheduler::plan_step(std::vector<StepItem>& items, std::vector<Owner>& owners) {
-  // Decodes first (one token each), then prefill chunks in arrival order. Generate
-  // requests and router tasks take turns going first, so that neither can keep the
-  // other out of a full step.
-  int64_t budget = engine_.config().max_batch_tokens;
+void Scheduler::plan_step(Plan& plan) {
+  int64_t budget = cfg_.max_batch_tokens;
+  const size_t max_items = size_t(cfg_.max_running_seqs);
   const bool router_first = step_count_ % 2 == 0;
+  // The candidates: each with its generate request, or none for a router task.
+  std::vector<std::pair<Owner, const Entry*>> generate, router;
+  for (const Entry& e : running_) generate.push_back({{false, e.req.id}, &e});
+  for (SeqId id : router_active_) router.push_back({{true, id}, nullptr});
   for (bool decode_pass : {true, false}) {
-    if (router_first) plan_router_items(decode_pass, budget, items, owners);
-    plan_generate_items(decode_pass, budget, items, owners);
-    if (!router_first) plan_router_items(decode_pass, budget, items, owners);
+    for (const auto* group : {router_first ? &router : &generate, router_first ? &generate : &router}) {
+      for (const auto& [owner, entry] : *group) {
+        if (budget <= 0 || plan.items.size() >= max_items) break;
+        // A router task finished earlier in this plan (max_seq_len) adds nothing.
+        if (owner.router && !router_busy(owner.id)) continue;
+        std::optional<StepItem> it = plan_item(owner, entry, decode_pass, budget);
+        if (!it) continue;
+        plan.items.push_back(*it);
+        plan.owners.push_back(owner);
+        budget -= it->num_tokens;
+      }
+    }
   }
 }
 
@@ -228,7 +252,7 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::begin_step() {
   Plan plan = schedule(events);
   if (plan.items.empty()) return events;
   ++step_count_;
-  KVFUSE_RETURN_IF_ERROR(engine_.begin_step(plan.items, engine_.forward_options()));
+  KVFUSE_RETURN_IF_ERROR(runner_.begin(StepPlan{plan.items, options_}));
   in_flight_ = std::move(plan);
   return events;
 }
@@ -237,26 +261,23 @@ absl::StatusOr<std::vector<TokenEvent>> Scheduler::end_step() {
   if (!in_flight_) return absl::FailedPreconditionError("no step in flight (begin_step first)");
   const Plan plan = std::move(*in_flight_);
   in_flight_.reset();
-  auto results = engine_.end_step();
-  if (!results.ok()) return results.status();
-  if (result_hook_) result_hook_(*results);
+  auto out = runner_.end();
+  if (!out.ok()) return out.status();
+  if (result_hook_) result_hook_(out->results);
   std::vector<TokenEvent> events;
-  apply_results(*results, plan.owners, events);
+  apply_results(out->results, plan.owners, events);
   return events;
 }
 
 Scheduler::Plan Scheduler::schedule(std::vector<TokenEvent>& events) {
   admit_waiting(events);
   Plan plan;
-  plan_step(plan.items, plan.owners);
+  plan_step(plan);
   reserve_pages(plan.items, plan.owners, events);
   return plan;
 }
 
-bool Scheduler::reserve(const StepItem& item) {
-  const SequenceState* s = engine_.sequence(item.id);
-  return engine_.pool().reserve(item.id, s->num_computed + item.num_tokens).ok();
-}
+bool Scheduler::reserve(const StepItem& item) { return seqs_.reserve(item.id, item.num_tokens).ok(); }
 
 void Scheduler::reserve_pages(std::vector<StepItem>& items, std::vector<Owner>& owners,
                               std::vector<TokenEvent>& events) {
@@ -317,7 +338,7 @@ void Scheduler::reserve_pages(std::vector<StepItem>& items, std::vector<Owner>& 
 
 void Scheduler::apply_results(const std::vector<StepResult>& results, const std::vector<Owner>& owners,
                               std::vector<TokenEvent>& events) {
-  const auto& cfg = engine_.config();
+  const auto& cfg = cfg_;
   std::unordered_map<SeqId, size_t> index;
   for (size_t i = 0; i < running_.size(); ++i) index[running_[i].req.id] = i;
   std::vector<bool> done(running_.size(), false);
@@ -336,7 +357,6 @@ void Scheduler::apply_results(const std::vector<StepResult>& results, const std:
     }
     e.prompt_logprobs.insert(e.prompt_logprobs.end(), res.prompt_logprobs.begin(), res.prompt_logprobs.end());
     if (!res.token) continue;
-    e.tokens.push_back(*res.token);
     ++e.generated;
     TokenEvent ev;
     ev.id = e.req.id;
@@ -344,11 +364,11 @@ void Scheduler::apply_results(const std::vector<StepResult>& results, const std:
     ev.logprob = res.logprob;
     if (e.generated == 1) {
       ev.prompt_logprobs = std::move(e.prompt_logprobs);
-      ev.cached_tokens = engine_.sequence(e.req.id)->num_cached;
+      ev.cached_tokens = seqs_.get(e.req.id)->num_cached;
     }
-    const FinishReason why = stop_reason(e.stop, engine_.spec().eos_token_ids, *res.token, e.generated);
+    const FinishReason why = stop_reason(e.stop, spec_.eos_token_ids, *res.token, e.generated);
     const bool stop = why == FinishReason::stop;
-    const bool length = why == FinishReason::length || int64_t(e.tokens.size()) >= cfg.max_seq_len;
+    const bool length = why == FinishReason::length || int64_t(seqs_.get(e.req.id)->tokens.size()) >= cfg.max_seq_len;
     if (stop || length) {
       TokenEvent fin = finish(e, stop ? FinishReason::stop : FinishReason::length);
       ev.finish = fin.finish;

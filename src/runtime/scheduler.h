@@ -1,8 +1,10 @@
-// Continuous batching over the engine: admission by KV capacity, chunked prefill
-// under the per-step token budget, decode of every running sequence each step, and the
-// pages of each step reserved before it runs, preempting by recomputation when the
-// pool runs dry. The engine then only runs what was decided. Single-threaded: the caller (the
-// server's engine loop, a benchmark, a test) drives step().
+// Continuous batching: admission by KV capacity, chunked prefill under the per-step
+// token budget, decode of every running sequence each step, and the pages of each step
+// reserved before it runs, preempting by recomputation when the pool runs dry. Each step
+// the scheduler plans a StepPlan (src/runtime/step_plan.h) from the sequences and the
+// pool, a StepRunner (the engine) runs it, and the scheduler applies its StepOutput: it
+// sees the engine only through those, the SequenceTable and the KvPool. Single-threaded:
+// the caller (the server's engine loop, a benchmark, a test) drives step().
 //
 // Two kinds of work share every step:
 //   - generate requests (submit/abort): the scheduler owns them from admission to
@@ -22,6 +24,8 @@
 
 #include "absl/status/statusor.h"
 #include "src/runtime/engine.h"
+#include "src/runtime/sequences.h"
+#include "src/runtime/step_plan.h"
 
 namespace kvfuse {
 
@@ -98,6 +102,7 @@ struct SchedulerLimits {
 
 class Scheduler {
  public:
+  // Plans over `engine`'s sequences and pool and runs its plans on it.
   explicit Scheduler(Engine& engine, SchedulerLimits limits = {});
 
   // ---- Generate requests ----
@@ -193,12 +198,13 @@ class Scheduler {
   void set_result_hook(std::function<void(std::vector<StepResult>&)> hook) { result_hook_ = std::move(hook); }
 
  private:
+  // A generate request; its tokens and sampler stream are its Sequence's, which stays
+  // in the table from submit to finish (preemption only takes its pages).
   struct Entry {
-    GenerateRequest req;  // its stop fields are moved into `stop` at submit
+    GenerateRequest req;  // its prompt is moved into the Sequence, its stop fields into `stop`
+    int32_t prompt_len = 0;
     StopRules stop;
-    std::vector<int32_t> tokens;  // prompt plus tokens generated so far (recompute after preemption)
     int32_t generated = 0;
-    std::optional<Rng> rng;  // carried across preemption so seeded sampling is unchanged
     std::vector<TokenLogprob> prompt_logprobs;  // gathered over the prefill's chunks
   };
   struct RouterTask {
@@ -223,7 +229,7 @@ class Scheduler {
     bool router = false;
     SeqId id = 0;
   };
-  // What the engine is to run in a step: items whose pages are reserved, and whose they are.
+  // A planned step: items whose pages are reserved, and whose they are.
   struct Plan {
     std::vector<StepItem> items;
     std::vector<Owner> owners;
@@ -239,11 +245,13 @@ class Scheduler {
   void preempt(size_t running_index);
   TokenEvent finish(Entry& e, FinishReason reason, absl::Status status = absl::OkStatus());
   void admit_waiting(std::vector<TokenEvent>& events);
-  void plan_step(std::vector<StepItem>& items, std::vector<Owner>& owners);
-  void plan_generate_items(bool decode_pass, int64_t& budget, std::vector<StepItem>& items,
-                           std::vector<Owner>& owners);
-  void plan_router_items(bool decode_pass, int64_t& budget, std::vector<StepItem>& items,
-                         std::vector<Owner>& owners);
+  // Every running generate request and router task may add an item: decodes first (one
+  // token each), then prefill chunks; generate requests and router tasks take turns going
+  // first, so that neither can keep the other out of a full step.
+  void plan_step(Plan& plan);
+  // The item `owner` (with `entry`, its generate request, or null for a router task) adds
+  // in this pass of the plan, if any; a router task that cannot run is finished here.
+  std::optional<StepItem> plan_item(const Owner& owner, const Entry* entry, bool decode_pass, int64_t budget);
   // Reserves the planned items' pages, preempting (or failing) what cannot fit; items
   // that will not run leave the plan.
   void reserve_pages(std::vector<StepItem>& items, std::vector<Owner>& owners,
@@ -262,7 +270,12 @@ class Scheduler {
   // Pages still to reserve for a sequence to reach new_len tokens in the cache.
   PagesNeeded pages_to_reach(SeqId id, int64_t new_len) const;
 
-  Engine& engine_;
+  StepRunner& runner_;
+  SequenceTable& seqs_;
+  KvPool& pool_;
+  const Config& cfg_;
+  const ModelSpec& spec_;
+  ForwardOptions options_;  // how the runner runs every plan
   SchedulerLimits limits_;
   std::deque<Entry> waiting_;
   std::vector<Entry> running_;

@@ -32,7 +32,7 @@ std::vector<SeqId> Scheduler::router_sequence_ids() const {
 }
 
 PagesNeeded Scheduler::pages_to_reach(SeqId id, int64_t new_len) const {
-  return engine_.pool().pages_to_reach(id, int32_t(std::min<int64_t>(new_len, engine_.config().max_seq_len)));
+  return pool_.pages_to_reach(id, int32_t(std::min<int64_t>(new_len, cfg_.max_seq_len)));
 }
 
 absl::Status Scheduler::check_router_capacity(SeqId id, int64_t new_len) const {
@@ -40,13 +40,13 @@ absl::Status Scheduler::check_router_capacity(SeqId id, int64_t new_len) const {
   const PagesNeeded need = pages_to_reach(id, new_len);
   PagesNeeded takeable;
   for (const Entry& e : running_) {
-    const PagesNeeded h = engine_.pool().pages_held(e.req.id);
+    const PagesNeeded h = pool_.pages_held(e.req.id);
     takeable.full += h.full;
     takeable.swa += h.swa;
   }
   // Pages promised to other router tasks are not free for this one.
   const PagesNeeded promised = router_pages_promised();
-  const KvPool& pool = engine_.pool();
+  const KvPool& pool = pool_;
   const int64_t free_full = pool.usage(PoolKind::full).free_pages - promised.full;
   if (need.full > free_full + takeable.full ||
       (pool.has_swa() && need.swa > pool.usage(PoolKind::swa).free_pages - promised.swa + takeable.swa)) {
@@ -63,12 +63,15 @@ absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, co
   if (tokens.empty()) return absl::InvalidArgumentError(extend ? "no tokens to append" : "empty prompt");
   if (logprobs) KVFUSE_RETURN_IF_ERROR(validate_logprobs(*logprobs));
   if (!extend) {
-    if (contains(id) || engine_.sequence(id)) {
+    if (contains(id) || seqs_.get(id)) {
       return absl::AlreadyExistsError(absl::StrCat("sequence ", id, " already exists"));
     }
     KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, int64_t(tokens.size())));
-    KVFUSE_RETURN_IF_ERROR(
-        engine_.add_sequence(id, std::move(tokens), sampling, nullptr, !(logprobs && logprobs->prompt)));
+    KVFUSE_RETURN_IF_ERROR(seqs_.add(id, std::move(tokens), sampling, SequenceOwner::router));
+    if (absl::Status st = seqs_.admit(id, !(logprobs && logprobs->prompt)); !st.ok()) {
+      (void)seqs_.release(id);
+      return st;
+    }
     RouterSeq& rs = router_[id];
     rs.generation = next_router_generation_++;
     if (stop) rs.stop = std::move(*stop);
@@ -76,9 +79,9 @@ absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, co
   } else {
     if (!router_.count(id)) return not_found(id);
     if (router_busy(id)) return busy(id);
-    const int64_t len = int64_t(engine_.sequence(id)->tokens.size()) + int64_t(tokens.size());
+    const int64_t len = int64_t(seqs_.get(id)->tokens.size()) + int64_t(tokens.size());
     KVFUSE_RETURN_IF_ERROR(check_router_capacity(id, len));
-    KVFUSE_RETURN_IF_ERROR(engine_.append_tokens(id, tokens));
+    KVFUSE_RETURN_IF_ERROR(seqs_.append(id, tokens));
     RouterSeq& rs = router_[id];
     rs.finished = FinishReason::none;
     if (stop) {
@@ -94,7 +97,7 @@ absl::Status Scheduler::router_prefill(SeqId id, std::vector<int32_t> tokens, co
 absl::Status Scheduler::router_resume(SeqId id, bool sample) {
   if (!router_.count(id)) return not_found(id);
   if (router_busy(id)) return busy(id);
-  const SequenceState* s = engine_.sequence(id);
+  const Sequence* s = seqs_.get(id);
   if (s->num_pending() == 0) {
     return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " has no pending token to compute"));
   }
@@ -124,13 +127,13 @@ absl::Status Scheduler::router_decode(SeqId id, int32_t steps, std::optional<Sto
     return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " finished (", to_string(rs.finished),
                                                       "): release it, or decode with new stop rules"));
   }
-  const SequenceState* s = engine_.sequence(id);
+  const Sequence* s = seqs_.get(id);
   // The tokens an earlier attempt sampled, under this call's rules.
   FinishReason finish = FinishReason::none;
   if (stop && counted > 0) {
     const size_t first = s->tokens.size() - size_t(counted);
     for (int32_t k = 0; k < counted && finish == FinishReason::none; ++k) {
-      finish = stop_reason(*stop, engine_.spec().eos_token_ids, s->tokens[first + size_t(k)], k + 1);
+      finish = stop_reason(*stop, spec_.eos_token_ids, s->tokens[first + size_t(k)], k + 1);
       if (finish != FinishReason::none && k + 1 < counted) {
         return absl::FailedPreconditionError(absl::StrCat(
             "sequence ", id, ": this call's stop rules end it at its token ", first + size_t(k),
@@ -159,7 +162,7 @@ absl::Status Scheduler::router_decode(SeqId id, int32_t steps, std::optional<Sto
 
 std::vector<TokenLogprob> Scheduler::router_logprobs(SeqId id, int64_t from) const {
   auto it = router_.find(id);
-  const SequenceState* s = engine_.sequence(id);
+  const Sequence* s = seqs_.get(id);
   if (it == router_.end() || !s) return {};
   const RouterSeq& rs = it->second;
   const int64_t len = int64_t(s->tokens.size());
@@ -168,7 +171,7 @@ std::vector<TokenLogprob> Scheduler::router_logprobs(SeqId id, int64_t from) con
 }
 
 void Scheduler::start_router_task(SeqId id, int32_t samples) {
-  const SequenceState* s = engine_.sequence(id);
+  const Sequence* s = seqs_.get(id);
   RouterTask task;
   task.samples_left = samples;
   task.target_len = int64_t(s->tokens.size()) + std::max(0, samples - 1);
@@ -182,7 +185,7 @@ void Scheduler::finish_router_task(SeqId id, absl::Status status) {
   if (it == router_.end() || !it->second.task) return;
   RouterResult r = std::move(it->second.task->result);
   r.status = std::move(status);
-  if (const SequenceState* s = engine_.sequence(id)) r.seq_len = int32_t(s->tokens.size());
+  if (const Sequence* s = seqs_.get(id)) r.seq_len = int32_t(s->tokens.size());
   router_results_.push_back(std::move(r));
   it->second.task.reset();
   router_active_.erase(std::find(router_active_.begin(), router_active_.end(), id));
@@ -194,7 +197,7 @@ absl::Status Scheduler::router_release(SeqId id) {
   if (!router_.count(id)) return not_found(id);
   finish_router_task(id, absl::CancelledError(absl::StrCat("sequence ", id, " was released")));
   router_.erase(id);
-  return engine_.release(id);
+  return seqs_.release(id);
 }
 
 std::vector<RouterResult> Scheduler::take_router_results() {
@@ -213,35 +216,6 @@ PagesNeeded Scheduler::router_pages_promised() const {
   return promised;
 }
 
-void Scheduler::plan_router_items(bool decode_pass, int64_t& budget, std::vector<StepItem>& items,
-                                  std::vector<Owner>& owners) {
-  const auto& cfg = engine_.config();
-  const size_t max_items = size_t(cfg.max_running_seqs);
-  // A copy: a task that cannot run is finished here, which edits router_active_.
-  for (SeqId id : std::vector<SeqId>(router_active_)) {
-    if (budget <= 0 || items.size() >= max_items) return;
-    const SequenceState* s = engine_.sequence(id);
-    const RouterTask& t = *router_.at(id).task;
-    const int32_t pending = s->num_pending();
-    if (decode_pass != (pending == 1 && t.samples_left > 0)) continue;
-    const int32_t n = int32_t(std::min<int64_t>(pending, budget));
-    const bool sample = n == pending && t.samples_left > 0;
-    if (sample && int64_t(s->tokens.size()) >= cfg.max_seq_len) {
-      finish_router_task(
-          id, absl::OutOfRangeError(absl::StrCat("sequence ", id, " reached max_seq_len ", cfg.max_seq_len)));
-      continue;
-    }
-    const LogprobsOptions& lp = router_.at(id).logprobs;
-    StepItem it{id, n, sample};
-    it.logprobs = lp.enabled && sample;
-    it.prompt_logprobs = lp.prompt;  // a decode item's one row has no known next token
-    it.top_logprobs = lp.top_n;
-    items.push_back(it);
-    owners.push_back({true, id});
-    budget -= n;
-  }
-}
-
 void Scheduler::apply_router_result(SeqId id, const StepResult& res) {
   if (!res.status.ok()) {
     finish_router_task(id, res.status);
@@ -254,7 +228,7 @@ void Scheduler::apply_router_result(SeqId id, const StepResult& res) {
   if (res.logprob) t.result.logprobs.push_back(*res.logprob);
   if (res.token) {
     // Kept for a replay of this call (router_logprobs): the new token is the last.
-    const int64_t len = int64_t(engine_.sequence(id)->tokens.size());
+    const int64_t len = int64_t(seqs_.get(id)->tokens.size());
     if (!res.logprob || rs.recent_end != len - 1) rs.recent_logprobs.clear();
     if (res.logprob) {
       rs.recent_logprobs.push_back(*res.logprob);
@@ -263,7 +237,7 @@ void Scheduler::apply_router_result(SeqId id, const StepResult& res) {
     rs.recent_end = len;
     t.result.tokens.push_back(*res.token);
     --t.samples_left;
-    rs.finished = stop_reason(rs.stop, engine_.spec().eos_token_ids, *res.token, ++rs.generated);
+    rs.finished = stop_reason(rs.stop, spec_.eos_token_ids, *res.token, ++rs.generated);
     if (rs.finished != FinishReason::none) {
       t.result.finish = rs.finished;
       finish_router_task(id, absl::OkStatus());
@@ -271,7 +245,7 @@ void Scheduler::apply_router_result(SeqId id, const StepResult& res) {
     }
   }
   // Done when every sample is taken; a compute-only task when nothing is pending.
-  if (t.samples_left == 0 && (res.token || engine_.sequence(id)->num_pending() == 0)) {
+  if (t.samples_left == 0 && (res.token || seqs_.get(id)->num_pending() == 0)) {
     finish_router_task(id, absl::OkStatus());
   }
 }

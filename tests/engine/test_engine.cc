@@ -241,7 +241,7 @@ TEST_CASE("engine errors: bad steps are rejected and leave every page free", "[e
   CHECK(e->pool().usage(PoolKind::full).free_pages == 8);
 }
 
-TEST_CASE("engine begin_step/end_step: step() in two halves, and nothing else while a step is in flight",
+TEST_CASE("engine begin/end: a plan in two halves, and nothing else while a step is in flight",
           "[engine][errors]") {
   auto a = make_engine();
   auto b = make_engine();
@@ -250,36 +250,43 @@ TEST_CASE("engine begin_step/end_step: step() in two halves, and nothing else wh
     REQUIRE(e->add_sequence(1, prompt_of(20, 1, vocab), SamplingParams{}).ok());
     REQUIRE(e->add_sequence(2, prompt_of(9, 2, vocab), SamplingParams{}).ok());
   }
-  CHECK(a->end_step().status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(a->end().status().code() == absl::StatusCode::kFailedPrecondition);
   std::vector<StepItem> items{StepItem{1, 20, true}, StepItem{2, 9, true}};
   for (int s = 0; s < 6; ++s) {
     INFO("step " << s);
     auto whole = a->step(items);
     REQUIRE(whole.ok());
-    REQUIRE(b->begin_step(items, b->forward_options()).ok());
+    const StepPlan plan{items, b->forward_options()};
+    // A plan's pages are the planner's to reserve: without them it is refused, and
+    // nothing is in flight.
+    CHECK(b->begin(plan).code() == absl::StatusCode::kFailedPrecondition);
+    CHECK_FALSE(b->step_in_flight());
+    for (const StepItem& it : items) REQUIRE(b->sequences().reserve(it.id, it.num_tokens).ok());
+    REQUIRE(b->begin(plan).ok());
     REQUIRE(b->step_in_flight());
-    // Everything that would change what the device is using is refused until end_step.
-    CHECK(b->begin_step(items, b->forward_options()).code() == absl::StatusCode::kFailedPrecondition);
+    // Everything that would change what the device is using is refused until end().
+    CHECK(b->begin(plan).code() == absl::StatusCode::kFailedPrecondition);
     CHECK(b->step(items).status().code() == absl::StatusCode::kFailedPrecondition);
     CHECK(b->release(1).code() == absl::StatusCode::kFailedPrecondition);
     CHECK(b->append_tokens(1, {3}).code() == absl::StatusCode::kFailedPrecondition);
     CHECK(b->add_sequence(9, {1, 2}, SamplingParams{}).code() == absl::StatusCode::kFailedPrecondition);
     CHECK(b->assume_computed(2, 1).code() == absl::StatusCode::kFailedPrecondition);
-    auto halves = b->end_step();
+    auto halves = b->end();
     REQUIRE(halves.ok());
     CHECK_FALSE(b->step_in_flight());
-    REQUIRE(halves->size() == whole->size());
+    REQUIRE(halves->results.size() == whole->size());
     for (size_t i = 0; i < whole->size(); ++i) {
-      CHECK((*halves)[i].status.ok());
-      CHECK((*halves)[i].token == (*whole)[i].token);
+      CHECK(halves->results[i].status.ok());
+      CHECK(halves->results[i].token == (*whole)[i].token);
     }
+    CHECK(halves->timings.num_seqs == 2);
     CHECK(b->sequence(1)->tokens == a->sequence(1)->tokens);
     items = {StepItem{1, 1, true}, StepItem{2, 1, true}};
   }
-  // A rejected begin_step leaves nothing in flight.
-  CHECK(b->begin_step({StepItem{7, 1, true}}, b->forward_options()).code() == absl::StatusCode::kNotFound);
+  // A rejected plan leaves nothing in flight.
+  CHECK(b->begin(StepPlan{{StepItem{7, 1, true}}, b->forward_options()}).code() == absl::StatusCode::kNotFound);
   CHECK_FALSE(b->step_in_flight());
-  CHECK(b->end_step().status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(b->end().status().code() == absl::StatusCode::kFailedPrecondition);
   REQUIRE(b->release(1).ok());
   REQUIRE(b->release(2).ok());
   CHECK(b->pool().usage(PoolKind::full).used_pages == 0);

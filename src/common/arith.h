@@ -1,0 +1,11 @@
+// Integer arithmetic kvfuse's host code shares.
+#pragma once
+
+#include <cstdint>
+
+namespace kvfuse {
+
+// a / b rounded up, for a >= 0 and b > 0: pages for a number of tokens, blocks for a grid.
+constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace kvfuse
