@@ -225,8 +225,8 @@ class Engine : public StepRunner {
   // One local rank's pass over batch_, then its communicator's asynchronous error (a
   // collective that failed on the device after its launch fails the pass).
   absl::Status run_rank_pass(int32_t local_rank, const ForwardOptions& opts);
-  // One rank, in this process alone: a step's pass is launched, then finished in end_step.
-  // Otherwise every rank's thread (and every follower) runs it to the end in begin_step.
+  // One rank, in this process alone: a step's pass is launched, then finished in end().
+  // Otherwise every rank's thread (and every follower) runs it to the end in begin().
   bool single_rank() const { return ranks_.empty() && !follower_links_; }
   // FAILED_PRECONDITION while a step is in flight: what would change what the device uses.
   absl::Status check_no_step_in_flight() const;
