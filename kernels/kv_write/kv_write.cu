@@ -37,7 +37,6 @@
 #include <algorithm>
 
 #include "kernels/common/bf16x8.cuh"
-#include "kernels/cpu/kv_write/kv_write.h"
 #include "kernels/common/dispatch.cuh"
 #include "kernels/common/fp8_convert.cuh"
 #include "kernels/kv_write/kv_write.cuh"
@@ -481,7 +480,7 @@ cudaError_t launch_cast(const float* in, int64_t count, KvFormat dtype, uint8_t*
 }
 
 template <KvSrcDtype S>
-cudaError_t launch_unfused_src(const KvWriteArgs& a, const cpu::KvWriteScratch& s, cudaStream_t stream,
+cudaError_t launch_unfused_src(const KvWriteArgs& a, const KvWriteScratch& s, cudaStream_t stream,
                                bool pdl) {
   const bool fp8 = a.cache.format != KvFormat::bf16;
   const int64_t row_elems = a.cache.row_elems();
@@ -571,9 +570,6 @@ LaunchStatus launch_kv_store_bf16(const KvWriteArgs& args, cudaStream_t stream, 
   return launch_kv_write_fused(args, stream, launch);
 }
 
-size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) {
-  return cpu::kv_write_scratch_bytes(num_tokens, row_elems);
-}
 
 LaunchStatus launch_kv_write_unfused(const KvWriteArgs& args, void* scratch, cudaStream_t stream,
                                      const KvWriteLaunch& launch) {
@@ -585,7 +581,7 @@ LaunchStatus launch_kv_write_unfused(const KvWriteArgs& args, void* scratch, cud
     return LaunchStatus::refused("GPU unfused KV write: no scratch for " + std::to_string(args.num_tokens) +
                                  " tokens (kv_write_scratch_bytes)");
   }
-  const cpu::KvWriteScratch s = cpu::kv_write_scratch_from(scratch, args.num_tokens, args.cache.row_elems());
+  const KvWriteScratch s = kv_write_scratch_from(scratch, args.num_tokens, args.cache.row_elems());
   return args.src_dtype == KvSrcDtype::bf16
              ? launch_unfused_src<KvSrcDtype::bf16>(args, s, stream, launch.pdl)
              : launch_unfused_src<KvSrcDtype::f16>(args, s, stream, launch.pdl);

@@ -17,6 +17,7 @@
 #include "kernels/common/dispatch.h"
 #include "kernels/common/gpu.h"
 #include "kernels/common/kv_types.h"
+#include "kernels/common/kv_write_scratch.h"
 
 namespace kvfuse::gpu {
 
@@ -67,11 +68,11 @@ LaunchStatus launch_kv_store_bf16(const KvWriteArgs& args, cudaStream_t stream,
 // The unfused path, five launches as today's serving systems run it: scale K into fp32
 // scratch, scale V, cast K to the cache dtype, cast V, scatter both. `scratch` is device
 // memory of kv_write_scratch_bytes(args.num_tokens, args.cache.row_elems()) bytes, laid
-// out as the CPU reference's (kvfuse::cpu::kv_write_scratch_from). launch.block_threads
+// out as kernels/common/kv_write_scratch.h says (as the CPU reference's). launch.block_threads
 // does not apply (the elementwise kernels use 256).
 LaunchStatus launch_kv_write_unfused(const KvWriteArgs& args, void* scratch, cudaStream_t stream,
                                      const KvWriteLaunch& launch = {});
-size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems);
+using kvfuse::kv_write_scratch_bytes;
 
 // Which FP8 conversion the fused kernel runs on the current device for `dtype`
 // (e.g. "cvt.rn.satfinite (packed)"), for logs. Synchronous; not for the hot path.

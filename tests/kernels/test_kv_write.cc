@@ -216,9 +216,9 @@ void run_case(const WriteCase& c) {
 
   // Scratch at an odd address, prefilled with garbage: the carve-up must align it and
   // every stage must overwrite what it reads.
-  std::vector<uint8_t> scratch(cpu::kv_write_scratch_bytes(c.num_tokens, s.row_elems) + 3, 0xcd);
+  std::vector<uint8_t> scratch(kv_write_scratch_bytes(c.num_tokens, s.row_elems) + 3, 0xcd);
   cpu::kv_write_unfused(make_args(s, unfused, &k_scale, &v_scale),
-                        cpu::kv_write_scratch_from(scratch.data() + 3, c.num_tokens, s.row_elems));
+                        kv_write_scratch_from(scratch.data() + 3, c.num_tokens, s.row_elems));
 
   // Double parentheses: compare without Catch2 printing whole buffers.
   CHECK((fused.k == unfused.k));
@@ -317,9 +317,9 @@ TEST_CASE("kv write: padding and out-of-range slots leave the cache untouched", 
     Caches unfused = fused;
     const float ks = c.k_scale, vs = c.v_scale;
     cpu::kv_write_fused(make_args(s, fused, &ks, &vs));
-    std::vector<uint8_t> scratch(cpu::kv_write_scratch_bytes(c.num_tokens, s.row_elems));
+    std::vector<uint8_t> scratch(kv_write_scratch_bytes(c.num_tokens, s.row_elems));
     cpu::kv_write_unfused(make_args(s, unfused, &ks, &vs),
-                          cpu::kv_write_scratch_from(scratch.data(), c.num_tokens, s.row_elems));
+                          kv_write_scratch_from(scratch.data(), c.num_tokens, s.row_elems));
     const std::vector<uint8_t> untouched(bytes, kSentinel);
     CHECK((fused.k == untouched));
     CHECK((fused.v == untouched));
@@ -333,7 +333,7 @@ TEST_CASE("kv write: padding and out-of-range slots leave the cache untouched", 
     s.c.swa = true;
     cpu::kv_write_fused(make_args(s, fused, &ks, &vs));
     cpu::kv_write_unfused(make_args(s, unfused, &ks, &vs),
-                          cpu::kv_write_scratch_from(scratch.data(), c.num_tokens, s.row_elems));
+                          kv_write_scratch_from(scratch.data(), c.num_tokens, s.row_elems));
     CHECK((fused.k == untouched));
     CHECK((unfused.v == untouched));
   }
@@ -374,11 +374,11 @@ TEST_CASE("kv write: NaN becomes the canonical NaN, overflow and inf the max fin
       a.num_tokens = 2;
       a.slot_mapping = slots;
       a.cache = PagedKvView{kc.data(), vc.data(), 2, 2, 1, 8, w.dtype, &ks, &vs};
-      std::vector<uint8_t> scratch(cpu::kv_write_scratch_bytes(2, 8));
+      std::vector<uint8_t> scratch(kv_write_scratch_bytes(2, 8));
       if (path == 0)
         cpu::kv_write_fused(a);
       else
-        cpu::kv_write_unfused(a, cpu::kv_write_scratch_from(scratch.data(), 2, 8));
+        cpu::kv_write_unfused(a, kv_write_scratch_from(scratch.data(), 2, 8));
       for (int i = 0; i < 8; ++i) {
         INFO("path " << path << " element " << i);
         CHECK(int(kc[size_t(16 + i)]) == int(w.bytes[i]));
@@ -453,11 +453,11 @@ TEST_CASE("kv write: bf16 cache keeps the source bits, NaN payloads included", "
     a.num_tokens = 1;
     a.slot_mapping = &slot;
     a.cache = PagedKvView{kc.data(), vc.data(), 1, 2, 2, 4, KvFormat::bf16, nullptr, nullptr};
-    std::vector<uint8_t> scratch(cpu::kv_write_scratch_bytes(1, 8));
+    std::vector<uint8_t> scratch(kv_write_scratch_bytes(1, 8));
     if (path == 0)
       cpu::kv_write_fused(a);
     else
-      cpu::kv_write_unfused(a, cpu::kv_write_scratch_from(scratch.data(), 1, 8));
+      cpu::kv_write_unfused(a, kv_write_scratch_from(scratch.data(), 1, 8));
     INFO("path " << path);
     CHECK(std::vector<bf16_t>(kc.begin() + 8, kc.end()) == k);
     CHECK(std::vector<bf16_t>(vc.begin() + 8, vc.end()) == v);
@@ -469,10 +469,10 @@ TEST_CASE("kv write: scratch sub-buffers are 256-byte aligned, disjoint and in b
   for (int64_t tokens : {1, 7, 300})
     for (int64_t row : {64, 1024, 8 * 128 + 1})
       for (size_t misalign : {0, 1, 8, 200}) {
-        const size_t bytes = cpu::kv_write_scratch_bytes(tokens, row);
+        const size_t bytes = kv_write_scratch_bytes(tokens, row);
         std::vector<uint8_t> buf(bytes + misalign);
         uint8_t* base = buf.data() + misalign;
-        const cpu::KvWriteScratch s = cpu::kv_write_scratch_from(base, tokens, row);
+        const KvWriteScratch s = kv_write_scratch_from(base, tokens, row);
         const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
         const uintptr_t elems = uintptr_t(tokens * row);
         INFO("tokens " << tokens << " row " << row << " misalign " << misalign);
@@ -519,11 +519,11 @@ TEST_CASE("kv write: the scale is applied as x * (1/scale), not x / scale", "[kv
         a.num_tokens = 1;
         a.slot_mapping = &slot;
         a.cache = PagedKvView{kc.data(), vc.data(), 1, 1, 1, head_dim, d, &scale, &scale};
-        std::vector<uint8_t> scratch(cpu::kv_write_scratch_bytes(1, head_dim));
+        std::vector<uint8_t> scratch(kv_write_scratch_bytes(1, head_dim));
         if (path == 0)
           cpu::kv_write_fused(a);
         else
-          cpu::kv_write_unfused(a, cpu::kv_write_scratch_from(scratch.data(), 1, head_dim));
+          cpu::kv_write_unfused(a, kv_write_scratch_from(scratch.data(), 1, head_dim));
         int32_t bad = 0;
         for (int32_t i = 0; i < found; ++i) {
           const float x = widen(row[size_t(i)], src);

@@ -17,10 +17,6 @@
 namespace kvfuse::cpu {
 namespace {
 
-constexpr size_t kScratchAlign = 256;
-
-size_t align_up(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
-
 // Exact widening of one source element.
 inline float load_src(const void* base, int64_t index, KvSrcDtype src) {
   const uint16_t bits = static_cast<const uint16_t*>(base)[index];
@@ -140,28 +136,6 @@ void kv_write_rope(const KvWriteRopeArgs& args) {
   }
 }
 
-size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems) {
-  const size_t elems = size_t(num_tokens) * size_t(row_elems);
-  // Cast buffers hold 2 bytes per element so one size serves bf16 and FP8 caches.
-  // The extra kScratchAlign - 1 bytes let kv_write_scratch_from align any base pointer.
-  return kScratchAlign - 1 + 2 * align_up(elems * sizeof(float)) + 2 * align_up(elems * 2);
-}
-
-KvWriteScratch kv_write_scratch_from(void* buffer, int64_t num_tokens, int64_t row_elems) {
-  const size_t elems = size_t(num_tokens) * size_t(row_elems);
-  const uintptr_t base =
-      (reinterpret_cast<uintptr_t>(buffer) + kScratchAlign - 1) & ~uintptr_t(kScratchAlign - 1);
-  uint8_t* p = reinterpret_cast<uint8_t*>(base);
-  KvWriteScratch s;
-  s.k_scaled = reinterpret_cast<float*>(p);
-  p += align_up(elems * sizeof(float));
-  s.v_scaled = reinterpret_cast<float*>(p);
-  p += align_up(elems * sizeof(float));
-  s.k_cast = p;
-  p += align_up(elems * 2);
-  s.v_cast = p;
-  return s;
-}
 
 void kv_write_unfused(const KvWriteArgs& args, const KvWriteScratch& scratch) {
   const PagedKvView& cache = args.cache;

@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "kernels/common/kv_types.h"
+#include "kernels/common/kv_write_scratch.h"
 
 namespace kvfuse::cpu {
 
@@ -15,21 +16,10 @@ namespace kvfuse::cpu {
 // A bf16 cache stores the rows unscaled (scales apply to FP8 only).
 void kv_write_fused(const KvWriteArgs& args);
 
-// Scratch for the unfused path, sized for num_tokens rows of K and of V.
-struct KvWriteScratch {
-  float* k_scaled = nullptr;  // [num_tokens, row_elems] fp32
-  float* v_scaled = nullptr;
-  uint8_t* k_cast = nullptr;  // [num_tokens, row_elems * kv_format_bytes]
-  uint8_t* v_cast = nullptr;
-};
-
-size_t kv_write_scratch_bytes(int64_t num_tokens, int64_t row_elems);
-// Carves a KvWriteScratch out of one buffer of kv_write_scratch_bytes() bytes.
-KvWriteScratch kv_write_scratch_from(void* buffer, int64_t num_tokens, int64_t row_elems);
-
 // The unfused path as today's serving systems run it, one stage per launch on a GPU:
 // scale K into fp32 scratch, scale V, cast K to the cache dtype, cast V, scatter both
-// into their pages. The intermediate is fp32, so the bytes equal the fused write's.
+// into their pages. The intermediate is fp32, so the bytes equal the fused write's. The
+// scratch (kernels/common/kv_write_scratch.h) is laid out as the GPU's.
 void kv_write_unfused(const KvWriteArgs& args, const KvWriteScratch& scratch);
 
 // The fused write with RoPE on the way (KvWritePath::fused_rope, KvWriteRopeArgs): per

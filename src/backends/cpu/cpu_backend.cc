@@ -144,8 +144,8 @@ class CpuBackend final : public Backend {
       cpu::kv_write_fused(args);
     } else if (path == KvWritePath::unfused) {
       const int64_t row_elems = args.cache.row_elems();
-      const size_t bytes = cpu::kv_write_scratch_bytes(args.num_tokens, row_elems);
-      cpu::kv_write_unfused(args, cpu::kv_write_scratch_from(scratch((bytes + 3) / 4), args.num_tokens, row_elems));
+      const size_t bytes = kv_write_scratch_bytes(args.num_tokens, row_elems);
+      cpu::kv_write_unfused(args, kv_write_scratch_from(scratch((bytes + 3) / 4), args.num_tokens, row_elems));
     } else {
       return absl::InvalidArgumentError("kv_write: the fused_rope path runs through kv_write_rope");
     }
@@ -159,7 +159,7 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) override {
-    scratch((cpu::kv_write_scratch_bytes(max_tokens, row_elems) + 3) / 4);
+    scratch((kv_write_scratch_bytes(max_tokens, row_elems) + 3) / 4);
     return absl::OkStatus();
   }
   absl::Status attention(const AttnArgs& args, AttentionPath path) override {
