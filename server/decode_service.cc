@@ -35,52 +35,60 @@ class LoopUnaryReactor final : public grpc::ServerUnaryReactor {
   EngineLoop::Flag cancelled_;
 };
 
+// A unary call for the loop: UNAVAILABLE while the loop cannot serve, then the
+// request's own checks (`check`: INVALID_ARGUMENT names the field); a call that passes
+// both is handed to the loop by `post`, and the loop finishes it.
+template <class Check, class Post>
+grpc::ServerUnaryReactor* start_unary(grpc::CallbackServerContext* ctx, EngineLoop& loop, Check check,
+                                      Post post) {
+  auto* r = new LoopUnaryReactor(ctx, loop);
+  absl::Status st = loop.check_available();
+  if (st.ok()) st = check();
+  if (st.ok()) {
+    post(*r);
+  } else {
+    r->reject(st);
+  }
+  return r;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::Prefill(grpc::CallbackServerContext* ctx,
                                                      const v1::PrefillRequest* req,
                                                      v1::PrefillResponse* resp) {
-  auto* r = new LoopUnaryReactor(ctx, loop_);
-  if (auto st = loop_.check_available(); !st.ok()) return r->reject(st), r;
-  if (auto st = validate(*req, loop_.limits()); !st.ok()) return r->reject(st), r;
-  loop_.prefill(req, resp, r->cancelled(), r->done());
-  return r;
+  return start_unary(
+      ctx, loop_, [&] { return validate(*req, loop_.limits()); },
+      [&](LoopUnaryReactor& r) { loop_.prefill(req, resp, r.cancelled(), r.done()); });
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::Decode(grpc::CallbackServerContext* ctx,
                                                     const v1::DecodeRequest* req, v1::DecodeResponse* resp) {
-  auto* r = new LoopUnaryReactor(ctx, loop_);
-  if (auto st = loop_.check_available(); !st.ok()) return r->reject(st), r;
-  if (auto st = validate(*req, loop_.limits()); !st.ok()) return r->reject(st), r;
-  loop_.decode(req, resp, r->cancelled(), r->done());
-  return r;
+  return start_unary(
+      ctx, loop_, [&] { return validate(*req, loop_.limits()); },
+      [&](LoopUnaryReactor& r) { loop_.decode(req, resp, r.cancelled(), r.done()); });
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::Release(grpc::CallbackServerContext* ctx,
                                                      const v1::ReleaseRequest* req,
                                                      v1::ReleaseResponse* resp) {
-  auto* r = new LoopUnaryReactor(ctx, loop_);
-  if (auto st = loop_.check_available(); !st.ok()) return r->reject(st), r;
-  if (auto st = validate(*req, loop_.limits()); !st.ok()) return r->reject(st), r;
-  loop_.release(req, resp, r->done());
-  return r;
+  return start_unary(
+      ctx, loop_, [&] { return validate(*req, loop_.limits()); },
+      [&](LoopUnaryReactor& r) { loop_.release(req, resp, r.done()); });
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::Abort(grpc::CallbackServerContext* ctx,
                                                    const v1::AbortRequest* req, v1::AbortResponse*) {
-  auto* r = new LoopUnaryReactor(ctx, loop_);
-  if (auto st = loop_.check_available(); !st.ok()) return r->reject(st), r;
-  if (auto st = validate(*req); !st.ok()) return r->reject(st), r;
-  loop_.abort(req->id(), r->done());
-  return r;
+  return start_unary(
+      ctx, loop_, [&] { return validate(*req); },
+      [&](LoopUnaryReactor& r) { loop_.abort(req->id(), r.done()); });
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetLoad(grpc::CallbackServerContext* ctx,
                                                      const v1::GetLoadRequest*, v1::GetLoadResponse* resp) {
-  auto* r = new LoopUnaryReactor(ctx, loop_);
-  if (auto st = loop_.check_available(); !st.ok()) return r->reject(st), r;
-  loop_.get_load(resp, r->done());
-  return r;
+  return start_unary(
+      ctx, loop_, [] { return absl::OkStatus(); },
+      [&](LoopUnaryReactor& r) { loop_.get_load(resp, r.done()); });
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetInfo(grpc::CallbackServerContext* ctx,
