@@ -33,11 +33,7 @@ void GenerateCall::accept(uint64_t id) {
 void GenerateCall::OnSendInitialMetadataDone(bool ok) {
   std::unique_lock lock(mu_);
   metadata_pending_ = false;
-  if (!ok) {
-    queue_.clear();
-    if (!finishing_) final_status_ = to_grpc(absl::CancelledError("sending metadata failed"));
-    finishing_ = true;
-  }
+  if (!ok) drop_queued(to_grpc(absl::CancelledError("sending metadata failed")));
   pump(lock);
 }
 
@@ -105,12 +101,8 @@ void GenerateCall::pump(std::unique_lock<std::mutex>& lock) {
 void GenerateCall::OnWriteDone(bool ok) {
   std::unique_lock lock(mu_);
   writing_ = false;
-  if (!ok) {
-    // The stream is broken (the client went away): drop what is queued and end.
-    queue_.clear();
-    if (!finishing_) final_status_ = to_grpc(absl::CancelledError("write failed"));
-    finishing_ = true;
-  }
+  // The stream is broken (the client went away): drop what is queued and end.
+  if (!ok) drop_queued(to_grpc(absl::CancelledError("write failed")));
   pump(lock);
 }
 
@@ -118,12 +110,16 @@ void GenerateCall::OnCancel() {
   cancelled_.store(true, std::memory_order_release);
   {
     std::unique_lock lock(mu_);
-    queue_.clear();
-    if (!finishing_) final_status_ = grpc::Status::CANCELLED;
-    finishing_ = true;
+    drop_queued(grpc::Status::CANCELLED);
     pump(lock);
   }
   if (on_cancel_) on_cancel_();
+}
+
+void GenerateCall::drop_queued(grpc::Status st) {
+  queue_.clear();
+  if (!finishing_) final_status_ = std::move(st);
+  finishing_ = true;
 }
 
 void GenerateCall::OnDone() {

@@ -57,6 +57,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateResponse>
   // Starts the next write, or the Finish once nothing is left. Called with mu_ held;
   // releases it before calling into gRPC, whose reactions may run inline and take it.
   void pump(std::unique_lock<std::mutex>& lock);
+  // The stream ends early (broken or cancelled): what is queued is dropped, and the
+  // call ends with `st` unless its end was already set. Called with mu_ held.
+  void drop_queued(grpc::Status st);
 
   grpc::CallbackServerContext* ctx_;
   const size_t max_queued_;
