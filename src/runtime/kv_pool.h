@@ -7,6 +7,18 @@
 // even when no layer stores data there); SWA layers find their slot through the
 // full_to_swa table. SWA pages that fall wholly out of the window are freed as a
 // sequence grows.
+//
+// KvPool is the one interface the engine, scheduler, model runner and server use. It is
+// composed of one piece per job (src/runtime/kv/):
+// - PageAllocator (page_allocator.h): a pool's free list and reference counts, one for
+//   the full pool and one for the SWA pool;
+// - PageTables (page_tables.h): each sequence's pages and the slots of its positions;
+// - KvStorage (kv_storage.h): one rank's K/V buffers, scales and device SWA table;
+// - SwaMap (swa_map.h): the host full_to_swa table and the logs of its changes;
+// - check_kv_pool_invariants (invariants.h): that they all agree.
+// KvPool itself owns the config and keeps the pieces in step: it allocates before the
+// tables grow, frees and unmaps what they drop, and mirrors every SWA page placed or
+// freed in the SwaMap, which each storage uploads at its sync.
 #pragma once
 
 #include <cstdint>
@@ -22,72 +34,21 @@
 #include "absl/status/statusor.h"
 #include "kernels/common/kv_types.h"
 #include "src/backends/backend.h"
+#include "src/runtime/kv/kv_storage.h"
+#include "src/runtime/kv/page_allocator.h"
+#include "src/runtime/kv/page_tables.h"
+#include "src/runtime/kv/pool_config.h"
+#include "src/runtime/kv/swa_map.h"
 
 namespace kvfuse {
 
-using SeqId = uint64_t;
-
-// A free list of page ids with reference counts and ownership checks. Allocation is
-// all-or-nothing; a page returns to the free list when its last reference is freed.
-class PageAllocator {
- public:
-  explicit PageAllocator(int64_t num_pages);
-
-  int64_t num_pages() const { return num_pages_; }
-  int64_t num_free() const { return int64_t(free_.size()); }
-  int64_t num_used() const { return num_pages_ - num_free(); }
-  // Pages held by more than one reference.
-  int64_t num_shared() const { return num_shared_; }
-  bool is_used(int32_t page) const { return refs_[size_t(page)] > 0; }
-  int32_t refs(int32_t page) const { return refs_[size_t(page)]; }
-
-  // Appends n pages to out (one reference each), or leaves out untouched and returns false.
-  bool allocate(int64_t n, std::vector<int32_t>& out);
-  // One more reference to a page in use (sharing a page that is free is a bug: aborts).
-  void share(int32_t page);
-  // Drops one reference. Freeing a page that is not in use is a bug: aborts with a message.
-  void free(int32_t page);
-
- private:
-  int64_t num_pages_;
-  std::vector<int32_t> free_;
-  std::vector<int32_t> refs_;
-  int64_t num_shared_ = 0;
-};
-
 enum class PoolKind { full, swa };
-
-struct KvPoolConfig {
-  int32_t num_layers = 0;
-  int32_t page_size = 16;
-  int64_t num_pages = 0;      // full pool
-  int64_t swa_num_pages = 0;  // SWA pool; used only if some layer is SWA
-  int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;
-  KvFormat format = KvFormat::bf16;
-  std::vector<bool> layer_is_swa;  // [num_layers]
-  int32_t window = 0;              // keys per query in SWA layers
-  int64_t max_step_tokens = 0;     // tokens a sequence grows by in one step at most (SWA page bound)
-  std::vector<float> k_scale;      // [num_layers]
-  std::vector<float> v_scale;      // [num_layers]
-};
 
 struct PoolUsage {
   int64_t total_pages = 0;
-  int64_t used_pages = 0;    // pages in use, each counted once however many sequences hold it
+  int64_t used_pages = 0;  // pages in use, each counted once however many sequences hold it
   int64_t free_pages = 0;
   int64_t shared_pages = 0;  // of the used pages, those held by more than one sequence
-};
-
-// A full-pool page's SWA page (-1: none), as the SWA slot table maps it.
-struct SwaPageMapping {
-  int32_t full_page = 0;
-  int32_t swa_page = -1;
-};
-
-struct PagesNeeded {
-  int64_t full = 0;
-  int64_t swa = 0;
 };
 
 // One allocator and one set of page tables serve every tensor-parallel rank of a process:
@@ -111,7 +72,7 @@ class KvPool {
 
   // Sequences. add: ALREADY_EXISTS if live. release: NOT_FOUND if unknown.
   absl::Status add_sequence(SeqId id);
-  bool contains(SeqId id) const { return seqs_.count(id) != 0; }
+  bool contains(SeqId id) const { return tables_.contains(id); }
   // Prefix reuse: gives sequence `id` (live, with nothing reserved) the first
   // `tokens / page_size` full-pool pages of `donor` (tokens a multiple of page_size, at
   // most the donor's reserved length), shared: neither sequence writes them again (both
@@ -119,7 +80,7 @@ class KvPool {
   // Only without SWA layers (FAILED_PRECONDITION otherwise).
   absl::Status share_prefix(SeqId id, SeqId donor, int32_t tokens);
   absl::Status release(SeqId id);
-  size_t num_sequences() const { return seqs_.size(); }
+  size_t num_sequences() const { return tables_.size(); }
 
   // ---- Page policy: how many pages a sequence takes, for admission and reservation.
   // Pages leaving the window are freed after every step, so the SWA pages a sequence
@@ -170,39 +131,22 @@ class KvPool {
 
   PoolUsage usage(PoolKind kind) const;
   // Host copy of the SWA slot table, for tests.
-  const std::vector<int64_t>& host_swa_table() const { return swa_table_host_; }
+  const std::vector<int64_t>& host_swa_table() const;
   // Checks every internal invariant (ownership, table consistency); for tests.
   absl::Status check_invariants() const;
 
  private:
-  struct SeqPages {
-    int32_t len = 0;  // positions reserved
-    std::vector<int32_t> full;
-    std::vector<int32_t> swa;
-  };
-  // One rank's device memory.
-  struct Storage {
-    Backend* backend = nullptr;
-    std::vector<DeviceBuffer> k_bufs, v_bufs;  // per layer
-    DeviceBuffer scales;                       // [4, num_layers] fp32: k, v, 1/k, 1/v
-    DeviceBuffer swa_table;                    // [full slots] int64
-    std::vector<int32_t> swa_dirty_pages;      // full pages whose table entries changed since its sync
-  };
   explicit KvPool(KvPoolConfig cfg);
-  void map_swa_page(int32_t full_page, int32_t swa_page);
-  void unmap_swa_page(int32_t full_page);
-  void mark_dirty(int32_t full_page);
-  const Storage& storage(int32_t index) const;
-  Storage& storage(int32_t index) { return const_cast<Storage&>(std::as_const(*this).storage(index)); }
+  // Dies if storage `index` does not exist (out of range, or not added yet).
+  const KvStorage& storage(int32_t index) const;
+  KvStorage& storage(int32_t index) { return const_cast<KvStorage&>(std::as_const(*this).storage(index)); }
 
-  KvPoolConfig cfg_;
+  KvPoolConfig cfg_;  // its scales are the ones set last (set_scales)
   std::unique_ptr<PageAllocator> full_alloc_;
-  std::unique_ptr<PageAllocator> swa_alloc_;
-  std::unordered_map<SeqId, SeqPages> seqs_;
-  std::vector<int64_t> swa_table_host_;  // [full slots]
-  std::vector<std::unique_ptr<Storage>> storages_;
-  bool track_changes_ = false;
-  std::vector<int32_t> changed_pages_;  // full pages, for take_swa_changes
+  std::unique_ptr<PageAllocator> swa_alloc_;  // null without SWA layers
+  PageTables tables_;
+  std::unique_ptr<SwaMap> swa_map_;                   // null without SWA layers
+  std::vector<std::unique_ptr<KvStorage>> storages_;  // [num_storages]; null until added
 };
 
 }  // namespace kvfuse

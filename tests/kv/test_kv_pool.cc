@@ -1,5 +1,6 @@
-// KvPool and PageAllocator (src/runtime/kv_pool.h): ownership, all-or-nothing reservation,
-// sliding-window page freeing, slot mapping and the full_to_swa table, config checks.
+// KvPool (src/runtime/kv_pool.h) and PageAllocator (src/runtime/kv/page_allocator.h):
+// ownership, all-or-nothing reservation, sliding-window page freeing, slot mapping and
+// the full_to_swa table, config checks.
 // A randomized test drives the pool like a scheduler does and checks it against a
 // shadow model kept by the test.
 #include "tests/util/catch.h"
