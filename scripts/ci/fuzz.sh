@@ -18,13 +18,15 @@ mkdir -p "$out/obj"
 common=(-std=c++20 -O1 -g -fno-omit-frame-pointer -I. -Wall -Wextra -Werror)
 san=(-fsanitize=address,undefined -fno-sanitize-recover=undefined)
 read -r -a absl <<<"$(pkg-config --cflags --libs absl_strings absl_str_format absl_status absl_statusor)"
+# config.cc logs through spdlog (a warning for an unknown KVFUSE_* variable).
+read -r -a logging <<<"$(pkg-config --cflags --libs spdlog fmt)"
 
 # Library sources of each target (everything else of src/ stays out: no backend, no BLAS).
 lib=(src/loading/safetensors.cc src/loading/checkpoint.cc src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc
-  src/loading/kv_scales.cc src/loading/rope.cc src/parallel/rendezvous.cc src/parallel/socket_io.cc)
+  src/loading/env_switches.cc src/loading/kv_scales.cc src/loading/rope.cc src/parallel/rendezvous.cc src/parallel/socket_io.cc)
 declare -A deps=(
   [fuzz_safetensors]="${lib[*]}"
-  [fuzz_config]="src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc src/loading/kv_scales.cc
+  [fuzz_config]="src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc src/loading/env_switches.cc src/loading/kv_scales.cc
     src/loading/rope.cc src/parallel/rendezvous.cc src/parallel/socket_io.cc"
 )
 
@@ -35,7 +37,7 @@ done
 for t in "${!deps[@]}"; do
   objs=()
   for s in ${deps[$t]}; do objs+=("$out/obj/$(basename "$s" .cc).o"); done
-  "$cxx" "${common[@]}" "${san[@]}" -fsanitize=fuzzer "tests/fuzz/$t.cc" "${objs[@]}" "${absl[@]}" -o "$out/$t"
+  "$cxx" "${common[@]}" "${san[@]}" -fsanitize=fuzzer "tests/fuzz/$t.cc" "${objs[@]}" "${absl[@]}" "${logging[@]}" -o "$out/$t"
 done
 
 rm -rf "$out/seeds"
