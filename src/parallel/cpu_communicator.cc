@@ -185,13 +185,8 @@ void CpuCommunicator::abort() {
 
 absl::Status CpuCommunicator::all_reduce_sum(void* buf, int64_t count, DType dtype) {
   if (auto st = check_collective_args("all_reduce_sum", buf, count, *this); !st.ok()) return fail(st);
-  CpuCommGroup::Post post;
-  post.op = CpuCommGroup::Op::all_reduce_sum;
-  post.send = buf;
-  post.recv = buf;
-  post.count = count;
-  post.dtype = dtype;
-  auto posts = group_->post_and_wait(rank_, post);
+  auto posts = group_->post_and_wait(
+      rank_, {.op = CpuCommGroup::Op::all_reduce_sum, .send = buf, .recv = buf, .count = count, .dtype = dtype});
   if (!posts.ok()) return posts.status();
 
   // This rank's slice of the elements, reduced into the scratch.
@@ -217,13 +212,8 @@ absl::Status CpuCommunicator::all_reduce_sum(void* buf, int64_t count, DType dty
 absl::Status CpuCommunicator::all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype) {
   if (auto st = check_collective_args("all_gather", send, count_per_rank, *this); !st.ok()) return fail(st);
   if (auto st = check_collective_args("all_gather", recv, count_per_rank, *this); !st.ok()) return fail(st);
-  CpuCommGroup::Post post;
-  post.op = CpuCommGroup::Op::all_gather;
-  post.send = send;
-  post.recv = recv;
-  post.count = count_per_rank;
-  post.dtype = dtype;
-  auto posts = group_->post_and_wait(rank_, post);
+  auto posts = group_->post_and_wait(
+      rank_, {.op = CpuCommGroup::Op::all_gather, .send = send, .recv = recv, .count = count_per_rank, .dtype = dtype});
   if (!posts.ok()) return posts.status();
   const size_t bytes = size_t(count_per_rank) * dtype_size(dtype);
   for (int r = 0; r < size(); ++r) {
@@ -238,13 +228,8 @@ absl::Status CpuCommunicator::all_gather(const void* send, void* recv, int64_t c
 absl::Status CpuCommunicator::broadcast(void* buf, int64_t bytes, int root) {
   if (auto st = check_collective_args("broadcast", buf, bytes, *this); !st.ok()) return fail(st);
   if (auto st = check_root("broadcast", root, *this); !st.ok()) return fail(st);
-  CpuCommGroup::Post post;
-  post.op = CpuCommGroup::Op::broadcast;
-  post.send = buf;
-  post.recv = buf;
-  post.count = bytes;
-  post.root = root;
-  auto posts = group_->post_and_wait(rank_, post);
+  auto posts = group_->post_and_wait(
+      rank_, {.op = CpuCommGroup::Op::broadcast, .send = buf, .recv = buf, .count = bytes, .root = root});
   if (!posts.ok()) return posts.status();
   const void* src = (*posts)[size_t(root)].send;
   if (rank_ != root && bytes > 0) std::memcpy(buf, src, size_t(bytes));
@@ -252,9 +237,7 @@ absl::Status CpuCommunicator::broadcast(void* buf, int64_t bytes, int root) {
 }
 
 absl::Status CpuCommunicator::barrier() {
-  CpuCommGroup::Post post;
-  post.op = CpuCommGroup::Op::barrier;
-  auto posts = group_->post_and_wait(rank_, post);
+  auto posts = group_->post_and_wait(rank_, {.op = CpuCommGroup::Op::barrier});
   return posts.ok() ? absl::OkStatus() : posts.status();
 }
 

@@ -35,21 +35,22 @@ std::vector<std::vector<int32_t>> run_batch(Engine& e, int steps) {
   return out;
 }
 
-}  // namespace
-
-TEST_CASE("engine fused/unfused writes: byte-identical KV caches after 24 decode steps",
-          "[engine][kv_write]") {
+// Two engines of the tiny model that differ only in kv_write (path_a, path_b), for every
+// KV dtype with and without SWA layers: the same tokens over 24 decode steps and
+// byte-identical caches. Calls check(a, b) on each pair for the caller's own checks.
+void check_write_paths_agree(const char* path_a, const char* path_b,
+                             const std::function<void(Engine&, Engine&)>& check) {
   for (const char* dtype : {"bf16", "fp8_e4m3", "fp8_e5m2"}) {
     for (bool hybrid : {false, true}) {
-      CAPTURE(dtype, hybrid);
+      CAPTURE(dtype, hybrid, path_a, path_b);
       json common = {{"kv_cache_dtype", dtype}, {"k_scale", 0.75}, {"v_scale", 1.5}};
       if (hybrid) {
         common["sliding_window"] = 24;
         common["swa_layers"] = "alternate";
       }
       json a = common, b = common;
-      a["kv_write"] = "fused";
-      b["kv_write"] = "unfused";
+      a["kv_write"] = path_a;
+      b["kv_write"] = path_b;
       auto ea = make_engine(a);
       auto eb = make_engine(b);
       const auto ta = run_batch(*ea, 24);
@@ -61,44 +62,31 @@ TEST_CASE("engine fused/unfused writes: byte-identical KV caches after 24 decode
       CHECK(std::count_if(ca.begin(), ca.end(), [](uint8_t x) { return x != 0; }) >
             1000);  // something was written
       CHECK(mismatch(ca, cb) == "");
+      check(*ea, *eb);
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("engine fused/unfused writes: byte-identical KV caches after 24 decode steps",
+          "[engine][kv_write]") {
+  check_write_paths_agree("fused", "unfused", [](Engine&, Engine&) {});
 }
 
 TEST_CASE("engine fused_rope write: the fused write's tokens and KV bytes, RoPE in the write's kernel",
           "[engine][kv_write]") {
   // On the CPU the path is rope_neox then kv_write_fused in one op with the same code
   // (kernels/cpu/ops/rope_rows.h): the queries, the cache and so every token are the same bits.
-  for (const char* dtype : {"bf16", "fp8_e4m3", "fp8_e5m2"}) {
-    for (bool hybrid : {false, true}) {
-      CAPTURE(dtype, hybrid);
-      json common = {{"kv_cache_dtype", dtype}, {"k_scale", 0.75}, {"v_scale", 1.5}};
-      if (hybrid) {
-        common["sliding_window"] = 24;
-        common["swa_layers"] = "alternate";
-      }
-      json a = common, b = common;
-      a["kv_write"] = "fused";
-      b["kv_write"] = "fused_rope";
-      auto ea = make_engine(a);
-      auto eb = make_engine(b);
-      CHECK(eb->config().kv_write == KvWritePath::fused_rope);
-      const auto ta = run_batch(*ea, 24);
-      const auto tb = run_batch(*eb, 24);
-      CHECK(mismatch(ta, tb) == "");
-      const auto ca = cache_bytes(*ea);
-      const auto cb = cache_bytes(*eb);
-      REQUIRE(ca.size() == cb.size());
-      CHECK(std::count_if(ca.begin(), ca.end(), [](uint8_t x) { return x != 0; }) > 1000);
-      CHECK(mismatch(ca, cb) == "");
-      // Logits too, teacher-forced over the same continuation (prefill and decode rows).
-      const auto prompt = prompt_of(70, 9, ea->spec().vocab);
-      const auto tokens = greedy(*ea, 7, prompt, 12);
-      const auto la = teacher_forced_logits(*ea, 8, prompt, tokens);
-      const auto lb = teacher_forced_logits(*eb, 8, prompt, tokens);
-      CHECK(mismatch(la, lb) == "");
-    }
-  }
+  check_write_paths_agree("fused", "fused_rope", [](Engine& ea, Engine& eb) {
+    CHECK(eb.config().kv_write == KvWritePath::fused_rope);
+    // Logits too, teacher-forced over the same continuation (prefill and decode rows).
+    const auto prompt = prompt_of(70, 9, ea.spec().vocab);
+    const auto tokens = greedy(ea, 7, prompt, 12);
+    const auto la = teacher_forced_logits(ea, 8, prompt, tokens);
+    const auto lb = teacher_forced_logits(eb, 8, prompt, tokens);
+    CHECK(mismatch(la, lb) == "");
+  });
 }
 
 TEST_CASE("engine unified/split attention: teacher-forced logits agree within 0.1", "[engine][attention]") {

@@ -65,6 +65,12 @@ inline bool gpu_available(const char* program) {
   return true;
 }
 
+// Whether KVFUSE_GPU_TEST_QUICK=1 asks for the smaller grid (the runs under the sanitizer).
+inline bool quick() {
+  const char* v = std::getenv("KVFUSE_GPU_TEST_QUICK");
+  return v != nullptr && v[0] == '1';
+}
+
 // Owned device memory for tests.
 class DeviceMem {
  public:

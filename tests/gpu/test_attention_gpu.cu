@@ -225,11 +225,10 @@ int main() {
   if (!gpu_test::gpu_available("test_attention_gpu")) return 0;
   cudaStream_t stream;
   KVFUSE_TEST_GPU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const char* quick = std::getenv("KVFUSE_GPU_TEST_QUICK");
-  const bool q = quick != nullptr && quick[0] == '1';
+  const bool quick = gpu_test::quick();
   test_unsupported();
-  test_matrix(stream, q);
-  if (!q) test_bench_shape(stream);
+  test_matrix(stream, quick);
+  if (!quick) test_bench_shape(stream);
   test_graph_replay(stream);
   KVFUSE_TEST_GPU(cudaStreamDestroy(stream));
   return gpu_test::tally().report("test_attention_gpu");

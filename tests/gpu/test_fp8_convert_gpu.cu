@@ -36,6 +36,25 @@ const char* format_name(Fp8Format f) {
   return f == Fp8Format::e4m3fn ? "e4m3fn" : f == Fp8Format::e4m3fnuz ? "e4m3fnuz" : "e5m2";
 }
 
+// A finite a > 0 rounded to nearest even with mbits mantissa bits, its exponent no lower
+// than emin (subnormals): the code's significand field and exponent before packing.
+struct Rounded {
+  uint32_t q;  // significand in units of 2^(e - mbits), below 2^(mbits + 1)
+  int e;
+};
+Rounded round_significand(double a, int mbits, int emin) {
+  int e = 0;
+  std::frexp(a, &e);
+  e -= 1;  // a = m * 2^e, m in [1, 2)
+  if (e < emin) e = emin;
+  double q = std::nearbyint(std::ldexp(a, mbits - e));  // ties to even
+  if (q >= double(2 << mbits)) {                        // rounded up to the next binade
+    q /= 2;
+    e += 1;
+  }
+  return {uint32_t(q), e};
+}
+
 // A model of gfx942's v_cvt_pk_fp8_f32 (mant_bits 3) / v_cvt_pk_bf8_f32 (mant_bits 2):
 // round to nearest even into the FNUZ format (bias 8 / 16, no inf, 0x80 the only NaN),
 // no saturation: a result beyond the largest finite value is NaN.
@@ -49,17 +68,8 @@ uint8_t emulate_gfx942_cvt(float y, bool bf8, bool neg_zero_0x80) {
   const double a = std::fabs(double(y));
   if (a == 0.0) return neg && neg_zero_0x80 ? 0x80 : 0x00;
   if (std::isinf(a)) return 0x80;
-  int e = 0;
-  std::frexp(a, &e);
-  e -= 1;  // a = m * 2^e, m in [1, 2)
-  if (e < emin) e = emin;
-  double q = std::nearbyint(std::ldexp(a, mbits - e));  // units of 2^(e - mbits), ties to even
-  if (q >= double(2 << mbits)) {                        // rounded up to the next binade
-    q /= 2;
-    e += 1;
-  }
+  const auto [qi, e] = round_significand(a, mbits, emin);
   if (e > emax) return 0x80;
-  const uint32_t qi = uint32_t(q);
   const uint32_t code = qi < (1u << mbits) ? qi : ((uint32_t(e + bias) << mbits) | (qi - (1u << mbits)));
   if (code == 0) return neg && neg_zero_0x80 ? 0x80 : 0x00;
   return uint8_t((neg ? 0x80u : 0u) | code);
@@ -82,17 +92,8 @@ uint8_t emulate_gfx950_cvt(float y, bool bf8, bool neg_zero_0x80) {
   const double a = std::fabs(double(y));
   if (std::isinf(a)) return uint8_t(overflow);
   if (a == 0.0) return neg && neg_zero_0x80 ? 0x80 : 0x00;
-  int e = 0;
-  std::frexp(a, &e);
-  e -= 1;  // a = m * 2^e, m in [1, 2)
-  if (e < emin) e = emin;
-  double q = std::nearbyint(std::ldexp(a, mbits - e));  // units of 2^(e - mbits), ties to even
-  if (q >= double(2 << mbits)) {                        // rounded up to the next binade
-    q /= 2;
-    e += 1;
-  }
+  const auto [qi, e] = round_significand(a, mbits, emin);
   if (e > emax) return uint8_t(overflow);
-  const uint32_t qi = uint32_t(q);
   const uint32_t code = qi < (1u << mbits) ? qi : ((uint32_t(e + bias) << mbits) | (qi - (1u << mbits)));
   if (code > max_code) return uint8_t(overflow);
   if (code == 0) return neg && neg_zero_0x80 ? 0x80 : 0x00;

@@ -521,9 +521,9 @@ int main() {
     std::printf("conversion for %s: %s\n", kv_format_name(d), gpu::kv_write_conversion_name(d).c_str());
   }
   test_unsupported();
-  const char* quick = std::getenv("KVFUSE_GPU_TEST_QUICK");
-  test_matrix(stream, quick != nullptr && quick[0] == '1');
-  test_small_t(stream, quick != nullptr && quick[0] == '1');
+  const bool quick = gpu_test::quick();
+  test_matrix(stream, quick);
+  test_small_t(stream, quick);
   test_all_bf16_sweep(stream);
   for (bool pdl : {false, true}) {
     test_graph_replay(stream, pdl, 64, 40);

@@ -482,8 +482,8 @@ int main() {
   cudaStream_t stream;
   KVFUSE_TEST_GPU(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   test_unsupported();
-  const char* quick = std::getenv("KVFUSE_GPU_TEST_QUICK");
-  test_matrix(stream, quick != nullptr && quick[0] == '1');
+  const bool quick = gpu_test::quick();
+  test_matrix(stream, quick);
   for (bool pdl : {false, true}) {
     test_graph_replay(stream, pdl, 64, 40);
     test_graph_replay(stream, pdl, 8, 5);

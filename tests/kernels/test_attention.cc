@@ -204,15 +204,9 @@ AttnArgs make_args(Problem& p, std::vector<bf16_t>& out) {
     a.batch.max_query_len = std::max(a.batch.max_query_len, s.q_len);
     a.batch.max_context_len = std::max(a.batch.max_context_len, s.ctx);
   }
-  a.cache.k = p.k_cache.data();
-  a.cache.v = p.v_cache.data();
-  a.cache.num_pages = p.num_pages;
-  a.cache.page_size = p.c.page_size;
-  a.cache.num_kv_heads = p.c.num_kv_heads;
-  a.cache.head_dim = p.c.head_dim;
-  a.cache.format = p.c.dtype;
-  a.cache.k_scale = &p.k_scale;
-  a.cache.v_scale = &p.v_scale;
+  a.cache = {.k = p.k_cache.data(), .v = p.v_cache.data(), .num_pages = p.num_pages,
+             .page_size = p.c.page_size, .num_kv_heads = p.c.num_kv_heads, .head_dim = p.c.head_dim,
+             .format = p.c.dtype, .k_scale = &p.k_scale, .v_scale = &p.v_scale};
   return a;
 }
 

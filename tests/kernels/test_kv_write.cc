@@ -150,15 +150,9 @@ KvWriteArgs make_args(const Setup& s, Caches& cache, const float* k_scale, const
   a.num_tokens = s.c.num_tokens;
   a.slot_mapping = s.slots.data();
   if (s.c.swa) a.swa = SwaSlotTable{s.swa_table.data(), int64_t(s.swa_table.size())};
-  a.cache.k = cache.k.data();
-  a.cache.v = cache.v.data();
-  a.cache.num_pages = s.c.num_pages;
-  a.cache.page_size = s.c.page_size;
-  a.cache.num_kv_heads = s.c.num_kv_heads;
-  a.cache.head_dim = s.c.head_dim;
-  a.cache.format = s.c.dtype;
-  a.cache.k_scale = k_scale;
-  a.cache.v_scale = v_scale;
+  a.cache = {.k = cache.k.data(), .v = cache.v.data(), .num_pages = s.c.num_pages,
+             .page_size = s.c.page_size, .num_kv_heads = s.c.num_kv_heads, .head_dim = s.c.head_dim,
+             .format = s.c.dtype, .k_scale = k_scale, .v_scale = v_scale};
   return a;
 }
 
@@ -262,20 +256,10 @@ void run_shapes(KvFormat dtype) {
 
 }  // namespace
 
-TEST_CASE("kv write: fused and unfused give identical bytes (bf16 cache)", "[kv_write]") {
-  run_shapes(KvFormat::bf16);
-}
-
-TEST_CASE("kv write: fused and unfused give identical bytes (fp8_e4m3fn, scales != 1)", "[kv_write]") {
-  run_shapes(KvFormat::fp8_e4m3fn);
-}
-
-TEST_CASE("kv write: fused and unfused give identical bytes (fp8_e4m3fnuz, scales != 1)", "[kv_write]") {
-  run_shapes(KvFormat::fp8_e4m3fnuz);
-}
-
-TEST_CASE("kv write: fused and unfused give identical bytes (fp8_e5m2, scales != 1)", "[kv_write]") {
-  run_shapes(KvFormat::fp8_e5m2);
+TEST_CASE("kv write: fused and unfused give identical bytes (bf16, and FP8 with scales != 1)", "[kv_write]") {
+  const KvFormat format = GENERATE(KvFormat::bf16, KvFormat::fp8_e4m3fn, KvFormat::fp8_e4m3fnuz, KvFormat::fp8_e5m2);
+  CAPTURE(kv_format_name(format));
+  run_shapes(format);
 }
 
 TEST_CASE("kv write: f16 sources convert identically on both paths", "[kv_write]") {

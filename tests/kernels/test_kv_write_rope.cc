@@ -150,15 +150,9 @@ KvWriteArgs write_args(const Inputs& in, const bf16_t* qkv, std::vector<uint8_t>
   a.num_tokens = in.c.num_tokens;
   a.slot_mapping = in.slots.data();
   if (in.c.swa) a.swa = SwaSlotTable{in.swa_table.data(), int64_t(in.swa_table.size())};
-  a.cache.k = kc.data();
-  a.cache.v = vc.data();
-  a.cache.num_pages = in.c.num_pages;
-  a.cache.page_size = in.c.page_size;
-  a.cache.num_kv_heads = in.c.kv_heads;
-  a.cache.head_dim = in.c.head_dim;
-  a.cache.format = in.c.dtype;
-  a.cache.k_scale = ks;
-  a.cache.v_scale = vs;
+  a.cache = {.k = kc.data(), .v = vc.data(), .num_pages = in.c.num_pages,
+             .page_size = in.c.page_size, .num_kv_heads = in.c.kv_heads, .head_dim = in.c.head_dim,
+             .format = in.c.dtype, .k_scale = ks, .v_scale = vs};
   return a;
 }
 

@@ -5,11 +5,7 @@
 // shadow model kept by the test.
 #include "tests/util/catch.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -21,6 +17,8 @@
 #include <tuple>
 
 #include "src/runtime/kv_pool.h"
+#include "tests/kv/kv_view_checks.h"
+#include "tests/util/aborts.h"
 
 namespace {
 
@@ -141,20 +139,7 @@ int64_t live_swa_pages(const KvPool& pool, SeqId id) {
   return n;
 }
 
-// Runs fn in a child process and reports whether it died of SIGABRT.
-bool aborts(const std::function<void()>& fn) {
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::signal(SIGABRT, SIG_DFL);           // Catch2's handler would report a failure
-    std::freopen("/dev/null", "w", stderr);  // the expected message is noise here
-    fn();
-    std::_Exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
-}
+using test::aborts;
 
 // The test's own account of the pool: which pages each sequence owns, checked against
 // the pool after every operation. Page ids come from the pool; everything else (how
@@ -563,18 +548,8 @@ TEST_CASE("kv pool: create allocates zeroed per-layer buffers, views and device 
   for (int32_t l = 0; l < 3; ++l) {
     const PagedKvView v = pool->layer_view(l);
     CAPTURE(l);
-    CHECK(v.num_pages == (l == 1 ? 4 : 10));
-    CHECK(v.page_size == 16);
-    CHECK(v.num_kv_heads == 2);
-    CHECK(v.head_dim == 8);
-    CHECK(v.format == KvFormat::bf16);
+    test::check_fresh_view(v, {l == 1 ? 4 : 10, 16, 2, 8, KvFormat::bf16}, page_bytes);
     CHECK(pool->layer_is_swa(l) == (l == 1));
-    for (void* buf : {v.k, v.v}) {
-      const auto* bytes = static_cast<const unsigned char*>(buf);
-      int64_t nonzero = 0;
-      for (int64_t i = 0; i < v.num_pages * page_bytes; ++i) nonzero += bytes[i] != 0;
-      CHECK(nonzero == 0);
-    }
     CHECK(*v.k_scale == c.k_scale[size_t(l)]);
     CHECK(*v.v_scale == c.v_scale[size_t(l)]);
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/runtime/kv/kv_storage.h"
+#include "tests/kv/kv_view_checks.h"
 #include "tests/util/forwarding_backend.h"
 
 namespace {
@@ -87,18 +88,7 @@ TEST_CASE("kv storage: zeroed buffers per layer, views and scales with their rec
     for (int32_t l = 0; l < 3; ++l) {
       CAPTURE(l);
       const PagedKvView v = st->layer_view(l);
-      CHECK(v.num_pages == (l == 1 ? 5 : 12));
-      CHECK(v.page_size == 4);
-      CHECK(v.num_kv_heads == 2);
-      CHECK(v.head_dim == 8);
-      CHECK(v.format == KvFormat::bf16);
-      CHECK(v.k != v.v);
-      for (void* buf : {v.k, v.v}) {
-        const auto* bytes = static_cast<const unsigned char*>(buf);
-        int64_t nonzero = 0;
-        for (int64_t i = 0; i < v.num_pages * page_bytes; ++i) nonzero += bytes[i] != 0;
-        CHECK(nonzero == 0);
-      }
+      test::check_fresh_view(v, {l == 1 ? 5 : 12, 4, 2, 8, KvFormat::bf16}, page_bytes);
       CHECK(*v.k_scale == c.k_scale[size_t(l)]);
       CHECK(*v.v_scale == c.v_scale[size_t(l)]);
       CHECK(*v.k_inv_scale == 1.0f / c.k_scale[size_t(l)]);

@@ -3,10 +3,6 @@
 // aborts on a caller's bug. A randomized test checks it against a model of the free list.
 #include "tests/util/catch.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <csignal>
 #include <cstdio>
 #include <functional>
 #include <iterator>
@@ -15,25 +11,13 @@
 #include <vector>
 
 #include "src/runtime/kv/page_allocator.h"
+#include "tests/util/aborts.h"
 
 namespace {
 
 using namespace kvfuse;
 
-// Runs fn in a child process and reports whether it died of SIGABRT.
-bool aborts(const std::function<void()>& fn) {
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::signal(SIGABRT, SIG_DFL);           // Catch2's handler would report a failure
-    std::freopen("/dev/null", "w", stderr);  // the expected message is noise here
-    fn();
-    std::_Exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
-}
+using test::aborts;
 
 std::vector<int32_t> take(PageAllocator& a, int64_t n) {
   std::vector<int32_t> out;

@@ -4,10 +4,6 @@
 // tables place exactly what they are given.
 #include "tests/util/catch.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <csignal>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -15,25 +11,13 @@
 #include <vector>
 
 #include "src/runtime/kv/page_tables.h"
+#include "tests/util/aborts.h"
 
 namespace {
 
 using namespace kvfuse;
 
-// Runs fn in a child process and reports whether it died of SIGABRT.
-bool aborts(const std::function<void()>& fn) {
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::signal(SIGABRT, SIG_DFL);           // Catch2's handler would report a failure
-    std::freopen("/dev/null", "w", stderr);  // the expected message is noise here
-    fn();
-    std::_Exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
-}
+using test::aborts;
 
 using Pairs = std::vector<std::pair<int32_t, int32_t>>;
 Pairs pairs(const std::vector<SwaPageMapping>& v) {

@@ -3,11 +3,7 @@
 // carries the table to another process's pool.
 #include "tests/util/catch.h"
 
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <csignal>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -16,25 +12,13 @@
 #include <vector>
 
 #include "src/runtime/kv/swa_map.h"
+#include "tests/util/aborts.h"
 
 namespace {
 
 using namespace kvfuse;
 
-// Runs fn in a child process and reports whether it died of SIGABRT.
-bool aborts(const std::function<void()>& fn) {
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::signal(SIGABRT, SIG_DFL);           // Catch2's handler would report a failure
-    std::freopen("/dev/null", "w", stderr);  // the expected message is noise here
-    fn();
-    std::_Exit(0);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
-}
+using test::aborts;
 
 // The entries of one full page.
 std::vector<int64_t> page_entries(const SwaMap& m, int32_t full_page) {

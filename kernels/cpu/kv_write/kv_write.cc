@@ -77,41 +77,49 @@ void cast_stage(const float* scaled, int64_t num_tokens, int64_t row_elems, KvFo
   for (int64_t i = 0; i < count; ++i) cast[i] = fp8_encode(scaled[i], fmt);
 }
 
+// What every path reads of the cache once per call: row geometry, the FP8 reciprocals
+// (1.0f / scale in fp32; 1 for a bf16 cache, whose scale pointers may be null) and the
+// K/V bases.
+struct CacheRows {
+  explicit CacheRows(const PagedKvView& cache)
+      : row_elems(cache.row_elems()),
+        row_bytes(row_elems * kv_format_bytes(cache.format)),
+        num_slots(cache.num_slots()),
+        fp8(cache.format != KvFormat::bf16),
+        inv_k(fp8 ? 1.0f / *cache.k_scale : 1.0f),
+        inv_v(fp8 ? 1.0f / *cache.v_scale : 1.0f),
+        k(static_cast<uint8_t*>(cache.k)),
+        v(static_cast<uint8_t*>(cache.v)) {}
+  int64_t row_elems;
+  int64_t row_bytes;
+  int64_t num_slots;
+  bool fp8;
+  float inv_k;
+  float inv_v;
+  uint8_t* k;
+  uint8_t* v;
+};
+
 }  // namespace
 
 void kv_write_fused(const KvWriteArgs& args) {
   const PagedKvView& cache = args.cache;
-  const int64_t row_elems = cache.row_elems();
-  const int64_t row_bytes = row_elems * kv_format_bytes(cache.format);
-  const int64_t num_slots = cache.num_slots();
-  const bool fp8 = cache.format != KvFormat::bf16;
-  // Scale pointers are only read for FP8 caches: a bf16 cache may come without them.
-  const float inv_k = fp8 ? 1.0f / *cache.k_scale : 1.0f;
-  const float inv_v = fp8 ? 1.0f / *cache.v_scale : 1.0f;
-  uint8_t* k_cache = static_cast<uint8_t*>(cache.k);
-  uint8_t* v_cache = static_cast<uint8_t*>(cache.v);
-
+  const CacheRows c(cache);
   for (int64_t t = 0; t < args.num_tokens; ++t) {
-    const int64_t slot = resolve_write_slot(args.slot_mapping[t], args.swa, num_slots);
+    const int64_t slot = resolve_write_slot(args.slot_mapping[t], args.swa, c.num_slots);
     if (slot < 0) continue;
-    write_row_fused(src_row(args.k, t, args.k_token_stride), args.src_dtype, row_elems, cache.format, inv_k,
-                    k_cache + slot * row_bytes);
-    write_row_fused(src_row(args.v, t, args.v_token_stride), args.src_dtype, row_elems, cache.format, inv_v,
-                    v_cache + slot * row_bytes);
+    write_row_fused(src_row(args.k, t, args.k_token_stride), args.src_dtype, c.row_elems, cache.format, c.inv_k,
+                    c.k + slot * c.row_bytes);
+    write_row_fused(src_row(args.v, t, args.v_token_stride), args.src_dtype, c.row_elems, cache.format, c.inv_v,
+                    c.v + slot * c.row_bytes);
   }
 }
 
 void kv_write_rope(const KvWriteRopeArgs& args) {
   const KvWriteArgs& kv = args.kv;
   const PagedKvView& cache = kv.cache;
-  const int64_t row_elems = cache.row_elems();
-  const int64_t row_bytes = row_elems * kv_format_bytes(cache.format);
-  const int64_t num_slots = cache.num_slots();
-  const bool fp8 = cache.format != KvFormat::bf16;
-  const float inv_k = fp8 ? 1.0f / *cache.k_scale : 1.0f;
-  const float inv_v = fp8 ? 1.0f / *cache.v_scale : 1.0f;
-  uint8_t* k_cache = static_cast<uint8_t*>(cache.k);
-  uint8_t* v_cache = static_cast<uint8_t*>(cache.v);
+  const CacheRows c(cache);
+  const int64_t row_elems = c.row_elems;
   const int32_t half = cache.head_dim / 2;
   std::vector<float> cos_t(static_cast<size_t>(half)), sin_t(static_cast<size_t>(half));
   std::vector<bf16_t> k_row(static_cast<size_t>(row_elems));
@@ -120,7 +128,7 @@ void kv_write_rope(const KvWriteRopeArgs& args) {
     rope_cos_sin(args.positions[t], args.inv_freq, half, args.attention_scaling, cos_t.data(), sin_t.data());
     rope_rotate_heads(args.q + t * args.q_token_stride, args.q_heads, cache.head_dim, cos_t.data(),
                       sin_t.data());
-    const int64_t slot = resolve_write_slot(kv.slot_mapping[t], kv.swa, num_slots);
+    const int64_t slot = resolve_write_slot(kv.slot_mapping[t], kv.swa, c.num_slots);
     if (slot < 0 && args.k_rotated == nullptr) continue;
     // K is rotated in a copy of its row: the caller's rows are the input of the step.
     memcpy(k_row.data(), src_row(kv.k, t, kv.k_token_stride), size_t(row_elems) * sizeof(bf16_t));
@@ -129,39 +137,30 @@ void kv_write_rope(const KvWriteRopeArgs& args) {
       memcpy(args.k_rotated + t * kv.k_token_stride, k_row.data(), size_t(row_elems) * sizeof(bf16_t));
     }
     if (slot < 0) continue;
-    write_row_fused(k_row.data(), KvSrcDtype::bf16, row_elems, cache.format, inv_k,
-                    k_cache + slot * row_bytes);
-    write_row_fused(src_row(kv.v, t, kv.v_token_stride), KvSrcDtype::bf16, row_elems, cache.format, inv_v,
-                    v_cache + slot * row_bytes);
+    write_row_fused(k_row.data(), KvSrcDtype::bf16, row_elems, cache.format, c.inv_k, c.k + slot * c.row_bytes);
+    write_row_fused(src_row(kv.v, t, kv.v_token_stride), KvSrcDtype::bf16, row_elems, cache.format, c.inv_v,
+                    c.v + slot * c.row_bytes);
   }
 }
 
-
 void kv_write_unfused(const KvWriteArgs& args, const KvWriteScratch& scratch) {
   const PagedKvView& cache = args.cache;
-  const int64_t row_elems = cache.row_elems();
-  const int64_t row_bytes = row_elems * kv_format_bytes(cache.format);
+  const CacheRows c(cache);
   const int64_t n = args.num_tokens;
-  const bool fp8 = cache.format != KvFormat::bf16;
-  const float inv_k = fp8 ? 1.0f / *cache.k_scale : 1.0f;
-  const float inv_v = fp8 ? 1.0f / *cache.v_scale : 1.0f;
 
   // Launches 1-4. Every token is converted, padding included, as the GPU's
   // elementwise kernels do; only the scatter looks at slots.
-  scale_stage(args.k, args.k_token_stride, args.src_dtype, n, row_elems, fp8, inv_k, scratch.k_scaled);
-  scale_stage(args.v, args.v_token_stride, args.src_dtype, n, row_elems, fp8, inv_v, scratch.v_scaled);
-  cast_stage(scratch.k_scaled, n, row_elems, cache.format, args.src_dtype, scratch.k_cast);
-  cast_stage(scratch.v_scaled, n, row_elems, cache.format, args.src_dtype, scratch.v_cast);
+  scale_stage(args.k, args.k_token_stride, args.src_dtype, n, c.row_elems, c.fp8, c.inv_k, scratch.k_scaled);
+  scale_stage(args.v, args.v_token_stride, args.src_dtype, n, c.row_elems, c.fp8, c.inv_v, scratch.v_scaled);
+  cast_stage(scratch.k_scaled, n, c.row_elems, cache.format, args.src_dtype, scratch.k_cast);
+  cast_stage(scratch.v_scaled, n, c.row_elems, cache.format, args.src_dtype, scratch.v_cast);
 
   // Launch 5: scatter both.
-  const int64_t num_slots = cache.num_slots();
-  uint8_t* k_cache = static_cast<uint8_t*>(cache.k);
-  uint8_t* v_cache = static_cast<uint8_t*>(cache.v);
   for (int64_t t = 0; t < n; ++t) {
-    const int64_t slot = resolve_write_slot(args.slot_mapping[t], args.swa, num_slots);
+    const int64_t slot = resolve_write_slot(args.slot_mapping[t], args.swa, c.num_slots);
     if (slot < 0) continue;
-    memcpy(k_cache + slot * row_bytes, scratch.k_cast + t * row_bytes, size_t(row_bytes));
-    memcpy(v_cache + slot * row_bytes, scratch.v_cast + t * row_bytes, size_t(row_bytes));
+    memcpy(c.k + slot * c.row_bytes, scratch.k_cast + t * c.row_bytes, size_t(c.row_bytes));
+    memcpy(c.v + slot * c.row_bytes, scratch.v_cast + t * c.row_bytes, size_t(c.row_bytes));
   }
 }
 
