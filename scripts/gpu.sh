@@ -8,7 +8,8 @@
 #   tp            (GPU machine) tensor parallelism: tests, all-reduce, sharded engine, processes
 #   profile       (GPU machine) kernel traces of decode steps
 #   compare       (GPU machine) this tree's benchmarks against another commit's, alternating
-#   baseline      (GPU machine) the figures a change is compared against
+#   baseline      (here) pack a baseline revision for compare
+#   verify        (GPU machine) before a kernel or engine change lands: check, a short serve, compare
 #   gemm-tune     (GPU machine) the GEMM tuner's choices and timings
 #   kernel-revs   (GPU machine) kernel revisions side by side
 #   kv-write-sass (GPU machine) the KV write's machine code
