@@ -15,9 +15,7 @@
 #include "src/common/timing.h"
 #include "src/loading/checkpoint.h"
 #include "src/loading/kv_scales.h"
-#include "src/runtime/engine_rank.h"
-#include "src/runtime/rank_commands.h"
-#include "src/runtime/rank_links.h"
+#include "src/runtime/rank_group.h"
 
 namespace kvfuse {
 
@@ -47,36 +45,19 @@ absl::Status check_cpu_weight_memory(const ModelSpec& s, double available_gib) {
   return absl::OkStatus();
 }
 
-Engine::Engine(Config cfg, std::unique_ptr<Backend> backend) : cfg_(std::move(cfg)), backend_(std::move(backend)) {}
+Engine::Engine(Config cfg, std::unique_ptr<Backend> backend)
+    : cfg_(std::move(cfg)),
+      backend_(std::move(backend)),
+      group_(std::make_unique<RankGroup>(cfg_, *backend_)) {}
 
 Engine::~Engine() {
-  // Across processes: the followers exit cleanly (and no watcher uses the communicator
-  // any more once the links are gone).
-  if (follower_links_) follower_links_->shutdown();
-  follower_links_.reset();
-  leader_link_.reset();
-  // Each rank's objects are released on its own thread (its device current), runners and
-  // models before the communicators and backends they use; then the threads stop.
-  for (auto& rp : ranks_) {
-    Rank& r = *rp;
-    if (!r.thread) continue;
-    r.thread
-        ->post([&r] {
-          // A rank whose backend could not be made (a GPU that is not there) has none.
-          if (r.backend) (void)r.backend->bind_thread();
-          r.runner.reset();
-          r.model.reset();
-          r.comm.reset();
-          r.backend.reset();
-          return absl::OkStatus();
-        })
-        .wait();
-    r.thread.reset();
-  }
+  // The followers and the other local ranks go first, then rank 0's runner and model
+  // before the pool and rank 0's communicator (the group's) they use.
+  group_->stop();
   runner_.reset();
   model_.reset();
   pool_.reset();
-  comm_.reset();
+  group_.reset();
 }
 
 LoadProgressFn load_progress_every(double every_s, LoadProgressFn sink) {
@@ -103,7 +84,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::create(const Config& cfg, std::u
   const absl::Status st = e->init();
   if (!st.ok()) {
     // Followers that already joined see their connection close, not a clean shutdown.
-    e->follower_links_.reset();
+    e->group_->drop_links();
     return st;
   }
   e->seqs_ = std::make_unique<SequenceTable>(e->cfg_, *e->pool_, e->model_->spec().vocab);
@@ -182,13 +163,7 @@ absl::Status Engine::init() {
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count()});
     }
   };
-  if (cfg_.tensor_parallel > 1) {
-    KVFUSE_RETURN_IF_ERROR(cfg_.tp_rank_alone           ? init_rank_alone(s, pc)
-                           : cfg_.tp_rendezvous.empty() ? init_ranks(s, pc)
-                                                        : init_process_group(s, pc));
-    after_layer(0);
-    return load_weights(*weights, after_layer);
-  }
+  if (cfg_.tensor_parallel > 1) return init_ranks(s, pc, *weights, after_layer);
   auto pool = KvPool::create(*backend_, pc);
   if (!pool.ok()) return pool.status();
   pool_ = std::move(*pool);
@@ -203,21 +178,42 @@ absl::Status Engine::init() {
   return absl::OkStatus();
 }
 
-absl::Status Engine::check_no_step_in_flight() const {
-  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
+absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc, HostWeightSource& weights,
+                                const std::function<void(int32_t)>& after_layer) {
+  KVFUSE_RETURN_IF_ERROR(group_->form(s, pc));
+  // One pool of pages; each local rank's storage holds its KV heads.
+  pc.num_kv_heads = group_->shard().num_kv_heads;
+  auto pool = KvPool::create_shared(pc, group_->num_local_ranks());
+  if (!pool.ok()) return pool.status();
+  pool_ = std::move(*pool);
+  auto model = group_->add_models(s, *pool_);
+  if (!model.ok()) return model.status();
+  model_ = std::move(*model);
+  after_layer(0);
+  auto runner = group_->load_weights(weights, after_layer);
+  if (!runner.ok()) return runner.status();
+  runner_ = std::move(*runner);
   return absl::OkStatus();
 }
 
-absl::Status Engine::forward(const ForwardOptions& opts) {
-  if (single_rank()) return runner_->run(batch_, *pool_, opts, fwd_);
-  if (follower_links_) {
-    // Sent before this rank starts: every process runs the step at once.
-    KVFUSE_RETURN_IF_ERROR(
-        post_to_followers(RankCommand::forward, encode_forward(batch_, opts, pool_->take_swa_changes())));
-  }
-  // Every rank runs the same batch; rank 0's result has the tokens. A collective that
-  // failed on the device after its launch (a peer all-reduce that timed out) fails the step.
-  return for_each_rank([&](int32_t r) { return run_rank_pass(r, opts); }, true);
+// Tensor parallelism: the group's.
+int32_t Engine::num_local_ranks() const { return group_->num_local_ranks(); }
+Backend& Engine::rank_backend(int32_t local_rank) { return group_->backend(local_rank); }
+bool Engine::is_follower() const { return group_->is_follower(); }
+absl::Status Engine::follow() { return group_->follow(*pool_, batch_, fwd_); }
+const absl::Status& Engine::group_failure() const { return group_->failure(); }
+const std::string& Engine::collectives_path() const { return group_->collectives_path(); }
+const std::string& Engine::collectives_library() const { return group_->collectives_library(); }
+absl::StatusOr<bool> Engine::end_gemm_tuning() { return group_->end_gemm_tuning(); }
+int64_t Engine::gemm_shapes_timed() const { return backend_->gemm_shapes_timed(); }
+absl::StatusOr<double> Engine::collectives_ms(int32_t tokens, int reps) {
+  return group_->collectives_ms(tokens, reps);
+}
+bool Engine::single_rank() const { return group_->single_rank(); }
+
+absl::Status Engine::check_no_step_in_flight() const {
+  if (in_flight_.active) return absl::FailedPreconditionError("a step is in flight (end_step first)");
+  return absl::OkStatus();
 }
 
 absl::Status Engine::add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
@@ -278,7 +274,7 @@ absl::Status Engine::begin(const StepPlan& plan) {
   if (is_follower()) {
     return absl::FailedPreconditionError("step: this process follows rank 0, whose engine runs the steps");
   }
-  if (!group_failed_.ok()) return group_failed_;  // a rank failed earlier: nothing runs any more
+  if (!group_->failure().ok()) return group_->failure();  // a rank failed earlier: nothing runs any more
   KVFUSE_RETURN_IF_ERROR(check_no_step_in_flight());
   InFlight& f = in_flight_;
   f.t0 = Clock::now();
@@ -290,8 +286,8 @@ absl::Status Engine::begin(const StepPlan& plan) {
   f.t1 = Clock::now();
   // One rank: queue the pass and return; end() waits. Several: every rank's thread runs
   // its pass to the end (they meet in the collectives), here.
-  const absl::Status st =
-      single_rank() ? runner_->launch(batch_, *pool_, plan.options, fwd_) : forward(plan.options);
+  const absl::Status st = single_rank() ? runner_->launch(batch_, *pool_, plan.options, fwd_)
+                                        : group_->forward(batch_, *pool_, plan.options, fwd_);
   if (!st.ok()) return absl::InternalError(absl::StrCat("forward pass failed: ", st.message()));
   f.active = true;
   return absl::OkStatus();

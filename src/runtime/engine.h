@@ -1,6 +1,8 @@
 // The engine runs steps: it owns the backend, the KV pool, the sequences (their tokens
-// and sampler streams, SequenceTable), the model and its runner, and the tensor-parallel
-// ranks. A step is data: a StepPlan whose items have their pages reserved goes in
+// and sampler streams, SequenceTable), the model and its runner (this process's first
+// rank's), and a RankGroup (src/runtime/rank_group.h) holding the tensor-parallel ranks,
+// their communicators and the links to other processes, which it asks to run a step's pass
+// on every rank. A step is data: a StepPlan whose items have their pages reserved goes in
 // (StepRunner::begin), a StepOutput comes back (end); what to run in a step is the
 // scheduler's choice (src/runtime/scheduler.h), which sees the engine only as the
 // runner of its plans and the owner of the sequences and the pool.
@@ -17,7 +19,6 @@
 #include "absl/status/statusor.h"
 #include "src/backends/backend.h"
 #include "src/loading/config.h"
-#include "src/parallel/communicator.h"
 #include "src/runtime/kv_pool.h"
 #include "src/runtime/model.h"
 #include "src/runtime/model_runner.h"
@@ -27,9 +28,7 @@
 
 namespace kvfuse {
 
-class FollowerLinks;
-class LeaderLink;
-enum class RankCommand : uint32_t;
+class RankGroup;
 
 // RESOURCE_EXHAUSTED naming the sizes when the model's bf16 weights would take more than
 // 80% of `available_gib` (the CPU backend's check at engine creation; <= 0: unknown, ok).
@@ -71,7 +70,7 @@ class Engine : public StepRunner {
   // runs (all of them, or one when the group spans processes), each local rank with its
   // backend and its storage in the pool (KvPool::layer_view(layer, local rank)).
   int32_t num_ranks() const { return cfg_.tensor_parallel; }
-  int32_t num_local_ranks() const { return 1 + int32_t(ranks_.size()); }
+  int32_t num_local_ranks() const;
   Backend& rank_backend(int32_t local_rank);
 
   // A group across processes (tp_rendezvous; docs/tensor-parallel.md#spanning-processes-and-nodes): the process
@@ -79,14 +78,14 @@ class Engine : public StepRunner {
   // processes' ranks. A process whose tp_rank is not 0 is a follower: Engine::create
   // joins the group, and follow() then runs the leader's commands; a follower's own
   // step(), warm_up_decode_graphs() and collectives_ms() are FAILED_PRECONDITION.
-  bool is_follower() const { return leader_link_ != nullptr; }
+  bool is_follower() const;
   // Runs until the leader shuts the group down (OK) or the group fails: the leader's
   // process went away, or a command failed here (the error, also sent to the leader;
   // this rank's communicator is aborted so that no rank waits on it).
   absl::Status follow();
   // OK, or why the tensor-parallel group was aborted (a rank failed mid-step): every later
   // step is refused with it (FAILED_PRECONDITION) until the engine is restarted.
-  const absl::Status& group_failure() const { return group_failed_; }
+  const absl::Status& group_failure() const;
   KvPool& pool() { return *pool_; }
   const KvPool& pool() const { return *pool_; }
   KvFormat kv_format() const { return pool_->config().format; }
@@ -162,10 +161,10 @@ class Engine : public StepRunner {
   bool rank_alone() const { return cfg_.tp_rank_alone; }
   // Which communicator carries the collectives at tensor_parallel > 1 and, for GPU ranks,
   // whether all-reduces go over peer memory (and why not, when they do not); "" at 1.
-  const std::string& collectives_path() const { return collectives_path_; }
+  const std::string& collectives_path() const;
   // The NCCL (RCCL) library a GPU group loaded, NcclLibrary::description(); "" when none
   // was (tensor_parallel 1, the CPU, tp_share_gpu, tp_rank_alone).
-  const std::string& collectives_library() const { return collectives_library_; }
+  const std::string& collectives_library() const;
 
   // Logits of the last step, [rows, vocab]: one row per item that asked for logits
   // (StepItem::logits) or sampled with temperature > 0; StepResult::logits_row indexes it.
@@ -177,57 +176,13 @@ class Engine : public StepRunner {
  private:
   Engine(Config cfg, std::unique_ptr<Backend> backend);
   absl::Status init();
-  // Tensor parallelism: ranks 1.. (their backends, communicators, models, runners), set up
-  // by init_ranks; rank 0's are the members below. model_weights loads every rank's slices.
-  absl::Status init_ranks(const ModelSpec& spec, KvPoolConfig& pc);
-  // Config::tp_rank_alone: rank 0's shard, pool storage and model on this backend, with a
-  // communicator whose collectives are left out (engine_ranks.cc); no other rank exists.
-  absl::Status init_rank_alone(const ModelSpec& spec, KvPoolConfig& pc);
-  // Both ways of a group: this process's ranks other than its first (threads, backends:
-  // cfg_.tp_local_ranks() in all), then, once their communicators exist (element r is
-  // local rank r's), the pool with each local rank's storage and every local rank's model.
-  absl::Status start_local_ranks();
-  absl::Status init_rank_models(const ModelSpec& spec, KvPoolConfig& pc, const TensorParallelShard& shard,
-                                std::vector<std::unique_ptr<Communicator>> comms);
-  // The shard of a rank, once its shapes are known to run on the backend.
-  absl::StatusOr<TensorParallelShard> rank_shard(const ModelSpec& spec, KvFormat format) const;
-  // A group across processes (engine_group.cc): this process's ranks, the rendezvous
-  // (rank 0 keeps a connection to each other process), the communicators, the pool.
-  absl::Status init_process_group(const ModelSpec& spec, KvPoolConfig& pc);
-  // Leader: sends a command to every follower before this rank runs its part. A follower
-  // that already failed, or cannot be reached, fails the group.
-  absl::Status post_to_followers(RankCommand command, const std::vector<uint8_t>& payload);
-  // Aborts every local rank's communicator: no rank waits on another any more.
-  void abort_communicators();
-  // Marks the group failed (later steps are refused naming `cause`), aborting every
-  // local communicator; returns `cause`.
-  absl::Status fail_group(absl::Status cause);
-  // One rank's part of collectives_ms.
-  absl::Status run_collectives(int32_t local_rank, int32_t tokens, int reps, double& ms);
-  // Every rank's weights; `after_layer(n)` once n layers are on every rank.
-  absl::Status load_weights(HostWeightSource& weights, const std::function<void(int32_t)>& after_layer);
-  // comms.size() CPU communicators of one new group, rank order (the CPU ranks, or
-  // tp_share_gpu's host meetings); the group in comm_group_.
-  absl::Status cpu_communicators(std::vector<std::unique_ptr<Communicator>>& comms);
-  // GPU ranks: puts the peer all-reduce (src/parallel/peer_allreduce.h) in front of each
-  // rank's NCCL communicator where it applies; sets collectives_path_.
-  absl::Status use_peer_allreduce(std::vector<std::unique_ptr<Communicator>>& comms);
-  // Config::tp_share_gpu: every rank's communicator over one peer group whose ranks share
-  // the GPU (SharedGpuCommunicator); sets collectives_path_.
-  absl::Status share_gpu_communicators(std::vector<std::unique_ptr<Communicator>>& comms);
-  // Runs f(rank) for every rank at once, rank 0 on the calling thread, the others on their
-  // threads; the first error. With abort_on_error, a failing rank aborts the group so that
-  // no rank waits on it in a collective, and the engine refuses later steps.
-  absl::Status for_each_rank(const std::function<absl::Status(int32_t)>& f, bool abort_on_error);
-  absl::Status forward(const ForwardOptions& opts);
-  // The communicator of a rank this process holds.
-  Communicator& rank_comm(int32_t local_rank);
-  // One local rank's pass over batch_, then its communicator's asynchronous error (a
-  // collective that failed on the device after its launch fails the pass).
-  absl::Status run_rank_pass(int32_t local_rank, const ForwardOptions& opts);
+  // Tensor parallelism (tensor_parallel > 1): the group formed, the pool with a storage per
+  // local rank, every local rank's model and weights; rank 0's model and runner here.
+  absl::Status init_ranks(const ModelSpec& spec, KvPoolConfig& pc, HostWeightSource& weights,
+                          const std::function<void(int32_t)>& after_layer);
   // One rank, in this process alone: a step's pass is launched, then finished in end().
   // Otherwise every rank's thread (and every follower) runs it to the end in begin().
-  bool single_rank() const { return ranks_.empty() && !follower_links_; }
+  bool single_rank() const;
   // FAILED_PRECONDITION while a step is in flight: what would change what the device uses.
   absl::Status check_no_step_in_flight() const;
   // The phases of a step: a bad plan is rejected (with `require_reserved`, also one whose
@@ -242,15 +197,7 @@ class Engine : public StepRunner {
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<ModelRunner> runner_;
-  struct Rank;  // ranks 1 .. tensor_parallel - 1 (engine.cc)
-  std::vector<std::unique_ptr<Rank>> ranks_;
-  std::unique_ptr<Communicator> comm_;  // rank 0's, at tensor_parallel > 1
-  std::shared_ptr<void> comm_group_;    // the CPU ranks' group (or tp_share_gpu's host meeting)
-  std::string collectives_path_;        // collectives_path()
-  std::string collectives_library_;     // collectives_library()
-  absl::Status group_failed_;           // a rank failed mid-step: the group is aborted
-  std::unique_ptr<FollowerLinks> follower_links_;  // a leader's connections to the other processes
-  std::unique_ptr<LeaderLink> leader_link_;        // a follower's connection to the leader
+  std::unique_ptr<RankGroup> group_;  // the tensor-parallel ranks (at tensor_parallel 1, none but this one)
   std::unique_ptr<SequenceTable> seqs_;
   ForwardResult fwd_;
   StepTimings timings_;

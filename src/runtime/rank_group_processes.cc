@@ -1,7 +1,8 @@
-// Tensor parallelism across processes (docs/tensor-parallel.md#spanning-processes-and-nodes): the engine's part
-// that forms the group (rendezvous, communicators; a process holds one rank or several
-// consecutive ones, each on its own thread and device), the leader's commands to the
-// other processes and a follower's loop that runs them on every rank it holds.
+// A group across processes (docs/tensor-parallel.md#spanning-processes-and-nodes): how the
+// group (src/runtime/rank_group.h) forms — the rendezvous, then the communicators; a process
+// holds one rank or several consecutive ones, each on its own thread and device — the
+// leader's commands to the other processes and a follower's loop that runs them on every
+// rank it holds.
 //
 // Rank 0 (the leader) is an ordinary engine: scheduler, page allocator, gRPC service.
 // Its pool records the SWA table changes of its allocations; each forward pass goes to
@@ -19,8 +20,8 @@
 #include "src/parallel/init_watch.h"
 #include "src/parallel/rendezvous.h"
 #include "src/parallel/tcp_communicator.h"
-#include "src/runtime/engine.h"
 #include "src/runtime/rank_commands.h"
+#include "src/runtime/rank_group.h"
 #include "src/runtime/rank_links.h"
 #if defined(KVFUSE_HAVE_GPU)
 #include "src/parallel/nccl_communicator.h"
@@ -66,12 +67,11 @@ std::string group_fingerprint(const Config& cfg, const ModelSpec& s, const KvPoo
 
 }  // namespace
 
-absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
+absl::Status RankGroup::form_process_group(const ModelSpec& s, const KvPoolConfig& pc) {
   const int32_t tp = cfg_.tensor_parallel;
   const int32_t first = cfg_.tp_rank;  // this process's ranks: first .. first + local - 1
-  auto shard = rank_shard(s, pc.format);
-  if (!shard.ok()) return shard.status();
-  KVFUSE_RETURN_IF_ERROR(backend_->bind_thread());
+  KVFUSE_RETURN_IF_ERROR(check_shard(s, pc.format));
+  KVFUSE_RETURN_IF_ERROR(backend0_.bind_thread());
   KVFUSE_RETURN_IF_ERROR(start_local_ranks());
   const int32_t local = num_local_ranks();
   auto host_port = parse_host_port(cfg_.tp_rendezvous);
@@ -85,14 +85,13 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
   ro.rank = first;
   ro.ranks = local;
   ro.timeout = timeout;
-  ro.fingerprint = group_fingerprint(cfg_, s, pc, backend_->device());
-  const bool cpu = backend_->device() == Device::cpu;
+  ro.fingerprint = group_fingerprint(cfg_, s, pc, backend0_.device());
+  const bool cpu = backend0_.device() == Device::cpu;
 
   // The rendezvous hands out the communicator's id: NCCL's unique id on GPUs, the TCP
-  // communicator's port and token on the CPU (rank 0 listens for it from before).
+  // communicator's port and token on the CPU (rank 0 listens for it from before). The
+  // connections to the other processes stay in follower_fds_ (rank 0) or leader_fd_.
   std::unique_ptr<TcpCommListener> listener;
-  std::vector<net::UniqueFd> follower_fds;
-  net::UniqueFd leader_fd;
   RendezvousId id{};
 #if defined(KVFUSE_HAVE_GPU)
   const nccl::NcclLibrary* lib = nullptr;
@@ -122,12 +121,12 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
     }
     auto fds = (*server)->serve_group(id);
     if (!fds.ok()) return fds.status();
-    follower_fds = std::move(*fds);
+    follower_fds_ = std::move(*fds);
   } else {
     auto m = rendezvous_join_group(ro);
     if (!m.ok()) return m.status();
     id = m->id;
-    leader_fd = std::move(m->leader);
+    leader_fd_ = std::move(m->leader);
   }
 
   // Every local rank's communicator at once, each on its rank's thread: rank 0's TCP
@@ -138,11 +137,11 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
   // another process whose connection closes, stops the wait (so does the timeout).
   std::vector<GroupInitWatch::Peer> peers;
   if (first == 0) {
-    for (size_t r = 0; r < follower_fds.size(); ++r) {
-      if (follower_fds[r].valid()) peers.push_back({follower_fds[r].get(), absl::StrCat("rank ", r, "'s process")});
+    for (size_t r = 0; r < follower_fds_.size(); ++r) {
+      if (follower_fds_[r].valid()) peers.push_back({follower_fds_[r].get(), absl::StrCat("rank ", r, "'s process")});
     }
   } else {
-    peers.push_back({leader_fd.get(), absl::StrCat("rank 0's process (", cfg_.tp_rendezvous, ")")});
+    peers.push_back({leader_fd_.get(), absl::StrCat("rank 0's process (", cfg_.tp_rendezvous, ")")});
   }
   GroupInitWatch watch(timeout, std::move(peers));
   KVFUSE_RETURN_IF_ERROR(for_each_rank(
@@ -158,7 +157,7 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
 #if defined(KVFUSE_HAVE_GPU)
         nccl::ncclUniqueId nid;
         std::memcpy(nid.internal, id.data(), id.size());
-        auto c = NcclCommunicator::create(*lib, nid, rank, tp, cfg_.tp_device(r), rank_backend(r).native_stream(),
+        auto c = NcclCommunicator::create(*lib, nid, rank, tp, cfg_.tp_device(r), backend(r).native_stream(),
                                           watch.for_rank(rank));
         if (!c.ok()) return watch.failed(rank, c.status());
         comms[size_t(r)] = std::move(*c);
@@ -168,29 +167,34 @@ absl::Status Engine::init_process_group(const ModelSpec& s, KvPoolConfig& pc) {
 #endif
       },
       false));
-  KVFUSE_RETURN_IF_ERROR(init_rank_models(s, pc, *shard, std::move(comms)));
-  // From here a process that goes away aborts this one's communicators at once.
-  if (first == 0) {
-    follower_links_ =
-        std::make_unique<FollowerLinks>(std::move(follower_fds), timeout, [this] { abort_communicators(); });
-    // Rank 0 allocates the pages of every rank and sends the SWA table changes with each step.
-    pool_->track_swa_changes();
-  } else {
-    leader_link_ = std::make_unique<LeaderLink>(std::move(leader_fd), cfg_.tp_rendezvous,
-                                                [this] { abort_communicators(); });
-  }
+  take_communicators(std::move(comms));
   return absl::OkStatus();
 }
 
-absl::Status Engine::post_to_followers(RankCommand command, const std::vector<uint8_t>& payload) {
-  if (!group_failed_.ok()) return group_failed_;
+void RankGroup::link_processes(KvPool& pool) {
+  const auto timeout = std::chrono::milliseconds(int64_t(cfg_.tp_rendezvous_timeout_s) * 1000);
+  // From here a process that goes away aborts this one's communicators at once.
+  if (cfg_.tp_rank == 0) {
+    follower_links_ =
+        std::make_unique<FollowerLinks>(std::move(follower_fds_), timeout, [this] { abort_communicators(); });
+    follower_fds_.clear();
+    // Rank 0 allocates the pages of every rank and sends the SWA table changes with each step.
+    pool.track_swa_changes();
+  } else {
+    leader_link_ = std::make_unique<LeaderLink>(std::move(leader_fd_), cfg_.tp_rendezvous,
+                                                [this] { abort_communicators(); });
+  }
+}
+
+absl::Status RankGroup::post_to_followers(RankCommand command, const std::vector<uint8_t>& payload) {
+  if (!failed_.ok()) return failed_;
   absl::Status st = follower_links_->failure();
   if (st.ok()) st = follower_links_->post(rank_frame(command, payload));
   if (!st.ok()) return fail_group(st);
   return absl::OkStatus();
 }
 
-absl::Status Engine::follow() {
+absl::Status RankGroup::follow(KvPool& pool, ForwardBatch& batch, ForwardResult& fwd0) {
   if (!is_follower()) {
     return absl::FailedPreconditionError(
         "follow: only a process whose tp_rank is not 0 (with tp_rendezvous) follows");
@@ -200,16 +204,16 @@ absl::Status Engine::follow() {
   for (;;) {
     auto m = leader_link_->next();
     if (!m.ok()) {
-      comm_->abort();
+      comm0_->abort();
       return m.status();
     }
     absl::Status st;
     switch (m->command) {
       case RankCommand::forward:
-        st = decode_forward(m->payload, batch_, opts, swa);
-        if (st.ok()) st = pool_->apply_swa_changes(swa);
+        st = decode_forward(m->payload, batch, opts, swa);
+        if (st.ok()) st = pool.apply_swa_changes(swa);
         if (st.ok())
-          st = for_each_rank([&](int32_t r) { return run_rank_pass(r, opts); }, true);
+          st = for_each_rank([&](int32_t r) { return run_pass(r, batch, pool, opts, fwd0); }, true);
         break;
       case RankCommand::collectives: {
         int32_t tokens = 0, reps = 0;
@@ -220,7 +224,7 @@ absl::Status Engine::follow() {
         break;
       }
       case RankCommand::end_gemm_tuning:
-        for (int32_t r = 0; r < num_local_ranks(); ++r) (void)rank_backend(r).end_gemm_tuning();
+        for (int32_t r = 0; r < num_local_ranks(); ++r) (void)backend(r).end_gemm_tuning();
         break;
       case RankCommand::shutdown:
         return absl::OkStatus();
