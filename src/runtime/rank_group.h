@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "src/backends/backend.h"
+#include "src/common/arith.h"
 #include "src/loading/config.h"
 #include "src/loading/model_spec.h"
 #include "src/parallel/communicator.h"
@@ -43,7 +44,7 @@ inline ModelLimits model_limits(const Config& cfg) {
   ModelLimits limits;
   limits.max_tokens = cfg.max_batch_tokens;
   limits.max_seqs = cfg.max_running_seqs;
-  limits.max_pages_per_seq = int32_t((int64_t(cfg.max_seq_len) + cfg.page_size - 1) / cfg.page_size);
+  limits.max_pages_per_seq = int32_t(ceil_div(cfg.max_seq_len, cfg.page_size));
   return limits;
 }
 

@@ -22,6 +22,8 @@
 #include "src/parallel/tcp_communicator.h"
 #include "src/runtime/rank_commands.h"
 #include "src/runtime/rank_group.h"
+
+#include <vector>
 #include "src/runtime/rank_links.h"
 #if defined(KVFUSE_HAVE_GPU)
 #include "src/parallel/nccl_communicator.h"
@@ -217,10 +219,10 @@ absl::Status RankGroup::follow(KvPool& pool, ForwardBatch& batch, ForwardResult&
         break;
       case RankCommand::collectives: {
         int32_t tokens = 0, reps = 0;
-        double ms = 0;
+        std::vector<double> ms(size_t(num_local_ranks()), 0.0);  // one per rank thread: no shared write
         st = decode_collectives(m->payload, tokens, reps);
         if (st.ok())
-          st = for_each_rank([&](int32_t r) { return run_collectives(r, tokens, reps, ms); }, true);
+          st = for_each_rank([&](int32_t r) { return run_collectives(r, tokens, reps, ms[size_t(r)]); }, true);
         break;
       }
       case RankCommand::end_gemm_tuning:

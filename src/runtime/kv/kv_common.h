@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "src/common/arith.h"
+
 namespace kvfuse::kv_detail {
 
 // Misuse that would otherwise corrupt another sequence's cache (a double free, a slot
@@ -17,6 +19,6 @@ namespace kvfuse::kv_detail {
 }
 
 // Pages that hold positions [0, len).
-inline int64_t pages_for(int64_t len, int32_t page_size) { return (len + page_size - 1) / page_size; }
+inline int64_t pages_for(int64_t len, int32_t page_size) { return ceil_div(len, page_size); }
 
 }  // namespace kvfuse::kv_detail
