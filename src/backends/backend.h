@@ -18,6 +18,7 @@
 #include "src/common/status_macros.h"
 #include "src/loading/config.h"
 #include "src/loading/model_spec.h"
+#include "src/common/arith.h"
 
 namespace kvfuse {
 
@@ -111,7 +112,7 @@ class Backend {
   // copy_to_device is a memcpy either way).
   static constexpr size_t kHostAlign = 256;
   virtual absl::StatusOr<HostBuffer> alloc_host(size_t bytes) {
-    const size_t rounded = (std::max<size_t>(bytes, 1) + kHostAlign - 1) / kHostAlign * kHostAlign;
+    const size_t rounded = size_t(round_up(int64_t(std::max<size_t>(bytes, 1)), kHostAlign));
     void* p = std::aligned_alloc(kHostAlign, rounded);
     if (p == nullptr) return absl::ResourceExhaustedError("cannot allocate host staging memory");
     return HostBuffer(p, bytes, [](void* q) { std::free(q); });

@@ -4,6 +4,7 @@
 #include "absl/strings/str_join.h"
 #include "src/common/status_macros.h"
 #include "src/loading/hf_config.h"
+#include "src/common/arith.h"
 
 namespace kvfuse {
 
@@ -190,7 +191,7 @@ absl::StatusOr<TensorParallelShard> tensor_parallel_shard(const ModelSpec& spec,
   s.kv_replicas = spec.num_kv_heads % tp == 0 ? 1 : tp / spec.num_kv_heads;
   s.num_kv_heads = spec.num_kv_heads * s.kv_replicas / tp;
   s.intermediate = spec.intermediate / tp;
-  s.padded_vocab = (spec.vocab + tp - 1) / tp * tp;
+  s.padded_vocab = int32_t(round_up(spec.vocab, tp));
   s.vocab = s.padded_vocab / tp;
   return s;
 }

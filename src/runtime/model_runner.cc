@@ -9,10 +9,6 @@
 
 namespace kvfuse {
 
-namespace {
-size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
-}  // namespace
-
 BatchMetaLayout BatchMetaLayout::for_limits(const ModelLimits& limits) {
   const size_t T = size_t(std::max<int64_t>(limits.max_tokens, 0));
   const size_t S = size_t(std::max<int32_t>(limits.max_seqs, 0));
@@ -22,7 +18,7 @@ BatchMetaLayout BatchMetaLayout::for_limits(const ModelLimits& limits) {
   auto place = [&](Slice& s, size_t bytes) {
     s.offset = at;
     s.capacity = bytes;
-    at = align_up(at + bytes, kAlign);
+    at = size_t(round_up(int64_t(at + bytes), kAlign));
   };
   place(m.query_start, (S + 1) * sizeof(int32_t));
   place(m.context_len, S * sizeof(int32_t));
@@ -194,8 +190,8 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
   // unused tail (megabytes at large limits). Its offset depends only on the full table's
   // size (sequences x pages), which a graph's key fixes, so a replay finds it where the
   // capture did. It stays inside the two tables' slices.
-  swa_table_offset_ = L.block_table_full.offset + align_up(b.block_table_full.size() * sizeof(int32_t),
-                                                           BatchMetaLayout::kAlign);
+  swa_table_offset_ = L.block_table_full.offset + size_t(round_up(int64_t(b.block_table_full.size() * sizeof(int32_t)),
+                                                                   BatchMetaLayout::kAlign));
   const BatchMetaLayout::Slice swa{swa_table_offset_,
                                    L.block_table_swa.offset + L.block_table_swa.capacity - swa_table_offset_};
   KVFUSE_RETURN_IF_ERROR(put_vec(swa, b.block_table_swa));
@@ -218,7 +214,7 @@ int32_t ModelRunner::graph_batch_bucket(int32_t n) const {
     while (b < n) b *= 2;
   } else {
     const int32_t step = n <= 64 ? 8 : n <= 256 ? 32 : 64;
-    b = (n + step - 1) / step * step;
+    b = int32_t(round_up(n, step));
   }
   const int64_t cap = std::min<int64_t>(limits_.max_seqs, limits_.max_tokens);
   return int32_t(std::max<int64_t>(n, std::min<int64_t>(b, cap)));

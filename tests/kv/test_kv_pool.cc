@@ -16,6 +16,7 @@
 #include <set>
 #include <tuple>
 
+#include "src/common/arith.h"
 #include "src/runtime/kv_pool.h"
 #include "tests/kv/kv_view_checks.h"
 #include "tests/util/aborts.h"
@@ -130,8 +131,6 @@ std::unique_ptr<KvPool> make_pool(Backend& be, const KvPoolConfig& c) {
   REQUIRE(pool.ok());
   return *std::move(pool);
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int64_t live_swa_pages(const KvPool& pool, SeqId id) {
   int64_t n = 0;

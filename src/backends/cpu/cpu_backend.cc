@@ -14,6 +14,7 @@
 #include "kernels/cpu/ops/ops.h"
 #include "kernels/cpu/ops/sampling.h"
 #include "src/runtime/sampler.h"
+#include "src/common/arith.h"
 
 namespace kvfuse {
 namespace {
@@ -43,7 +44,7 @@ class CpuBackend final : public Backend {
   }
 
   absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override {
-    const size_t rounded = (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+    const size_t rounded = size_t(round_up(int64_t(std::max<size_t>(bytes, 1)), kAlign));
     void* p = std::aligned_alloc(kAlign, rounded);
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("cpu backend: cannot allocate ", bytes, " bytes"));
