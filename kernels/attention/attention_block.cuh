@@ -1,9 +1,11 @@
 // Pieces of the mma.sync block kernel (kernels/attention/attention_unified.cu): the
-// per-tile steps of a group's online softmax (the scores S^T = K Q^T, the softmax update,
-// O^T += V^T P^T) and the load of the partial results of the split path's merge. The
-// tiling and the numerics: kernels/attention/attention_tile.cuh. Everything is inlined
-// into the kernel: the state stays the kernel's variables (OnlineSoftmax is a view of
-// them), shared memory stays declared there.
+// whole-block search for a token's sequence (block_rows' FindSeq,
+// kernels/attention/attention_params.h), the per-tile steps of a group's online softmax
+// (the scores S^T = K Q^T, the softmax update, O^T += V^T P^T) and the load of the
+// partial results of the split path's merge. The tiling and the numerics:
+// kernels/attention/attention_tile.cuh. Everything is inlined into the kernel: the state
+// stays the kernel's variables (OnlineSoftmax is a view of them), shared memory stays
+// declared there.
 #pragma once
 
 #include "kernels/common/gpu.h"
@@ -14,6 +16,19 @@
 #include "kernels/attention/attention_tile.cuh"
 
 namespace kvfuse::gpu::attention_detail {
+
+// The last s with query_start[s] <= tok, found by the whole block in one round per
+// kThreads sequences (query_start is non-decreasing).
+struct BlockFindSeq {
+  KVFUSE_DEVICE int32_t operator()(const int32_t* query_start, int32_t num_seqs, int64_t tok) const {
+    int32_t count = 0;
+    for (int32_t s0 = 0; s0 < num_seqs; s0 += kThreads) {
+      const int32_t s = s0 + int32_t(threadIdx.x);
+      count += __syncthreads_count(s < num_seqs && query_start[s] <= tok);
+    }
+    return count - 1;
+  }
+};
 
 // A partial result another block of this kernel wrote: a volatile load, never served
 // from this multiprocessor's L1.

@@ -1,8 +1,9 @@
 // What every paged attention kernel and its host launcher agree on, in plain C++ that
 // the CPU build compiles too: the block modes, the kernel parameters, the split-KV
-// partition arithmetic and the merge of the partitions. The CUDA tile kernel
-// (kernels/attention/attention_tile.cuh), the CDNA MFMA kernel (kernels/attention/mfma/attention_mfma.h) and the
-// host lane runs of the latter (tests/kernels/test_attention_mfma_lanes.cc) all read them here.
+// partition arithmetic, the rows and keys of a block (block_rows) and the merge of the
+// partitions. The CUDA tile kernel (kernels/attention/attention_tile.cuh), the CDNA MFMA
+// kernel (kernels/attention/mfma/attention_mfma.h) and the host lane runs of the latter
+// (tests/kernels/test_attention_mfma_lanes.cc) all read them here.
 #pragma once
 
 #include <climits>
@@ -65,6 +66,118 @@ KVFUSE_HD SplitRange split_range(int32_t lo, int32_t pos, int32_t num_parts, int
   r.len = min_len > even ? min_len : even;
   r.last = (pos - r.base) / r.len;
   return r;
+}
+
+// The rows and keys of one block of an attention kernel (the CUDA tile kernel,
+// kernels/attention/attention_unified.cu, and the CDNA MFMA kernel,
+// kernels/attention/mfma/attention_mfma.h: one definition for both), by p.mode:
+// - kModeDecode: block bid of the grid partitions x sequences x KV heads takes its
+//   sequence's row if that is a decode row (a query of one token), and of its keys the
+//   partition's part of split_range;
+// - kModeUnified, kModePrefill: block bid of the grid token rows x KV heads takes up to
+//   kRows / G consecutive rows of one sequence (a decode row alone), if its token is the
+//   first of such a run; kModePrefill only the rows of prefill chunks. Its keys: the
+//   window of its first row up to its last row.
+struct BlockRows {
+  int32_t seq, kvh;     // sequence, KV head
+  int32_t row0, nrows;  // token rows [row0, row0 + nrows): kvh's G query heads each
+  int32_t pos0;         // position of row row0
+  int32_t part;         // kModeDecode: the partition, else 0
+  // Keys [begin, end). End first: the field order steers nvcc's register numbering, and
+  // this one gives the CUDA kernel the machine code it had with the mapping written inline.
+  int32_t end, begin;
+  int32_t last_part;  // kModeDecode: the row's last partition, else 0
+  bool to_scratch;    // kModeDecode, the row split over partitions: partial results out
+};
+
+// The last s with query_start[s] <= tok, by binary search (query_start is
+// non-decreasing); -1 when none. A FindSeq of block_rows.
+struct BinaryFindSeq {
+  KVFUSE_HD int32_t operator()(const int32_t* query_start, int32_t num_seqs, int64_t tok) const {
+    int32_t lo_s = 0, hi_s = num_seqs;  // answer in [lo_s - 1, hi_s)
+    while (lo_s < hi_s) {
+      const int32_t mid = (lo_s + hi_s) / 2;
+      if (query_start[mid] <= tok) {
+        lo_s = mid + 1;
+      } else {
+        hi_s = mid;
+      }
+    }
+    return lo_s - 1;
+  }
+};
+
+// min and max of block_rows: in CUDA device code CUDA's own (one PTX instruction each),
+// elsewhere the comparison.
+template <class T>
+KVFUSE_HD T rows_min(T x, T y) {
+#if defined(__CUDA_ARCH__)
+  return min(x, y);
+#else
+  return x < y ? x : y;
+#endif
+}
+template <class T>
+KVFUSE_HD T rows_max(T x, T y) {
+#if defined(__CUDA_ARCH__)
+  return max(x, y);
+#else
+  return x > y ? x : y;
+#endif
+}
+
+// Fills b for the block of index bid() in p's grid, kRows query rows (token x head) a
+// block; false if the block has no rows (the caller returns). find_seq(query_start,
+// num_seqs, tok): the last s with query_start[s] <= tok, or -1 (BinaryFindSeq, or the
+// CUDA kernel's whole-block search); every thread of the block calls it with the same
+// values.
+template <int kRows, class BlockIndex, class FindSeq>
+KVFUSE_HD bool block_rows(const Params& p, BlockIndex bid, FindSeq find_seq, BlockRows& b) {
+  const AttnArgs& a = p.a;
+  const int32_t H = a.cache.num_kv_heads;
+  const int32_t G = a.num_q_heads / H;
+  b.part = 0;
+  if (p.mode == kModeDecode) {
+    const int64_t per_part = int64_t(a.batch.num_seqs) * H;
+    b.part = int32_t(bid() / per_part);
+    const int32_t rest = int32_t(bid() % per_part);
+    b.seq = rest / H;
+    b.kvh = rest % H;
+    const int32_t q0 = a.batch.query_start[b.seq];
+    if (a.batch.query_start[b.seq + 1] - q0 != 1) return false;
+    b.row0 = q0;
+    b.nrows = 1;
+    b.pos0 = a.batch.context_len[b.seq] - 1;
+  } else {
+    const int64_t tok = bid() / H;
+    b.kvh = int32_t(bid() % H);
+    b.seq = find_seq(a.batch.query_start, a.batch.num_seqs, tok);
+    if (b.seq < 0) return false;
+    const int32_t q0 = a.batch.query_start[b.seq];
+    const int32_t qlen = a.batch.query_start[b.seq + 1] - q0;
+    const int32_t j = int32_t(tok - q0);
+    if (j >= qlen) return false;  // past the last sequence: graph padding
+    if (p.mode == kModePrefill && qlen == 1) return false;
+    const int32_t rows_per_block = (qlen == 1 || G >= kRows) ? 1 : kRows / G;
+    if (j % rows_per_block != 0) return false;
+    b.row0 = int32_t(tok);
+    b.nrows = rows_min(rows_per_block, qlen - j);
+    b.pos0 = a.batch.context_len[b.seq] - qlen + j;
+  }
+  const int32_t lo = a.window > 0 ? rows_max(0, b.pos0 - a.window + 1) : 0;
+  b.begin = lo;
+  b.end = b.pos0 + b.nrows;
+  b.to_scratch = false;
+  b.last_part = 0;
+  if (p.mode == kModeDecode) {
+    const SplitRange r = split_range(lo, b.pos0, p.num_parts, p.part_len);
+    if (b.part > r.last) return false;
+    b.begin = int32_t(rows_max(int64_t(b.begin), int64_t(r.base) + int64_t(b.part) * r.len));
+    b.end = int32_t(rows_min(int64_t(b.end), int64_t(r.base) + int64_t(b.part + 1) * r.len));
+    b.to_scratch = r.last > 0;
+    b.last_part = r.last;
+  }
+  return true;
 }
 
 inline Params base_params(const AttnArgs& a) {

@@ -3,7 +3,8 @@
 // takes its rows by p.mode (kModeUnified: a token grid over every row; kModePrefill: the
 // same grid, prefill rows only, for the split path; kModeDecode: the split path's
 // (sequence, KV head, partition) grid, attention_split.cu), so it is instantiated here
-// only, behind launch_attention_blocks. Its pieces: the per-tile steps
+// only, behind launch_attention_blocks. Its pieces: the block's rows and keys
+// (block_rows, attention_params.h, shared with the CDNA kernel), the per-tile steps
 // (attention_block.cuh), RoPE and the KV write taken in (attention_rope.cuh).
 #include "kernels/common/gpu.h"
 
@@ -24,17 +25,6 @@ using namespace attention_detail;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The last s with query_start[s] <= tok, found by the whole block in one round per
-// kThreads sequences (query_start is non-decreasing).
-[[maybe_unused]] KVFUSE_DEVICE int32_t block_find_seq(const int32_t* query_start, int32_t num_seqs, int64_t tok) {
-  int32_t count = 0;
-  for (int32_t s0 = 0; s0 < num_seqs; s0 += kThreads) {
-    const int32_t s = s0 + int32_t(threadIdx.x);
-    count += __syncthreads_count(s < num_seqs && query_start[s] <= tok);
-  }
-  return count - 1;
-}
-
 template <int D, KvKind K, bool kPageTiles, bool kRope>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel(Params p) {
   static_assert(!kRope || (kPageTiles && kRopeKind<K>), "the instances with RoPE and the write");
@@ -50,46 +40,11 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
   // first kernel and no kernel writes, so they are read before the programmatic-launch
   // wait and their round trips overlap the kernel before. Q and the step's new K/V rows
   // come from the kernels before: everything from the Q fragment on follows the wait.
-  int32_t seq, kvh, row0, nrows, pos0, part = 0;
-  if (p.mode == kModeDecode) {
-    const int64_t per_part = int64_t(a.batch.num_seqs) * H;
-    part = int32_t(int64_t(blockIdx.x) / per_part);
-    const int32_t rest = int32_t(int64_t(blockIdx.x) % per_part);
-    seq = rest / H;
-    kvh = rest % H;
-    const int32_t q0 = a.batch.query_start[seq];
-    if (a.batch.query_start[seq + 1] - q0 != 1) return;
-    row0 = q0;
-    nrows = 1;
-    pos0 = a.batch.context_len[seq] - 1;
-  } else {
-    const int64_t tok = int64_t(blockIdx.x) / H;
-    kvh = int32_t(int64_t(blockIdx.x) % H);
-    seq = block_find_seq(a.batch.query_start, a.batch.num_seqs, tok);
-    if (seq < 0) return;
-    const int32_t q0 = a.batch.query_start[seq];
-    const int32_t qlen = a.batch.query_start[seq + 1] - q0;
-    const int32_t j = int32_t(tok - q0);
-    if (j >= qlen) return;  // past the last sequence: graph padding
-    if (p.mode == kModePrefill && qlen == 1) return;
-    const int32_t rows_per_block = (qlen == 1 || G >= kRows) ? 1 : kRows / G;
-    if (j % rows_per_block != 0) return;
-    row0 = int32_t(tok);
-    nrows = min(rows_per_block, qlen - j);
-    pos0 = a.batch.context_len[seq] - qlen + j;
-  }
-  const int32_t lo = a.window > 0 ? max(0, pos0 - a.window + 1) : 0;
-  int32_t begin = lo, end = pos0 + nrows;
-  bool to_scratch = false;
-  int32_t last_part = 0;
-  if (p.mode == kModeDecode) {
-    const SplitRange r = split_range(lo, pos0, p.num_parts, p.part_len);
-    if (part > r.last) return;
-    begin = int32_t(max(int64_t(begin), int64_t(r.base) + int64_t(part) * r.len));
-    end = int32_t(min(int64_t(end), int64_t(r.base) + int64_t(part + 1) * r.len));
-    to_scratch = r.last > 0;
-    last_part = r.last;
-  }
+  BlockRows br;
+  if (!block_rows<kRows>(p, [] { return int64_t(blockIdx.x); }, BlockFindSeq{}, br)) return;
+  const int32_t seq = br.seq, kvh = br.kvh, row0 = br.row0, nrows = br.nrows, pos0 = br.pos0;
+  const int32_t part = br.part, last_part = br.last_part, begin = br.begin, end = br.end;
+  const bool to_scratch = br.to_scratch;
 
   const int l = glane(), g = l >> 2, c = l & 3, w = group_id();
   const int nvalid = nrows * G;  // rows of the 8-row tile in use: token n / G, head n % G
@@ -123,7 +78,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, kBlocksPerSm<D>) attention_kernel
 
   // ---- kRope: the rotation's cos and sin need only the row's position, and the write
   // only the slot of the row's own key: batch metadata, before the wait too. The block
-  // that holds that key writes it: the last partition of a split row (r.last), every
+  // that holds that key writes it: the last partition of a split row (last_part), every
   // block of the unified grid (the host passes decode-only batches: one block a row and
   // KV head).
   __shared__ float rope_cos[kRope ? D / 2 : 1], rope_sin[kRope ? D / 2 : 1];

@@ -140,59 +140,15 @@ KVFUSE_HD void block(X& x, const Params& p, Smem<D>& sm) {
   const AttnArgs& a = p.a;
   const int32_t H = a.cache.num_kv_heads;
   const int32_t G = a.num_q_heads / H;
-  const int64_t bid = x.block();
   const int lane = x.lane(), w = x.wave(), r = lane & 15, q = lane >> 4;
 
-  // ---- the rows and keys of this block (uniform over the block)
-  int32_t seq, kvh, row0, nrows, pos0, part = 0;
-  if (p.mode == kModeDecode) {
-    const int64_t per_part = int64_t(a.batch.num_seqs) * H;
-    part = int32_t(bid / per_part);
-    const int32_t rest = int32_t(bid % per_part);
-    seq = rest / H;
-    kvh = rest % H;
-    const int32_t q0 = a.batch.query_start[seq];
-    if (a.batch.query_start[seq + 1] - q0 != 1) return;
-    row0 = q0;
-    nrows = 1;
-    pos0 = a.batch.context_len[seq] - 1;
-  } else {
-    const int64_t tok = bid / H;
-    kvh = int32_t(bid % H);
-    // The last s with query_start[s] <= tok (query_start is non-decreasing).
-    int32_t lo_s = 0, hi_s = a.batch.num_seqs;  // answer in [lo_s - 1, hi_s)
-    while (lo_s < hi_s) {
-      const int32_t mid = (lo_s + hi_s) / 2;
-      if (a.batch.query_start[mid] <= tok) {
-        lo_s = mid + 1;
-      } else {
-        hi_s = mid;
-      }
-    }
-    seq = lo_s - 1;
-    if (seq < 0) return;
-    const int32_t q0 = a.batch.query_start[seq];
-    const int32_t qlen = a.batch.query_start[seq + 1] - q0;
-    const int32_t j = int32_t(tok - q0);
-    if (j >= qlen) return;  // past the last sequence: graph padding
-    if (p.mode == kModePrefill && qlen == 1) return;
-    const int32_t rows_per_block = (qlen == 1 || G >= kRows) ? 1 : kRows / G;
-    if (j % rows_per_block != 0) return;
-    row0 = int32_t(tok);
-    nrows = qlen - j < rows_per_block ? qlen - j : rows_per_block;
-    pos0 = a.batch.context_len[seq] - qlen + j;
-  }
-  const int32_t lo = a.window > 0 ? (pos0 - a.window + 1 > 0 ? pos0 - a.window + 1 : 0) : 0;
-  int32_t begin = lo, end = pos0 + nrows;
-  bool to_scratch = false;
-  if (p.mode == kModeDecode) {
-    const SplitRange sr = split_range(lo, pos0, p.num_parts, p.part_len);
-    if (part > sr.last) return;
-    const int64_t pb = int64_t(sr.base) + int64_t(part) * sr.len, pe = pb + sr.len;
-    begin = int32_t(pb > begin ? pb : begin);
-    end = int32_t(pe < end ? pe : end);
-    to_scratch = sr.last > 0;
-  }
+  // ---- the rows and keys of this block (uniform over the block): block_rows, the CUDA
+  // kernel's too (kernels/attention/attention_params.h)
+  BlockRows br;
+  if (!block_rows<kRows>(p, [&x] { return x.block(); }, BinaryFindSeq{}, br)) return;
+  const int32_t seq = br.seq, kvh = br.kvh, row0 = br.row0, nrows = br.nrows, pos0 = br.pos0, part = br.part;
+  const int32_t begin = br.begin, end = br.end;
+  const bool to_scratch = br.to_scratch;
   const int nvalid = nrows * G;  // rows in use: row n is token n / G, head n % G
 
   // ---- Q operand (wave 0): lane (r, q) holds row r at dimensions dim_of(q, 8 c + i)
