@@ -2,16 +2,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/common/gpu.h"
+#include "src/backends/gpu/gpu_status.h"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {
 
 namespace {
-
-absl::Status gpu_check(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(gpu::error_message(err, what));
-}
 
 nccl::ncclDataType_t nccl_type(DType t) { return t == DType::bf16 ? nccl::ncclBfloat16 : nccl::ncclFloat32; }
 
@@ -32,15 +28,15 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::create(const
         absl::StrCat(lib.flavour(), " communicator: rank ", rank, " of ", size, " is not a rank of the group"));
   }
   int devices = 0;
-  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
   if (device < 0 || device >= devices) {
     return absl::InvalidArgumentError(absl::StrCat(lib.flavour(), " communicator rank ", rank, ": device ", device,
                                                    " is outside the ", devices, " visible GPU(s)"));
   }
-  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(device), "cudaSetDevice"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(cudaSetDevice(device), "cudaSetDevice"));
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(lib, rank, size, device, stream));
-  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMalloc(&c->barrier_buf_, sizeof(float)), "cudaMalloc"));
-  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(c->barrier_buf_, 0, sizeof(float)), "cudaMemset"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(cudaMalloc(&c->barrier_buf_, sizeof(float)), "cudaMalloc"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(cudaMemset(c->barrier_buf_, 0, sizeof(float)), "cudaMemset"));
   auto comms = lib.init_rank(id, rank, size, watch);
   if (!comms.ok()) {
     return absl::Status(comms.status().code(), absl::StrCat(comms.status().message(), " (device ", device, ", ",
@@ -97,7 +93,7 @@ absl::Status NcclCommunicator::barrier() {
   KVFUSE_RETURN_IF_ERROR(usable("barrier", DType::f32));
   const auto stream = static_cast<cudaStream_t>(stream_);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing"));
   if (capture != cudaStreamCaptureStatusNone) {
     return absl::FailedPreconditionError(
         absl::StrCat(name(), " barrier on rank ", rank_, ": the stream is being captured into a graph"));
@@ -105,7 +101,7 @@ absl::Status NcclCommunicator::barrier() {
   KVFUSE_RETURN_IF_ERROR(
       lib_.check(lib_.all_reduce(barrier_buf_, barrier_buf_, 1, nccl::ncclFloat32, nccl::ncclSum, comms_.comm, stream_),
                  "ncclAllReduce (barrier)"));
-  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (barrier)"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(cudaStreamSynchronize(stream), "cudaStreamSynchronize (barrier)"));
   return async_error();
 }
 

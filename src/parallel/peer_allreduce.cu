@@ -11,6 +11,7 @@
 #include "kernels/common/bf16.h"
 #include "kernels/ops/rmsnorm_row.cuh"
 #include "kernels/parallel/tp_push.cuh"
+#include "src/backends/gpu/gpu_status.h"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {
@@ -26,11 +27,6 @@ constexpr int64_t kPassBytes = kThreads * kVecBytes;
 // A waiting thread reads the abort word and the clock once per this many polls of its flag:
 // the abort word is host memory (a PCIe read), and a peer that is on time answers sooner.
 constexpr uint32_t kPollsPerCheck = 256;
-
-absl::Status gpu_check(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(gpu::error_message(err, what));
-}
 
 // The call's view of the group, by value (graph replays reuse it; the counters it points
 // to advance on the device).
@@ -321,24 +317,24 @@ namespace {
 // the build at hand), times the multiprocessors. The current device is left as it was.
 absl::StatusOr<int64_t> resident_blocks(int device) {
   int current = 0;
-  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDevice(&current), "cudaGetDevice"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(cudaGetDevice(&current), "cudaGetDevice"));
   int per_sm_bf16 = 0, per_sm_f32 = 0;
   cudaDeviceProp prop{};
   const absl::Status st = [&] {
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(device), "cudaSetDevice"));
-    KVFUSE_RETURN_IF_ERROR(gpu_check(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_bf16, peer_all_reduce_kernel<uint16_t>, kThreads, 0),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
-    KVFUSE_RETURN_IF_ERROR(gpu_check(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_f32, peer_all_reduce_kernel<float>, kThreads, 0),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
+    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaSetDevice(device), "cudaSetDevice"));
+    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                          &per_sm_bf16, peer_all_reduce_kernel<uint16_t>, kThreads, 0),
+                                      "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
+    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                          &per_sm_f32, peer_all_reduce_kernel<float>, kThreads, 0),
+                                      "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
     // The pushed norm's kernel is referenced here too, so that it is loaded with the others
     // (see allocate()); its blocks are not counted: one per row, not a grid of kMaxBlocks.
     int per_sm_push = 0;
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                         &per_sm_push, push_add_rmsnorm_kernel, gpu::kNormThreads, 0),
-                                     "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
-    return gpu_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                          &per_sm_push, push_add_rmsnorm_kernel, gpu::kNormThreads, 0),
+                                      "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
+    return gpu_status(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   }();
   (void)cudaSetDevice(current);
   if (!st.ok()) return st;
@@ -354,7 +350,7 @@ absl::Status PeerAllReduceGroup::check(const std::vector<int>& devices, bool sha
         absl::StrCat("peer all-reduce: serves 2 to ", kMaxRanks, " ranks in one process, not ", n));
   }
   int visible = 0;
-  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDeviceCount(&visible), "cudaGetDeviceCount"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(cudaGetDeviceCount(&visible), "cudaGetDeviceCount"));
   for (int i = 0; i < n; ++i) {
     if (devices[size_t(i)] < 0 || devices[size_t(i)] >= visible) {
       return absl::FailedPreconditionError(absl::StrCat("peer all-reduce: GPU ", devices[size_t(i)], " of rank ", i,
@@ -372,8 +368,8 @@ absl::Status PeerAllReduceGroup::check(const std::vector<int>& devices, bool sha
       // Ranks that share a GPU read each other's buffers as local memory: no peer access.
       if (devices[size_t(i)] == devices[size_t(j)]) continue;
       int can = 0;
-      KVFUSE_RETURN_IF_ERROR(
-          gpu_check(cudaDeviceCanAccessPeer(&can, devices[size_t(i)], devices[size_t(j)]), "cudaDeviceCanAccessPeer"));
+      KVFUSE_RETURN_IF_ERROR(gpu_status(cudaDeviceCanAccessPeer(&can, devices[size_t(i)], devices[size_t(j)]),
+                                        "cudaDeviceCanAccessPeer"));
       if (!can) {
         return absl::FailedPreconditionError(absl::StrCat("peer all-reduce: GPU ", devices[size_t(i)],
                                                           " cannot access the memory of GPU ", devices[size_t(j)],
@@ -421,7 +417,7 @@ absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::create(c
   options.staging_bytes = (options.staging_bytes + kVecBytes - 1) / kVecBytes * kVecBytes;
   std::shared_ptr<PeerAllReduceGroup> g(new PeerAllReduceGroup(devices, options));
   int current = 0;
-  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDevice(&current), "cudaGetDevice"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(cudaGetDevice(&current), "cudaGetDevice"));
   const absl::Status st = g->allocate();
   (void)cudaSetDevice(current);
   if (!st.ok()) return st;
@@ -430,15 +426,15 @@ absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::create(c
 
 absl::Status PeerAllReduceGroup::allocate() {
   void* host = nullptr;
-  KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::host_alloc_mapped(&host, sizeof(HostSignals)), "host_alloc_mapped"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::host_alloc_mapped(&host, sizeof(HostSignals)), "host_alloc_mapped"));
   host_ = static_cast<HostSignals*>(host);
   std::memset(host_, 0, sizeof(HostSignals));
   pdl_ = options_.pdl && gpu::kWarpSize == 32;  // programmatic launch: CUDA sm_90+ only
   for (Rank& r : ranks_) {
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(r.device), "cudaSetDevice"));
+    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaSetDevice(r.device), "cudaSetDevice"));
     if (pdl_) {
       cudaDeviceProp prop{};
-      KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDeviceProperties(&prop, r.device), "cudaGetDeviceProperties"));
+      KVFUSE_RETURN_IF_ERROR(gpu_status(cudaGetDeviceProperties(&prop, r.device), "cudaGetDeviceProperties"));
       if (prop.major < 9) pdl_ = false;
     }
     // Both kernels referenced on this GPU now, so that the runtime loads them here rather
@@ -446,39 +442,42 @@ absl::Status PeerAllReduceGroup::allocate() {
     // wait for the kernels running on its GPU, and a rank's call can be running there,
     // waiting for a peer's launch.
     KVFUSE_RETURN_IF_ERROR(resident_blocks(r.device).status());  // queries the kernels' attributes
-    KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::load_push_copy(), "load_push_copy"));
+    KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::load_push_copy(), "load_push_copy"));
     for (const Rank& peer : ranks_) {
       if (peer.device == r.device) continue;  // itself, or a rank sharing its GPU (share_devices)
       const cudaError_t err = cudaDeviceEnablePeerAccess(peer.device, 0);
       if (err == cudaErrorPeerAccessAlreadyEnabled) {
         (void)cudaGetLastError();  // NCCL, or an earlier group, enabled it: fine
       } else {
-        KVFUSE_RETURN_IF_ERROR(gpu_check(err, "cudaDeviceEnablePeerAccess"));
+        KVFUSE_RETURN_IF_ERROR(gpu_status(err, "cudaDeviceEnablePeerAccess"));
       }
     }
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMalloc(&r.staging, size_t(2 * options_.staging_bytes)), "cudaMalloc"));
+    KVFUSE_RETURN_IF_ERROR(
+        gpu_status(cudaMalloc(&r.staging, size_t(2 * options_.staging_bytes)), "cudaMalloc"));
     void* flags = nullptr;
     const size_t flag_bytes = size_t(kMaxBlocks) * kMaxRanks * sizeof(uint64_t);
-    KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::malloc_signals(&flags, flag_bytes), "malloc_signals"));
+    KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::malloc_signals(&flags, flag_bytes), "malloc_signals"));
     r.flags = static_cast<uint64_t*>(flags);
     void* calls = nullptr;
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMalloc(&calls, size_t(kMaxBlocks) * sizeof(uint64_t)), "cudaMalloc"));
+    KVFUSE_RETURN_IF_ERROR(
+        gpu_status(cudaMalloc(&calls, size_t(kMaxBlocks) * sizeof(uint64_t)), "cudaMalloc"));
     r.calls = static_cast<uint64_t*>(calls);
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(r.flags, 0, flag_bytes), "cudaMemset"));
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(r.calls, 0, size_t(kMaxBlocks) * sizeof(uint64_t)), "cudaMemset"));
+    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaMemset(r.flags, 0, flag_bytes), "cudaMemset"));
+    KVFUSE_RETURN_IF_ERROR(
+        gpu_status(cudaMemset(r.calls, 0, size_t(kMaxBlocks) * sizeof(uint64_t)), "cudaMemset"));
     if (options_.push) {
       // Inboxes: polled while peers store into them, so signal memory; every element empty.
       void* inbox = nullptr;
       const size_t inbox_bytes = size_t(kPushSlots) * ranks_.size() * size_t(options_.staging_bytes);
-      KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::malloc_signals(&inbox, inbox_bytes), "malloc_signals"));
+      KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::malloc_signals(&inbox, inbox_bytes), "malloc_signals"));
       r.inbox = static_cast<uint16_t*>(inbox);
       static_assert(kPushEmpty == 0xffffu, "the inboxes are filled bytewise");
-      KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemset(r.inbox, 0xff, inbox_bytes), "cudaMemset"));
+      KVFUSE_RETURN_IF_ERROR(gpu_status(cudaMemset(r.inbox, 0xff, inbox_bytes), "cudaMemset"));
     }
     // The rank's stream may be non-blocking (not ordered after the memsets): wait here.
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
     int64_t hz = 0;
-    KVFUSE_RETURN_IF_ERROR(gpu_check(gpu::wall_clock_hz(r.device, &hz), "wall_clock_hz"));
+    KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::wall_clock_hz(r.device, &hz), "wall_clock_hz"));
     if (hz <= 0) return absl::InternalError(absl::StrCat("peer all-reduce: GPU ", r.device, " reports no wall clock"));
     // The same timeout for every rank; the slowest clock rate sets the tick count.
     timeout_ticks_ = std::max<int64_t>(timeout_ticks_, int64_t(options_.timeout_s * double(hz)));
@@ -525,13 +524,13 @@ absl::Status PeerAllReduceGroup::status() const {
 absl::StatusOr<uint64_t> PeerAllReduceGroup::calls_completed(int rank) const {
   if (rank < 0 || rank >= size()) return absl::InvalidArgumentError(absl::StrCat("no rank ", rank));
   int current = 0;
-  KVFUSE_RETURN_IF_ERROR(gpu_check(cudaGetDevice(&current), "cudaGetDevice"));
+  KVFUSE_RETURN_IF_ERROR(gpu_status(cudaGetDevice(&current), "cudaGetDevice"));
   uint64_t calls = 0;
   const absl::Status st = [&] {
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaSetDevice(device(rank)), "cudaSetDevice"));
-    KVFUSE_RETURN_IF_ERROR(gpu_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
-    return gpu_check(cudaMemcpy(&calls, ranks_[size_t(rank)].calls, sizeof calls, cudaMemcpyDeviceToHost),
-                     "cudaMemcpy");
+    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaSetDevice(device(rank)), "cudaSetDevice"));
+    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+    return gpu_status(cudaMemcpy(&calls, ranks_[size_t(rank)].calls, sizeof calls, cudaMemcpyDeviceToHost),
+                      "cudaMemcpy");
   }();
   (void)cudaSetDevice(current);
   if (!st.ok()) return st;
@@ -580,7 +579,7 @@ absl::Status PeerAllReduceGroup::all_reduce_sum(int rank, void* buf, int64_t cou
       dtype == DType::bf16
           ? gpu::launch_kernel(peer_all_reduce_kernel<uint16_t>, unsigned(blocks), kThreads, s, pdl_, a)
           : gpu::launch_kernel(peer_all_reduce_kernel<float>, unsigned(blocks), kThreads, s, pdl_, a);
-  return gpu_check(err, "peer all-reduce launch");
+  return gpu_status(err, "peer all-reduce launch");
 }
 
 bool PeerAllReduceGroup::push_fits(int64_t rows, int64_t cols) const {
@@ -641,9 +640,9 @@ absl::Status PeerAllReduceGroup::push_add_rmsnorm(int rank, int call, const void
   // SMs a peer's projection needs before it pushes. On GPUs of their own they cannot.
   a.early_dependents = !options_.share_devices;
   const unsigned grid = unsigned(std::min<int64_t>(rows, 65535));
-  return gpu_check(gpu::launch_kernel(push_add_rmsnorm_kernel, grid, gpu::kNormThreads,
-                                      static_cast<cudaStream_t>(stream), pdl_, a),
-                   "pushed all-reduce norm launch");
+  return gpu_status(gpu::launch_kernel(push_add_rmsnorm_kernel, grid, gpu::kNormThreads,
+                                       static_cast<cudaStream_t>(stream), pdl_, a),
+                    "pushed all-reduce norm launch");
 }
 
 bool peer_allreduce_pdl_by_env() {
@@ -785,10 +784,10 @@ absl::Status SharedGpuCommunicator::all_gather(const void* send, void* recv, int
   for (int r = 0; r < size(); ++r) {
     char* slice = out + size_t(r) * bytes;
     if (r != rank_) {
-      KVFUSE_RETURN_IF_ERROR(gpu_check(cudaMemsetAsync(slice, 0, bytes, s), "cudaMemsetAsync"));
+      KVFUSE_RETURN_IF_ERROR(gpu_status(cudaMemsetAsync(slice, 0, bytes, s), "cudaMemsetAsync"));
     } else if (slice != send) {
       KVFUSE_RETURN_IF_ERROR(
-          gpu_check(cudaMemcpyAsync(slice, send, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync"));
+          gpu_status(cudaMemcpyAsync(slice, send, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync"));
     }
   }
   // The copies above are issued before the host wait, like everything else before a collective.
@@ -802,7 +801,7 @@ absl::Status SharedGpuCommunicator::broadcast(void*, int64_t, int) {
 
 absl::Status SharedGpuCommunicator::barrier() {
   KVFUSE_RETURN_IF_ERROR(
-      gpu_check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize"));
+      gpu_status(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)), "cudaStreamSynchronize"));
   KVFUSE_RETURN_IF_ERROR(host_->barrier());
   return group_->status();
 }

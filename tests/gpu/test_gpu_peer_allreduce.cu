@@ -45,6 +45,7 @@
 #include "kernels/gemm/gemv.cuh"
 #include "kernels/ops/model_ops.cuh"
 #include "kernels/parallel/tp_push.cuh"
+#include "src/backends/gpu/gpu_status.h"
 #include "src/common/status_macros.h"
 #include "src/parallel/cpu_communicator.h"
 #include "src/parallel/nccl_communicator.h"
@@ -178,10 +179,7 @@ class Allocated {
   bool arrived_ = false;
 };
 
-absl::Status gpu_ok(cudaError_t err, const char* what) {
-  return err == cudaSuccess ? absl::OkStatus() : absl::InternalError(gpu::error_message(err, what));
-}
-#define GPU_OK(expr) KVFUSE_RETURN_IF_ERROR(gpu_ok((expr), #expr))
+#define GPU_OK(expr) KVFUSE_RETURN_IF_ERROR(gpu_status((expr), #expr))
 
 // One all-reduce of the test: `count` elements of `dtype` at byte offset `offset` of the
 // rank's allocation (0: 16-byte aligned; one element: not), the inputs of every rank.
@@ -479,7 +477,7 @@ TEST_CASE("pushed partial sums: the bits of the projection, all-reduce and add_r
     // Per shape: a, wt, w, then x and h of the pushed chain, x and h of the reference.
     std::vector<std::array<uint16_t*, 7>> mem(shapes.size());
     auto upload = [&](uint16_t* dst, const std::vector<uint16_t>& v) {
-      return gpu_ok(cudaMemcpy(dst, v.data(), v.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+      return gpu_status(cudaMemcpy(dst, v.data(), v.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
     };
     for (size_t i = 0; i < shapes.size(); ++i) {
       const Shape& sh = shapes[i];

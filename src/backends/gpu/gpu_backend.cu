@@ -32,29 +32,17 @@
 #include "src/backends/cpu/cpu_backend.h"
 #include "src/backends/gemm_cache.h"
 #include "src/backends/gpu/blaslt.h"
+#include "src/backends/gpu/gpu_status.h"
 #include "src/common/status_macros.h"
 
 namespace kvfuse {
 namespace {
-
-// A vendor call's or a launcher's result as a status. A launcher that refused its
-// arguments says why (the whole tuple): that is an invalid argument, with its message;
-// anything else is an internal error in gpu::error_message's words.
-absl::Status cuda_status(const gpu::LaunchStatus& st, const char* what) {
-  if (st.ok()) return absl::OkStatus();
-  if (!st.message().empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", st.message()));
-  return absl::InternalError(gpu::error_message(st.code(), what));
-}
 
 absl::Status blas_status(blasStatus_t st, const char* what) {
   if (st == BLAS_STATUS_SUCCESS) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(KVFUSE_BLASLT_NAME, " error ", int(st), " in ", what));
 }
 
-#define KVFUSE_CUDA(expr)                                             \
-  do {                                                                \
-    if (auto _st = cuda_status((expr), #expr); !_st.ok()) return _st; \
-  } while (0)
 #define KVFUSE_BLAS(expr)                                             \
   do {                                                                \
     if (auto _st = blas_status((expr), #expr); !_st.ok()) return _st; \
@@ -212,18 +200,18 @@ class GpuBackend final : public Backend {
 
   absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
                          bf16_t* out) override {
-    return cuda_status(gpu::launch_embedding(ids, n, table, hidden, out, stream_, ops_pdl_), "embedding");
+    return gpu_status(gpu::launch_embedding(ids, n, table, hidden, out, stream_, ops_pdl_), "embedding");
   }
   absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                        bf16_t* out) override {
-    return cuda_status(gpu::launch_rmsnorm(x, w, rows, cols, eps, out, stream_, ops_pdl_), "rmsnorm");
+    return gpu_status(gpu::launch_rmsnorm(x, w, rows, cols, eps, out, stream_, ops_pdl_), "rmsnorm");
   }
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
     if (!w.bias.get()) return gemm(x, m, w, out, BLAS_R_16BF);
     // With a bias the GEMM result stays fp32 until the bias is in: one bf16 rounding.
     KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(m * w.n) * sizeof(float), "linear: fp32"));
     KVFUSE_RETURN_IF_ERROR(gemm(x, m, w, gemm_f32_.get(), BLAS_R_32F));
-    return cuda_status(
+    return gpu_status(
         gpu::launch_bias_round(gemm_f32_.as<float>(), w.bias.as<float>(), m, w.n, out, stream_, ops_pdl_),
         "bias_round");
   }
@@ -242,23 +230,24 @@ class GpuBackend final : public Backend {
       auto plan = gemm_plan(x, m, w, out, BLAS_R_16BF);
       if (!plan.ok()) return plan.status();
       if ((*plan)->gemv >= 0) {
-        return cuda_status(gpu::launch_gemv_push_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, push, stream_,
-                                                      ops_pdl_, (*plan)->gemv, gemv_stream_, gemv_push_staged_),
-                           "gemv push");
+        return gpu_status(
+            gpu::launch_gemv_push_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, push, stream_, ops_pdl_,
+                                       (*plan)->gemv, gemv_stream_, gemv_push_staged_),
+            "gemv push");
       }
     }
     KVFUSE_RETURN_IF_ERROR(linear(x, m, w, out));
-    return cuda_status(gpu::launch_push_copy(out, m * w.n, push, stream_, ops_pdl_), "push_copy");
+    return gpu_status(gpu::launch_push_copy(out, m * w.n, push, stream_, ops_pdl_), "push_copy");
   }
   absl::Status rope(bf16_t* q, int64_t q_stride, int32_t q_heads, bf16_t* k, int64_t k_stride,
                     int32_t kv_heads, int32_t head_dim, const int32_t* positions, int64_t n,
                     const float* inv_freq, float attention_scaling) override {
-    return cuda_status(gpu::launch_rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions,
-                                             n, inv_freq, attention_scaling, stream_, ops_pdl_),
-                       "rope");
+    return gpu_status(gpu::launch_rope_neox(q, q_stride, q_heads, k, k_stride, kv_heads, head_dim, positions,
+                                            n, inv_freq, attention_scaling, stream_, ops_pdl_),
+                      "rope");
   }
   absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
-    return cuda_status(gpu::launch_silu_mul(gate_up, n, inter, out, stream_, ops_pdl_), "silu_mul");
+    return gpu_status(gpu::launch_silu_mul(gate_up, n, inter, out, stream_, ops_pdl_), "silu_mul");
   }
   // At the sizes where the tuner picked kvfuse's GEMV for gate/up, the GEMV writes act
   // from its epilogue (no silu_mul launch, no gate_up rows); elsewhere linear, then
@@ -271,39 +260,40 @@ class GpuBackend final : public Backend {
       auto plan = gemm_plan(x, m, w, gate_up, BLAS_R_16BF);
       if (!plan.ok()) return plan.status();
       if ((*plan)->gemv >= 0) {
-        return cuda_status(gpu::launch_gemv_silu_mul_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, act, stream_,
-                                                          ops_pdl_, (*plan)->gemv, gemv_stream_),
-                           "gemv silu_mul");
+        return gpu_status(gpu::launch_gemv_silu_mul_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, act, stream_,
+                                                         ops_pdl_, (*plan)->gemv, gemv_stream_),
+                          "gemv silu_mul");
       }
     }
     return Backend::linear_silu_mul(x, m, w, inter, gate_up, act);
   }
   absl::Status add_rmsnorm(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                            bf16_t* out) override {
-    return cuda_status(gpu::launch_add_rmsnorm(x, y, w, rows, cols, eps, out, stream_, ops_pdl_), "add_rmsnorm");
+    return gpu_status(gpu::launch_add_rmsnorm(x, y, w, rows, cols, eps, out, stream_, ops_pdl_),
+                      "add_rmsnorm");
   }
   absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) override {
-    return cuda_status(gpu::launch_residual_add(x, y, count, stream_, ops_pdl_), "residual_add");
+    return gpu_status(gpu::launch_residual_add(x, y, count, stream_, ops_pdl_), "residual_add");
   }
   absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
                            bf16_t* out) override {
-    return cuda_status(gpu::launch_gather_rows(x, cols, rows, n, out, stream_, ops_pdl_), "gather_rows");
+    return gpu_status(gpu::launch_gather_rows(x, cols, rows, n, out, stream_, ops_pdl_), "gather_rows");
   }
 
   absl::Status kv_write(const KvWriteArgs& args, KvWritePath path) override {
     if (path == KvWritePath::fused) {
-      return cuda_status(gpu::launch_kv_write_fused(args, stream_, kv_launch_), "kv_write_fused");
+      return gpu_status(gpu::launch_kv_write_fused(args, stream_, kv_launch_), "kv_write_fused");
     }
     if (path != KvWritePath::unfused) {
       return absl::InvalidArgumentError("kv_write: the fused_rope path runs through kv_write_rope");
     }
     KVFUSE_RETURN_IF_ERROR(reserve_scratch(
         kv_scratch_, gpu::kv_write_scratch_bytes(args.num_tokens, args.cache.row_elems()), "kv_write: unfused"));
-    return cuda_status(gpu::launch_kv_write_unfused(args, kv_scratch_.get(), stream_, kv_launch_),
-                       "kv_write_unfused");
+    return gpu_status(gpu::launch_kv_write_unfused(args, kv_scratch_.get(), stream_, kv_launch_),
+                      "kv_write_unfused");
   }
   absl::Status kv_write_rope(const KvWriteRopeArgs& args) override {
-    return cuda_status(gpu::launch_kv_write_rope(args, stream_, kv_launch_), "kv_write_rope");
+    return gpu_status(gpu::launch_kv_write_rope(args, stream_, kv_launch_), "kv_write_rope");
   }
   absl::Status reserve_kv_write(int64_t max_tokens, int64_t row_elems) override {
     return reserve_scratch(kv_scratch_, gpu::kv_write_scratch_bytes(max_tokens, row_elems), "kv_write: unfused",
@@ -343,8 +333,8 @@ class GpuBackend final : public Backend {
         decode_only &&
         int64_t(gpu::attention_split_partition(args, min_keys, attn_launch_)) < int64_t(args.batch.max_context_len);
     if (path == AttentionPath::unified && !small_decode) {
-      return cuda_status(gpu::launch_attention_unified(args, stream_, attn_launch_, rope),
-                         "attention_unified");
+      return gpu_status(gpu::launch_attention_unified(args, stream_, attn_launch_, rope),
+                        "attention_unified");
     }
     const size_t partials = gpu::attention_split_scratch_bytes(args, min_keys, attn_launch_);
     KVFUSE_RETURN_IF_ERROR(reserve_scratch(split_scratch_, partials, "attention: split"));
@@ -357,25 +347,27 @@ class GpuBackend final : public Backend {
                                              "attention: split merge counters", /*slack=*/2, /*zero=*/true));
       counters = split_counters_.as<int32_t>();
     }
-    return cuda_status(gpu::launch_attention_split(args, split_scratch_.get(), min_keys, stream_,
-                                                   attn_launch_, counters, rope),
-                       "attention_split");
+    return gpu_status(gpu::launch_attention_split(args, split_scratch_.get(), min_keys, stream_, attn_launch_,
+                                                  counters, rope),
+                      "attention_split");
   }
   absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
                            int32_t* finite) override {
-    return cuda_status(gpu::launch_argmax_rows(logits, rows, vocab, tokens, finite, stream_, ops_pdl_), "argmax_rows");
+    return gpu_status(gpu::launch_argmax_rows(logits, rows, vocab, tokens, finite, stream_, ops_pdl_),
+                      "argmax_rows");
   }
 
   absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
                            int32_t* tokens) override {
-    return cuda_status(gpu::launch_sample_rows(logits, rows, vocab, params, tokens, stream_), "sample_rows");
+    return gpu_status(gpu::launch_sample_rows(logits, rows, vocab, params, tokens, stream_), "sample_rows");
   }
 
   absl::Status logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
                              const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
                              LogprobOut* out) override {
-    return cuda_status(gpu::launch_logprobs_rows(logits, rows, vocab, req, greedy, sampled, params, out, stream_),
-                       "logprobs_rows");
+    return gpu_status(
+        gpu::launch_logprobs_rows(logits, rows, vocab, req, greedy, sampled, params, out, stream_),
+        "logprobs_rows");
   }
 
   // KVFUSE_GEMM_TUNE_WHILE_SERVING=1 keeps timing new shapes (the behaviour before the
@@ -901,12 +893,12 @@ class GpuBackend final : public Backend {
     if (!plan.ok()) return plan.status();
     GemmPlan& p = **plan;
     if (p.gemv >= 0 && gemv_usable(x, m, w, out)) {
-      return cuda_status(gpu::launch_gemv_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, out_type == BLAS_R_32F,
-                                               stream_, ops_pdl_, p.gemv, gemv_stream_),
-                         "gemv");
+      return gpu_status(gpu::launch_gemv_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, out_type == BLAS_R_32F,
+                                              stream_, ops_pdl_, p.gemv, gemv_stream_),
+                        "gemv");
     }
     if (p.skinny >= 0 && skinny_usable(x, m, w, out, p.skinny)) {
-      return cuda_status(
+      return gpu_status(
           gpu::launch_gemm_skinny_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, out, out_type == BLAS_R_32F, stream_,
                                        ops_pdl_, p.skinny, skinny_early_weights()),
           "skinny gemm");
