@@ -48,6 +48,7 @@
 #include "kernels/gemm/gemv.cuh"
 #include "kernels/ops/model_ops.cuh"
 #include "kernels/parallel/tp_push.cuh"
+#include "src/loading/env_switches.h"
 #include "src/parallel/nccl_communicator.h"
 #include "src/parallel/peer_allreduce.h"
 
@@ -170,8 +171,7 @@ int run_shared(const Args& args) {
 // --layers: the reduction inside a layer, three ways (see the top of the file).
 int run_layers(const Args& args, int visible) {
   const bool shared = args.share_gpu;
-  const char* unstaged = std::getenv("KVFUSE_GEMV_PUSH_STAGED");
-  const bool staged = unstaged == nullptr || std::strcmp(unstaged, "0") != 0;
+  const bool staged = env_flag("KVFUSE_GEMV_PUSH_STAGED");
   const int n = args.gpus > 0 ? args.gpus : (shared ? 2 : visible);
   if (!shared && (n < 2 || n > visible)) {
     std::printf("SKIP %s --layers: needs %d GPUs (at least 2), %d visible\n", kProgram, std::max(n, 2),

@@ -11,9 +11,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "src/loading/env_switches.h"
 
 namespace kvfuse {
 
@@ -78,7 +80,7 @@ struct FileLock {
 }  // namespace
 
 std::string GemmAlgoCache::default_path() {
-  if (const char* p = std::getenv("KVFUSE_GEMM_CACHE"); p != nullptr) return p;
+  if (const std::optional<std::string> p = env_raw("KVFUSE_GEMM_CACHE")) return *p;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
     return absl::StrCat(x, "/kvfuse/gemm-algos.json");
   }

@@ -7,6 +7,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -14,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "src/loading/env_switches.h"
 #include "src/parallel/socket_io.h"
 
 namespace kvfuse::nccl {
@@ -47,7 +50,8 @@ std::vector<std::string> NcclLibrary::candidates() {
 #else
   constexpr bool kRccl = false;
 #endif
-  return library_candidates(std::getenv("KVFUSE_NCCL_LIBRARY"), std::getenv("ROCM_PATH"), kRccl);
+  const std::optional<std::string> library = env_value("KVFUSE_NCCL_LIBRARY");
+  return library_candidates(library ? library->c_str() : nullptr, std::getenv("ROCM_PATH"), kRccl);
 }
 
 absl::StatusOr<const NcclLibrary*> NcclLibrary::load() { return load_first(candidates()); }

@@ -1,7 +1,6 @@
 #include "src/parallel/peer_allreduce.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 // kernels/common/gpu.h first: under HIP it brings the device memcpy that kernels/common/bf16.h uses.
@@ -13,6 +12,7 @@
 #include "kernels/parallel/tp_push.cuh"
 #include "src/backends/gpu/gpu_status.h"
 #include "src/common/status_macros.h"
+#include "src/loading/env_switches.h"
 
 namespace kvfuse {
 
@@ -645,23 +645,15 @@ absl::Status PeerAllReduceGroup::push_add_rmsnorm(int rank, int call, const void
                     "pushed all-reduce norm launch");
 }
 
+// Both off at "0", "off" or "false" (src/loading/env_switches.h: FlagOff::zero_off_false).
 bool peer_allreduce_pdl_by_env() {
-  static const bool pdl = [] {
-    for (const char* name : {"KVFUSE_PEER_PDL", "KVFUSE_PDL_OPS"}) {
-      const char* v = std::getenv(name);
-      if (v != nullptr && (!std::strcmp(v, "0") || !std::strcmp(v, "off") || !std::strcmp(v, "false")))
-        return false;
-    }
-    return true;
-  }();
+  static const bool pdl = env_flag("KVFUSE_PEER_PDL", FlagOff::zero_off_false) &&
+                          env_flag("KVFUSE_PDL_OPS", FlagOff::zero_off_false);
   return pdl;
 }
 
 bool peer_allreduce_disabled_by_env() {
-  static const bool disabled = [] {
-    const char* v = std::getenv("KVFUSE_PEER_ALLREDUCE");
-    return v != nullptr && (!std::strcmp(v, "0") || !std::strcmp(v, "off") || !std::strcmp(v, "false"));
-  }();
+  static const bool disabled = !env_flag("KVFUSE_PEER_ALLREDUCE", FlagOff::zero_off_false);
   return disabled;
 }
 

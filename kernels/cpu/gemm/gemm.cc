@@ -61,6 +61,8 @@ GemmIsa gemm_widest_isa() {
 }
 
 bool gemm_isa_from_env(GemmIsa& isa, std::string& error) {
+  // A switch of the registry (src/loading/env_switches.h), read with getenv here:
+  // kernels/ never includes src/.
   const char* want = std::getenv("KVFUSE_CPU_GEMM");
   if (want == nullptr || *want == '\0') {
     isa = gemm_widest_isa();

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -34,6 +35,7 @@
 #include "src/backends/gpu/blaslt.h"
 #include "src/backends/gpu/gpu_status.h"
 #include "src/common/status_macros.h"
+#include "src/loading/env_switches.h"
 
 namespace kvfuse {
 namespace {
@@ -116,7 +118,7 @@ class GpuBackend final : public Backend {
     // KVFUSE_PINNED_HOST=0: ordinary memory instead (an A/B of the staging copy: the
     // runtime may carry a small pageable copy inside its command stream, where a pinned
     // one takes the copy engine).
-    if (!env_flag("KVFUSE_PINNED_HOST", true)) return Backend::alloc_host(bytes);
+    if (!env_flag("KVFUSE_PINNED_HOST")) return Backend::alloc_host(bytes);
     KVFUSE_RETURN_IF_ERROR(bind_if_needed());
     void* p = nullptr;
     const cudaError_t err = cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable);
@@ -254,7 +256,7 @@ class GpuBackend final : public Backend {
   // silu_mul. KVFUSE_GEMV_SILU=0 keeps the two launches (the A/B).
   absl::Status linear_silu_mul(const bf16_t* x, int64_t m, const LinearWeight& w, int64_t inter, bf16_t* gate_up,
                                bf16_t* act) override {
-    static const bool fuse = env_flag("KVFUSE_GEMV_SILU", true);
+    static const bool fuse = env_flag("KVFUSE_GEMV_SILU");
     if (fuse && m > 0 && !w.bias.get() && w.n == 2 * inter && gemv_usable(x, m, w, gate_up) &&
         gpu::gemv_unsupported(x, m, w.w.get(), w.n, w.k, act).empty()) {
       auto plan = gemm_plan(x, m, w, gate_up, BLAS_R_16BF);
@@ -373,7 +375,7 @@ class GpuBackend final : public Backend {
   // KVFUSE_GEMM_TUNE_WHILE_SERVING=1 keeps timing new shapes (the behaviour before the
   // server ended tuning after its warm-up), for A/B runs.
   bool end_gemm_tuning() override {
-    static const bool keep = env_flag("KVFUSE_GEMM_TUNE_WHILE_SERVING", false);
+    static const bool keep = env_flag("KVFUSE_GEMM_TUNE_WHILE_SERVING");
     if (!keep) tuning_ended_.store(true, std::memory_order_relaxed);
     return !keep;
   }
@@ -448,25 +450,25 @@ class GpuBackend final : public Backend {
     kv_launch_.pdl = prop.major >= 9;
     // The other kernels of a step too (each waits for the kernel before it in-kernel);
     // KVFUSE_PDL_OPS=0 leaves them as plain launches, for the A/B.
-    ops_pdl_ = kv_launch_.pdl && env_flag("KVFUSE_PDL_OPS", true);
+    ops_pdl_ = kv_launch_.pdl && env_flag("KVFUSE_PDL_OPS");
     attn_launch_.pdl = ops_pdl_;
     // KVFUSE_ATTN_MERGE_KERNEL=1: the split path's merge as a kernel of its own (the A/B).
-    merge_kernel_ = env_flag("KVFUSE_ATTN_MERGE_KERNEL", false);
+    merge_kernel_ = env_flag("KVFUSE_ATTN_MERGE_KERNEL");
     // KVFUSE_GEMV_STREAM=0: the GEMV loads its weights as it loads x (through L1), the A/B
     // of its streaming loads.
-    gemv_stream_ = env_flag("KVFUSE_GEMV_STREAM", true);
-    gemv_push_staged_ = env_flag("KVFUSE_GEMV_PUSH_STAGED", true);
+    gemv_stream_ = env_flag("KVFUSE_GEMV_STREAM");
+    gemv_push_staged_ = env_flag("KVFUSE_GEMV_PUSH_STAGED");
     // KVFUSE_ROPE_IN_ATTENTION=0: fused_rope's write as a kernel of its own before
     // attention at every step (the A/B of taking it into attention).
-    rope_in_attention_ = env_flag("KVFUSE_ROPE_IN_ATTENTION", true);
+    rope_in_attention_ = env_flag("KVFUSE_ROPE_IN_ATTENTION");
     description_ = absl::StrFormat("cuda %s (sm_%d%d, %.0f GiB)", prop.name, prop.major, prop.minor,
                                    double(prop.totalGlobalMem) / (1 << 30));
 #endif
-    if (const char* v = std::getenv("KVFUSE_SPLIT_MIN_KEYS"); v != nullptr && *v != '\0') {
+    if (const std::optional<std::string> v = env_value("KVFUSE_SPLIT_MIN_KEYS")) {
       int32_t keys = 0;
-      if (!absl::SimpleAtoi(v, &keys) || keys < 16 || keys > 65536 || keys % 16 != 0) {
+      if (!absl::SimpleAtoi(*v, &keys) || keys < 16 || keys > 65536 || keys % 16 != 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat("KVFUSE_SPLIT_MIN_KEYS=", v, ": a multiple of 16 from 16 to 65536 expected"));
+            absl::StrCat("KVFUSE_SPLIT_MIN_KEYS=", *v, ": a multiple of 16 from 16 to 65536 expected"));
       }
       split_min_keys_decode_ = keys;
     }
@@ -533,8 +535,7 @@ class GpuBackend final : public Backend {
   static constexpr size_t kL2FlushBytes = size_t(512) << 20;
   enum class TuneMode { off, graph, isolated };
   static TuneMode tune_mode() {
-    const char* v = std::getenv("KVFUSE_GEMM_TUNE");
-    const std::string s = v == nullptr ? "" : v;
+    const std::string s = env_value("KVFUSE_GEMM_TUNE").value_or(env_default("KVFUSE_GEMM_TUNE"));
     if (s == "0" || s == "off") return TuneMode::off;
     if (s == "isolated") return TuneMode::isolated;
     return TuneMode::graph;
@@ -555,10 +556,6 @@ class GpuBackend final : public Backend {
   static GemmAlgoCache& algo_cache() {
     static auto* c = new GemmAlgoCache(GemmAlgoCache::default_path());
     return *c;
-  }
-  static bool env_flag(const char* name, bool dflt) {
-    const char* v = std::getenv(name);
-    return v == nullptr || *v == '\0' ? dflt : std::string(v) != "0";
   }
   // Choices made with the skinny GEMM among the candidates are kept apart from those made
   // without it (KVFUSE_GEMM_SKINNY=0, m above KVFUSE_GEMM_SKINNY_ROWS, or a file written
@@ -674,7 +671,7 @@ class GpuBackend final : public Backend {
 
   // kvfuse's GEMV may run this call (it is a candidate and the operands suit it).
   static bool gemv_enabled() {
-    static const bool on = env_flag("KVFUSE_GEMV", true);  // read once: gemm() asks on every call
+    static const bool on = env_flag("KVFUSE_GEMV");  // read once: gemm() asks on every call
     return on;
   }
   static bool gemv_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out) {
@@ -685,13 +682,13 @@ class GpuBackend final : public Backend {
   // its calls won in the tuner's graphs and the llama3-8b step still lost 1-2% at batch 32
   // on an H200, attention before it slower by about 3.5 us a layer (bench/journal/2026-12-02.md).
   static bool skinny_enabled() {
-    static const bool on = env_flag("KVFUSE_GEMM_SKINNY", true);
+    static const bool on = env_flag("KVFUSE_GEMM_SKINNY");
     return on;
   }
   static int64_t skinny_rows() {
     static const int64_t rows = [] {
-      const char* v = std::getenv("KVFUSE_GEMM_SKINNY_ROWS");
-      const long long r = v == nullptr || *v == '\0' ? 16 : std::atoll(v);
+      const std::optional<std::string> v = env_value("KVFUSE_GEMM_SKINNY_ROWS");
+      const long long r = std::atoll(v ? v->c_str() : env_default("KVFUSE_GEMM_SKINNY_ROWS"));
       return int64_t(std::clamp<long long>(r, 0, gpu::kSkinnyMaxRows));
     }();
     return rows;
@@ -699,7 +696,7 @@ class GpuBackend final : public Backend {
   // Whether its first weights are read before the kernel in front of it has finished
   // (KVFUSE_GEMM_SKINNY_EARLY=0: after).
   static bool skinny_early_weights() {
-    static const bool on = env_flag("KVFUSE_GEMM_SKINNY_EARLY", true);
+    static const bool on = env_flag("KVFUSE_GEMM_SKINNY_EARLY");
     return on;
   }
   static bool skinny_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out, int variant) {
@@ -812,7 +809,7 @@ class GpuBackend final : public Backend {
       for (int v = 0; mode == TuneMode::graph && v < gpu::kSkinnyVariants; ++v) {
         if (!skinny_usable(x, m, w, out, v)) continue;
         const float t_ms = time_skinny_in_graph(x, m, w, out, out_type == BLAS_R_32F, v, weights, e0, e1);
-        if (env_flag("KVFUSE_GEMM_TUNE_LOG", false)) {
+        if (env_flag("KVFUSE_GEMM_TUNE_LOG")) {
           std::fprintf(
               stderr,
               "kvfuse gemm tune %lldx%lldx%lld: kvfuse skinny variant %d (%d splits, %d rows) %.4f ms\n",
@@ -839,7 +836,7 @@ class GpuBackend final : public Backend {
       } else if (faster(skinny_ms, lib_ms)) {
         plan->skinny = skinny_best;
       }
-      if (env_flag("KVFUSE_GEMM_TUNE_LOG", false)) {
+      if (env_flag("KVFUSE_GEMM_TUNE_LOG")) {
         std::fprintf(stderr,
                      "kvfuse gemm tune (%s) %lldx%lldx%lld %s: %d candidates, heuristic first %.4f ms, best #%d "
                      "%.4f ms, kvfuse gemv %.4f ms (variant %d), kvfuse skinny %.4f ms (variant %d): %s\n",
