@@ -1,8 +1,8 @@
 // Decode-sized matrix products on the GPU (CUDA and HIP from one source): out[m, n] =
 // x[m, k] . w[n, k]^T for m <= kGemvMaxRows, bf16 operands, fp32 accumulation, the output
-// rounded to bf16 once (or kept in fp32). The GPU backend offers it to its GEMM tuner as
-// one more candidate beside the BLAS-Lt library's (src/backends/gpu/gpu_backend.cu), so it
-// runs only for the shapes where it measured faster; the CPU reference is the same math
+// rounded to bf16 once (or kept in fp32). The GPU backend's GEMM tuner offers it as one
+// more candidate beside the BLAS-Lt library's (src/backends/gpu/gemm/gemm_planner.cu), so
+// it runs only for the shapes where it measured faster; the CPU reference is the same math
 // (kernels/cpu/gemm/gemm.h) in another summation order.
 //
 // Memory bound at these sizes: each warp streams a few rows of w with 16-byte loads, each

@@ -1,5 +1,5 @@
-// The BLAS-Lt names the GPU backend uses: cuBLASLt on NVIDIA, hipBLASLt on AMD (same
-// API shape, different prefixes). Only what gpu_backend.cc calls.
+// The BLAS-Lt names the GEMM planner uses: cuBLASLt on NVIDIA, hipBLASLt on AMD (same
+// API shape, different prefixes). Only what src/backends/gpu/gemm/ calls.
 #pragma once
 
 #if defined(KVFUSE_HIP)
