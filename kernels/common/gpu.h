@@ -221,7 +221,7 @@ auto with_pdl(bool pdl, F&& f) {
   }
 }
 
-// Signalling between the GPUs of one process (src/parallel/peer_allreduce.cu): a store
+// Signalling between the GPUs of one process (kernels/parallel/peer_allreduce.cu): a store
 // with release semantics at system scope (everything this thread's block wrote before a
 // __syncthreads() is visible to whoever reads the value), a relaxed load at system scope
 // to poll with, and the acquire fence that follows a poll which saw the value. 64-bit

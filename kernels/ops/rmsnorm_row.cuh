@@ -1,6 +1,6 @@
 // The RMSNorm's row on the GPU's 16-byte path, shared by the model's norm kernels
 // (kernels/ops/model_ops.cu) and the tensor-parallel norm that sums pushed partials first
-// (src/parallel/peer_allreduce.cu), so that both compute the same bits from the same
+// (kernels/parallel/peer_allreduce.cu), so that both compute the same bits from the same
 // inputs. Device code only; include after kernels/common/gpu.h.
 #pragma once
 

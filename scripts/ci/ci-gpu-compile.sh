@@ -35,7 +35,7 @@ else
   say "CUDA: $("$nvcc" --version | tail -2 | head -1)"
   for arch in sm_90a sm_80; do
     for src in "${sources[@]}"; do
-      obj="$out/$(basename "$src" .cu).$arch.o"
+      obj="$out/$(tr / _ <<<"${src%.cu}").$arch.o"  # by path: kernels/ and src/ share file names
       if ! "$nvcc" "${common[@]}" -arch="$arch" -Xcompiler=-Wall,-Wextra,-Werror --Werror all-warnings \
         -c "$src" -o "$obj" 2>"$obj.log"; then
         cat "$obj.log"

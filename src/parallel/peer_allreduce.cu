@@ -3,12 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
-// kernels/common/gpu.h first: under HIP it brings the device memcpy that kernels/common/bf16.h uses.
 #include "kernels/common/gpu.h"
 
 #include "absl/strings/str_cat.h"
-#include "kernels/common/bf16.h"
-#include "kernels/ops/rmsnorm_row.cuh"
+#include "kernels/parallel/peer_allreduce.cuh"
 #include "kernels/parallel/tp_push.cuh"
 #include "src/backends/gpu/gpu_status.h"
 #include "src/common/status_macros.h"
@@ -18,285 +16,9 @@ namespace kvfuse {
 
 namespace {
 
-constexpr int kMaxRanks = PeerAllReduceGroup::kMaxRanks;
 constexpr int kThreads = PeerAllReduceGroup::kBlockThreads;
-constexpr int64_t kVecBytes = 16;
-// A block moves kThreads 16-byte vectors per pass: the grid gets one block per pass of
-// the message, up to kMaxBlocks (2 MiB then takes 4 passes per block).
-constexpr int64_t kPassBytes = kThreads * kVecBytes;
-// A waiting thread reads the abort word and the clock once per this many polls of its flag:
-// the abort word is host memory (a PCIe read), and a peer that is on time answers sooner.
-constexpr uint32_t kPollsPerCheck = 256;
+constexpr int64_t kVecBytes = kPeerVecBytes;
 
-// The call's view of the group, by value (graph replays reuse it; the counters it points
-// to advance on the device).
-struct KernelArgs {
-  void* buf;
-  int64_t count;
-  int64_t chunk;  // elements per block, whole 16-byte vectors; the last block may get fewer
-  const void* staging[kMaxRanks][2];  // [rank][parity]
-  uint64_t* flags[kMaxRanks];         // every rank's [kMaxBlocks][kMaxRanks]
-  uint64_t* calls;                    // this rank's call count, a copy per block index
-  PeerAllReduceGroup::HostSignals* host;
-  uint64_t timeout_ticks;
-  int rank;
-  int ranks;
-  bool vectors;  // buf is 16-byte aligned
-};
-
-// bf16 (as raw bits) or f32 elements: widened exactly, rounded once (kernels/common/bf16.h, the
-// CPU communicator's conversion).
-template <class T>
-struct Elem;
-template <>
-struct Elem<uint16_t> {
-  static KVFUSE_DEVICE float widen(uint16_t x) { return bf16_to_f32(x); }
-  static KVFUSE_DEVICE uint16_t narrow(float x) { return f32_to_bf16(x); }
-};
-template <>
-struct Elem<float> {
-  static KVFUSE_DEVICE float widen(float x) { return x; }
-  static KVFUSE_DEVICE float narrow(float x) { return x; }
-};
-
-template <class T>
-struct Vec {
-  static constexpr int kN = int(kVecBytes / sizeof(T));
-  T e[kN];
-};
-
-// Plain loads, not the read-only path: peers' staging is written while this kernel runs.
-template <class T>
-KVFUSE_DEVICE Vec<T> load_vec(const T* p) {
-  return __builtin_bit_cast(Vec<T>, *reinterpret_cast<const uint4*>(p));
-}
-
-// Elements [begin, end) of this rank's input into its staging buffer.
-template <class T>
-KVFUSE_DEVICE void copy_in(const KernelArgs& a, T* staging, int64_t begin, int64_t end) {
-  const T* in = static_cast<const T*>(a.buf);
-  constexpr int kN = Vec<T>::kN;
-  int64_t scalar_from = begin;
-  if (a.vectors) {
-    scalar_from = begin + (end - begin) / kN * kN;
-    for (int64_t i = begin + int64_t(threadIdx.x) * kN; i < scalar_from; i += int64_t(kThreads) * kN) {
-      gpu::store_16B(staging + i, *reinterpret_cast<const uint4*>(in + i));
-    }
-  }
-  for (int64_t i = scalar_from + threadIdx.x; i < end; i += kThreads) staging[i] = in[i];
-}
-
-// Elements [begin, end) of the sum over ranks, in rank order, written over the input.
-// This rank's addend is read from its input (the same values as its staging copy).
-template <class T>
-KVFUSE_DEVICE void reduce(const KernelArgs& a, int parity, int64_t begin, int64_t end) {
-  T* out = static_cast<T*>(a.buf);
-  const T* src[kMaxRanks];
-#pragma unroll
-  for (int q = 0; q < kMaxRanks; ++q) {
-    src[q] = q == a.rank ? out : static_cast<const T*>(a.staging[q < a.ranks ? q : 0][parity]);
-  }
-  constexpr int kN = Vec<T>::kN;
-  int64_t scalar_from = begin;
-  if (a.vectors) {
-    scalar_from = begin + (end - begin) / kN * kN;
-    for (int64_t i = begin + int64_t(threadIdx.x) * kN; i < scalar_from; i += int64_t(kThreads) * kN) {
-      Vec<T> x[kMaxRanks];
-#pragma unroll
-      for (int q = 0; q < kMaxRanks; ++q) {
-        if (q < a.ranks) x[q] = load_vec(src[q] + i);  // every load issued before any is used
-      }
-      float acc[kN];
-#pragma unroll
-      for (int j = 0; j < kN; ++j) acc[j] = Elem<T>::widen(x[0].e[j]);  // not 0 + x: keeps -0
-#pragma unroll
-      for (int q = 1; q < kMaxRanks; ++q) {
-        if (q < a.ranks) {
-#pragma unroll
-          for (int j = 0; j < kN; ++j) acc[j] += Elem<T>::widen(x[q].e[j]);
-        }
-      }
-      Vec<T> y;
-#pragma unroll
-      for (int j = 0; j < kN; ++j) y.e[j] = Elem<T>::narrow(acc[j]);
-      gpu::store_16B(out + i, __builtin_bit_cast(uint4, y));
-    }
-  }
-  for (int64_t i = scalar_from + threadIdx.x; i < end; i += kThreads) {
-    float acc = Elem<T>::widen(src[0][i]);
-#pragma unroll
-    for (int q = 1; q < kMaxRanks; ++q) {
-      if (q < a.ranks) acc += Elem<T>::widen(src[q][i]);
-    }
-    out[i] = Elem<T>::narrow(acc);
-  }
-}
-
-// Polls `flag` until it reaches `call`. False when the group was aborted or the wait timed
-// out; a timeout is recorded for status() and aborts the group.
-KVFUSE_DEVICE bool wait_for(const KernelArgs& a, const uint64_t* flag, uint64_t call, int peer) {
-  if (gpu::load_relaxed_system(flag) >= call) return true;
-  const uint64_t t0 = gpu::wall_clock();
-  for (uint32_t polls = 1;; ++polls) {
-    if (gpu::load_relaxed_system(flag) >= call) return true;
-    if (polls % kPollsPerCheck != 0) continue;
-    if (gpu::load_relaxed_system(&a.host->abort) != 0) return false;
-    if (gpu::wall_clock() - t0 > a.timeout_ticks) {
-      PeerAllReduceGroup::HostSignals::Timeout& t = a.host->timeouts[a.rank];
-      gpu::store_release_system(&t.peer, uint64_t(peer));
-      gpu::store_release_system(&t.call, call);
-      gpu::store_release_system(&t.timed_out, 1);
-      gpu::store_release_system(&a.host->abort, 2);
-      return false;
-    }
-  }
-}
-
-// One call on one rank; block b owns elements [b * chunk, (b + 1) * chunk). The protocol
-// and why it is safe: src/parallel/peer_allreduce.h. Nothing is touched before the
-// programmatic-launch wait, so everything before it in the stream (the input, and this
-// rank's previous call) has completed whether it was launched as a dependent or not.
-template <class T>
-__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1) peer_all_reduce_kernel(KernelArgs a) {
-  gpu::grid_dependency_wait();
-  __shared__ uint64_t call_s;
-  const int b = int(blockIdx.x);
-  // The rank's call number, one copy per block index so that no block waits for another:
-  // block b advances copy b, and block 0 also the copies of the blocks this call does not
-  // launch, so every copy is the number of calls so far and all blocks agree on it (and on
-  // the staging buffer, by its parity). Calls are stream-ordered: no two launches race.
-  if (threadIdx.x == 0) {
-    call_s = a.calls[b] + 1;
-    a.calls[b] = call_s;
-  }
-  if (b == 0) {
-    for (int i = int(gridDim.x) + int(threadIdx.x); i < PeerAllReduceGroup::kMaxBlocks; i += kThreads) ++a.calls[i];
-  }
-  __syncthreads();
-  const uint64_t call = call_s;
-  const int parity = int(call & 1);
-  const int64_t begin = int64_t(b) * a.chunk;
-  const int64_t end = begin + a.chunk < a.count ? begin + a.chunk : a.count;
-  copy_in(a, static_cast<T*>(const_cast<void*>(a.staging[a.rank][parity])), begin, end);
-  __syncthreads();  // the block's staging writes, then (cumulative) release of the flags
-  bool failed = false;
-  if (int(threadIdx.x) < a.ranks) {
-    const int p = int(threadIdx.x);
-    uint64_t* peer_flags = a.flags[0];  // a.flags[p], selected without indexing the parameters
-#pragma unroll
-    for (int q = 1; q < kMaxRanks; ++q) peer_flags = q == p ? a.flags[q] : peer_flags;
-    gpu::store_release_system(peer_flags + b * kMaxRanks + a.rank, call);  // rank p's flags[b][rank]
-    failed = !wait_for(a, a.flags[a.rank] + b * kMaxRanks + p, call, p);
-    if (!failed) gpu::fence_acquire_system();
-  }
-  if (__syncthreads_or(failed)) return;  // aborted: no result
-  gpu::launch_dependents();              // every peer's chunk is in: the next kernel may launch
-  reduce<T>(a, parity, begin, end);
-}
-
-// --- Pushed partial sums (peer_allreduce.h, "Pushed partial sums") -------------------------
-
-struct PushNormArgs {
-  const uint16_t* partial;  // this rank's [rows, cols]
-  uint16_t* x;
-  const uint16_t* w;
-  uint16_t* out;
-  uint16_t* inbox[kMaxRanks];  // this rank's inbox at the call's slot, by source rank (its own unused)
-  int64_t rows;
-  int64_t cols;
-  float eps;
-  PeerAllReduceGroup::HostSignals* host;
-  uint64_t timeout_ticks;
-  int rank;
-  int ranks;
-  int call;
-  bool early_dependents;  // let the next kernel launch before the peers' partials are in
-};
-
-KVFUSE_DEVICE bool has_empty(const uint4& v) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  bool empty = false;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) empty = empty || (w[i] & 0xffffu) == kPushEmpty || (w[i] >> 16) == kPushEmpty;
-  return empty;
-}
-
-// Polls the 16-byte chunk at p until none of its elements is kPushEmpty, its value in v.
-// False when the group was aborted or the wait timed out (recorded, and the group aborted).
-KVFUSE_DEVICE bool wait_chunk(const PushNormArgs& a, const uint16_t* p, int peer, uint4& v) {
-  v = gpu::load_volatile_16B(p);
-  if (!has_empty(v)) return true;
-  const uint64_t t0 = gpu::wall_clock();
-  for (uint32_t polls = 1;; ++polls) {
-    v = gpu::load_volatile_16B(p);
-    if (!has_empty(v)) return true;
-    if (polls % kPollsPerCheck != 0) continue;
-    if (gpu::load_relaxed_system(&a.host->abort) != 0) return false;
-    if (gpu::wall_clock() - t0 > a.timeout_ticks) {
-      PeerAllReduceGroup::HostSignals::Timeout& t = a.host->timeouts[a.rank];
-      gpu::store_release_system(&t.peer, uint64_t(peer));
-      gpu::store_release_system(&t.call, uint64_t(a.call));
-      gpu::store_release_system(&t.timed_out, 1);
-      gpu::store_release_system(&a.host->abort, 2);
-      return false;
-    }
-  }
-}
-
-// One block per row (kNormThreads threads, the norm's vector path). First every thread
-// gathers its chunks of the row's sum: each rank's partial in rank order (its own from
-// `partial`, the others polled from the inbox, which it then resets to kPushEmpty), summed
-// in fp32 and rounded once, as peer_all_reduce_kernel's reduce(); then the row is
-// add_rmsnorm's (rmsnorm_row_vec, the same code as the backend's kernel). A thread whose
-// wait failed goes on with what it read (the group is stopped; the result is undefined).
-__global__ void KVFUSE_LAUNCH_BOUNDS(gpu::kNormThreads, 1) push_add_rmsnorm_kernel(PushNormArgs a) {
-  __shared__ float partial[gpu::kNormThreads / gpu::kWarpSize + 1];
-  uint4 wvec[gpu::kNormVec];
-  gpu::load_norm_weight(a.w, a.cols, wvec);  // the model's weight: before the wait
-  gpu::grid_dependency_wait();               // PDL: this rank's partial comes from the kernel before
-  if (a.early_dependents) gpu::launch_dependents();
-  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
-    const int64_t base = row * a.cols;
-    uint4 sum[gpu::kNormVec];
-#pragma unroll
-    for (int k = 0; k < gpu::kNormVec; ++k) {
-      const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
-      if (c >= a.cols) continue;
-      Vec<uint16_t> v[kMaxRanks];
-#pragma unroll
-      for (int q = 0; q < kMaxRanks; ++q) {
-        if (q >= a.ranks) continue;
-        uint4 got;
-        if (q == a.rank) {
-          got = *reinterpret_cast<const uint4*>(a.partial + base + c);
-        } else {
-          (void)wait_chunk(a, a.inbox[q] + base + c, q, got);
-          gpu::store_16B(a.inbox[q] + base + c,
-                         make_uint4(0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu));
-        }
-        v[q] = __builtin_bit_cast(Vec<uint16_t>, got);
-      }
-      float acc[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] = Elem<uint16_t>::widen(v[0].e[j]);  // not 0 + x: keeps -0
-#pragma unroll
-      for (int q = 1; q < kMaxRanks; ++q) {
-        if (q < a.ranks) {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[j] += Elem<uint16_t>::widen(v[q].e[j]);
-        }
-      }
-      Vec<uint16_t> y;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) y.e[j] = Elem<uint16_t>::narrow(acc[j]);
-      sum[k] = __builtin_bit_cast(uint4, y);
-    }
-    if (!a.early_dependents && row == blockIdx.x) gpu::launch_dependents();  // every peer's part is in
-    gpu::rmsnorm_row_vec<true>(
-        a.x + base, [&](int k, int64_t) { return sum[k]; }, wvec, a.cols, a.eps, a.out + base, partial);
-    __syncthreads();  // partial[] is reused by the next row
-  }
-}
 }  // namespace
 
 // --- PeerAllReduceGroup -----------------------------------------------------------------
@@ -306,7 +28,7 @@ bool PeerAllReduceGroup::fits(int64_t count, DType dtype) const {
 }
 
 int PeerAllReduceGroup::blocks_for(int64_t bytes) {
-  const int64_t blocks = (bytes + kPassBytes - 1) / kPassBytes;
+  const int64_t blocks = (bytes + kPeerPassBytes - 1) / kPeerPassBytes;
   return int(std::clamp<int64_t>(blocks, 1, kMaxBlocks));
 }
 
@@ -318,27 +40,18 @@ namespace {
 absl::StatusOr<int64_t> resident_blocks(int device) {
   int current = 0;
   KVFUSE_RETURN_IF_ERROR(gpu_status(cudaGetDevice(&current), "cudaGetDevice"));
-  int per_sm_bf16 = 0, per_sm_f32 = 0;
+  int per_sm = 0;
   cudaDeviceProp prop{};
   const absl::Status st = [&] {
     KVFUSE_RETURN_IF_ERROR(gpu_status(cudaSetDevice(device), "cudaSetDevice"));
-    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                          &per_sm_bf16, peer_all_reduce_kernel<uint16_t>, kThreads, 0),
-                                      "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
-    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                          &per_sm_f32, peer_all_reduce_kernel<float>, kThreads, 0),
-                                      "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
-    // The pushed norm's kernel is referenced here too, so that it is loaded with the others
-    // (see allocate()); its blocks are not counted: one per row, not a grid of kMaxBlocks.
-    int per_sm_push = 0;
-    KVFUSE_RETURN_IF_ERROR(gpu_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                          &per_sm_push, push_add_rmsnorm_kernel, gpu::kNormThreads, 0),
-                                      "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
+    // Loads the pushed norm's kernel too, so that it is loaded with the others (see allocate()).
+    KVFUSE_RETURN_IF_ERROR(
+        gpu_status(gpu::load_peer_all_reduce(&per_sm), "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
     return gpu_status(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   }();
   (void)cudaSetDevice(current);
   if (!st.ok()) return st;
-  return int64_t(std::min(per_sm_bf16, per_sm_f32)) * prop.multiProcessorCount;
+  return int64_t(per_sm) * prop.multiProcessorCount;
 }
 
 }  // namespace
@@ -426,9 +139,10 @@ absl::StatusOr<std::shared_ptr<PeerAllReduceGroup>> PeerAllReduceGroup::create(c
 
 absl::Status PeerAllReduceGroup::allocate() {
   void* host = nullptr;
-  KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::host_alloc_mapped(&host, sizeof(HostSignals)), "host_alloc_mapped"));
-  host_ = static_cast<HostSignals*>(host);
-  std::memset(host_, 0, sizeof(HostSignals));
+  KVFUSE_RETURN_IF_ERROR(
+      gpu_status(gpu::host_alloc_mapped(&host, sizeof(PeerHostSignals)), "host_alloc_mapped"));
+  host_ = static_cast<PeerHostSignals*>(host);
+  std::memset(host_, 0, sizeof(PeerHostSignals));
   pdl_ = options_.pdl && gpu::kWarpSize == 32;  // programmatic launch: CUDA sm_90+ only
   for (Rank& r : ranks_) {
     KVFUSE_RETURN_IF_ERROR(gpu_status(cudaSetDevice(r.device), "cudaSetDevice"));
@@ -507,11 +221,11 @@ void PeerAllReduceGroup::abort() {
 }
 
 absl::Status PeerAllReduceGroup::status() const {
-  const volatile HostSignals* h = host_;
+  const volatile PeerHostSignals* h = host_;
   const uint64_t abort = h->abort;
   if (abort == 0) return absl::OkStatus();
   for (int r = 0; r < size(); ++r) {
-    const volatile HostSignals::Timeout& t = h->timeouts[r];
+    const volatile PeerHostSignals::Timeout& t = h->timeouts[r];
     if (t.timed_out != 0) {
       return absl::DeadlineExceededError(absl::StrCat(
           "peer all-reduce: rank ", r, " (GPU ", device(r), ") waited more than ", options_.timeout_s,
@@ -555,10 +269,10 @@ absl::Status PeerAllReduceGroup::all_reduce_sum(int rank, void* buf, int64_t cou
   const int64_t elem = int64_t(dtype_size(dtype));
   const int64_t per_vec = kVecBytes / elem;
   const int64_t blocks_max = blocks_for(count * elem);
+  // Whole 16-byte vectors per block; the launcher's grid is count / chunk, rounded up.
   const int64_t chunk = ((count + blocks_max - 1) / blocks_max + per_vec - 1) / per_vec * per_vec;
-  const int blocks = int((count + chunk - 1) / chunk);
 
-  KernelArgs a{};
+  PeerAllReduceArgs a{};
   a.buf = buf;
   a.count = count;
   a.chunk = chunk;
@@ -574,16 +288,13 @@ absl::Status PeerAllReduceGroup::all_reduce_sum(int rank, void* buf, int64_t cou
   a.rank = rank;
   a.ranks = size();
   a.vectors = gpu::is_aligned(buf, kVecBytes);
-  const auto s = static_cast<cudaStream_t>(stream);
-  const cudaError_t err =
-      dtype == DType::bf16
-          ? gpu::launch_kernel(peer_all_reduce_kernel<uint16_t>, unsigned(blocks), kThreads, s, pdl_, a)
-          : gpu::launch_kernel(peer_all_reduce_kernel<float>, unsigned(blocks), kThreads, s, pdl_, a);
-  return gpu_status(err, "peer all-reduce launch");
+  return gpu_status(
+      gpu::launch_peer_all_reduce(a, dtype != DType::bf16, static_cast<cudaStream_t>(stream), pdl_),
+      "peer all-reduce launch");
 }
 
 bool PeerAllReduceGroup::push_fits(int64_t rows, int64_t cols) const {
-  return options_.push && rows >= 1 && cols >= 8 && cols % 8 == 0 && cols <= gpu::kNormVecMaxCols &&
+  return options_.push && rows >= 1 && cols >= 8 && cols % 8 == 0 && cols <= gpu::kPushNormMaxCols &&
          rows <= options_.staging_bytes / 2 / cols;
 }
 
@@ -612,7 +323,7 @@ absl::Status PeerAllReduceGroup::push_add_rmsnorm(int rank, int call, const void
   if (!push_fits(rows, cols)) {
     return absl::InvalidArgumentError(absl::StrCat("pushed all-reduce on rank ", rank, ": ", rows, " x ",
                                                    cols, " bf16 (needs cols a multiple of 8 up to ",
-                                                   gpu::kNormVecMaxCols, " and the rows within ",
+                                                   gpu::kPushNormMaxCols, " and the rows within ",
                                                    options_.staging_bytes, " bytes)"));
   }
   for (const void* p : {partial, const_cast<const void*>(x), w, const_cast<const void*>(out)}) {
@@ -622,7 +333,7 @@ absl::Status PeerAllReduceGroup::push_add_rmsnorm(int rank, int call, const void
     }
   }
   KVFUSE_RETURN_IF_ERROR(status());
-  PushNormArgs a{};
+  PeerPushNormArgs a{};
   a.partial = static_cast<const uint16_t*>(partial);
   a.x = static_cast<uint16_t*>(x);
   a.w = static_cast<const uint16_t*>(w);
@@ -639,9 +350,7 @@ absl::Status PeerAllReduceGroup::push_add_rmsnorm(int rank, int call, const void
   // Ranks sharing a GPU (tests): the next kernel's blocks, launched early, could hold the
   // SMs a peer's projection needs before it pushes. On GPUs of their own they cannot.
   a.early_dependents = !options_.share_devices;
-  const unsigned grid = unsigned(std::min<int64_t>(rows, 65535));
-  return gpu_status(gpu::launch_kernel(push_add_rmsnorm_kernel, grid, gpu::kNormThreads,
-                                       static_cast<cudaStream_t>(stream), pdl_, a),
+  return gpu_status(gpu::launch_push_add_rmsnorm(a, static_cast<cudaStream_t>(stream), pdl_),
                     "pushed all-reduce norm launch");
 }
 

@@ -102,7 +102,9 @@
 // cluster launch) may wait behind a peer's spinning blocks; a graph replay, which meets
 // nobody on the host, may then stall until the timeout.
 //
-// Built only with a GPU backend; no CUDA types in this header (streams are void*).
+// The kernels: kernels/parallel/peer_allreduce.cu (its arguments and the host signals in
+// kernels/parallel/peer_allreduce.h). Built only with a GPU backend; no CUDA types in this
+// header (streams are void*).
 #pragma once
 
 #include <atomic>
@@ -112,6 +114,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/parallel/peer_allreduce.h"
 #include "kernels/parallel/tp_push.h"
 #include "src/parallel/communicator.h"
 
@@ -136,9 +139,9 @@ struct PeerAllReduceOptions {
 
 class PeerAllReduceGroup {
  public:
-  static constexpr int kMaxRanks = 8;
-  static constexpr int kMaxBlocks = 64;
-  static constexpr int kBlockThreads = 512;
+  static constexpr int kMaxRanks = kPeerMaxRanks;
+  static constexpr int kMaxBlocks = kPeerMaxBlocks;
+  static constexpr int kBlockThreads = kPeerBlockThreads;
   static constexpr int kPushSlots = 3;
 
   // OK when ranks on `devices` (GPU ordinals, rank order) can use the group; otherwise
@@ -196,17 +199,6 @@ class PeerAllReduceGroup {
   // Calls rank `rank` has run so far (its block 0's counter; synchronises that GPU). For tests.
   absl::StatusOr<uint64_t> calls_completed(int rank) const;
 
-  // The mapped host memory every rank's kernel reads and writes (public for the kernel's
-  // argument struct; not an API).
-  struct HostSignals {
-    uint64_t abort;  // 0; 1 after abort(); 2 after a kernel's timeout
-    struct Timeout {
-      uint64_t timed_out;  // 1 once a block of this rank gave up
-      uint64_t peer;       // the rank it waited for
-      uint64_t call;       // its call number
-    } timeouts[kMaxRanks];
-  };
-
  private:
   struct Rank {
     int device = -1;
@@ -223,7 +215,7 @@ class PeerAllReduceGroup {
 
   std::vector<Rank> ranks_;
   const PeerAllReduceOptions options_;
-  HostSignals* host_ = nullptr;
+  PeerHostSignals* host_ = nullptr;  // mapped host memory every rank's kernel reads and writes
   int64_t timeout_ticks_ = 0;
   bool pdl_ = false;  // options_.pdl, where every rank's GPU has programmatic launch
 };
