@@ -56,6 +56,15 @@ ModelSpec make(std::string name, std::string arch, int32_t vocab, int32_t hidden
   return s;
 }
 
+// Llama 3.1's context and special tokens: <|begin_of_text|>; <|end_of_text|>, <|eom_id|>,
+// <|eot_id|>.
+ModelSpec llama31(ModelSpec s) {
+  s.max_position = 131072;
+  s.bos_token_id = 128000;
+  s.eos_token_ids = {128001, 128008, 128009};
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
@@ -66,21 +75,12 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
     return s;
   }
   if (name == "llama3-8b") {
-    ModelSpec s = make("llama3-8b", "llama", 128256, 4096, 14336, 32, 32, 8, 128, 500000.0f, 1e-5f);
-    s.max_position = 131072;
-    // Llama 3.1 8B Instruct: <|end_of_text|>, <|eom_id|>, <|eot_id|>.
-    s.bos_token_id = 128000;
-    s.eos_token_ids = {128001, 128008, 128009};
-    return s;
+    return llama31(make("llama3-8b", "llama", 128256, 4096, 14336, 32, 32, 8, 128, 500000.0f, 1e-5f));
   }
   if (name == "llama3-70b") {
     // Llama 3.1 70B's shapes: ~141 GB of bf16 weights, for tensor parallelism (one H200 or
     // MI300X cannot hold them with room for KV).
-    ModelSpec s = make("llama3-70b", "llama", 128256, 8192, 28672, 80, 64, 8, 128, 500000.0f, 1e-5f);
-    s.max_position = 131072;
-    s.bos_token_id = 128000;
-    s.eos_token_ids = {128001, 128008, 128009};
-    return s;
+    return llama31(make("llama3-70b", "llama", 128256, 8192, 28672, 80, 64, 8, 128, 500000.0f, 1e-5f));
   }
   if (name == "qwen2.5-7b") {
     ModelSpec s = make("qwen2.5-7b", "qwen2", 152064, 3584, 18944, 28, 28, 4, 128, 1000000.0f, 1e-6f);
