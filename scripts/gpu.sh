@@ -4,6 +4,7 @@
 #   check         (GPU machine) kernel parity tests, memcheck, engine tests, the HF comparison
 #   bench         (GPU machine) the end-to-end benchmarks behind bench/RESULTS.md, by job name
 #   ab            (GPU machine) fused/unfused A/B of the engine, and of any KVFUSE_* switch
+#   engine        (GPU machine) the bundle's GPU tests and the router path, in a minute or two
 #   serve         (GPU machine) through the server against in-process; the router path
 #   tp            (GPU machine) tensor parallelism: tests, all-reduce, sharded engine, processes
 #   profile       (GPU machine) kernel traces of decode steps

@@ -37,3 +37,15 @@ build_gpu_targets() {
       cmake --build "$build" -j"$(nproc)" --target "$@"
   ) >"$log" 2>&1
 }
+
+# wait_engine_ready PID LOG: waits (up to 5 minutes) until the kvfuse-server PID has logged
+# event=engine_ready to LOG; fails if it exits or does not get there.
+wait_engine_ready() {
+  local pid=$1 log=$2
+  for _ in $(seq 600); do
+    grep -q "event=engine_ready" "$log" 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}

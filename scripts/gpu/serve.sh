@@ -35,12 +35,7 @@ serve() {  # name, overlap_fanout value
     --set overlap_fanout="$2" --listen "127.0.0.1:$port" \
     --metrics-port -1 >"$log" 2>&1 &
   local pid=$!
-  for _ in $(seq 600); do
-    grep -q "event=engine_ready" "$log" 2>/dev/null && break
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.5
-  done
-  if ! grep -q "event=engine_ready" "$log"; then
+  if ! wait_engine_ready $pid "$log"; then
     note "$name: server did not start"
     status=1
     kill $pid 2>/dev/null

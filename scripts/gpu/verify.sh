@@ -9,9 +9,8 @@
 #   2. scripts/gpu/serve.sh, short: the server against in-process and the router path;
 #   3. scripts/gpu/compare.sh with COMPARE_ENGINE=0: the kernel benchmarks against the
 #      baseline's, as ratios (left out when there is no .device-baseline/src.tar.xz);
-#   engine (not by default; in a minute or two, where check's full run does not fit): the
-#      bundle's GPU tests (backend, logprobs, engine, NCCL, peer all-reduce, tp) and the
-#      router path (scripts/ci/router-check.sh) against a tiny-model server on the GPU.
+#   engine (not by default; scripts/gpu/engine.sh, a minute or two): the bundle's GPU
+#      tests and the router path against a tiny-model server on the GPU.
 # VERIFY_STEPS (default "check serve compare") picks steps. Writes $OUT (or
 # build-gpu-verify/): summary.txt (every step's summary) and verify.tgz (all their
 # files). Exit 0 when every step passed.
@@ -34,42 +33,11 @@ step() {  # name, command...
   echo "== verify: $name exit $rc after $(($(date +%s) - t0)) s" | tee -a "$summary"
   ((rc == 0)) || status=1
 }
-engine_step() {  # the bundle's GPU tests, then the router path on a tiny-model server
-  local bundle=.device-bundle rc=0 port=${PORT:-50161}
-  [[ -d $bundle ]] || tar xJf "$bundle.tar.xz"
-  local cuda_lib
-  cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* 2>/dev/null | head -1)")
-  export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  mkdir -p "$OUT"
-  for t in test_gpu_backend test_gpu_logprobs test_gpu_engine test_gpu_nccl test_gpu_peer_allreduce test_gpu_tp; do
-    "$bundle/$t" >"$OUT/$t.txt" 2>&1
-    local r=$?
-    echo "engine: $t exit $r, $(grep -E "test cases|passed|SKIP" "$OUT/$t.txt" | tail -1)" | tee -a "$OUT/summary.txt"
-    ((r == 0)) || rc=1
-  done
-  "$bundle/kvfuse-server" --set model=tiny --set device=cuda --listen "127.0.0.1:$port" --metrics-port -1 \
-    >"$OUT/server.txt" 2>&1 &
-  local pid=$!
-  for _ in $(seq 300); do
-    grep -q "event=engine_ready" "$OUT/server.txt" 2>/dev/null && break
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.2
-  done
-  scripts/ci/router-check.sh "$bundle/kvfuse-cli" "127.0.0.1:$port" >"$OUT/router.txt" 2>&1
-  local r=$?
-  kill $pid 2>/dev/null
-  wait $pid 2>/dev/null
-  echo "engine: router-check on a tiny-model CUDA server exit $r" | tee -a "$OUT/summary.txt"
-  cat "$OUT/router.txt" >>"$OUT/summary.txt"
-  ((r == 0)) || rc=1
-  return $rc
-}
-
 for s in ${VERIFY_STEPS:-check serve compare}; do
   case $s in
     check) step check env KVFUSE_BENCH_ROUNDS="${KVFUSE_BENCH_ROUNDS:-5}" \
       KVFUSE_ATTN_BENCH_ROUNDS="${KVFUSE_ATTN_BENCH_ROUNDS:-3}" scripts/gpu/check.sh ;;
-    engine) step engine engine_step ;;
+    engine) step engine scripts/gpu/engine.sh ;;
     serve) step serve env ROUNDS="${ROUNDS:-1}" SERVE_S="${SERVE_S:-10}" FANOUT="${FANOUT:-on}" scripts/gpu/serve.sh ;;
     compare)
       if [[ -f .device-baseline/src.tar.xz ]]; then
