@@ -1,6 +1,8 @@
 // kvfuse-run and kvfuse-eval as a user runs them: the same checks as the server, config
 // keys from the environment and in either spelling.
 #include <fstream>
+#include <utility>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "tests/util/checkpoint_test_util.h"
@@ -82,23 +84,28 @@ TEST_CASE("kvfuse-eval: takes a bare list of prompts, as kvfuse-calibrate does",
   CHECK(bare["results"][1]["greedy"][0] == object["results"][1]["greedy"][0]);
 }
 
-TEST_CASE("kvfuse-run and kvfuse-ab: --help shows the defaults", "[tools][cli]") {
-  auto [rc, out] = run_command(std::string(KVFUSE_RUN_BIN) + " --help");
+// `program --help` runs and shows each (option, default) pair on the option's line.
+static void check_help_defaults(const std::string& program,
+                         const std::vector<std::pair<std::string, std::string>>& defaults) {
+  auto [rc, out] = run_command(program + " --help");
   INFO(out);
   REQUIRE(rc == 0);
-  CHECK(shows_default(out, "--num-prompts", "4"));
-  CHECK(shows_default(out, "--max-tokens", "32"));
-  CHECK(shows_default(out, "--prompt-ids", "1,2,3,4,5,6,7,8"));
-  CHECK(shows_default(out, "--temperature", "0"));
+  for (const auto& [opt, value] : defaults) {
+    CAPTURE(opt, value);
+    CHECK(shows_default(out, opt, value));
+  }
+}
 
-  std::tie(rc, out) = run_command(std::string(KVFUSE_AB_BIN) + " --help");
-  INFO(out);
-  REQUIRE(rc == 0);
-  CHECK(shows_default(out, "--batch", "1,8,32"));
-  CHECK(shows_default(out, "--context", "512,2048"));
-  CHECK(shows_default(out, "--reps", "5"));
-  CHECK(shows_default(out, "--warmup", "1"));
-  CHECK(shows_default(out, "--steps", "16"));
+TEST_CASE("kvfuse-run and kvfuse-ab: --help shows the defaults", "[tools][cli]") {
+  check_help_defaults(KVFUSE_RUN_BIN, {{"--num-prompts", "4"},
+                                       {"--max-tokens", "32"},
+                                       {"--prompt-ids", "1,2,3,4,5,6,7,8"},
+                                       {"--temperature", "0"}});
+  check_help_defaults(KVFUSE_AB_BIN, {{"--batch", "1,8,32"},
+                                      {"--context", "512,2048"},
+                                      {"--reps", "5"},
+                                      {"--warmup", "1"},
+                                      {"--steps", "16"}});
 }
 
 // One default: kvfuse-run without --config, kvfuse-server without --config and the
