@@ -1,7 +1,6 @@
 #include "src/runtime/engine.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -154,14 +153,10 @@ absl::Status Engine::init() {
   }
   const std::unique_ptr<HostWeightSource> weights =
       ckpt ? ckpt->weights() : make_synthetic_weights(s, cfg_.seed);
-  auto load_start = std::chrono::steady_clock::now();
+  Clock::time_point load_start = Clock::now();
   auto after_layer = [&](int32_t done) {  // 0 as loading begins: the clock starts there
-    if (done == 0) load_start = std::chrono::steady_clock::now();
-    if (load_progress_) {
-      load_progress_(
-          LoadProgress{done, s.num_layers,
-                       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count()});
-    }
+    if (done == 0) load_start = Clock::now();
+    if (load_progress_) load_progress_(LoadProgress{done, s.num_layers, ms_since(load_start) / 1000.0});
   };
   if (cfg_.tensor_parallel > 1) return init_ranks(s, pc, *weights, after_layer);
   auto pool = KvPool::create(*backend_, pc);
