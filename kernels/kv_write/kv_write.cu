@@ -273,14 +273,14 @@ cudaError_t launch_fused_team(const KvWriteArgs& a, unsigned grid, unsigned bloc
   });
 }
 
-// Up to launch.block_team_max_tokens tokens kv_write_token_kernel (or, for rows over
-// kKvWriteMaxBlockThreads x 8 elements, block teams: a lane per chunk of the row, whole
-// warps, at most kKvWriteMaxBlockThreads, wider rows loop); warp teams above.
+// The thread mapping is select::kv_write_team's (kernels/common/kernel_select.h):
+// kv_write_token_kernel, block teams (a lane per chunk of the row, whole warps, at most
+// kKvWriteMaxBlockThreads, wider rows loop) or warp teams.
 template <class Op>
 cudaError_t launch_fused_op(const KvWriteArgs& a, cudaStream_t stream, const KvWriteLaunch& l) {
-  if (a.num_tokens <= l.block_team_max_tokens) {
-    const int64_t lanes8 = a.cache.row_elems() / 8;  // kv_write_token_kernel's lanes
-    if (lanes8 <= kKvWriteMaxBlockThreads) {
+  switch (select::kv_write_team(a.num_tokens, a.cache.row_elems(), l.block_team_max_tokens)) {
+    case select::KvWriteTeam::token: {
+      const int64_t lanes8 = a.cache.row_elems() / 8;  // kv_write_token_kernel's lanes
       const unsigned block = unsigned((lanes8 + kWarpSize - 1) / kWarpSize * kWarpSize);
       return with_pdl(l.pdl, [&](auto p) {
         constexpr bool kPdl = decltype(p)::value;
@@ -290,11 +290,15 @@ cudaError_t launch_fused_op(const KvWriteArgs& a, cudaStream_t stream, const KvW
                    : launch_kernel(kv_write_token_kernel<Op, false, kPdl>, grid, block, stream, kPdl, a);
       });
     }
-    const int64_t chunks = a.cache.row_elems() / Op::kChunkElems;
-    const int64_t warps = (chunks + kWarpSize - 1) / kWarpSize;
-    const int64_t block = std::min<int64_t>(warps * kWarpSize, kKvWriteMaxBlockThreads);
-    return launch_fused_team<Op, RowTeam::block>(a, grid_blocks(a.num_tokens, 1), unsigned(block), stream,
-                                                 l.pdl);
+    case select::KvWriteTeam::block: {
+      const int64_t chunks = a.cache.row_elems() / Op::kChunkElems;
+      const int64_t warps = (chunks + kWarpSize - 1) / kWarpSize;
+      const int64_t block = std::min<int64_t>(warps * kWarpSize, kKvWriteMaxBlockThreads);
+      return launch_fused_team<Op, RowTeam::block>(a, grid_blocks(a.num_tokens, 1), unsigned(block), stream,
+                                                   l.pdl);
+    }
+    case select::KvWriteTeam::warp:
+      break;
   }
   return launch_fused_team<Op, RowTeam::warp>(a, grid_blocks(a.num_tokens, l.block_threads / kWarpSize),
                                               l.block_threads, stream, l.pdl);

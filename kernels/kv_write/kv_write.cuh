@@ -16,6 +16,7 @@
 
 #include "kernels/common/dispatch.h"
 #include "kernels/common/gpu.h"
+#include "kernels/common/kernel_select.h"
 #include "kernels/common/kv_types.h"
 #include "kernels/common/kv_write_scratch.h"
 
@@ -32,15 +33,11 @@ std::string kv_write_unsupported(const KvWriteArgs& args);
 // for 32 / 64 / 128 / 256 / 512 / 1024 threads (small blocks spread the rows over more
 // SMs); T = 65536: 4.16 TB/s for 32 and 64, 4.14 for 128..512.
 constexpr int kKvWriteBlockThreads = 64;
-// The largest block the write kernels are compiled for (their launch bounds). Larger
-// blocks were slower on the H200 at every size, and a bound of 1024 capped the
-// registers so low that the CDNA kernels spilled.
-constexpr int kKvWriteMaxBlockThreads = 256;
-// Up to this many tokens the fused write gives each token row a block of its own, a
-// lane per 8 elements of K and of V (decode: latency-bound, one 16-byte load of each per
-// lane); above, a warp per row (bandwidth-bound: each lane streams several chunks).
-// Decode batches of 1 .. 8 sequences; see kernels/kv_write/kv_write.cu for the mapping.
-constexpr int kKvWriteBlockTeamMaxTokens = 8;
+// The largest block the write kernels are compiled for, and the largest T written with a
+// block per row: kernels/common/kernel_select.h, where the launcher's choice of thread
+// mapping is made (select::kv_write_team).
+using ::kvfuse::kKvWriteBlockTeamMaxTokens;
+using ::kvfuse::kKvWriteMaxBlockThreads;
 struct KvWriteLaunch {
   // Threads per block of the fused write with a warp per row (a multiple of the warp
   // size, at most kKvWriteMaxBlockThreads); each warp writes one token row. Block-per-row

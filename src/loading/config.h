@@ -8,14 +8,14 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "absl/status/statusor.h"
+#include "kernels/common/kernel_select.h"
 
 namespace kvfuse {
 
 enum class Device { auto_, cpu, cuda, hip };
 enum class KvCacheDtype { bf16, fp8_e4m3, fp8_e5m2 };
-// fused_rope: the fused write with RoPE in the same kernel (Backend::kv_write_rope).
-enum class KvWritePath { fused, unfused, fused_rope };
-enum class AttentionPath { unified, split };
+// KvWritePath and AttentionPath: kernels/common/kernel_select.h, with the rules that
+// turn them into kernels.
 enum class GraphsMode { off, on };
 // How GPU ranks all-reduce: auto takes the one-shot kernel over peer memory where it
 // applies (src/parallel/peer_allreduce.h), nccl sends every collective through NCCL/RCCL,

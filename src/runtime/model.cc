@@ -273,7 +273,7 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     a.batch = p.batch;
     a.batch.block_table = swa ? p.block_table_swa : p.block_table_full;
     a.cache = w.cache;
-    if (write == KvWritePath::fused_rope) {
+    if (select::rope_in_write(write)) {
       // RoPE inside the write's kernel: q rotated, K rotated on its way into the cache
       // (attention reads K from there, so the QKV rows' K is left unrotated). The backend
       // may take the write into the attention kernel (the GPU's, at decode-only steps).

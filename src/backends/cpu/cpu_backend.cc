@@ -164,7 +164,8 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status attention(const AttnArgs& args, AttentionPath path) override {
-    if (path == AttentionPath::unified) {
+    // Either path exactly as configured: the reference has no small-batch heuristic.
+    if (select::attention_kernel(path, /*decode_only=*/false, 0, 0) == select::AttentionKernel::unified) {
       cpu::attention_unified(args);
     } else {
       cpu::attention_split(args);

@@ -31,16 +31,6 @@
 namespace kvfuse {
 namespace {
 
-// Fewest keys per split-KV partition. A decode-only batch may split down to 64 keys (a
-// tile per group of the block kernel): at batch 1 x 1024 keys the heuristic picks 8
-// partitions of 128 keys per KV head where a floor of 512 left two. Its scratch holds a
-// partial result per decode row and partition, and the wave heuristic keeps the
-// partitions near what the multiprocessors hold, so it stays a few MiB. A batch with
-// prefill rows indexes that scratch by token row: its partitions keep 512 keys.
-// KVFUSE_SPLIT_MIN_KEYS overrides the decode minimum (a multiple of 16; for the A/B).
-constexpr int32_t kSplitPartition = 512;
-constexpr int32_t kSplitPartitionDecode = 64;
-
 class GpuBackend final : public Backend {
  public:
   static absl::StatusOr<std::unique_ptr<Backend>> create(int device) {
@@ -288,7 +278,8 @@ class GpuBackend final : public Backend {
   // (attention_launch checks them first; the two launches are checked here).
   absl::Status attention_rope(const AttnArgs& args, const KvWriteRopeArgs& rope,
                               AttentionPath path) override {
-    if (rope_in_attention_ && gpu::attention_rope_unsupported(args, rope, attn_launch_).empty()) {
+    if (select::write_in_attention(rope_in_attention_,
+                                   gpu::attention_rope_unsupported(args, rope, attn_launch_).empty())) {
       return attention_launch(args, path, &rope);
     }
     if (const std::string why = gpu::attention_unsupported(args); !why.empty()) {
@@ -300,18 +291,14 @@ class GpuBackend final : public Backend {
     if (const std::string why = gpu::attention_unsupported(args); !why.empty()) {
       return absl::InvalidArgumentError(why);
     }
-    // The unified kernel gives a decode row one block: a decode-only batch too small to
-    // fill the device with (sequence, KV head) blocks would leave most multiprocessors
-    // idle on long contexts (batch 1 x 32768 keys: 22 ms against 6.3 ms a step for
-    // llama3-8b on an H200). Such a batch takes the split-KV kernel; any batch with
-    // prefill rows, or a decode batch the split heuristic would not split, stays on the
-    // one unified launch.
+    // The unified kernel, or the split path (select::attention_kernel: small decode-only
+    // batches on long contexts split even under `unified`).
     const bool decode_only = args.batch.max_query_len == 1;
-    const int32_t min_keys = decode_only ? split_min_keys_decode_ : kSplitPartition;
-    const bool small_decode =
-        decode_only &&
-        int64_t(gpu::attention_split_partition(args, min_keys, attn_launch_)) < int64_t(args.batch.max_context_len);
-    if (path == AttentionPath::unified && !small_decode) {
+    const int32_t min_keys = select::split_min_keys(decode_only, split_min_keys_decode_);
+    const select::AttentionKernel kernel = select::attention_kernel(
+        path, decode_only, decode_only ? gpu::attention_split_partition(args, min_keys, attn_launch_) : 0,
+        args.batch.max_context_len);
+    if (kernel == select::AttentionKernel::unified) {
       return gpu_status(gpu::launch_attention_unified(args, stream_, attn_launch_, rope),
                         "attention_unified");
     }
