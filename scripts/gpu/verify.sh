@@ -7,8 +7,9 @@
 #   1. scripts/gpu/check.sh: kernel parity tests, memcheck, the engine-level GPU tests
 #      (backend, logprobs, engine) and the kernel benchmarks;
 #   2. scripts/gpu/serve.sh, short: the server against in-process and the router path;
-#   3. scripts/gpu/compare.sh with COMPARE_ENGINE=0: the kernel benchmarks against the
-#      baseline's, as ratios (left out when there is no .device-baseline/src.tar.xz);
+#   3. scripts/gpu/compare.sh: the kernel benchmarks against the baseline's, as ratios
+#      (left out when there is no .device-baseline/src.tar.xz); COMPARE_ENGINE=1 adds the
+#      engine benchmark (then .device-baseline/ needs scripts/gpu/baseline.sh's build);
 #   engine (not by default; scripts/gpu/engine.sh, a minute or two): the bundle's GPU
 #      tests and the router path against a tiny-model server on the GPU.
 # VERIFY_STEPS (default "check serve compare") picks steps. Writes $OUT (or
@@ -41,7 +42,7 @@ for s in ${VERIFY_STEPS:-check serve compare}; do
     serve) step serve env ROUNDS="${ROUNDS:-1}" SERVE_S="${SERVE_S:-10}" FANOUT="${FANOUT:-on}" scripts/gpu/serve.sh ;;
     compare)
       if [[ -f .device-baseline/src.tar.xz ]]; then
-        step compare env COMPARE_ENGINE=0 scripts/gpu/compare.sh
+        step compare env COMPARE_ENGINE="${COMPARE_ENGINE:-0}" scripts/gpu/compare.sh
       else
         echo "== verify: compare skipped (no .device-baseline/src.tar.xz)" | tee -a "$summary"
       fi ;;
