@@ -8,8 +8,8 @@
 #include <cstring>
 #include <string>
 
-#include "kernels/cpu/gemm/gemm_tiles.h"
 #include "kernels/common/enum_name.h"
+#include "kernels/cpu/gemm/gemm_tiles.h"
 #include "kernels/cpu/ops/ops.h"
 
 namespace kvfuse::cpu {
@@ -115,6 +115,25 @@ void gemm_f32(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_
 #endif
     default:
       return gemm_tiles<Scalar>(x, m, k, packed, panels, y, ldy, wbuf);
+  }
+}
+
+void gemm_block_f32w(const float* x, int64_t m, int64_t lda, const float* w, int64_t panel_stride,
+                     int64_t panels, int64_t kc, float* y, int64_t ldy, bool first, GemmIsa isa) {
+  if (m <= 0 || panels <= 0 || kc <= 0) return;
+  if (!cpu_has(isa)) {
+    fprintf(stderr, "kvfuse cpu gemm: the %s kernel does not run on this CPU\n", gemm_isa_name(isa));
+    abort();
+  }
+  switch (isa) {
+#if defined(__x86_64__)
+    case GemmIsa::avx512:
+      return gemm_block_f32w_avx512(x, m, lda, w, panel_stride, panels, kc, y, ldy, first);
+    case GemmIsa::avx2:
+      return gemm_block_f32w_avx2(x, m, lda, w, panel_stride, panels, kc, y, ldy, first);
+#endif
+    default:
+      return block_rows<Scalar>(x, m, lda, w, panel_stride, panels, kc, y, ldy, first);
   }
 }
 

@@ -57,10 +57,24 @@ void linear_bf16(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed, in
 void linear_f32_out(const bf16_t* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* out,
                     float* scratch, GemmIsa isa);
 
+// One k block of the GEMM against weights already widened to fp32, in the packed panel
+// layout (panel_stride floats from one panel to the next, kGemmPanel floats per k step):
+// for i < m and j < panels * kGemmPanel, the chain y[i * ldy + j] (+0 when `first`, else
+// the value already there) continues with fma(x[i * lda + p], w[j, p], .) for p = 0..kc-1
+// in order (nothing when kc < 1). Every ISA gives the same bits. The FP8 GEMM
+// (gemm_fp8.h) dequantizes its weights block by block and runs them through this.
+void gemm_block_f32w(const float* x, int64_t m, int64_t lda, const float* w, int64_t panel_stride,
+                     int64_t panels, int64_t kc, float* y, int64_t ldy, bool first, GemmIsa isa);
+
 // The per-ISA drivers (gemm_avx2.cc, gemm_avx512.cc; x86-64 builds only).
 void gemm_f32_avx2(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t panels, float* y,
                    int64_t ldy, float* wbuf);
 void gemm_f32_avx512(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t panels, float* y,
                      int64_t ldy, float* wbuf);
+
+void gemm_block_f32w_avx2(const float* x, int64_t m, int64_t lda, const float* w, int64_t panel_stride,
+                          int64_t panels, int64_t kc, float* y, int64_t ldy, bool first);
+void gemm_block_f32w_avx512(const float* x, int64_t m, int64_t lda, const float* w, int64_t panel_stride,
+                            int64_t panels, int64_t kc, float* y, int64_t ldy, bool first);
 
 }  // namespace kvfuse::cpu

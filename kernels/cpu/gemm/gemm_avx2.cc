@@ -32,4 +32,9 @@ void gemm_f32_avx2(const float* x, int64_t m, int64_t k, const uint16_t* packed,
   gemm_tiles<Avx2>(x, m, k, packed, panels, y, ldy, wbuf);
 }
 
+void gemm_block_f32w_avx2(const float* x, int64_t m, int64_t lda, const float* w, int64_t panel_stride,
+                          int64_t panels, int64_t kc, float* y, int64_t ldy, bool first) {
+  block_rows<Avx2>(x, m, lda, w, panel_stride, panels, kc, y, ldy, first);
+}
+
 }  // namespace kvfuse::cpu
