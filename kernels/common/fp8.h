@@ -18,6 +18,11 @@ namespace kvfuse {
 
 enum class Fp8Format : uint8_t { e4m3fn, e4m3fnuz, e5m2 };
 
+// How the input activations of a linear layer with FP8 weights are quantized: not at all
+// (W8A16), with one static scale (the checkpoint's input_scale), or with a scale per token
+// row computed from its largest magnitude. The contract: kernels/cpu/gemm/gemm_fp8.h.
+enum class Fp8Act : uint8_t { none, static_tensor, dynamic_token };
+
 struct Fp8Spec {
   int mant_bits;
   int bias;

@@ -9,13 +9,22 @@
 
 #include "absl/status/status.h"
 #include "kernels/common/bf16.h"
+#include "kernels/common/fp8.h"
 #include "src/loading/model_spec.h"
 
 namespace kvfuse {
 
+// A projection's weight: bf16, or FP8 kept as FP8 (w empty, w_fp8 set): e4m3fn codes with
+// one scale per output channel (per-tensor scales of a checkpoint arrive expanded, fused
+// shards with each shard's own), computed as kernels/cpu/gemm/gemm_fp8.h says.
 struct HostLinear {
-  std::vector<bf16_t> w;     // [n, k] row-major (out_features x in_features)
-  std::vector<bf16_t> bias;  // [n], or empty
+  std::vector<bf16_t> w;       // [n, k] row-major (out_features x in_features); empty when FP8
+  std::vector<bf16_t> bias;    // [n], or empty
+  std::vector<uint8_t> w_fp8;  // [n, k] e4m3fn codes, when FP8
+  std::vector<float> w_scale;  // [n], when FP8
+  Fp8Act act = Fp8Act::none;   // FP8: how the input activations are quantized
+  float input_scale = 0.0f;    // FP8 with Fp8Act::static_tensor: the activation scale
+  bool fp8() const { return !w_fp8.empty(); }
 };
 struct HostLayerWeights {
   std::vector<bf16_t> attn_norm, ffn_norm;  // [hidden]

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "src/loading/config.h"
+#include "src/loading/quant_config.h"
 
 namespace kvfuse {
 
@@ -66,6 +67,9 @@ struct ModelSpec {
   std::vector<int32_t> eos_token_ids;  // all of them (Llama 3 instruct models have several)
   int32_t bos_token_id = -1;
   int32_t pad_token_id = -1;
+  // FP8 weights: the checkpoint's quantization_config (src/loading/quant_config.h), or the
+  // FP8 preset's; none for bf16 models.
+  std::optional<QuantConfig> quant;
 
   int64_t q_dim() const { return int64_t(num_q_heads) * head_dim; }
   int64_t kv_dim() const { return int64_t(num_kv_heads) * head_dim; }

@@ -15,7 +15,6 @@
 namespace {
 
 using namespace kvfuse;
-using cpu::Fp8Act;
 using cpu::GemmIsa;
 
 std::vector<GemmIsa> supported_isas() {

@@ -52,7 +52,6 @@
 
 namespace kvfuse::cpu {
 
-enum class Fp8Act { none, static_tensor, dynamic_token };
 
 // The smallest dynamic per-row activation scale: 1 / (448 * 512) in fp32,
 // for every act_fmt. It keeps an all-zero row (amax 0) well defined: s = this,
