@@ -86,11 +86,26 @@ class BackendGraph {
 
 // A Linear layer's weight [n, k] (out_features x in_features) in the backend's own
 // layout (bf16 packed in 16-column panels on the CPU), with an optional bias [n].
+// A projection's weight in the backend's layout. bf16, or FP8 (upload_linear_fp8): `w`
+// the codes in `fp8_format`, `scale` one fp32 per output channel, `act` how the input
+// activations are quantized (kernels/cpu/gemm/gemm_fp8.h states the arithmetic).
 struct LinearWeight {
   DeviceBuffer w;
   DeviceBuffer bias;
   int64_t n = 0;
   int64_t k = 0;
+  bool fp8 = false;
+  Fp8Format fp8_format = Fp8Format::e4m3fn;
+  DeviceBuffer scale;         // FP8: [n] fp32
+  Fp8Act act = Fp8Act::none;  // FP8
+  float input_scale = 0.0f;   // FP8 with Fp8Act::static_tensor
+};
+// A host FP8 weight for upload_linear_fp8: e4m3fn codes [n, k] row-major, scales [n].
+struct Fp8LinearHost {
+  const uint8_t* w = nullptr;
+  const float* scale = nullptr;
+  Fp8Act act = Fp8Act::none;
+  float input_scale = 0.0f;
 };
 
 class Backend {
@@ -141,6 +156,15 @@ class Backend {
   // Weights arrive as host bf16 and are converted to the backend's layout once.
   virtual absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
                                                      const bf16_t* bias) = 0;
+  // FP8 weights kept in FP8 (src/loading/host_weights.h, HostLinear's FP8 form); linear,
+  // linear_logits and the fused projections then compute as kernels/cpu/gemm/gemm_fp8.h
+  // says. Backends without FP8 GEMMs refuse them here, at load.
+  virtual absl::StatusOr<LinearWeight> upload_linear_fp8(const Fp8LinearHost& /*w*/, int64_t /*n*/,
+                                                         int64_t /*k*/, const bf16_t* /*bias*/) {
+    return absl::UnimplementedError(
+        description() + ": FP8 weights are not served by this backend yet (the CPU backend serves them; "
+                        "bf16 checkpoints load everywhere)");
+  }
 
   // Ops. Activations are bf16 rows; see kernels/cpu/ops/ops.h for the contracts.
   virtual absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,

@@ -45,10 +45,21 @@ const char* to_string(TpAllReduce a) {
   }
 }
 
+const std::vector<std::string>& preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v = {"tiny", "llama3-8b", "llama3-70b", "qwen2.5-7b", "mistral-7b", "hybrid-swa"};
+    const size_t n = v.size();
+    for (size_t i = 0; i < n; ++i) v.push_back(v[i] + "-fp8");
+    return v;
+  }();
+  return names;
+}
+
 const std::vector<ConfigKeyDoc>& config_key_docs() {
   static const std::vector<ConfigKeyDoc> docs = {
-      {"model", "tiny | llama3-8b | llama3-70b | qwen2.5-7b | mistral-7b | hybrid-swa",
-       "model preset (default tiny)"},
+      {"model", "tiny | llama3-8b | llama3-70b | qwen2.5-7b | mistral-7b | hybrid-swa, each also as <name>-fp8",
+       "model preset (default tiny); <name>-fp8: the same shapes with FP8 weights (a scale per output channel, "
+       "activations quantized per token)"},
       {"model_path", "directory path, or \"\"",
        "Hugging Face model directory (config.json + safetensors); when set, model and seed are unused"},
       {"seed", "integer >= 0", "seed of the synthetic weights (default 0)"},
@@ -304,12 +315,11 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
   Config c;
   auto has = [&](const char* k) { return j.contains(k); };
   if (has("model")) {
-    static const std::map<std::string, std::string> presets = {{"tiny", "tiny"},
-                                                               {"llama3-8b", "llama3-8b"},
-                                                               {"llama3-70b", "llama3-70b"},
-                                                               {"qwen2.5-7b", "qwen2.5-7b"},
-                                                               {"mistral-7b", "mistral-7b"},
-                                                               {"hybrid-swa", "hybrid-swa"}};
+    static const std::map<std::string, std::string> presets = [] {
+      std::map<std::string, std::string> m;
+      for (const std::string& name : preset_names()) m.emplace(name, name);
+      return m;
+    }();
     KVFUSE_RETURN_IF_ERROR(parse_enum(j["model"], "model", presets, c.model));
   }
   if (has("model_path")) KVFUSE_RETURN_IF_ERROR(parse_path(j["model_path"], "model_path", c.model_path));

@@ -23,6 +23,10 @@ enum class GraphsMode { off, on };
 // them where that applies (peer_allreduce.h, "Pushed partial sums").
 enum class TpAllReduce { auto_, nccl, push };
 
+// Every model preset name (config key `model`, src/loading/model_spec.h): the bf16
+// models, then each as <name>-fp8 (FP8 weights).
+const std::vector<std::string>& preset_names();
+
 const char* to_string(Device d);
 const char* to_string(KvCacheDtype d);
 const char* to_string(KvWritePath p);

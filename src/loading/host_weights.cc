@@ -37,6 +37,42 @@ std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float s
   return out;
 }
 
+// A preset's FP8 form of synthetic bf16 rows [n, k]: per output row j, scale_j =
+// amax_j / 448 (the e4m3fn range; 1 for an all-zero row) and codes fp8_encode(w * (1 /
+// scale_j)), the quantization the FP8-dynamic checkpoints the presets stand for carry.
+void to_fp8(HostLinear& h, int64_t n, int64_t k, Fp8Act act) {
+  h.w_fp8.resize(h.w.size());
+  h.w_scale.resize(size_t(n));
+  for (int64_t j = 0; j < n; ++j) {
+    const bf16_t* row = h.w.data() + j * k;
+    float amax = 0.0f;
+    for (int64_t p = 0; p < k; ++p) amax = std::max(amax, std::fabs(bf16_to_f32(row[p])));
+    const float scale = amax > 0.0f ? amax / fp8_max_finite(Fp8Format::e4m3fn) : 1.0f;
+    const float inv = 1.0f / scale;
+    h.w_scale[size_t(j)] = scale;
+    for (int64_t p = 0; p < k; ++p) {
+      h.w_fp8[size_t(j * k + p)] = fp8_encode(bf16_to_f32(row[p]) * inv, Fp8Format::e4m3fn);
+    }
+  }
+  h.w.clear();
+  h.w.shrink_to_fit();
+  h.act = act;
+}
+
+// How a preset's FP8 projections quantize their input activations.
+Fp8Act preset_act(const QuantConfig& q) {
+  switch (q.linear.activation) {
+    case ActivationScheme::none:
+      return Fp8Act::none;
+    case ActivationScheme::static_tensor:
+      return Fp8Act::static_tensor;
+    case ActivationScheme::dynamic_tensor:
+    case ActivationScheme::dynamic_token:
+      break;
+  }
+  return Fp8Act::dynamic_token;
+}
+
 }  // namespace
 
 float synthetic_weight(uint64_t seed, uint64_t tensor, uint64_t i) {
@@ -75,6 +111,17 @@ class SyntheticWeights final : public HostWeightSource {
     L.gate_up.w = synth(seed_, base + kGateUp, 2 * int64_t(s_.intermediate) * s_.hidden, in_std);
     L.down.w = synth(seed_, base + kDown, int64_t(s_.hidden) * s_.intermediate,
                      0.5f / std::sqrt(float(s_.intermediate)));
+    if (s_.quant && s_.quant->linear.format == WeightQuantFormat::fp8_e4m3) {
+      if (s_.quant->linear.activation == ActivationScheme::static_tensor) {
+        return absl::InvalidArgumentError("synthetic FP8 weights: static activation scales are not synthesized");
+      }
+      const Fp8Act act = preset_act(*s_.quant);
+      const int64_t H = s_.hidden, I = s_.intermediate;
+      to_fp8(L.qkv, s_.qkv_dim(), H, act);
+      to_fp8(L.o, H, s_.q_dim(), act);
+      to_fp8(L.gate_up, 2 * I, H, act);
+      to_fp8(L.down, H, I, act);
+    }
     return absl::OkStatus();
   }
 

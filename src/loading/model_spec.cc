@@ -1,5 +1,6 @@
 #include "src/loading/model_spec.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/common/status_macros.h"
@@ -58,6 +59,12 @@ ModelSpec make(std::string name, std::string arch, int32_t vocab, int32_t hidden
 
 // Llama 3.1's context and special tokens: <|begin_of_text|>; <|end_of_text|>, <|eom_id|>,
 // <|eot_id|>.
+std::string allowed_presets() {
+  const std::vector<std::string>& names = preset_names();
+  return absl::StrCat("allowed: ", absl::StrJoin(names.begin(), names.begin() + names.size() / 2, ", "),
+                      ", each also with FP8 weights as <name>-fp8");
+}
+
 ModelSpec llama31(ModelSpec s) {
   s.max_position = 131072;
   s.bos_token_id = 128000;
@@ -68,6 +75,25 @@ ModelSpec llama31(ModelSpec s) {
 }  // namespace
 
 absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
+  if (absl::EndsWith(name, "-fp8")) {
+    // Any preset with FP8 weights: synthetic FP8 codes with one scale per output channel,
+    // activations quantized per token at run time, the lm_head left in bf16 (the layout of
+    // the FP8-dynamic checkpoints the presets stand for).
+    auto s = model_preset(name.substr(0, name.size() - 4));
+    if (!s.ok() || absl::EndsWith(name.substr(0, name.size() - 4), "-fp8")) {
+      return absl::InvalidArgumentError(absl::StrCat("config key 'model': unknown preset '", name, "'; ",
+                                                     allowed_presets()));
+    }
+    s->name = name;
+    QuantConfig q;
+    q.source = "preset " + name;
+    q.method = "preset";
+    q.linear = LinearQuant{WeightQuantFormat::fp8_e4m3, ScaleGranularity::channel, 0, 0,
+                           ActivationScheme::dynamic_token};
+    q.ignore = {"lm_head"};
+    s->quant = std::move(q);
+    return s;
+  }
   if (name == "tiny") {
     // Small enough to answer in milliseconds on 2 CPU cores; GQA 2:1, head_dim 64.
     ModelSpec s = make("tiny", "llama", 1024, 256, 768, 4, 4, 2, 64, 10000.0f, 1e-5f);
@@ -112,8 +138,7 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
     return s;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("config key 'model': unknown preset '", name,
-                   "'; allowed: tiny, llama3-8b, llama3-70b, qwen2.5-7b, mistral-7b, hybrid-swa"));
+      absl::StrCat("config key 'model': unknown preset '", name, "'; ", allowed_presets()));
 }
 
 absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg) {

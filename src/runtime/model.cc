@@ -10,28 +10,6 @@
 
 namespace kvfuse {
 
-namespace {
-
-absl::Status check_size(const std::vector<bf16_t>& v, int64_t want, const std::string& what) {
-  if (int64_t(v.size()) == want) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("model weights: ", what, " has ", v.size(), " values, expected ", want));
-}
-
-// Host slices of the whole model's weights for one rank (Megatron-style sharding).
-std::vector<bf16_t> rows_of(const std::vector<bf16_t>& w, int64_t k, int64_t first, int64_t n) {
-  return std::vector<bf16_t>(w.begin() + first * k, w.begin() + (first + n) * k);
-}
-std::vector<bf16_t> cols_of(const std::vector<bf16_t>& w, int64_t rows, int64_t k, int64_t first, int64_t n) {
-  std::vector<bf16_t> out(size_t(rows * n));
-  for (int64_t r = 0; r < rows; ++r) {
-    std::copy_n(w.begin() + r * k + first, n, out.begin() + r * n);
-  }
-  return out;
-}
-void append(std::vector<bf16_t>& dst, const std::vector<bf16_t>& src) { dst.insert(dst.end(), src.begin(), src.end()); }
-
-}  // namespace
 
 Model::Model(Backend& backend, ModelSpec spec, ModelShard shard)
     : backend_(backend), spec_(std::move(spec)), shard_(shard) {
@@ -96,101 +74,6 @@ absl::Status Model::init_rope() {
   rope_inv_freq_ = std::move(*b);
   KVFUSE_RETURN_IF_ERROR(backend_.copy_to_device(rope_inv_freq_.get(), rope->inv_freq.data(), bytes));
   rope_attention_scaling_ = rope->attention_scaling;
-  return absl::OkStatus();
-}
-
-namespace {
-absl::Status upload_vec(Backend& backend, const std::vector<bf16_t>& v, DeviceBuffer& dst) {
-  auto b = backend.alloc(v.size() * sizeof(bf16_t));
-  if (!b.ok()) return b.status();
-  dst = std::move(*b);
-  return backend.copy_to_device(dst.get(), v.data(), v.size() * sizeof(bf16_t));
-}
-absl::Status upload_linear(Backend& backend, const std::vector<bf16_t>& w, const std::vector<bf16_t>& bias,
-                           int64_t n, int64_t k, LinearWeight& dst) {
-  auto lw = backend.upload_linear(w.data(), n, k, bias.empty() ? nullptr : bias.data());
-  if (!lw.ok()) return lw.status();
-  dst = std::move(*lw);
-  return absl::OkStatus();
-}
-}  // namespace
-
-absl::Status Model::load_globals(const HostGlobalWeights& g) {
-  const ModelSpec& s = spec_;
-  const TensorParallelShard& t = shard_.shard;
-  KVFUSE_RETURN_IF_ERROR(check_size(g.embed, int64_t(s.vocab) * s.hidden, "embedding"));
-  KVFUSE_RETURN_IF_ERROR(check_size(g.final_norm, s.hidden, "final norm"));
-  const std::vector<bf16_t>& head = s.tie_embeddings ? g.embed : g.lm_head.w;
-  KVFUSE_RETURN_IF_ERROR(check_size(head, int64_t(s.vocab) * s.hidden, "lm_head"));
-  KVFUSE_RETURN_IF_ERROR(check_size(g.lm_head.bias, 0, "lm_head bias"));
-  KVFUSE_RETURN_IF_ERROR(upload_vec(backend_, g.embed, embed_));
-  KVFUSE_RETURN_IF_ERROR(upload_vec(backend_, g.final_norm, final_norm_));
-  if (t.tp == 1) {
-    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, head, {}, s.vocab, s.hidden, lm_head_));
-  } else {
-    // This rank's vocabulary rows; the last rank's rows past the vocabulary are zero.
-    const int64_t first = t.vocab_begin(shard_.rank);
-    const int64_t real = std::clamp<int64_t>(int64_t(s.vocab) - first, 0, t.vocab);
-    std::vector<bf16_t> w = rows_of(head, s.hidden, first, real);
-    w.resize(size_t(int64_t(t.vocab) * s.hidden), bf16_t{});
-    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, w, {}, t.vocab, s.hidden, lm_head_));
-  }
-  globals_loaded_ = true;
-  return absl::OkStatus();
-}
-
-absl::Status Model::load_layer(int32_t l, const HostLayerWeights& h) {
-  const ModelSpec& s = spec_;
-  const TensorParallelShard& t = shard_.shard;
-  if (l < 0 || l >= s.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("model weights: layer ", l, " out of range"));
-  }
-  Layer& L = layers_[size_t(l)];
-  const std::string at = absl::StrCat("layer ", l, " ");
-  const int64_t H = s.hidden, D = s.head_dim, I = s.intermediate;
-  KVFUSE_RETURN_IF_ERROR(check_size(h.attn_norm, H, at + "attention norm"));
-  KVFUSE_RETURN_IF_ERROR(check_size(h.ffn_norm, H, at + "ffn norm"));
-  KVFUSE_RETURN_IF_ERROR(check_size(h.qkv.w, s.qkv_dim() * H, at + "qkv"));
-  KVFUSE_RETURN_IF_ERROR(check_size(h.qkv.bias, s.qkv_bias ? s.qkv_dim() : 0, at + "qkv bias"));
-  KVFUSE_RETURN_IF_ERROR(check_size(h.o.w, H * s.q_dim(), at + "o"));
-  KVFUSE_RETURN_IF_ERROR(check_size(h.o.bias, 0, at + "o bias"));
-  KVFUSE_RETURN_IF_ERROR(check_size(h.gate_up.w, 2 * I * H, at + "gate_up"));
-  KVFUSE_RETURN_IF_ERROR(check_size(h.gate_up.bias, 0, at + "gate_up bias"));
-  KVFUSE_RETURN_IF_ERROR(check_size(h.down.w, H * I, at + "down"));
-  KVFUSE_RETURN_IF_ERROR(check_size(h.down.bias, 0, at + "down bias"));
-  KVFUSE_RETURN_IF_ERROR(upload_vec(backend_, h.attn_norm, L.attn_norm));
-  KVFUSE_RETURN_IF_ERROR(upload_vec(backend_, h.ffn_norm, L.ffn_norm));
-  if (t.tp == 1) {
-    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, h.qkv.w, h.qkv.bias, s.qkv_dim(), H, L.qkv));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, h.o.w, {}, H, s.q_dim(), L.o));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, h.gate_up.w, {}, 2 * I, H, L.gate_up));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, h.down.w, {}, H, I, L.down));
-  } else {
-    // Column-parallel QKV: this rank's query heads, then its KV heads' K rows and V rows.
-    const int64_t r = shard_.rank;
-    const int64_t q0 = t.q_head_begin(int32_t(r)) * D, nq = dims_.q_dim();
-    const int64_t kv0 = t.kv_head_begin(int32_t(r)) * D, nkv = dims_.kv_dim();
-    const int64_t k_rows = s.q_dim(), v_rows = s.q_dim() + s.kv_dim();
-    std::vector<bf16_t> w = rows_of(h.qkv.w, H, q0, nq);
-    append(w, rows_of(h.qkv.w, H, k_rows + kv0, nkv));
-    append(w, rows_of(h.qkv.w, H, v_rows + kv0, nkv));
-    std::vector<bf16_t> bias;
-    if (s.qkv_bias) {
-      bias = rows_of(h.qkv.bias, 1, q0, nq);
-      append(bias, rows_of(h.qkv.bias, 1, k_rows + kv0, nkv));
-      append(bias, rows_of(h.qkv.bias, 1, v_rows + kv0, nkv));
-    }
-    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, w, bias, dims_.qkv_dim(), H, L.qkv));
-    // Row-parallel O: the input columns of this rank's query heads.
-    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, cols_of(h.o.w, H, s.q_dim(), q0, nq), {}, H, nq, L.o));
-    // Column-parallel gate_up (this rank's gate rows, then the same up rows); row-parallel down.
-    const int64_t i0 = t.intermediate_begin(int32_t(r)), ni = dims_.intermediate;
-    w = rows_of(h.gate_up.w, H, i0, ni);
-    append(w, rows_of(h.gate_up.w, H, I + i0, ni));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, w, {}, 2 * ni, H, L.gate_up));
-    KVFUSE_RETURN_IF_ERROR(upload_linear(backend_, cols_of(h.down.w, H, I, i0, ni), {}, H, ni, L.down));
-  }
-  ++layers_loaded_;
   return absl::OkStatus();
 }
 

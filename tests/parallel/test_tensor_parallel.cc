@@ -36,6 +36,12 @@ using Catch::Matchers::ContainsSubstring;
 namespace {
 
 constexpr float kLogitBound = 0.25f;
+// FP8 weights with activations quantized per token: a row-parallel rank (O, down)
+// quantizes its own slice of the row with its own scale, where tp 1 takes one scale over
+// the whole row (vLLM's ranks do the same), so the activations feeding those projections
+// differ by FP8 rounding, not only by bf16 summation order. Measured on tiny-fp8 at tp 2
+// and 4: at most 0.58 (2026-12-05).
+constexpr float kLogitBoundFp8Weights = 0.75f;
 
 nlohmann::json hybrid_keys() { return {{"sliding_window", 24}, {"swa_layers", "alternate"}}; }
 
@@ -89,33 +95,40 @@ TEST_CASE("tensor parallel (cpu): a rank that fails mid-step aborts the group - 
   CHECK(eng.pool().usage(PoolKind::full).used_pages == 0);
 }
 
-TEST_CASE("tensor parallel (cpu): tp 2 and 4 against tp 1, tiny and hybrid, fp8 and bf16 KV",
+TEST_CASE("tensor parallel (cpu): tp 2 and 4 against tp 1, tiny and hybrid, fp8 and bf16 KV, bf16 and FP8 weights",
           "[tp][engine]") {
-  for (const bool hybrid : {false, true}) {
+  for (const int model : {0, 1, 2}) {  // tiny, tiny with alternating window layers, tiny-fp8
+    const bool hybrid = model == 1;
     for (const char* dtype : {"fp8_e4m3", "bf16"}) {
       nlohmann::json base = {{"kv_cache_dtype", dtype}};
       if (hybrid) base = with(base, hybrid_keys());
+      if (model == 2) base["model"] = "tiny-fp8";
       auto ref_engine = make_engine(base);
       const Run ref = run_model(*ref_engine);
       for (const int tp : {2, 4}) {
-        DYNAMIC_SECTION((hybrid ? "hybrid " : "tiny ") << dtype << " tp " << tp) {
+        DYNAMIC_SECTION((model == 0 ? "tiny " : model == 1 ? "hybrid " : "tiny-fp8 ") << dtype << " tp " << tp) {
           auto e = make_engine(with(base, {{"tensor_parallel", tp}}));
           REQUIRE(e->num_ranks() == tp);
           const Run got = run_model(*e);
           REQUIRE(got.logits.size() == ref.logits.size());
           float worst = 0;
           int compared = 0;
+          const float bound = model == 2 ? kLogitBoundFp8Weights : kLogitBound;
+          for (size_t i = 0; i < ref.logits.size(); ++i) worst = std::max(worst, max_abs_diff(ref.logits[i], got.logits[i]));
+          // Where the best token leads by more than twice the largest logit difference, no
+          // summation order can change the choice.
           for (size_t i = 0; i < ref.logits.size(); ++i) {
-            worst = std::max(worst, max_abs_diff(ref.logits[i], got.logits[i]));
-            if (top_margin(ref.logits[i]) > 2 * kLogitBound) {
+            if (top_margin(ref.logits[i]) > 2 * std::max(worst, kLogitBound)) {
               ++compared;
               CHECK(top_token(got.logits[i]) == top_token(ref.logits[i]));
             }
           }
           INFO("max |dlogit| " << worst << " over " << ref.logits.size() << " positions; " << compared
                                << " with a clear greedy choice");
-          CHECK(worst < kLogitBound);
-          CHECK(compared >= int(ref.logits.size()) / 2);  // the comparison is not vacuous
+          CHECK(worst < bound);
+          // Not vacuous: most positions (a quarter with FP8 weights, whose wider differences
+          // leave fewer clear choices: 10 to 15 of 30 measured).
+          CHECK(compared >= int(ref.logits.size()) / (model == 2 ? 4 : 2));  // the comparison is not vacuous
           // Nothing held after the sequences are released.
           CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
           REQUIRE(e->pool().check_invariants().ok());

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/attention/attention.h"
 #include "kernels/cpu/gemm/gemm.h"
+#include "kernels/cpu/gemm/gemm_fp8.h"
 #include "kernels/cpu/kv_write/kv_write.h"
 #include "kernels/cpu/ops/ops.h"
 #include "kernels/cpu/ops/sampling.h"
@@ -76,18 +77,30 @@ class CpuBackend final : public Backend {
   absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k,
                                              const bf16_t* bias) override {
     LinearWeight lw;
-    lw.n = n;
-    lw.k = k;
+    KVFUSE_RETURN_IF_ERROR(shape_and_bias(n, k, bias, lw));
     auto wb = alloc(cpu::gemm_packed_elems(n, k) * sizeof(bf16_t));
     if (!wb.ok()) return wb.status();
     lw.w = std::move(*wb);
     cpu::gemm_pack_weight(w, n, k, lw.w.as<bf16_t>());
-    if (bias) {
-      auto bb = alloc(size_t(n) * sizeof(float));
-      if (!bb.ok()) return bb.status();
-      lw.bias = std::move(*bb);
-      cpu::bf16_to_f32(bias, n, lw.bias.as<float>());
-    }
+    return lw;
+  }
+
+  absl::StatusOr<LinearWeight> upload_linear_fp8(const Fp8LinearHost& h, int64_t n, int64_t k,
+                                                 const bf16_t* bias) override {
+    LinearWeight lw;
+    KVFUSE_RETURN_IF_ERROR(shape_and_bias(n, k, bias, lw));
+    auto wb = alloc(cpu::gemm_packed_fp8_bytes(n, k));
+    if (!wb.ok()) return wb.status();
+    lw.w = std::move(*wb);
+    cpu::gemm_pack_weight_fp8(h.w, n, k, lw.w.as<uint8_t>());
+    auto sb = alloc(size_t(n) * sizeof(float));
+    if (!sb.ok()) return sb.status();
+    lw.scale = std::move(*sb);
+    std::copy_n(h.scale, n, lw.scale.as<float>());
+    lw.fp8 = true;
+    lw.fp8_format = Fp8Format::e4m3fn;
+    lw.act = h.act;
+    lw.input_scale = h.input_scale;
     return lw;
   }
 
@@ -102,11 +115,21 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
+    if (w.fp8) {
+      cpu::linear_fp8_bf16(x, m, w.k, fp8_weight(w), w.n, fp8_act(w), w.bias.as<float>(), out,
+                           scratch(cpu::gemm_fp8_scratch_floats(m, w.k, w.n)), isa_);
+      return absl::OkStatus();
+    }
     cpu::linear_bf16(x, m, w.k, w.w.as<bf16_t>(), w.n, w.bias.as<float>(), out,
                      scratch(cpu::gemm_scratch_floats(m, w.k, w.n)), isa_);
     return absl::OkStatus();
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
+    if (w.fp8) {
+      cpu::linear_fp8_f32_out(x, m, w.k, fp8_weight(w), w.n, fp8_act(w), out,
+                              scratch(cpu::gemm_fp8_scratch_floats(m, w.k, w.n)), isa_);
+      return absl::OkStatus();
+    }
     cpu::linear_f32_out(x, m, w.k, w.w.as<bf16_t>(), w.n, out, scratch(cpu::gemm_scratch_floats(m, w.k, w.n)),
                         isa_);
     return absl::OkStatus();
@@ -202,6 +225,23 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // A weight's shape and its bias, as fp32, added to the finished sums.
+  absl::Status shape_and_bias(int64_t n, int64_t k, const bf16_t* bias, LinearWeight& lw) {
+    lw.n = n;
+    lw.k = k;
+    if (bias == nullptr) return absl::OkStatus();
+    auto bb = alloc(size_t(n) * sizeof(float));
+    if (!bb.ok()) return bb.status();
+    lw.bias = std::move(*bb);
+    cpu::bf16_to_f32(bias, n, lw.bias.as<float>());
+    return absl::OkStatus();
+  }
+  static cpu::Fp8Weight fp8_weight(const LinearWeight& w) {
+    return cpu::Fp8Weight{w.w.as<uint8_t>(), w.scale.as<float>(), w.fp8_format};
+  }
+  static cpu::Fp8ActQuant fp8_act(const LinearWeight& w) {
+    return cpu::Fp8ActQuant{w.act, w.act == Fp8Act::static_tensor ? w.input_scale : 1.0f, Fp8Format::e4m3fn};
+  }
   float* scratch(size_t floats) {
     if (scratch_.size() < floats) scratch_.resize(floats);
     return scratch_.data();
