@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "src/common/status_macros.h"
+#include "src/loading/checkpoint_fp8.h"
 #include "src/loading/hf_config.h"
 
 namespace kvfuse {
@@ -168,6 +169,11 @@ absl::Status Checkpoint::validate() {
         return err(t, absl::StrCat("has shape ", shape_str(info.shape), "; config.json implies ",
                                    shape_str(it->second)));
       }
+      if (s.quant) {  // FP8 kept as FP8: the config says which tensors are quantized
+        KVFUSE_RETURN_IF_ERROR(check_fp8_expected(*this, *s.quant, t));
+        continue;
+      }
+      // No quantization_config: an F8_E4M3 projection with a weight_scale is dequantized.
       const bool fp8 = info.dtype == StDtype::F8_E4M3 && is_projection(name) &&
                        find(strip_suffix(name, "weight") + "weight_scale") != nullptr;
       if (!is_float_dtype(info.dtype) && !fp8) {
@@ -177,37 +183,9 @@ absl::Status Checkpoint::validate() {
       }
       continue;
     }
-    if (absl::EndsWith(name, ".weight_scale") || absl::EndsWith(name, ".input_scale")) {
-      const bool wscale = absl::EndsWith(name, ".weight_scale");
-      const std::string base = strip_suffix(name, wscale ? "weight_scale" : "input_scale");
-      const auto w = expected.find(base + "weight");
-      if (w == expected.end() || !is_projection(base + "weight"))
-        return err(t, "is not expected in this architecture");
-      if (!is_float_dtype(info.dtype))
-        return err(t,
-                   absl::StrCat("has dtype ", st_dtype_name(info.dtype), "; scales must be floating point"));
-      if (!wscale) continue;  // activation scales of FP8 GEMMs: unused in bf16 compute
-      const CheckpointTensor* wt = find(base + "weight");
-      if (wt == nullptr || wt->info->dtype != StDtype::F8_E4M3) {
-        return err(t, "scales a weight that is not F8_E4M3");
-      }
-      const int64_t n = w->second[0], count = info.num_elements();
-      const bool per_tensor = count == 1 && info.shape.size() <= 1;
-      const bool per_channel =
-          count == n && (info.shape == std::vector<int64_t>{n} || info.shape == std::vector<int64_t>{n, 1});
-      if (!per_tensor && !per_channel) {
-        return err(t, absl::StrCat("has shape ", shape_str(info.shape),
-                                   "; weight scales must be per tensor ([] or [1]) or "
-                                   "per output channel ([",
-                                   n, "] or [", n, ", 1]); block scales are not supported"));
-      }
-      for (int64_t i = 0; i < count; ++i) {
-        const float x = *st_element_f32(info.dtype, t.file->data(info), i, name);
-        if (!std::isfinite(x) || x <= 0.0f)
-          return err(t, absl::StrCat("holds ", x, " at ", i, "; scales must be finite and > 0"));
-      }
-      continue;
-    }
+    bool scale = false;
+    KVFUSE_RETURN_IF_ERROR(check_scale_tensor(*this, s.quant, expected, t, scale));
+    if (scale) continue;
     int64_t layer = 0;
     absl::string_view rest;
     if (split_layer_name(name, layer, rest)) {
@@ -218,8 +196,12 @@ absl::Status Checkpoint::validate() {
           {".self_attn.kv_scale", {true, true}},
           {".self_attn.k_proj.output_scale", {true, false}},
           {".self_attn.v_proj.output_scale", {false, true}},
+          // Quark's query scale (for FP8 attention, which kvfuse does not do): checked
+          // like a KV scale, then unused; only under a quantization_config.
+          {".self_attn.q_proj.output_scale", {false, false}},
       };
-      if (const auto f = kForms.find(rest); f != kForms.end()) {
+      if (const auto f = kForms.find(rest);
+          f != kForms.end() && (s.quant || f->second.first || f->second.second)) {
         if (layer >= s.num_layers)
           return err(t, absl::StrCat("names layer ", layer, "; the model has ", s.num_layers));
         if (info.num_elements() != 1 || info.shape.size() > 1) {
@@ -314,18 +296,21 @@ class CheckpointWeights final : public HostWeightSource {
   absl::Status layer(int32_t l, HostLayerWeights& L) override {
     L = HostLayerWeights{};
     const std::string p = layer_prefix(l);
-    // The model's fused layouts: qkv rows q, k, v; gate_up rows gate, up.
-    for (const auto& [name, dst] : std::vector<std::pair<std::string, std::vector<bf16_t>*>>{
-             {"input_layernorm.weight", &L.attn_norm},
-             {"post_attention_layernorm.weight", &L.ffn_norm},
-             {"self_attn.q_proj.weight", &L.qkv.w},
-             {"self_attn.k_proj.weight", &L.qkv.w},
-             {"self_attn.v_proj.weight", &L.qkv.w},
-             {"self_attn.o_proj.weight", &L.o.w},
-             {"mlp.gate_proj.weight", &L.gate_up.w},
-             {"mlp.up_proj.weight", &L.gate_up.w},
-             {"mlp.down_proj.weight", &L.down.w}}) {
-      KVFUSE_RETURN_IF_ERROR(append(p + name, *dst));
+    KVFUSE_RETURN_IF_ERROR(append(p + "input_layernorm.weight", L.attn_norm));
+    KVFUSE_RETURN_IF_ERROR(append(p + "post_attention_layernorm.weight", L.ffn_norm));
+    // The model's fused layouts: qkv rows q, k, v; gate_up rows gate, up. A projection
+    // loads in FP8 (src/loading/checkpoint_fp8.h) or in bf16, all its shards alike.
+    for (const auto& [shards, dst] : std::vector<std::pair<std::vector<const char*>, HostLinear*>>{
+             {{"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}, &L.qkv},
+             {{"self_attn.o_proj.weight"}, &L.o},
+             {{"mlp.gate_proj.weight", "mlp.up_proj.weight"}, &L.gate_up},
+             {{"mlp.down_proj.weight"}, &L.down}}) {
+      std::vector<std::string> names;
+      for (const char* n : shards) names.push_back(p + n);
+      auto fp8 = fp8_projection(c_, names);
+      if (!fp8.ok()) return fp8.status();
+      for (const std::string& n : names)
+        KVFUSE_RETURN_IF_ERROR(*fp8 ? append_fp8_shard(c_, n, *dst) : append(n, dst->w));
     }
     if (c_.spec().qkv_bias) {
       for (const char* b : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) {
@@ -336,8 +321,9 @@ class CheckpointWeights final : public HostWeightSource {
   }
 
  private:
-  // Converts a tensor to bf16 and appends it to `out`. FP8 weights are dequantized
-  // with their weight_scale (validated in Checkpoint::validate).
+  // Converts a tensor to bf16 and appends it to `out`. FP8 weights (of a checkpoint
+  // without a quantization_config) are dequantized with their weight_scale (validated in
+  // Checkpoint::validate).
   absl::Status append(const std::string& name, std::vector<bf16_t>& out) {
     const CheckpointTensor* t = c_.find(name);
     if (t == nullptr) return absl::NotFoundError(absl::StrCat(c_.dir(), ": missing tensor '", name, "'"));

@@ -11,16 +11,33 @@
 //   tie_word_embeddings), model.layers.N.{input_layernorm,post_attention_layernorm}.weight,
 //   model.layers.N.self_attn.{q,k,v,o}_proj.weight (+ q/k/v_proj.bias for Qwen2),
 //   model.layers.N.mlp.{gate,up,down}_proj.weight.
-// Weights may be BF16, F16, F32 or F64 (converted to bf16, round to nearest even), or
-// F8_E4M3 with a `<name minus "weight">weight_scale` tensor (per tensor, or per output
-// channel), dequantized to bf16; `input_scale` tensors of FP8 checkpoints are ignored
-// (kvfuse computes in bf16). `*.rotary_emb.inv_freq` buffers of old checkpoints are
+// Weights may be BF16, F16, F32 or F64 (converted to bf16, round to nearest even).
+// FP8 checkpoints, by their config.json's quantization_config (src/loading/quant_config.h;
+// block-wise scales are refused):
+//   - every q/k/v/o_proj and gate/up/down_proj the config does not ignore must be F8_E4M3
+//     with a `<name minus "weight">weight_scale` tensor, per tensor ([] or [1]) or per
+//     output channel ([n] or [n, 1]), finite and > 0; it loads in HostLinear's FP8 form
+//     (src/loading/host_weights.h): the e4m3fn codes as stored (a NaN code is an error),
+//     one scale per output row (a fused q/k/v or gate/up keeps each shard's own), and the
+//     activation scheme: none, static per tensor, or dynamic per token (dynamic per-tensor
+//     configs are served per token: finer, and a row's result does not depend on the
+//     batch). Static schemes need `input_scale` (one value, F32/BF16/F16, finite, > 0) on
+//     every quantized projection; a fused projection takes its shards' largest. Other
+//     schemes tolerate and ignore input_scale tensors;
+//   - ignored projections, lm_head, the embeddings, norms and biases must be BF16, F16,
+//     F32 or F64 and load as bf16; the shards of a fused projection must all be quantized
+//     or all not;
+//   - Quark's self_attn.q_proj.output_scale (a query scale) is checked and ignored.
+// Without a quantization_config, F8_E4M3 projections with a weight_scale (per tensor or
+// per output channel) are dequantized to bf16, and input_scale tensors are ignored:
+// nothing declares how to compute in FP8. The FP8 checks and loading are in
+// src/loading/checkpoint_fp8.cc. `*.rotary_emb.inv_freq` buffers of old checkpoints are
 // ignored. Any other tensor is an error.
 //
 // KV scales (scalars, finite and > 0, e4m3fn units; every layer or none):
 //   model.layers.N.self_attn.k_scale / v_scale      (vLLM, llm-compressor, ModelOpt)
 //   model.layers.N.self_attn.kv_scale                (older AutoFP8: one scale for both)
-//   model.layers.N.self_attn.{k,v}_proj.output_scale (older vLLM naming)
+//   model.layers.N.self_attn.{k,v}_proj.output_scale (older vLLM naming; Quark's)
 // A layer with two forms of the same scale is an error.
 #pragma once
 
@@ -51,12 +68,14 @@ class Checkpoint {
   static absl::StatusOr<std::unique_ptr<Checkpoint>> open(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
-  const ModelSpec& spec() const { return spec_; }  // from config.json, without config overrides
+  // From config.json, without config overrides; spec().quant is its quantization_config.
+  const ModelSpec& spec() const { return spec_; }
   const std::optional<KvScales>& kv_scales() const { return kv_scales_; }
   size_t num_files() const { return files_.size(); }
   const CheckpointTensor* find(absl::string_view name) const;
 
-  // The weights, converted to bf16 on demand. The Checkpoint must outlive the source.
+  // The weights, converted to bf16 on demand (FP8 projections of a checkpoint with a
+  // quantization_config stay FP8, see above). The Checkpoint must outlive the source.
   std::unique_ptr<HostWeightSource> weights() const;
   // INVALID_ARGUMENT unless `spec` has the checkpoint's shapes: the checkpoint's spec
   // with config overrides (the sliding window) applied.

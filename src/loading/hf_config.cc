@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
+#include "src/loading/quant_config.h"
 #include "src/loading/rope.h"
 
 namespace kvfuse {
@@ -409,20 +410,15 @@ absl::StatusOr<ModelSpec> spec_from_hf_config(const json& j, absl::string_view s
   }
   s.sliding_window = s.any_swa() ? window : 0;
 
-  if (r.present("quantization_config")) {
-    // FP8 checkpoints ("fp8" without blocks, or "compressed-tensors") are checked tensor
-    // by tensor: F8_E4M3 weights with per-tensor or per-output-channel scales load,
-    // anything else fails on its dtype. Other methods are refused here, early.
-    const json& q = j.at("quantization_config");
-    const std::string method = q.is_object() ? r.string_or(q, "quant_method", "") : "";
-    const bool blocks =
-        q.is_object() && q.contains("weight_block_size") && !q.at("weight_block_size").is_null();
-    if (!((method == "fp8" && !blocks) || method == "compressed-tensors")) {
-      return absl::UnimplementedError(absl::StrCat(
-          source, ": quantization_config method '", method, blocks ? "' with weight_block_size" : "",
-          "' is not supported (kvfuse loads bf16/fp16/fp32 weights, and FP8 e4m3 weights with per-tensor or "
-          "per-channel scales)"));
-    }
+  // quantization_config: FP8 checkpoints (src/loading/quant_config.h), whose tensors
+  // src/loading/checkpoint.cc then checks against it; other methods are refused here, early.
+  // Dynamic activation scales per tensor are served per token (src/loading/checkpoint_fp8.h).
+  auto quant = parse_quant_config(j, std::string(source));
+  if (!quant.ok()) return quant.status();
+  if (quant->has_value()) {
+    KVFUSE_RETURN_IF_ERROR((*quant)->require_tensor_or_channel_scales());
+    KVFUSE_RETURN_IF_ERROR((*quant)->check_fused_shards(s.num_layers));
+    s.quant = std::move(**quant);
   }
   return s;
 }

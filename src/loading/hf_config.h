@@ -19,6 +19,11 @@
 // unknown types are refused with UNIMPLEMENTED: their frequencies differ, so serving
 // them as another RoPE would silently give wrong logits. Bad values are
 // INVALID_ARGUMENT naming the field (e.g. 'rope_scaling.factor').
+// quantization_config: parsed by src/loading/quant_config.h (FP8 checkpoints of
+// compressed-tensors, Quark and fp8; other methods are refused) into ModelSpec::quant;
+// block-wise weight scales are refused with UNIMPLEMENTED, a config that quantizes some
+// shards of a fused q/k/v or gate/up projection but not the others with INVALID_ARGUMENT.
+// The tensors are checked against it by src/loading/checkpoint.h.
 #pragma once
 
 #include <string>
