@@ -28,19 +28,6 @@ std::string config_of(const QuantConfig& q) { return absl::StrCat("quantization_
 
 }  // namespace
 
-Fp8Act fp8_act(ActivationScheme a) {
-  switch (a) {
-    case ActivationScheme::none:
-      return Fp8Act::none;
-    case ActivationScheme::static_tensor:
-      return Fp8Act::static_tensor;
-    case ActivationScheme::dynamic_token:
-    case ActivationScheme::dynamic_tensor:  // per token instead: see the header
-      return Fp8Act::dynamic_token;
-  }
-  return Fp8Act::dynamic_token;
-}
-
 bool fp8_quantized(const QuantConfig& q, absl::string_view weight) {
   // Decoder-layer projections only: lm_head ends in "lm_head.weight", not "_proj.weight".
   if (q.linear.format != WeightQuantFormat::fp8_e4m3 || !absl::StartsWith(weight, "model.layers.") ||

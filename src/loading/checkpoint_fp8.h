@@ -20,12 +20,6 @@
 
 namespace kvfuse {
 
-// How a projection's input activations are quantized, from the checkpoint's scheme:
-// none -> none, static_tensor -> static_tensor, dynamic_token -> dynamic_token, and
-// dynamic_tensor -> dynamic_token. kvfuse scales dynamic activations per token row: finer
-// than one scale for the whole tensor, and a row's result does not depend on the other
-// rows of the batch (one scale per tensor would make it depend on them).
-Fp8Act fp8_act(ActivationScheme a);
 
 // True when the weight tensor `weight` (e.g. "model.layers.0.self_attn.q_proj.weight") is
 // a projection of a decoder layer (q/k/v/o_proj, gate/up/down_proj) that `q` quantizes:

@@ -59,20 +59,6 @@ void to_fp8(HostLinear& h, int64_t n, int64_t k, Fp8Act act) {
   h.act = act;
 }
 
-// How a preset's FP8 projections quantize their input activations.
-Fp8Act preset_act(const QuantConfig& q) {
-  switch (q.linear.activation) {
-    case ActivationScheme::none:
-      return Fp8Act::none;
-    case ActivationScheme::static_tensor:
-      return Fp8Act::static_tensor;
-    case ActivationScheme::dynamic_tensor:
-    case ActivationScheme::dynamic_token:
-      break;
-  }
-  return Fp8Act::dynamic_token;
-}
-
 }  // namespace
 
 float synthetic_weight(uint64_t seed, uint64_t tensor, uint64_t i) {
@@ -115,7 +101,7 @@ class SyntheticWeights final : public HostWeightSource {
       if (s_.quant->linear.activation == ActivationScheme::static_tensor) {
         return absl::InvalidArgumentError("synthetic FP8 weights: static activation scales are not synthesized");
       }
-      const Fp8Act act = preset_act(*s_.quant);
+      const Fp8Act act = fp8_act(s_.quant->linear.activation);
       const int64_t H = s_.hidden, I = s_.intermediate;
       to_fp8(L.qkv, s_.qkv_dim(), H, act);
       to_fp8(L.o, H, s_.q_dim(), act);

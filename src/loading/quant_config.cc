@@ -357,4 +357,17 @@ absl::StatusOr<std::optional<QuantConfig>> parse_quant_config(const json& config
   }
 }
 
+Fp8Act fp8_act(ActivationScheme a) {
+  switch (a) {
+    case ActivationScheme::none:
+      return Fp8Act::none;
+    case ActivationScheme::static_tensor:
+      return Fp8Act::static_tensor;
+    case ActivationScheme::dynamic_token:
+    case ActivationScheme::dynamic_tensor:  // per token instead: see the header
+      return Fp8Act::dynamic_token;
+  }
+  return Fp8Act::dynamic_token;
+}
+
 }  // namespace kvfuse

@@ -84,6 +84,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "kernels/common/fp8.h"
 
 namespace kvfuse {
 
@@ -142,6 +143,13 @@ struct QuantConfig {
   // stale (fields set by hand), ignored() compiles them itself.
   std::shared_ptr<const QuantPatterns> patterns;
 };
+
+// How a projection's input activations are quantized, from the checkpoint's scheme:
+// none -> none, static_tensor -> static_tensor, dynamic_token -> dynamic_token, and
+// dynamic_tensor -> dynamic_token. kvfuse scales dynamic activations per token row: finer
+// than one scale for the whole tensor, and a row's result does not depend on the other
+// rows of the batch (one scale per tensor would make it depend on them).
+Fp8Act fp8_act(ActivationScheme a);
 
 // config_json is the whole config.json object; nullopt when it has no
 // quantization_config (or null). `source` names the file in errors.

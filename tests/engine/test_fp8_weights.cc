@@ -2,7 +2,8 @@
 // codes, a scale per output channel, activations quantized per token at run time, the
 // lm_head in bf16) load, keep their projections in FP8, compute close to the bf16 model
 // they quantize, and keep the engine's guarantees: a row's bits do not depend on the
-// batch it runs in, and a run is reproducible. The kernels' arithmetic is
+// batch it runs in, and a run is reproducible; FP8 checkpoints (compressed-tensors, Quark)
+// are served from their FP8 codes. The kernels' arithmetic is
 // tests/kernels/test_cpu_gemm_fp8.cc's; the sharded model is tests/parallel/
 // test_tensor_parallel.cc's.
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include "src/loading/model_spec.h"
 #include "tests/util/catch.h"
+#include "tests/util/checkpoint_fp8_util.h"
 #include "tests/util/engine_test_util.h"
 
 using namespace kvfuse;
@@ -111,5 +113,76 @@ TEST_CASE("fp8 weights (cpu): a run is reproducible", "[fp8][engine]") {
   REQUIRE(ra.logits.size() == rb.logits.size());
   for (size_t i = 0; i < ra.logits.size(); ++i) {
     CHECK(std::memcmp(ra.logits[i].data(), rb.logits[i].data(), ra.logits[i].size() * sizeof(float)) == 0);
+  }
+}
+
+namespace {
+
+// tiny's weights as an FP8 checkpoint in `dir` (write_fp8's layout), and an engine on it.
+std::unique_ptr<Engine> fp8_checkpoint_engine(const TempDir& dir, const Fp8Layout& layout) {
+  auto spec = model_preset("tiny");
+  REQUIRE(spec.ok());
+  write_fp8(dir.path(), *spec, layout);
+  return make_engine({{"model_path", dir.path()}});
+}
+
+// The compressed-tensors layout of a weight-only (W8A16) export.
+nlohmann::json weight_only() {
+  nlohmann::json q = kCtDynamic;
+  q["config_groups"]["group_0"]["input_activations"] = nullptr;
+  return q;
+}
+
+}  // namespace
+
+TEST_CASE("fp8 checkpoint (cpu): W8A16 serves the same bits as its weights dequantized to bf16 at load",
+          "[fp8][engine][checkpoint]") {
+  // Power-of-two scales make every code times its scale exact in bf16: the FP8 GEMM's
+  // fp32 weights are then the bf16 GEMM's, and so are all the bits after them. The same
+  // files without a quantization_config load dequantized to bf16 (nothing there says how
+  // to compute in FP8).
+  TempDir fp8_dir, bf16_dir;
+  Fp8Layout fp8, deq;
+  fp8.quant = weight_only();
+  deq.quant = nullptr;
+  fp8.pow2_scales = deq.pow2_scales = true;
+  auto a = fp8_checkpoint_engine(fp8_dir, fp8);
+  auto b = fp8_checkpoint_engine(bf16_dir, deq);
+  REQUIRE(a->spec().quant.has_value());
+  CHECK_FALSE(b->spec().quant.has_value());
+  const Run ra = run_model(*a);
+  const Run rb = run_model(*b);
+  CHECK(ra.greedy == rb.greedy);
+  REQUIRE(ra.logits.size() == rb.logits.size());
+  for (size_t i = 0; i < ra.logits.size(); ++i) {
+    INFO("position " << i);
+    CHECK(std::memcmp(ra.logits[i].data(), rb.logits[i].data(), ra.logits[i].size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("fp8 checkpoint (cpu): W8A8 checkpoints serve close to the bf16 weights they quantize",
+          "[fp8][engine][checkpoint]") {
+  auto tiny = make_engine({{"model", "tiny"}, {"seed", 11}});  // write_fp8 exports seed 11
+  const Run ref = run_model(*tiny);
+  nlohmann::json ct_static = kCtDynamic;
+  ct_static["config_groups"]["group_0"]["input_activations"] = {
+      {"num_bits", 8}, {"strategy", "tensor"}, {"type", "float"}, {"dynamic", false}};
+  Fp8Layout dynamic, fixed;
+  fixed.quant = ct_static;
+  // Static input scales: the activations of tiny stay within a few units; 8 / 448 covers
+  // them with room to spare.
+  fixed.input_scale = [](const std::string&) { return 8.0f / 448.0f; };
+  for (const bool is_static : {false, true}) {
+    DYNAMIC_SECTION("compressed-tensors, " << (is_static ? "static per tensor" : "dynamic per token")) {
+      TempDir dir;
+      auto e = fp8_checkpoint_engine(dir, is_static ? fixed : dynamic);
+      const Run got = run_model(*e);
+      REQUIRE(got.logits.size() == ref.logits.size());
+      double worst = 1.0;
+      for (size_t i = 0; i < got.logits.size(); ++i) worst = std::min(worst, cosine(ref.logits[i], got.logits[i]));
+      INFO("worst logits cosine " << worst);
+      CHECK(worst > 0.99);
+      CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
+    }
   }
 }
