@@ -107,9 +107,9 @@ absl::Status LoopLifecycle::start_engine(LoopWork& work, ServerInfo& info) {
   const v1::GetInfoResponse& i = info.info();
   spdlog::info(
       "event=engine_ready model={} device=\"{}\" kv_cache_dtype={} kv_format={} kv_write={} attention={} "
-      "pages={} page_size={} tensor_parallel={}",
+      "pages={} page_size={} tensor_parallel={} weights=\"{}\" weight_gib={:.2f}",
       i.model(), i.device(), i.kv_cache_dtype(), i.kv_format(), i.kv_write(), i.attention(), i.num_pages(),
-      i.page_size(), i.tensor_parallel());
+      i.page_size(), i.tensor_parallel(), i.weight_format(), double(i.weight_bytes()) / double(1 << 30));
   if (!cfg.devices.empty() && engine.backend().device() == Device::cpu) {
     // A config written for GPUs that runs on the CPU backend (device auto on a host without
     // one, or device cpu): its GPU list means nothing here, which is worth a line.

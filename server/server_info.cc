@@ -31,6 +31,8 @@ void ServerInfo::build(Engine& engine, const Config& cfg, const ServiceLimits& b
   if (spec.pad_token_id >= 0) info_.set_pad_token_id(spec.pad_token_id);
   info_.set_max_position(uint32_t(spec.max_position));
   info_.set_tensor_parallel(uint32_t(engine.num_ranks()));
+  info_.set_weight_format(spec.weight_format());
+  info_.set_weight_bytes(uint64_t(spec.weight_bytes()));
   info_.set_max_batch_tokens(uint32_t(cfg.max_batch_tokens));
   info_.set_max_running_seqs(uint32_t(cfg.max_running_seqs));
   info_.set_max_decode_steps(uint32_t(limits_.max_decode_steps));

@@ -37,6 +37,21 @@ int64_t ModelSpec::num_params() const {
   return int64_t(vocab) * h * (tie_embeddings ? 1 : 2) + num_layers * per_layer + h;
 }
 
+int64_t ModelSpec::weight_bytes() const {
+  const int64_t h = hidden;
+  const bool fp8 = quant && quant->linear.format == WeightQuantFormat::fp8_e4m3;
+  // The projections of every layer (FP8: codes and per-output-channel scales), then the
+  // embeddings, norms, biases and lm_head in bf16 (the FP8 layouts leave the lm_head out).
+  const int64_t proj = h * qkv_dim() + q_dim() * h + 2 * h * intermediate + int64_t(intermediate) * h;
+  const int64_t proj_rows = qkv_dim() + h + 2 * int64_t(intermediate) + h;
+  const int64_t proj_bytes = fp8 ? proj + 4 * proj_rows : 2 * proj;
+  return num_layers * proj_bytes + 2 * (num_params() - num_layers * proj);
+}
+
+std::string ModelSpec::weight_format() const {
+  return quant && quant->linear.format == WeightQuantFormat::fp8_e4m3 ? quant->describe() : "bf16";
+}
+
 namespace {
 
 ModelSpec make(std::string name, std::string arch, int32_t vocab, int32_t hidden, int32_t inter,

@@ -76,6 +76,11 @@ struct ModelSpec {
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
   bool any_swa() const;
   int64_t num_params() const;
+  // Bytes of the weights as a backend holds them (all ranks together): bf16 values, and
+  // for FP8 projections one byte a value plus an fp32 scale per output channel.
+  int64_t weight_bytes() const;
+  // "bf16", or the FP8 scheme (QuantConfig::describe).
+  std::string weight_format() const;
 };
 
 // The named shape, with the preset's own sliding-window settings.

@@ -309,7 +309,8 @@ std::string QuantConfig::describe() const {
                                   : std::string(granularity_name(q));
   const std::string acts = q.activation == ActivationScheme::none             ? "unquantized"
                            : q.activation == ActivationScheme::static_tensor  ? "static per tensor"
-                           : q.activation == ActivationScheme::dynamic_tensor ? "dynamic per tensor"
+                           : q.activation == ActivationScheme::dynamic_tensor
+                               ? "dynamic per token (declared per tensor, fp8_act)"
                            : q.weight_scale == ScaleGranularity::block
                                ? absl::StrCat("dynamic per token group of ", q.block_k)
                                : "dynamic per token";

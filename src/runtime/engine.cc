@@ -32,14 +32,14 @@ double available_memory_gib() {
 }  // namespace
 
 absl::Status check_cpu_weight_memory(const ModelSpec& s, double available_gib) {
-  // The CPU backend holds weights in bf16: refuse shapes that cannot fit in memory with a
-  // message instead of failing an allocation half way.
-  const double need_gib = double(s.num_params()) * 2.0 / double(1 << 30);
+  // Refuse shapes whose weights cannot fit in memory with a message instead of failing an
+  // allocation half way.
+  const double need_gib = double(s.weight_bytes()) / double(1 << 30);
   if (available_gib > 0 && need_gib > 0.8 * available_gib) {
     return absl::ResourceExhaustedError(
-        absl::StrFormat("model '%s' needs %.1f GiB of bf16 weights on the CPU backend, %.1f GiB available; "
+        absl::StrFormat("model '%s' needs %.1f GiB of %s weights on the CPU backend, %.1f GiB available; "
                         "use a GPU device or the tiny preset",
-                        s.name, need_gib, available_gib));
+                        s.name, need_gib, s.weight_format(), available_gib));
   }
   return absl::OkStatus();
 }

@@ -50,6 +50,19 @@ TEST_CASE("fp8 weights: every preset has an -fp8 form, W8A8 with dynamic per-tok
     CHECK(fp8->quant->ignored("lm_head"));
     CHECK_FALSE(fp8->quant->ignored("model.layers.0.self_attn.q_proj"));
   }
+  // llama3-8b: 15.0 GiB of bf16 weights; with FP8 projections (1 byte a value and a
+  // 4-byte scale per output row) and the embeddings and lm_head in bf16, 8.5 GiB.
+  auto l8 = model_preset("llama3-8b");
+  auto l8f = model_preset("llama3-8b-fp8");
+  REQUIRE(l8.ok());
+  REQUIRE(l8f.ok());
+  CHECK(l8->weight_bytes() == 2 * l8->num_params());
+  CHECK(l8->weight_format() == "bf16");
+  const int64_t proj = 4096LL * 6144 + 4096LL * 4096 + 2 * 4096LL * 14336 + 14336LL * 4096;
+  const int64_t rows = 6144 + 4096 + 2 * 14336 + 4096;
+  CHECK(l8f->weight_bytes() == l8->weight_bytes() - 32 * (2 * proj - (proj + 4 * rows)));
+  CHECK(double(l8f->weight_bytes()) / double(1 << 30) == Approx(8.46).margin(0.01));
+  CHECK_THAT(l8f->weight_format(), ContainsSubstring("fp8_e4m3 W8A8 (weights per channel, activations dynamic per token)"));
   auto twice = model_preset("tiny-fp8-fp8");
   REQUIRE_FALSE(twice.ok());
   CHECK_THAT(std::string(twice.status().message()), ContainsSubstring("unknown preset 'tiny-fp8-fp8'"));

@@ -120,12 +120,26 @@ TEST_CASE("server: GetInfo reports the model, KV cache format, paths and pool", 
   CHECK_FALSE(info.has_bos_token_id());
   CHECK_FALSE(info.has_pad_token_id());
   CHECK(info.max_position() == 8192);
+  // bf16 weights: two bytes a parameter.
+  CHECK(info.weight_format() == "bf16");
+  CHECK(info.weight_bytes() == uint64_t(2 * model_preset("tiny")->num_params()));
   // The scales in use, per layer, as the pool holds them on the device.
   REQUIRE(info.k_scale_size() == 4);
   REQUIRE(info.v_scale_size() == 4);
   CHECK(info.k_scale(0) == 0.5f);
   CHECK(info.k_scale(3) == 4.0f);
   CHECK(info.v_scale(2) == 3.0f);
+}
+
+TEST_CASE("server: GetInfo reports FP8 weights: their scheme and bytes", "[server][fp8]") {
+  auto t = TestServer::start({"model=tiny-fp8"});
+  grpc::ClientContext ctx;
+  v1::GetInfoResponse info;
+  REQUIRE(t.stub->GetInfo(&ctx, {}, &info).ok());
+  CHECK(info.model() == "tiny-fp8");
+  CHECK(info.weight_format() == "preset fp8_e4m3 W8A8 (weights per channel, activations dynamic per token), 1 ignore entry");
+  CHECK(info.weight_bytes() == uint64_t(model_preset("tiny-fp8")->weight_bytes()));
+  CHECK(info.weight_bytes() < uint64_t(2 * model_preset("tiny")->num_params()));
 }
 
 TEST_CASE("server: health is NOT_SERVING and calls are UNAVAILABLE until the engine is warm", "[server]") {
