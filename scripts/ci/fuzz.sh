@@ -22,11 +22,13 @@ read -r -a absl <<<"$(pkg-config --cflags --libs absl_strings absl_str_format ab
 read -r -a logging <<<"$(pkg-config --cflags --libs spdlog fmt)"
 
 # Library sources of each target (everything else of src/ stays out: no backend, no BLAS).
-lib=(src/loading/safetensors.cc src/loading/checkpoint.cc src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc
+lib=(src/loading/safetensors.cc src/loading/checkpoint.cc src/loading/checkpoint_fp8.cc src/loading/hf_config.cc
+  src/loading/quant_config.cc src/loading/quant_config_formats.cc src/loading/model_spec.cc src/loading/config.cc
   src/loading/env_switches.cc src/loading/kv_scales.cc src/loading/rope.cc src/parallel/rendezvous.cc src/parallel/socket_io.cc)
 declare -A deps=(
   [fuzz_safetensors]="${lib[*]}"
-  [fuzz_config]="src/loading/hf_config.cc src/loading/model_spec.cc src/loading/config.cc src/loading/env_switches.cc src/loading/kv_scales.cc
+  [fuzz_config]="src/loading/hf_config.cc src/loading/quant_config.cc src/loading/quant_config_formats.cc
+    src/loading/model_spec.cc src/loading/config.cc src/loading/env_switches.cc src/loading/kv_scales.cc
     src/loading/rope.cc src/parallel/rendezvous.cc src/parallel/socket_io.cc"
 )
 

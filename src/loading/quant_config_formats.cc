@@ -314,7 +314,9 @@ absl::Status parse_quark(const Ctx& c, const json& q, const std::string& path, Q
     const json* map = nullptr;
     KVFUSE_RETURN_IF_ERROR(get_object(c, q, path, key, map));
     if (map == nullptr) continue;
-    for (const auto& [pattern, cfg] : map->items()) {
+    for (const auto& item : map->items()) {
+      const std::string& pattern = item.key();  // not a structured binding: the lambda below captures it
+      const json& cfg = item.value();
       const std::string p = child(child(path, key), pattern);
       const bool kv = key != std::string("layer_type_quant_config") &&
                       std::any_of(kv_group.begin(), kv_group.end(),
