@@ -53,15 +53,6 @@ std::map<std::string, std::vector<int64_t>> expected_tensors(const ModelSpec& s)
   return e;
 }
 
-bool is_float_dtype(StDtype d) {
-  return d == StDtype::BF16 || d == StDtype::F16 || d == StDtype::F32 || d == StDtype::F64;
-}
-bool is_projection(absl::string_view name) {
-  return absl::EndsWith(name, "_proj.weight") || name == "lm_head.weight";
-}
-std::string strip_suffix(absl::string_view name, absl::string_view suffix) {
-  return std::string(name.substr(0, name.size() - suffix.size()));
-}
 
 // "model.layers.<N><rest>": N and rest, or false.
 bool split_layer_name(absl::string_view name, int64_t& layer, absl::string_view& rest) {

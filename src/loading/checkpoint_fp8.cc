@@ -11,15 +11,6 @@ namespace kvfuse {
 
 namespace {
 
-bool is_float_dtype(StDtype d) {
-  return d == StDtype::BF16 || d == StDtype::F16 || d == StDtype::F32 || d == StDtype::F64;
-}
-bool is_projection(absl::string_view name) {
-  return absl::EndsWith(name, "_proj.weight") || name == "lm_head.weight";
-}
-std::string strip_suffix(absl::string_view name, absl::string_view suffix) {
-  return std::string(name.substr(0, name.size() - suffix.size()));
-}
 absl::Status err(const CheckpointTensor& t, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(t.file->path(), ": tensor '", t.info->name, "' ", what));
 }

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "kernels/common/fp8.h"
 #include "src/loading/checkpoint.h"
@@ -19,6 +20,17 @@
 #include "src/loading/quant_config.h"
 
 namespace kvfuse {
+
+// Names and dtypes, for checkpoint.cc and checkpoint_fp8.cc.
+inline bool is_float_dtype(StDtype d) {
+  return d == StDtype::BF16 || d == StDtype::F16 || d == StDtype::F32 || d == StDtype::F64;
+}
+inline bool is_projection(absl::string_view name) {
+  return absl::EndsWith(name, "_proj.weight") || name == "lm_head.weight";
+}
+inline std::string strip_suffix(absl::string_view name, absl::string_view suffix) {
+  return std::string(name.substr(0, name.size() - suffix.size()));
+}
 
 
 // True when the weight tensor `weight` (e.g. "model.layers.0.self_attn.q_proj.weight") is

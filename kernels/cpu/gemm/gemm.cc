@@ -94,18 +94,24 @@ void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, bf16_t* packed) {
 
 size_t gemm_wbuf_floats() { return size_t(kTileGroup * kTileKc * kTilePanel); }
 
-void gemm_f32(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* y, int64_t ldy,
-              GemmIsa isa, float* wbuf) {
+bool gemm_begin(int64_t m, int64_t k, int64_t n, float* y, int64_t ldy, GemmIsa isa) {
   const int64_t panels = panels_of(n);
-  if (m <= 0 || panels == 0) return;
+  if (m <= 0 || panels == 0) return false;
   if (k <= 0) {
     for (int64_t i = 0; i < m; ++i) std::memset(y + i * ldy, 0, size_t(panels * kGemmPanel) * sizeof(float));
-    return;
+    return false;
   }
   if (!cpu_has(isa)) {
     fprintf(stderr, "kvfuse cpu gemm: the %s kernel does not run on this CPU\n", gemm_isa_name(isa));
     abort();
   }
+  return true;
+}
+
+void gemm_f32(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_t n, float* y, int64_t ldy,
+              GemmIsa isa, float* wbuf) {
+  if (!gemm_begin(m, k, n, y, ldy, isa)) return;
+  const int64_t panels = panels_of(n);
   switch (isa) {
 #if defined(__x86_64__)
     case GemmIsa::avx512:

@@ -45,6 +45,11 @@ void gemm_f32(const float* x, int64_t m, int64_t k, const bf16_t* packed, int64_
               GemmIsa isa, float* wbuf = nullptr);
 size_t gemm_wbuf_floats();
 
+// What every GEMM entry checks first: false when there is nothing to multiply (m or n is
+// 0; k is 0: y's rows are zeroed, every padded column), true otherwise; aborts, naming
+// the kernel, when `isa` does not run on this CPU.
+bool gemm_begin(int64_t m, int64_t k, int64_t n, float* y, int64_t ldy, GemmIsa isa);
+
 // Floats of scratch linear_bf16 / linear_f32_out need.
 size_t gemm_scratch_floats(int64_t m, int64_t k, int64_t n);
 

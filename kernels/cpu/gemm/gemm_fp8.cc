@@ -108,16 +108,8 @@ void quantize_rows_fp8(const bf16_t* x, int64_t m, int64_t k, Fp8Act act, float 
 
 void gemm_fp8_f32(const float* x, int64_t m, int64_t k, const Fp8Weight& w, int64_t n, float* y, int64_t ldy,
                   GemmIsa isa, float* wbuf) {
+  if (!gemm_begin(m, k, n, y, ldy, isa)) return;
   const int64_t panels = panels_of(n);
-  if (m <= 0 || panels == 0) return;
-  if (k <= 0) {
-    for (int64_t i = 0; i < m; ++i) std::memset(y + i * ldy, 0, size_t(panels * kGemmPanel) * sizeof(float));
-    return;
-  }
-  if (!gemm_isa_supported(isa)) {
-    fprintf(stderr, "kvfuse cpu fp8 gemm: the %s kernel does not run on this CPU\n", gemm_isa_name(isa));
-    abort();
-  }
   if (wbuf == nullptr) fail("gemm_fp8_f32 needs wbuf");
   const float* table = decode_table(w.fmt);
   for (int64_t pc = 0; pc < k; pc += kKc) {
