@@ -13,7 +13,7 @@
 
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
-#include "tests/gpu/gpu_backend_test_util.h"
+#include "tests/util/gpu_backend.h"
 
 using namespace kvfuse;
 using namespace kvfuse::testing;

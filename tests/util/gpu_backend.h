@@ -1,4 +1,4 @@
-// Helpers of the GPU backend's parity tests (test_gpu_backend.cc, test_gpu_logprobs.cc):
+// Helpers of the GPU backend tests (tests/gpu/test_gpu_backend.cc, test_gpu_logprobs.cc):
 // the GPU backend or a skip, and host arrays mirrored in a backend's memory.
 #pragma once
 
