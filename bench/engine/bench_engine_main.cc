@@ -1,6 +1,6 @@
 // kvfuse-bench-engine: the engine's decode step against batch size and context length,
 // for one model, with the achieved bandwidth and the ratio to the memory roofline
-// (bf16 weights + attended KV read once per step at a peak bandwidth). Every cell runs
+// (the weights as stored, bf16 or FP8, + attended KV read once per step at a peak bandwidth). Every cell runs
 // each variant (attention unified | split x graphs off | on, and with --kv-write each KV
 // write path: the unfused / fused / fused_rope A/B in one engine) interleaved, in rotating
 // order, after a warm-up that covers graph capture; the output is a table, JSON and SVG.
@@ -331,8 +331,8 @@ int main(int argc, char** argv) {
       spec.name.c_str(), e.backend().description().c_str(), kv_format_name(e.kv_format()),
       write_names.c_str(), reps, warmup, steps);
   if (roofline) {
-    std::printf("roofline: (%.3f GB of bf16 weights + KV attended) per step at a peak of %.0f GB/s (%s)\n",
-                double(weight_bytes) / 1e9, peak_gbs, peak.source.c_str());
+    std::printf("roofline: (%.3f GB of %s weights + KV attended) per step at a peak of %.0f GB/s (%s)\n",
+                double(weight_bytes) / 1e9, spec.weight_format().c_str(), peak_gbs, peak.source.c_str());
   } else {
     std::printf("no memory roofline on the CPU backend (--peak-gbs N computes one against N GB/s)\n");
   }
@@ -578,9 +578,9 @@ int main(int argc, char** argv) {
               spec.name + " on " + device;
     const std::string sub =
         roofline ? absl::StrFormat(
-                       "step time / ((bf16 weights + KV attended) at %.0f GB/s); KV %s, %s write; lower is "
+                       "step time / ((%s weights + KV attended) at %.0f GB/s); KV %s, %s write; lower is "
                        "better, 1 = at the roofline; bars: 95%% CI",
-                       peak_gbs, kv_format_name(e.kv_format()), write_names)
+                       spec.quant ? "FP8" : "bf16", peak_gbs, kv_format_name(e.kv_format()), write_names)
                  : absl::StrFormat("mean decode step time; KV %s, %s write; lower is better; bars: 95%% CI",
                                    kv_format_name(e.kv_format()), write_names);
     std::ofstream f(svg_path);

@@ -21,10 +21,11 @@ absl::StatusOr<ModelSpec> rank_shapes(const ModelSpec& spec, int tp) {
 }
 
 int64_t decode_weight_bytes(const ModelSpec& spec) {
-  // num_params() counts the embedding table and, untied, the lm_head beside it; the
-  // untied table is not read as a whole.
+  // weight_bytes() counts the (bf16) embedding table and, untied, the lm_head beside it;
+  // the untied table is not read as a whole. FP8 projections count a byte a weight and
+  // their scales.
   const int64_t embed = int64_t(spec.vocab) * spec.hidden;
-  return 2 * (spec.num_params() - (spec.tie_embeddings ? 0 : embed));
+  return spec.weight_bytes() - (spec.tie_embeddings ? 0 : 2 * embed);
 }
 
 int64_t decode_kv_bytes_per_seq(const ModelSpec& spec, int64_t context_len, int kv_elem_bytes) {

@@ -77,6 +77,18 @@ TEST_CASE("bench engine roofline: llama3-8b weights and full-layer KV bytes", "[
   CHECK(decode_weight_bytes(s) == 2 * (s.num_params() - int64_t(s.vocab) * s.hidden));
 }
 
+TEST_CASE("bench engine roofline: FP8 weights count a byte a weight and their scales", "[bench][roofline]") {
+  const ModelSpec s = preset("llama3-8b");
+  const ModelSpec f = preset("llama3-8b-fp8");
+  // Per layer: the projections' weights (qkv 6144, o 4096, gate_up 28672, down 4096 rows)
+  // at 1 byte instead of 2, plus a 4-byte scale per row; embeddings, norms, lm_head bf16.
+  const int64_t proj = 4096LL * 6144 + 4096LL * 4096 + 2 * 4096LL * 14336 + 14336LL * 4096;
+  const int64_t rows = 6144 + 4096 + 2 * 14336 + 4096;
+  CHECK(decode_weight_bytes(f) == kLlamaWeightBytes - 32 * (proj - 4 * rows));
+  CHECK(decode_step_bytes(f, 8, 2048, 1) == decode_weight_bytes(f) + (int64_t(1) << 30));
+  CHECK(decode_weight_bytes(s) == kLlamaWeightBytes);
+}
+
 TEST_CASE("bench engine roofline: hybrid-swa caps window layers at the window", "[bench][roofline]") {
   const ModelSpec s = preset("hybrid-swa");  // 16 window layers (4096 keys), 16 full layers
   REQUIRE(s.sliding_window == 4096);
