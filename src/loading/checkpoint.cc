@@ -53,7 +53,6 @@ std::map<std::string, std::vector<int64_t>> expected_tensors(const ModelSpec& s)
   return e;
 }
 
-
 // "model.layers.<N><rest>": N and rest, or false.
 bool split_layer_name(absl::string_view name, int64_t& layer, absl::string_view& rest) {
   constexpr absl::string_view kPrefix = "model.layers.";

@@ -106,21 +106,23 @@ const json* get(const json& obj, const char* key) {
   const auto it = obj.find(std::string(key));
   return it == obj.end() || it->is_null() ? nullptr : &*it;
 }
+// A scalar of JSON type T at obj[key], or nullopt when absent or null; `is` checks the
+// type, `what` says what was expected.
+template <class T>
+absl::Status get_scalar(const Ctx& c, const json& obj, const std::string& path, const char* key,
+                        bool (json::*is)() const noexcept, const char* what, std::optional<T>& out) {
+  const json* v = get(obj, key);
+  if (v != nullptr && !(v->*is)()) return c.invalid(child(path, key), absl::StrCat(shown(*v), " is not ", what));
+  out = v ? std::optional<T>(v->get<T>()) : std::nullopt;
+  return absl::OkStatus();
+}
 absl::Status get_string(const Ctx& c, const json& obj, const std::string& path, const char* key,
                         std::optional<std::string>& out) {
-  const json* v = get(obj, key);
-  if (v != nullptr && !v->is_string())
-    return c.invalid(child(path, key), absl::StrCat(shown(*v), " is not a string"));
-  out = v ? std::optional<std::string>(v->get<std::string>()) : std::nullopt;
-  return absl::OkStatus();
+  return get_scalar(c, obj, path, key, &json::is_string, "a string", out);
 }
 absl::Status get_bool(const Ctx& c, const json& obj, const std::string& path, const char* key,
                       std::optional<bool>& out) {
-  const json* v = get(obj, key);
-  if (v != nullptr && !v->is_boolean())
-    return c.invalid(child(path, key), absl::StrCat(shown(*v), " is not true or false"));
-  out = v ? std::optional<bool>(v->get<bool>()) : std::nullopt;
-  return absl::OkStatus();
+  return get_scalar(c, obj, path, key, &json::is_boolean, "true or false", out);
 }
 absl::Status get_int(const Ctx& c, const json& obj, const std::string& path, const char* key,
                      std::optional<int64_t>& out) {
@@ -359,16 +361,9 @@ absl::StatusOr<std::optional<QuantConfig>> parse_quant_config(const json& config
 }
 
 Fp8Act fp8_act(ActivationScheme a) {
-  switch (a) {
-    case ActivationScheme::none:
-      return Fp8Act::none;
-    case ActivationScheme::static_tensor:
-      return Fp8Act::static_tensor;
-    case ActivationScheme::dynamic_token:
-    case ActivationScheme::dynamic_tensor:  // per token instead: see the header
-      return Fp8Act::dynamic_token;
-  }
-  return Fp8Act::dynamic_token;
+  // Dynamic scales, per tensor or per token, are computed per token (see the header).
+  if (a == ActivationScheme::none) return Fp8Act::none;
+  return a == ActivationScheme::static_tensor ? Fp8Act::static_tensor : Fp8Act::dynamic_token;
 }
 
 }  // namespace kvfuse

@@ -16,6 +16,7 @@
 // ulps of the tiny result. Values are O(1), so 1e-4 is far below any real error (a
 // wrong mask, scale or page changes outputs by ~1e-1).
 #include "tests/util/catch.h"
+#include "tests/util/attention_cases.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -35,14 +36,12 @@ namespace {
 
 using namespace kvfuse;
 
-constexpr double kAbsTol = 1e-4;
-constexpr bf16_t kPadBits = 0x1234;    // out padding: must survive
-constexpr bf16_t kUnsetBits = 0x7fc1;  // out rows before the call: every one must be overwritten
-
-struct SeqSpec {
-  int32_t ctx;    // context length including the new tokens
-  int32_t q_len;  // new tokens (1 = decode)
-};
+// The tolerance, the padding and unset-row markers and a sequence's shape are those of
+// the GPU parity test's problems (tests/util/attention_cases.h).
+using attention_cases::kAbsTol;
+using attention_cases::kPadBits;
+using attention_cases::kUnsetBits;
+using attention_cases::SeqSpec;
 
 struct AttnCase {
   KvFormat dtype = KvFormat::bf16;
@@ -75,7 +74,7 @@ std::vector<SeqSpec> mixed_batch() {
   return {{37, 37}, {70, 19}, {1, 1}, {45, 1}, {129, 1}, {200, 33}, {17, 2}, {64, 1}};
 }
 
-int32_t first_visible(int32_t pos, int32_t window) { return window > 0 ? std::max(0, pos - window + 1) : 0; }
+using attention_cases::first_visible;
 
 struct Problem {
   AttnCase c;
@@ -118,30 +117,10 @@ Problem make_problem(const AttnCase& c) {
   }
   p.num_tokens = p.query_start.back();
 
-  // Which pages each sequence needs; then a shuffled pool with a few extra pages.
-  std::vector<std::vector<bool>> needed(c.seqs.size());
-  int64_t total = 0;
-  for (size_t s = 0; s < c.seqs.size(); ++s) {
-    const int32_t lo = first_visible(c.seqs[s].ctx - c.seqs[s].q_len, c.window);
-    for (int32_t i = 0; i * ps < c.seqs[s].ctx; ++i) {
-      needed[s].push_back((i + 1) * ps - 1 >= lo);
-      total += needed[s].back();
-    }
-  }
-  p.num_pages = total + 3;
-  std::vector<int32_t> pool(static_cast<size_t>(p.num_pages));
-  for (int32_t i = 0; i < int32_t(p.num_pages); ++i) pool[size_t(i)] = i;
-  std::shuffle(pool.begin(), pool.end(), rng);
-  p.block_table.assign(c.seqs.size() * size_t(p.max_pages), -1);
-  size_t next = 0;
-  for (size_t s = 0; s < c.seqs.size(); ++s)
-    for (size_t i = 0; i < needed[s].size(); ++i)
-      if (needed[s][i]) p.block_table[s * size_t(p.max_pages) + i] = pool[next++];
+  attention_cases::place_pages(c.seqs, c.window, ps, p.max_pages, rng, p.num_pages, p.block_table);
 
-  const int eb = kv_format_bytes(c.dtype);
   const size_t cache_elems = size_t(p.num_pages * ps * p.row);
-  p.k_cache.assign(cache_elems * size_t(eb), 0);
-  p.v_cache.assign(cache_elems * size_t(eb), 0);
+  attention_cases::nan_caches(c.dtype, cache_elems, p.k_cache, p.v_cache);
   const bool fp8 = c.dtype != KvFormat::bf16;
   const Fp8Format fmt = kv_fp8_format(c.dtype);
   const auto store = [&](std::vector<uint8_t>& cache, size_t elem, float x, float scale) -> float {
@@ -153,16 +132,6 @@ Problem make_problem(const AttnCase& c) {
     memcpy(&cache[elem * 2], &b, 2);
     return bf16_to_f32(b);
   };
-  // NaN everywhere first.
-  for (size_t e = 0; e < cache_elems; ++e) {
-    if (fp8) {
-      p.k_cache[e] = p.v_cache[e] = fp8_spec(fmt).nan_code;
-    } else {
-      const bf16_t nan = 0x7fc0;
-      memcpy(&p.k_cache[e * 2], &nan, 2);
-      memcpy(&p.v_cache[e * 2], &nan, 2);
-    }
-  }
   for (size_t s = 0; s < c.seqs.size(); ++s) {
     const int32_t ctx = c.seqs[s].ctx;
     const int32_t lo = first_visible(ctx - c.seqs[s].q_len, c.window);

@@ -9,18 +9,13 @@
 
 #include "kernels/cpu/gemm/gemm.h"
 #include "tests/util/catch.h"
+#include "tests/util/random_bf16.h"
 
 namespace {
 
 using namespace kvfuse;
 
-std::vector<bf16_t> random_bf16(size_t n, float lo, float hi, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> uni(lo, hi);
-  std::vector<bf16_t> v(n);
-  for (auto& x : v) x = f32_to_bf16(uni(rng));
-  return v;
-}
+using kvfuse::testing::random_bf16;
 
 std::vector<cpu::GemmIsa> supported_isas() {
   std::vector<cpu::GemmIsa> out;

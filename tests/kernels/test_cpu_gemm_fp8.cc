@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/gemm/gemm_fp8.h"
 #include "tests/util/catch.h"
+#include "tests/util/random_bf16.h"
 
 namespace {
 
@@ -44,13 +45,7 @@ std::vector<uint8_t> random_fp8(size_t n, Fp8Format f, uint64_t seed) {
   return v;
 }
 
-std::vector<bf16_t> random_bf16(size_t n, float lo, float hi, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> uni(lo, hi);
-  std::vector<bf16_t> v(n);
-  for (auto& x : v) x = f32_to_bf16(uni(rng));
-  return v;
-}
+using kvfuse::testing::random_bf16;
 
 std::vector<float> random_scales(size_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -5,6 +5,7 @@
 // rounding alone is up to half an ulp (2^-8 relative); the tolerances below allow one
 // ulp (2^-7 relative) plus whatever fp32 error the op's own arithmetic can add.
 #include "tests/util/catch.h"
+#include "tests/util/random_bf16.h"
 
 #include <cmath>
 #include <limits>
@@ -19,13 +20,7 @@ using namespace kvfuse;
 
 double bf(bf16_t b) { return kvfuse::bf16_to_f32(b); }
 
-std::vector<bf16_t> random_bf16(size_t n, float lo, float hi, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> uni(lo, hi);
-  std::vector<bf16_t> v(n);
-  for (auto& x : v) x = kvfuse::f32_to_bf16(uni(rng));
-  return v;
-}
+using kvfuse::testing::random_bf16;
 
 // |x| in [2^(e-1), 2^e): one bf16 ulp is 2^(e-8).
 double bf16_ulp(double x) {

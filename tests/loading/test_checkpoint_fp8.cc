@@ -390,28 +390,26 @@ TEST_CASE("fp8 checkpoint errors: a NaN weight code names the tensor and the ele
   }
 }
 
-TEST_CASE("fp8 checkpoint errors: a projection stored bf16 that the config quantizes names it",
+TEST_CASE("fp8 checkpoint errors: a projection stored otherwise than the config says names it",
           "[checkpoint][fp8][errors]") {
-  TempDir dir;
-  Fp8Layout layout;
-  layout.fp8 = [](const std::string& w) { return w != kO0; };
-  write_fp8(dir.path(), tiny(), layout);
-  const std::string e = open_error(dir.path());
-  CAPTURE(e);
-  CHECK(contains(e, "tensor '" + kO0 + "' has dtype BF16"));
-  CHECK(contains(e, "quantizes model.layers.0.self_attn.o_proj, so it must be F8_E4M3"));
-}
-
-TEST_CASE("fp8 checkpoint errors: a projection stored FP8 that the config ignores names it",
-          "[checkpoint][fp8][errors]") {
-  TempDir dir;
-  Fp8Layout layout;
-  layout.quant["ignore"] = {"lm_head", "model.layers.0.self_attn.o_proj"};
-  write_fp8(dir.path(), tiny(), layout);
-  const std::string e = open_error(dir.path());
-  CAPTURE(e);
-  CHECK(contains(e, "tensor '" + kO0 + "' has dtype F8_E4M3"));
-  CHECK(contains(e, "leaves model.layers.0.self_attn.o_proj unquantized"));
+  struct Case {
+    const char* stored;  // o_proj of layer 0 as written
+    Fp8Layout layout;
+    const char* says;
+  };
+  Case bf16{"BF16", {}, "quantizes model.layers.0.self_attn.o_proj, so it must be F8_E4M3"};
+  bf16.layout.fp8 = [](const std::string& w) { return w != kO0; };
+  Case fp8{"F8_E4M3", {}, "leaves model.layers.0.self_attn.o_proj unquantized"};
+  fp8.layout.quant["ignore"] = {"lm_head", "model.layers.0.self_attn.o_proj"};
+  for (const Case* c : {&bf16, &fp8}) {
+    CAPTURE(c->stored);
+    TempDir dir;
+    write_fp8(dir.path(), tiny(), c->layout);
+    const std::string e = open_error(dir.path());
+    CAPTURE(e);
+    CHECK(contains(e, "tensor '" + kO0 + "' has dtype " + c->stored));
+    CHECK(contains(e, c->says));
+  }
 }
 
 TEST_CASE("fp8 checkpoint errors: a config that ignores some shards of a fused projection names them",

@@ -146,6 +146,14 @@ const json kFp8AmdKv = json::parse(R"({"activation_scheme": "static", "ignored_l
 const json kFp8Blocks = json::parse(R"({"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                         "weight_block_size": [128, 128]})");
 
+// An FP8 scheme as parsed: the method, the weight scales' granularity, the activation
+// scheme, and whether the config declares KV scales.
+void check_scheme(const QuantConfig& q, const char* method, ScaleGranularity w, ActivationScheme a, bool kv) {
+  CHECK(q.method == method);
+  CHECK(q.linear == LinearQuant{WeightQuantFormat::fp8_e4m3, w, 0, 0, a});
+  CHECK(q.kv_cache_scales == kv);
+}
+
 }  // namespace
 
 TEST_CASE("quant config: no quantization_config, or null, is no quantization", "[quant_config]") {
@@ -267,10 +275,7 @@ TEST_CASE("quant config: compressed-tensors refusals name the key path",
 
 TEST_CASE("quant config: a Quark FP8-KV export gives its scheme and KV scales", "[quant_config][quark]") {
   const QuantConfig q = parsed(kQuarkFp8Kv);
-  CHECK(q.method == "quark");
-  CHECK(q.linear == LinearQuant{WeightQuantFormat::fp8_e4m3, ScaleGranularity::tensor, 0, 0,
-                                ActivationScheme::static_tensor});
-  CHECK(q.kv_cache_scales);
+  check_scheme(q, "quark", ScaleGranularity::tensor, ActivationScheme::static_tensor, true);
   CHECK(q.ignore == std::vector<std::string>{"lm_head"});
   CHECK(q.targets.empty());
   CHECK(q.ignored("lm_head"));
@@ -347,10 +352,7 @@ TEST_CASE("quant config: Quark refusals name the key path", "[quant_config][quar
 
 TEST_CASE("quant config: fp8 configs, KV scales and block scales", "[quant_config][fp8]") {
   const QuantConfig a = parsed(kFp8AmdKv);
-  CHECK(a.method == "fp8");
-  CHECK(a.linear == LinearQuant{WeightQuantFormat::fp8_e4m3, ScaleGranularity::tensor, 0, 0,
-                                ActivationScheme::static_tensor});
-  CHECK(a.kv_cache_scales);
+  check_scheme(a, "fp8", ScaleGranularity::tensor, ActivationScheme::static_tensor, true);
   CHECK(a.ignored("lm_head"));
   CHECK(a.require_tensor_or_channel_scales().ok());
 

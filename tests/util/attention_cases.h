@@ -76,6 +76,50 @@ inline int32_t first_visible(int32_t pos, int32_t window) {
 }
 
 // Host problem with the layout the device copy gets (kernels/common/kv_types.h).
+// Pages for a batch's sequences (each with ctx and q_len): which pages each needs (none
+// wholly before its window), drawn from a shuffled pool with 3 spare pages; -1 in the
+// block table for every page not needed. The CPU attention test builds its own problems
+// with it too (tests/kernels/test_attention.cc).
+template <class Seqs, class Rng>
+void place_pages(const Seqs& seqs, int32_t window, int32_t ps, int32_t max_pages, Rng& rng, int64_t& num_pages,
+                 std::vector<int32_t>& block_table) {
+  std::vector<std::vector<bool>> needed(seqs.size());
+  int64_t total = 0;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    const int32_t lo = first_visible(seqs[s].ctx - seqs[s].q_len, window);
+    for (int32_t i = 0; i * ps < seqs[s].ctx; ++i) {
+      needed[s].push_back((i + 1) * ps - 1 >= lo);
+      total += needed[s].back();
+    }
+  }
+  num_pages = total + 3;
+  std::vector<int32_t> pool(static_cast<size_t>(num_pages));
+  for (int32_t i = 0; i < int32_t(num_pages); ++i) pool[size_t(i)] = i;
+  std::shuffle(pool.begin(), pool.end(), rng);
+  block_table.assign(seqs.size() * size_t(max_pages), -1);
+  size_t next = 0;
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (size_t i = 0; i < needed[s].size(); ++i)
+      if (needed[s][i]) block_table[s * size_t(max_pages) + i] = pool[next++];
+}
+
+// K and V caches of `elems` elements of `dtype`, NaN in every slot (a kernel that reads a
+// slot nobody wrote produces NaN).
+inline void nan_caches(KvFormat dtype, size_t elems, std::vector<uint8_t>& k, std::vector<uint8_t>& v) {
+  const size_t eb = size_t(kv_format_bytes(dtype));
+  k.assign(elems * eb, 0);
+  v.assign(elems * eb, 0);
+  for (size_t e = 0; e < elems; ++e) {
+    if (dtype != KvFormat::bf16) {
+      k[e] = v[e] = fp8_spec(kv_fp8_format(dtype)).nan_code;
+    } else {
+      const bf16_t nan = 0x7fc0;
+      memcpy(&k[e * 2], &nan, 2);
+      memcpy(&v[e * 2], &nan, 2);
+    }
+  }
+}
+
 struct Problem {
   Case c;
   int32_t num_q_heads = 0;
@@ -110,40 +154,13 @@ inline Problem make_problem(const Case& c) {
   }
   p.num_tokens = p.query_start.back();
 
-  std::vector<std::vector<bool>> needed(c.seqs.size());
-  int64_t total = 0;
-  for (size_t s = 0; s < c.seqs.size(); ++s) {
-    const int32_t lo = first_visible(c.seqs[s].ctx - c.seqs[s].q_len, c.window);
-    for (int32_t i = 0; i * ps < c.seqs[s].ctx; ++i) {
-      needed[s].push_back((i + 1) * ps - 1 >= lo);
-      total += needed[s].back();
-    }
-  }
-  p.num_pages = total + 3;
-  std::vector<int32_t> pool(static_cast<size_t>(p.num_pages));
-  for (int32_t i = 0; i < int32_t(p.num_pages); ++i) pool[size_t(i)] = i;
-  std::shuffle(pool.begin(), pool.end(), rng);
-  p.block_table.assign(c.seqs.size() * size_t(p.max_pages), -1);
-  size_t next = 0;
-  for (size_t s = 0; s < c.seqs.size(); ++s)
-    for (size_t i = 0; i < needed[s].size(); ++i)
-      if (needed[s][i]) p.block_table[s * size_t(p.max_pages) + i] = pool[next++];
+  place_pages(c.seqs, c.window, ps, p.max_pages, rng, p.num_pages, p.block_table);
 
-  const int eb = kv_format_bytes(c.dtype);
   const size_t cache_elems = size_t(p.num_pages * ps * p.row);
-  p.k_cache.assign(cache_elems * size_t(eb), 0);
-  p.v_cache.assign(cache_elems * size_t(eb), 0);
+  nan_caches(c.dtype, cache_elems, p.k_cache, p.v_cache);
+  const int eb = kv_format_bytes(c.dtype);
   const bool fp8 = c.dtype != KvFormat::bf16;
   const Fp8Format fmt = kv_fp8_format(c.dtype);
-  for (size_t e = 0; e < cache_elems; ++e) {
-    if (fp8) {
-      p.k_cache[e] = p.v_cache[e] = fp8_spec(fmt).nan_code;
-    } else {
-      const bf16_t nan = 0x7fc0;
-      memcpy(&p.k_cache[e * 2], &nan, 2);
-      memcpy(&p.v_cache[e * 2], &nan, 2);
-    }
-  }
   const auto store = [&](std::vector<uint8_t>& cache, size_t elem, float x, float scale) {
     if (fp8) {
       cache[elem] = fp8_encode(x * (1.0f / scale), fmt);

@@ -83,14 +83,6 @@ bool gemm_isa_from_env(GemmIsa& isa, std::string& error) {
 
 size_t gemm_packed_elems(int64_t n, int64_t k) { return size_t(panels_of(n) * kGemmPanel * k); }
 
-void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, bf16_t* packed) {
-  for (int64_t p = 0; p < panels_of(n); ++p)
-    for (int64_t kk = 0; kk < k; ++kk)
-      for (int64_t c = 0; c < kGemmPanel; ++c) {
-        const int64_t row = p * kGemmPanel + c;
-        packed[(p * k + kk) * kGemmPanel + c] = row < n ? w[row * k + kk] : bf16_t(0);
-      }
-}
 
 size_t gemm_wbuf_floats() { return size_t(kTileGroup * kTileKc * kTilePanel); }
 

@@ -33,10 +33,24 @@ GemmIsa gemm_widest_isa();
 // avx512); an unknown or unsupported name there is an error naming the variable.
 bool gemm_isa_from_env(GemmIsa& isa, std::string& error);
 
-// bf16 elements of a packed [n, k] weight.
+// Elements of a packed [n, k] weight (bf16, or FP8 bytes: kernels/cpu/gemm/gemm_fp8.h).
 size_t gemm_packed_elems(int64_t n, int64_t k);
+// Packs a [n, k] row-major weight into panels of kGemmPanel rows, k-major within a panel,
+// zero past n.
+template <class T>
+void gemm_pack_panels(const T* w, int64_t n, int64_t k, T* packed) {
+  const int64_t panels = (n + kGemmPanel - 1) / kGemmPanel;
+  for (int64_t p = 0; p < panels; ++p)
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int64_t c = 0; c < kGemmPanel; ++c) {
+        const int64_t row = p * kGemmPanel + c;
+        packed[(p * k + kk) * kGemmPanel + c] = row < n ? w[row * k + kk] : T(0);
+      }
+}
 // Packs a bf16 [n, k] row-major weight.
-void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, bf16_t* packed);
+inline void gemm_pack_weight(const bf16_t* w, int64_t n, int64_t k, bf16_t* packed) {
+  gemm_pack_panels(w, n, k, packed);
+}
 
 // y[i * ldy + j] = sum_p x[i * k + p] * w[j, p] for j < round_up(n, kGemmPanel) (columns
 // past n are 0), with `packed` from gemm_pack_weight. ldy >= round_up(n, kGemmPanel).

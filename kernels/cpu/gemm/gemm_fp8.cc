@@ -70,15 +70,10 @@ void dequantize_block(const Fp8Weight& w, int64_t n, int64_t k, int64_t jp, int6
 
 }  // namespace
 
-size_t gemm_packed_fp8_bytes(int64_t n, int64_t k) { return size_t(panels_of(n) * kGemmPanel * k); }
+size_t gemm_packed_fp8_bytes(int64_t n, int64_t k) { return gemm_packed_elems(n, k); }
 
 void gemm_pack_weight_fp8(const uint8_t* w, int64_t n, int64_t k, uint8_t* packed) {
-  for (int64_t p = 0; p < panels_of(n); ++p)
-    for (int64_t kk = 0; kk < k; ++kk)
-      for (int64_t c = 0; c < kGemmPanel; ++c) {
-        const int64_t row = p * kGemmPanel + c;
-        packed[(p * k + kk) * kGemmPanel + c] = row < n ? w[row * k + kk] : uint8_t(0);
-      }
+  gemm_pack_panels(w, n, k, packed);
 }
 
 void quantize_rows_fp8(const bf16_t* x, int64_t m, int64_t k, Fp8Act act, float static_scale,
