@@ -15,6 +15,7 @@
 #include "tests/util/catch.h"
 #include "tests/util/checkpoint_fp8_util.h"
 #include "tests/util/engine_test_util.h"
+#include "tests/util/forwarding_backend.h"
 
 using namespace kvfuse;
 using namespace kvfuse::testing;
@@ -198,4 +199,34 @@ TEST_CASE("fp8 checkpoint (cpu): W8A8 checkpoints serve close to the bf16 weight
       CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
     }
   }
+}
+
+namespace {
+
+// A backend without FP8 GEMMs (as the GPU backends are today): the CPU backend for
+// everything else, Backend's refusal for FP8 weights.
+class NoFp8Backend final : public ForwardingBackend {
+ public:
+  NoFp8Backend() : ForwardingBackend(make_cpu_backend()) {}
+  absl::StatusOr<LinearWeight> upload_linear_fp8(const Fp8LinearHost& w, int64_t n, int64_t k,
+                                                 const bf16_t* bias) override {
+    return Backend::upload_linear_fp8(w, n, k, bias);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fp8 weights: a backend without FP8 GEMMs refuses the model at load, naming itself",
+          "[fp8][engine]") {
+  auto cfg = config_from_json({{"model", "tiny-fp8"}, {"device", "cpu"}});
+  REQUIRE(cfg.ok());
+  auto e = Engine::create(*cfg, std::make_unique<NoFp8Backend>());
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK_THAT(std::string(e.status().message()), ContainsSubstring("FP8 weights are not served by this backend"));
+  CHECK_THAT(std::string(e.status().message()), ContainsSubstring("cpu"));  // the backend's description
+  // The same backend serves the bf16 model.
+  auto bf16_cfg = config_from_json({{"model", "tiny"}, {"device", "cpu"}});
+  REQUIRE(bf16_cfg.ok());
+  CHECK(Engine::create(*bf16_cfg, std::make_unique<NoFp8Backend>()).ok());
 }

@@ -36,6 +36,10 @@ class ForwardingBackend : public Backend {
   absl::StatusOr<LinearWeight> upload_linear(const bf16_t* w, int64_t n, int64_t k, const bf16_t* bias) override {
     return in_->upload_linear(w, n, k, bias);
   }
+  absl::StatusOr<LinearWeight> upload_linear_fp8(const Fp8LinearHost& w, int64_t n, int64_t k,
+                                                 const bf16_t* bias) override {
+    return in_->upload_linear_fp8(w, n, k, bias);
+  }
   absl::Status embedding(const int32_t* ids, int64_t n, const bf16_t* table, int64_t hidden,
                          bf16_t* out) override {
     return in_->embedding(ids, n, table, hidden, out);
