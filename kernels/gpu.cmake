@@ -63,13 +63,23 @@ function(kvfuse_gpu_warnings target)
 endfunction()
 
 # The CPU references the GPU kernels and their parity tests use: the KV write (the GPU
-# scratch layout is its layout) and paged attention. In the full build they come with
-# kvfuse_kernels_cpu; the standalone GPU build compiles only these files (no BLAS, no
-# absl).
+# scratch layout is its layout), paged attention, and the FP8-weight GEMM (with the bf16
+# GEMM it runs its blocks through, and the ops' bulk conversions). In the full build they
+# come with kvfuse_kernels_cpu; the standalone GPU build compiles only these files (no
+# BLAS, no absl), the GEMM's vector kernels with their instruction sets as the top-level
+# CMakeLists.txt gives them.
 if(TARGET kvfuse_kernels_cpu)
   set(KVFUSE_GPU_CPU_REF kvfuse_kernels_cpu)
 else()
-  add_library(kvfuse_cpu_ref STATIC ${KVFUSE_ROOT}/kernels/cpu/kv_write/kv_write.cc ${KVFUSE_ROOT}/kernels/cpu/attention/attention.cc)
+  set(KVFUSE_CPU_REF_SOURCES ${KVFUSE_ROOT}/kernels/cpu/kv_write/kv_write.cc ${KVFUSE_ROOT}/kernels/cpu/attention/attention.cc
+      ${KVFUSE_ROOT}/kernels/cpu/gemm/gemm.cc ${KVFUSE_ROOT}/kernels/cpu/gemm/gemm_fp8.cc ${KVFUSE_ROOT}/kernels/cpu/ops/ops.cc)
+  if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
+    set_source_files_properties(${KVFUSE_ROOT}/kernels/cpu/gemm/gemm_avx2.cc PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma")
+    set_source_files_properties(${KVFUSE_ROOT}/kernels/cpu/gemm/gemm_avx512.cc PROPERTIES COMPILE_OPTIONS "-mavx512f")
+    list(APPEND KVFUSE_CPU_REF_SOURCES ${KVFUSE_ROOT}/kernels/cpu/gemm/gemm_avx2.cc
+         ${KVFUSE_ROOT}/kernels/cpu/gemm/gemm_avx512.cc)
+  endif()
+  add_library(kvfuse_cpu_ref STATIC ${KVFUSE_CPU_REF_SOURCES})
   target_include_directories(kvfuse_cpu_ref PUBLIC ${KVFUSE_ROOT})
   target_compile_options(kvfuse_cpu_ref PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-ffp-contract=off>)
   kvfuse_gpu_warnings(kvfuse_cpu_ref)

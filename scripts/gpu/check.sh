@@ -7,12 +7,12 @@
 #
 # KVFUSE_GPU defaults to CUDA where nvcc is found, else HIP where a ROCm clang is.
 # It needs only the vendor toolkit, cmake (>= 3.22) and a host compiler: it configures the
-# standalone GPU build of tests/gpu/CMakeLists.txt (kernels, the CPU KV-write and
-# attention references, the tests and bench/; no absl, gRPC or BLAS), builds it, runs
+# standalone GPU build of tests/gpu/CMakeLists.txt (kernels, the CPU KV-write, attention
+# and FP8 GEMM references, the tests and bench/; no absl, gRPC or BLAS), builds it, runs
 # the parity programs, bench_kv_write and bench_attention (and, where torch and Triton
 # are installed, bench/anchor/kv_write_triton.py), then (if compute-sanitizer
-# is there and works) the KV-write and attention tests once more under memcheck (reduced
-# matrices). Files go to $OUT (the device runner's output folder; at most 8 files come
+# is there and works) the KV-write, attention and FP8 GEMV tests once more under memcheck
+# (reduced matrices). Files go to $OUT (the device runner's output folder; at most 8 files come
 # back from it; this writes 10: summary.txt, build.log, gpu_tests.log with every test
 # program's and memcheck's output, engine.log, hf_reference.log and .json, and per
 # benchmark its table and JSON; the device run packs them into one archive) or,
@@ -111,7 +111,7 @@ note "built in $(elapsed)"
 status=0
 tests_log="$out/gpu_tests.log"
 : >"$tests_log"
-tests=(test_fp8_convert_gpu test_kv_write_gpu test_kv_write_rope_gpu test_attention_gpu test_attention_rope_gpu test_gemv_gpu)
+tests=(test_fp8_convert_gpu test_kv_write_gpu test_kv_write_rope_gpu test_attention_gpu test_attention_rope_gpu test_gemv_gpu test_gemv_fp8_gpu)
 [[ $vendor == HIP ]] && tests+=(test_mfma_gpu)
 benches_only=${KVFUSE_CHECK_BENCHES_ONLY:-0}
 [[ $benches_only == 1 ]] && tests=()
@@ -154,14 +154,14 @@ if [[ $benches_only == 1 ]]; then
 fi
 
 # Out-of-bounds accesses would not always change the values compared above: memcheck
-# the KV-write and attention tests (reduced matrices), output appended to
+# the KV-write, attention and FP8 GEMV tests (reduced matrices), output appended to
 # gpu_tests.log. "Device not supported" (gVisor) is a skip.
 san=""
 [[ $vendor == CUDA ]] && san=$(command -v compute-sanitizer || ls -d /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [[ $vendor == HIP ]]; then
   note "compute-sanitizer: SKIP (NVIDIA only)"
 elif [[ -n $san ]]; then
-  for t in test_kv_write_gpu test_kv_write_rope_gpu test_attention_gpu; do
+  for t in test_kv_write_gpu test_kv_write_rope_gpu test_attention_gpu test_gemv_fp8_gpu; do
     KVFUSE_GPU_TEST_QUICK=1 timeout "${KVFUSE_SANITIZER_TIMEOUT:-150}" "$san" --tool memcheck --error-exitcode 3 \
       "$build/$t" >"$build/$t.memcheck.log" 2>&1
     rc=$?

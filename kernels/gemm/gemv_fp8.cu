@@ -1,0 +1,388 @@
+// Decode-sized GEMM with FP8 weights, and the activation quantizer (kernels/gemm/gemv_fp8.cuh).
+#include "kernels/common/gpu.h"
+
+#include "kernels/gemm/gemv_fp8.cuh"
+
+#include <climits>
+#include <type_traits>
+
+#include "kernels/common/bf16x8.cuh"
+#include "kernels/common/fp8_convert.cuh"
+#include "kernels/common/fp8_decode.cuh"
+
+namespace kvfuse::gpu {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int64_t kChunk = 16;  // codes of w per 16-byte load
+
+struct GemvFp8Args {
+  const bf16_t* x;       // W8A16
+  const uint8_t* xq;     // W8A8
+  const float* x_scale;  // W8A8
+  const uint8_t* w;
+  const float* w_scale;
+  const float* bias;  // or null
+  int64_t n, k;
+  void* out;
+  bool out_f32;
+};
+
+// 8 bytes of read-only data (a W8A8 half chunk of xq). The caller guarantees 8-byte alignment.
+KVFUSE_DEVICE uint2 load_8B(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
+
+// kRows rows of w per group of kSplit warps, as the bf16 GEMV's kernel (kernels/gemm/gemv.cu,
+// whose comment tells the tilings, the software pipelining and the split-K in full): each
+// lane loads kUnroll 16-byte chunks (16 codes) of each of its rows per step, the loads of
+// step s + 1 issued before the math of step s; the first chunks (and, for few sums, the
+// weight scales and biases) are loaded before the PDL wait (they do not come from the kernel
+// before), x after.
+// A chunk is used in two halves of 8 codes: the group's rows' halves are decoded once
+// (fp8x8_decode), then every token row's 8 activations (bf16 widened, or codes decoded) are
+// multiplied into the sums, in element order. kQ: the activations are codes xq (W8A8), else
+// bf16 x (W8A16). Each lane's sums are of decoded values in units of fp8_decode_unit (exact
+// products); the unit and the scales are applied once, after the butterfly, by lane 0.
+template <int M, bool kQ, Fp8Format F, int kRows, int kUnroll, int kSplit>
+__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4) gemv_fp8_kernel(GemvFp8Args a) {
+  static_assert(kSplit >= 1 && (kThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
+  const int part = warp_id() % kSplit;
+  const int lane = lane_id() + part * kWarpSize;
+  const int64_t n = a.n, k = a.k;
+  const int64_t row0 =
+      (int64_t(blockIdx.x) * (kThreads / kWarpSize / kSplit) + int64_t(warp_id() / kSplit)) * kRows;
+  const int64_t chunks = k / kChunk;
+  constexpr int64_t kStride = int64_t(kUnroll) * kWarpSize * kSplit;
+  const bool full = row0 + kRows <= n;
+  float acc[kRows][M];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = 0.0f;
+  Fp8NanWatch<F> w_nan[kRows];
+  Fp8NanWatch<F> x_nan[M];
+  uint4 wv[kUnroll][kRows];
+  const uint64_t policy = l2_evict_first_policy();
+  auto load_w = [&](int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + int64_t(u) * kWarpSize * kSplit;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        wv[u][r] = c < chunks && (full || row0 + r < n)
+                       ? load_stream_16B(a.w + (row0 + r) * k + c * kChunk, policy)
+                       : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  };
+  if (lane < chunks) load_w(lane);
+  // The group's weight scales and biases (rows past n read row n - 1's, never stored):
+  // before the loop where registers allow (M * kRows <= 8), else after it, their latency
+  // then under the butterfly's.
+  constexpr bool kEarlyScales = M * kRows <= 8;
+  float w_scale[kRows], bias[kRows];
+  const auto load_scales = [&] {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t j = row0 + r < n ? row0 + r : n - 1;
+      w_scale[r] = a.w_scale[j];
+      bias[r] = a.bias != nullptr ? a.bias[j] : 0.0f;
+    }
+  };
+  if constexpr (kEarlyScales) load_scales();
+  grid_dependency_wait();  // PDL: x (xq, x_scale) comes from the kernel before
+  for (int64_t c0 = lane; c0 < chunks; c0 += kStride) {
+    uint4 cur[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) cur[u][r] = wv[u][r];
+    if (c0 + kStride < chunks) load_w(c0 + kStride);  // the next step's loads, before this step's math
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + int64_t(u) * kWarpSize * kSplit;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float wf[kRows][8];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          fp8x8_decode<F>(h == 0 ? cur[u][r].x : cur[u][r].z, h == 0 ? cur[u][r].y : cur[u][r].w, wf[r],
+                          w_nan[r]);
+        }
+        const int64_t at = c * kChunk + h * 8;  // the half chunk's first element of a row
+#pragma unroll
+        for (int i = 0; i < M; ++i) {
+          float xf[8];
+          if constexpr (kQ) {
+            const uint2 q = load_8B(a.xq + int64_t(i) * k + at);
+            fp8x8_decode<F>(q.x, q.y, xf, x_nan[i]);
+          } else {
+            widen_bf16x8(load_ro_16B(a.x + int64_t(i) * k + at), xf);
+          }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[r][i] = fmaf(xf[e], wf[r][e], acc[r][i]);
+        }
+      }
+    }
+  }
+  launch_dependents();
+  if constexpr (!kEarlyScales) load_scales();
+  // NaN codes the bit decode turned into numbers: the sums they were part of become NaN
+  // (and stay NaN through the butterfly), as fp8_decode's NaN makes them on the CPU.
+  if constexpr (!fp8_decode_native<F>()) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        if (w_nan[r].any() || (kQ && x_nan[i].any())) acc[r][i] = __uint_as_float(0x7fc00000u);
+      }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int i = 0; i < M; ++i) acc[r][i] = warp_reduce_sum(acc[r][i]);
+  if constexpr (kSplit > 1) {
+    // The group's warps' sums, added in warp order by its first warp.
+    __shared__ float sums[kThreads / kWarpSize][kRows][M];
+    if (lane_id() == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int i = 0; i < M; ++i) sums[warp_id()][r][i] = acc[r][i];
+    }
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int s = 1; s < kSplit; ++s)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int i = 0; i < M; ++i) acc[r][i] += sums[warp_id() + s][r][i];
+  }
+  if (lane != 0) return;
+  // sum * unit (a power of two: exact), times the scales (W8A8: x_scale[i] * w_scale[j],
+  // one rounding, then one more), plus the bias; each rounded on its own.
+  constexpr float kUnit = kQ ? fp8_decode_unit<F>() * fp8_decode_unit<F>() : fp8_decode_unit<F>();
+  float x_scale[M];
+#pragma unroll
+  for (int i = 0; i < M; ++i) x_scale[i] = kQ ? a.x_scale[i] : 1.0f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    if (row0 + r >= n) break;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      const float scale = kQ ? mul_rn(x_scale[i], w_scale[r]) : w_scale[r];
+      float v = mul_rn(acc[r][i] * kUnit, scale);
+      if (a.bias != nullptr) v = add_rn(v, bias[r]);
+      const int64_t at = int64_t(i) * n + row0 + r;
+      if (a.out_f32) {
+        static_cast<float*>(a.out)[at] = v;
+      } else {
+        static_cast<bf16_t*>(a.out)[at] = f32_to_bf16(v);
+      }
+    }
+  }
+}
+
+template <int M, bool kQ, Fp8Format F, int kRows, int kUnroll, int kSplit>
+cudaError_t launch_shape(const GemvFp8Args& a, cudaStream_t stream, bool pdl) {
+  constexpr int64_t kPerBlock = int64_t(kThreads / kWarpSize / kSplit) * kRows;  // output columns
+  const int64_t blocks = (a.n + kPerBlock - 1) / kPerBlock;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;
+  return launch_kernel(gemv_fp8_kernel<M, kQ, F, kRows, kUnroll, kSplit>, unsigned(blocks), kThreads, stream,
+                       pdl, a);
+}
+
+// Split-K over the block's warps: 4 on NVIDIA, 2 on CDNA (128 threads either way).
+constexpr int kBlockSplit = kThreads / kWarpSize;
+
+// The bf16 GEMV's variants (kernels/gemm/gemv.cu, launch_tiling): 0: 2 rows x 2 chunks; for
+// m <= 2 also 1: 2 rows x 4 chunks and 2: 4 rows x 2 chunks; then 2 rows x 1 chunk; last,
+// 2 rows x 2 chunks split over the block's warps.
+template <int M, bool kQ, Fp8Format F>
+cudaError_t launch_tiling(const GemvFp8Args& a, cudaStream_t stream, bool pdl, int variant) {
+  if constexpr (M <= 2) {
+    if (variant == 1) return launch_shape<M, kQ, F, 2, 4, 1>(a, stream, pdl);
+    if (variant == 2) return launch_shape<M, kQ, F, 4, 2, 1>(a, stream, pdl);
+  }
+  if (variant == gemv_fp8_variants(M) - 1) return launch_shape<M, kQ, F, 2, 2, kBlockSplit>(a, stream, pdl);
+  if (variant == gemv_fp8_variants(M) - 2) return launch_shape<M, kQ, F, 2, 1, 1>(a, stream, pdl);
+  return launch_shape<M, kQ, F, 2, 2, 1>(a, stream, pdl);
+}
+
+// f(std::integral_constant<int, m>{}) for m in 1 .. kGemvFp8MaxRows.
+template <class Fn>
+cudaError_t with_rows(int64_t m, Fn&& f) {
+  switch (m) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 5:
+      return f(std::integral_constant<int, 5>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    case 7:
+      return f(std::integral_constant<int, 7>{});
+    default:
+      return f(std::integral_constant<int, 8>{});
+  }
+}
+
+// f(std::integral_constant<Fp8Format, fmt>{}) for the two e4m3 formats.
+template <class Fn>
+cudaError_t with_e4m3(Fp8Format fmt, Fn&& f) {
+  return fmt == Fp8Format::e4m3fnuz ? f(std::integral_constant<Fp8Format, Fp8Format::e4m3fnuz>{})
+                                    : f(std::integral_constant<Fp8Format, Fp8Format::e4m3fn>{});
+}
+
+bool is_e4m3(Fp8Format f) { return f == Fp8Format::e4m3fn || f == Fp8Format::e4m3fnuz; }
+
+// --- The quantizer -----------------------------------------------------------------------
+
+constexpr int kQuantThreads = 256;
+
+// One block per row: the row's amax (dynamic: each thread's running max of |x|, NaN
+// skipped as the CPU skips it, then the warps' and the block's; a max is the same in any
+// order), s and inv = 1 / s, then the codes, 8 per thread and step (one 16-byte load, one
+// 8-byte store). The arithmetic is the CPU's, operation for operation: amax / max_finite
+// (IEEE division on both vendors: no fast-math), recip_rn, mul_rn, the project's encoder.
+template <Fp8Format F, bool kDynamic>
+__global__ void KVFUSE_LAUNCH_BOUNDS(kQuantThreads, 1)
+    quantize_rows_fp8_kernel(const bf16_t* x, int64_t k, const float* static_scale, uint8_t* xq,
+                             float* x_scale) {
+  const int64_t row = blockIdx.x;
+  const bf16_t* xr = x + row * k;
+  const int64_t chunks = k / 8;
+  grid_dependency_wait();  // PDL: x comes from the kernel before
+  float s;
+  if constexpr (kDynamic) {
+    float amax = 0.0f;
+    for (int64_t c = threadIdx.x; c < chunks; c += kQuantThreads) {
+      float v[8];
+      widen_bf16x8(load_ro_16B(xr + c * 8), v);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float m = fabsf(v[e]);
+        if (m > amax) amax = m;  // NaN compares false: skipped
+      }
+    }
+    amax = warp_reduce_max(amax);
+    __shared__ float warp_amax[kQuantThreads / kWarpSize];
+    if (lane_id() == 0) warp_amax[warp_id()] = amax;
+    __syncthreads();
+    amax = warp_amax[0];
+#pragma unroll
+    for (int wi = 1; wi < kQuantThreads / kWarpSize; ++wi) amax = warp_amax[wi] > amax ? warp_amax[wi] : amax;
+    const float r = amax / fp8_max_finite(F);
+    s = r > kGemvFp8MinActScale ? r : kGemvFp8MinActScale;
+  } else {
+    s = *static_scale;
+  }
+  launch_dependents();
+  if (threadIdx.x == 0) x_scale[row] = s;
+  const float inv = recip_rn(s);
+  for (int64_t c = threadIdx.x; c < chunks; c += kQuantThreads) {
+    float v[8];
+    widen_bf16x8(load_ro_16B(xr + c * 8), v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = mul_rn(v[e], inv);
+    *reinterpret_cast<uint2*>(xq + row * k + c * 8) =
+        make_uint2(cvt_fp8x4<F>(v[0], v[1], v[2], v[3]), cvt_fp8x4<F>(v[4], v[5], v[6], v[7]));
+  }
+}
+
+}  // namespace
+
+int gemv_fp8_variants(int64_t m) { return m <= 2 ? kGemvFp8Variants : 3; }
+
+std::string gemv_fp8_unsupported(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
+                                 Fp8Format w_fmt, int64_t n, int64_t k, const void* out,
+                                 const Fp8GemvAct& act) {
+  if (m < 1 || m > kGemvFp8MaxRows)
+    return "gemv fp8: m " + std::to_string(m) + " outside 1.." + std::to_string(kGemvFp8MaxRows);
+  if (n < 1 || k < kChunk || k % kChunk != 0)
+    return "gemv fp8: n " + std::to_string(n) + ", k " + std::to_string(k) + " (k a positive multiple of 16)";
+  if (!is_e4m3(w_fmt))
+    return "gemv fp8: weight format " + std::to_string(int(w_fmt)) + " (e4m3fn or e4m3fnuz)";
+  if (w == nullptr || !is_aligned(w, 16)) return "gemv fp8: w must be given and 16-byte aligned";
+  if (w_scale == nullptr || out == nullptr) return "gemv fp8: w_scale and out must be given";
+  switch (act.act) {
+    case Fp8Act::none:
+      if (x == nullptr || !is_aligned(x, 16))
+        return "gemv fp8: x must be given and 16-byte aligned (act none)";
+      return {};
+    case Fp8Act::static_tensor:
+    case Fp8Act::dynamic_token:
+      if (act.xq == nullptr || !is_aligned(act.xq, 16) || act.x_scale == nullptr)
+        return "gemv fp8: xq (16-byte aligned) and x_scale must be given (quantized activations)";
+      if (act.fmt != w_fmt) return "gemv fp8: the activation format must be the weight's";
+      return {};
+  }
+  return "gemv fp8: activation kind " + std::to_string(int(act.act));
+}
+
+LaunchStatus launch_gemv_fp8(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
+                             Fp8Format w_fmt, int64_t n, int64_t k, const float* bias, void* out,
+                             bool out_f32, const Fp8GemvAct& act, cudaStream_t stream, bool pdl,
+                             int variant) {
+  if (std::string why = gemv_fp8_unsupported(x, m, w, w_scale, w_fmt, n, k, out, act); !why.empty()) {
+    return LaunchStatus::refused(std::move(why));
+  }
+  if (variant < 0 || variant >= gemv_fp8_variants(m)) {
+    return LaunchStatus::refused("gemv fp8: variant " + std::to_string(variant) + " of " +
+                                 std::to_string(gemv_fp8_variants(m)) + " for m " + std::to_string(m));
+  }
+  const bool q = act.act != Fp8Act::none;
+  const GemvFp8Args a{x, act.xq, act.x_scale, w, w_scale, bias, n, k, out, out_f32};
+  return with_rows(m, [&](auto rows) {
+    constexpr int M = decltype(rows)::value;
+    return with_e4m3(w_fmt, [&](auto fmt) {
+      constexpr Fp8Format F = decltype(fmt)::value;
+      return q ? launch_tiling<M, true, F>(a, stream, pdl, variant)
+               : launch_tiling<M, false, F>(a, stream, pdl, variant);
+    });
+  });
+}
+
+std::string quantize_rows_fp8_unsupported(const bf16_t* x, int64_t m, int64_t k, Fp8Act act,
+                                          const float* static_scale, Fp8Format fmt, const uint8_t* xq,
+                                          const float* x_scale) {
+  if (m < 1 || m > INT32_MAX || k < 8 || k % 8 != 0)
+    return "quantize_rows_fp8: m " + std::to_string(m) + ", k " + std::to_string(k) +
+           " (m >= 1, k a positive multiple of 8)";
+  if (act != Fp8Act::static_tensor && act != Fp8Act::dynamic_token)
+    return "quantize_rows_fp8: activation kind " + std::to_string(int(act)) +
+           " (static_tensor or dynamic_token)";
+  if (!is_e4m3(fmt)) return "quantize_rows_fp8: format " + std::to_string(int(fmt)) + " (e4m3fn or e4m3fnuz)";
+  if (x == nullptr || !is_aligned(x, 16) || xq == nullptr || !is_aligned(xq, 8) || x_scale == nullptr)
+    return "quantize_rows_fp8: x (16-byte aligned), xq (8-byte aligned) and x_scale must be given";
+  if (act == Fp8Act::static_tensor && static_scale == nullptr)
+    return "quantize_rows_fp8: static_tensor needs static_scale";
+  return {};
+}
+
+LaunchStatus launch_quantize_rows_fp8(const bf16_t* x, int64_t m, int64_t k, Fp8Act act,
+                                      const float* static_scale, Fp8Format fmt, uint8_t* xq, float* x_scale,
+                                      cudaStream_t stream, bool pdl) {
+  if (std::string why = quantize_rows_fp8_unsupported(x, m, k, act, static_scale, fmt, xq, x_scale);
+      !why.empty()) {
+    return LaunchStatus::refused(std::move(why));
+  }
+  return with_e4m3(fmt, [&](auto f) {
+    constexpr Fp8Format F = decltype(f)::value;
+    return act == Fp8Act::dynamic_token
+               ? launch_kernel(quantize_rows_fp8_kernel<F, true>, unsigned(m), kQuantThreads, stream, pdl, x,
+                               k, static_scale, xq, x_scale)
+               : launch_kernel(quantize_rows_fp8_kernel<F, false>, unsigned(m), kQuantThreads, stream, pdl, x,
+                               k, static_scale, xq, x_scale);
+  });
+}
+
+}  // namespace kvfuse::gpu

@@ -1,0 +1,92 @@
+// Decode-sized products with FP8 weights on the GPU (CUDA and HIP from one source):
+// out[m, n] = x[m, k] . wd[n, k]^T (+ bias) for m <= kGemvFp8MaxRows, the weight stored as
+// e4m3 codes with one fp32 scale per output channel. The numbers are those of the CPU
+// reference, kernels/cpu/gemm/gemm_fp8.h (its header states them in full), up to the order
+// of the fp32 sums and of the scale multiplies:
+//   wd[j, p] = fp8_decode(w[j, p]) * w_scale[j];
+//   W8A16 (act none): out = sum_p x[i, p] * fp8_decode(w[j, p]), then * w_scale[j];
+//   W8A8 (static_tensor, dynamic_token): the activations arrive quantized, xq [m, k] codes
+//     and x_scale [m] (quantize_rows_fp8's; launch_quantize_rows_fp8 below makes them), and
+//     out = sum_p fp8_decode(xq[i, p]) * fp8_decode(w[j, p]), then * (x_scale[i] * w_scale[j]);
+//   then + bias[j] (one fp32 add) and one rounding to bf16, or fp32 out.
+// The products of decoded codes are exact in fp32 (bf16 x e4m3, e4m3 x e4m3), so the
+// kernel's sums differ from the CPU's in-order chain of rounded dequantized operands only by
+// fp32 rounding: tests/gpu/test_gemv_fp8_gpu.cu states and checks the bound. NaN codes (and
+// NaN activations) give NaN outputs, as on the CPU.
+//
+// Memory bound at these sizes, as the bf16 GEMV (kernels/gemm/gemv.cuh), whose structure it
+// keeps: each warp streams a few rows of w with 16-byte loads (16 codes), each lane a strided
+// run of chunks, several in flight, the next step's loads issued before this step's math;
+// the codes decoded with the packed conversions of kernels/common/fp8_decode.cuh; the lanes'
+// partial sums meet in a butterfly. Not yet used by the GPU backend.
+#pragma once
+
+// gpu.h first: on HIP the vendor runtime header must precede kernels/common/host_device.h.
+#include "kernels/common/gpu.h"
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/common/bf16.h"
+#include "kernels/common/fp8.h"
+
+namespace kvfuse::gpu {
+
+constexpr int64_t kGemvFp8MaxRows = 8;
+// Tilings of the kernel, those of the bf16 GEMV (rows of w per warp, chunks in flight per
+// row, warps per row): gemv_fp8_variants(m) of them for m rows (five for m <= 2, three above).
+constexpr int kGemvFp8Variants = 5;
+int gemv_fp8_variants(int64_t m);
+
+// The smallest dynamic activation scale, kernels/cpu/gemm/gemm_fp8.h's kFp8MinActScale
+// (1 / (448 * 512); the parity test asserts they are equal).
+constexpr float kGemvFp8MinActScale = 1.0f / (448.0f * 512.0f);
+
+// The activations of a launch_gemv_fp8: bf16 x (act none, W8A16), or codes quantized
+// beforehand (W8A8) by launch_quantize_rows_fp8 or a kernel that fuses the same bytes.
+struct Fp8GemvAct {
+  Fp8Act act = Fp8Act::none;
+  const uint8_t* xq = nullptr;        // [m, k] codes of format fmt, 16-byte aligned (act != none)
+  const float* x_scale = nullptr;     // [m] row scales s_i (static_tensor: all the same) (act != none)
+  Fp8Format fmt = Fp8Format::e4m3fn;  // must equal the weight's format
+};
+
+// Empty if launch_gemv_fp8 supports the call (any variant), else why not: 1 <= m <=
+// kGemvFp8MaxRows, n >= 1, k a positive multiple of 16, w_fmt e4m3fn or e4m3fnuz, w 16-byte
+// aligned, w_scale and out given; act none: x given and 16-byte aligned; else xq given and
+// 16-byte aligned, x_scale given, act.fmt == w_fmt.
+std::string gemv_fp8_unsupported(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
+                                 Fp8Format w_fmt, int64_t n, int64_t k, const void* out,
+                                 const Fp8GemvAct& act);
+
+// out[m, n] as above: fp32 (out_f32) or bf16. w: [n, k] codes row-major (not the CPU's
+// panels), w_scale [n], bias [n] or null (fp32). x: bf16 [m, k] for act none, else unused
+// (may be null). variant: 0 .. gemv_fp8_variants(m) - 1, the same result up to the order of
+// the sums. pdl: programmatic dependent launch (CUDA): the first loads of w (and, for few
+// sums, of w_scale and bias) are issued before the wait for the previous kernel, those of x,
+// xq and x_scale after it.
+// Asynchronous on `stream`, graph-safe.
+LaunchStatus launch_gemv_fp8(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
+                             Fp8Format w_fmt, int64_t n, int64_t k, const float* bias, void* out,
+                             bool out_f32, const Fp8GemvAct& act, cudaStream_t stream, bool pdl = false,
+                             int variant = 0);
+
+// Empty if launch_quantize_rows_fp8 supports the call, else why not: m >= 1, k a positive
+// multiple of 8, act static_tensor or dynamic_token, fmt e4m3fn or e4m3fnuz, x 16-byte
+// aligned, xq 8-byte aligned, x_scale given, static_scale given for static_tensor.
+std::string quantize_rows_fp8_unsupported(const bf16_t* x, int64_t m, int64_t k, Fp8Act act,
+                                          const float* static_scale, Fp8Format fmt, const uint8_t* xq,
+                                          const float* x_scale);
+
+// xq [m, k] and x_scale [m]: the bytes and scales of the CPU's quantize_rows_fp8
+// (kernels/cpu/gemm/gemm_fp8.h), bit for bit: per row s = *static_scale (a device pointer,
+// static_tensor; the CPU refuses a scale that is not finite and > 0, this kernel takes it as
+// it is) or s = max(amax / fp8_max_finite(fmt), kGemvFp8MinActScale) with amax the largest
+// |x| of the row, NaN skipped (dynamic_token); then inv = 1.0f / s and each code
+// fp8_encode(x * inv) through the KV write's device encoder (kernels/common/fp8_convert.cuh).
+// A block per row. Asynchronous on `stream`, graph-safe.
+LaunchStatus launch_quantize_rows_fp8(const bf16_t* x, int64_t m, int64_t k, Fp8Act act,
+                                      const float* static_scale, Fp8Format fmt, uint8_t* xq, float* x_scale,
+                                      cudaStream_t stream, bool pdl = false);
+
+}  // namespace kvfuse::gpu
