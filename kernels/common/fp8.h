@@ -22,6 +22,10 @@ enum class Fp8Format : uint8_t { e4m3fn, e4m3fnuz, e5m2 };
 // (W8A16), with one static scale (the checkpoint's input_scale), or with a scale per token
 // row computed from its largest magnitude. The contract: kernels/cpu/gemm/gemm_fp8.h.
 enum class Fp8Act : uint8_t { none, static_tensor, dynamic_token };
+// The smallest dynamic per-row activation scale, 1 / (448 * 512), for every format: it
+// keeps an all-zero row well defined (scale this, every code 0). CPU and GPU quantizers
+// both clamp to it (kernels/cpu/gemm/gemm_fp8.h, kernels/gemm/gemv_fp8.cuh).
+constexpr float kFp8MinActScale = 1.0f / (448.0f * 512.0f);
 
 struct Fp8Spec {
   int mant_bits;

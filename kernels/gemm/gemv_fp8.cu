@@ -281,7 +281,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kQuantThreads, 1)
 #pragma unroll
     for (int wi = 1; wi < kQuantThreads / kWarpSize; ++wi) amax = warp_amax[wi] > amax ? warp_amax[wi] : amax;
     const float r = amax / fp8_max_finite(F);
-    s = r > kGemvFp8MinActScale ? r : kGemvFp8MinActScale;
+    s = r > kFp8MinActScale ? r : kFp8MinActScale;
   } else {
     s = *static_scale;
   }

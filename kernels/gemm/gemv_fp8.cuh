@@ -38,9 +38,6 @@ constexpr int64_t kGemvFp8MaxRows = 8;
 constexpr int kGemvFp8Variants = 5;
 int gemv_fp8_variants(int64_t m);
 
-// The smallest dynamic activation scale, kernels/cpu/gemm/gemm_fp8.h's kFp8MinActScale
-// (1 / (448 * 512); the parity test asserts they are equal).
-constexpr float kGemvFp8MinActScale = 1.0f / (448.0f * 512.0f);
 
 // The activations of a launch_gemv_fp8: bf16 x (act none, W8A16), or codes quantized
 // beforehand (W8A8) by launch_quantize_rows_fp8 or a kernel that fuses the same bytes.
@@ -81,7 +78,7 @@ std::string quantize_rows_fp8_unsupported(const bf16_t* x, int64_t m, int64_t k,
 // xq [m, k] and x_scale [m]: the bytes and scales of the CPU's quantize_rows_fp8
 // (kernels/cpu/gemm/gemm_fp8.h), bit for bit: per row s = *static_scale (a device pointer,
 // static_tensor; the CPU refuses a scale that is not finite and > 0, this kernel takes it as
-// it is) or s = max(amax / fp8_max_finite(fmt), kGemvFp8MinActScale) with amax the largest
+// it is) or s = max(amax / fp8_max_finite(fmt), kFp8MinActScale) with amax the largest
 // |x| of the row, NaN skipped (dynamic_token); then inv = 1.0f / s and each code
 // fp8_encode(x * inv) through the KV write's device encoder (kernels/common/fp8_convert.cuh).
 // A block per row. Asynchronous on `stream`, graph-safe.

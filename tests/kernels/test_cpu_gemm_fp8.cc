@@ -63,7 +63,7 @@ void ref_quantize(const bf16_t* x, int64_t m, int64_t k, Fp8Act act, float s_sta
     if (act == Fp8Act::dynamic_token) {
       float amax = 0.0f;
       for (int64_t p = 0; p < k; ++p) amax = std::fmax(amax, std::fabs(bf16_to_f32(x[i * k + p])));
-      s = std::fmax(amax / fp8_max_finite(f), cpu::kFp8MinActScale);
+      s = std::fmax(amax / fp8_max_finite(f), kFp8MinActScale);
     }
     scales[i] = s;
     const float inv = 1.0f / s;
@@ -232,7 +232,7 @@ TEST_CASE("cpu fp8 gemm: quantize_rows_fp8 bytes equal the scalar reference", "[
       CHECK(q == q_ref);
       CHECK(same_bits(s.data(), s_ref.data(), s.size() * sizeof(float)));
       if (act == Fp8Act::dynamic_token) {
-        CHECK(s[4] == cpu::kFp8MinActScale);  // the tiny row takes the smallest scale
+        CHECK(s[4] == kFp8MinActScale);  // the tiny row takes the smallest scale
         // Elsewhere the row's largest magnitude lands on the largest finite code, with
         // its sign.
         for (int64_t i = 0; i < m; ++i) {
@@ -276,8 +276,8 @@ TEST_CASE("cpu fp8 gemm: quantize_rows_fp8 saturates, and zero rows and -0 are w
     float sz[2] = {0, 0};
     const bf16_t two_rows[8] = {0x0000, 0x0000, 0x0000, 0x0000, 0x8000, 0x8000, 0x8000, 0x8000};
     cpu::quantize_rows_fp8(two_rows, 2, 4, Fp8Act::dynamic_token, 0.0f, f, qz, sz);
-    CHECK(sz[0] == cpu::kFp8MinActScale);
-    CHECK(sz[1] == cpu::kFp8MinActScale);
+    CHECK(sz[0] == kFp8MinActScale);
+    CHECK(sz[1] == kFp8MinActScale);
     for (int e = 0; e < 4; ++e) CHECK(int(qz[e]) == 0);
     for (int e = 4; e < 8; ++e) CHECK(int(qz[e]) == (fnuz ? 0x00 : 0x80));
     cpu::quantize_rows_fp8(zeros, 1, 4, Fp8Act::static_tensor, 0.5f, f, qz, sz);

@@ -53,10 +53,6 @@
 namespace kvfuse::cpu {
 
 
-// The smallest dynamic per-row activation scale: 1 / (448 * 512) in fp32,
-// for every act_fmt. It keeps an all-zero row (amax 0) well defined: s = this,
-// inv = 1 / s finite, every code 0.
-constexpr float kFp8MinActScale = 1.0f / (448.0f * 512.0f);
 
 // An e4m3fn code as the e4m3fnuz code of half its value (kernels/common/fp8.h: the FNUZ
 // grid is the OCP grid halved, same bits), so fnuz bytes with scale 2 * s dequantize to
