@@ -30,7 +30,9 @@
 # (default 15), KVFUSE_ATTN_BENCH_ROUNDS (default 9), KVFUSE_SANITIZER_TIMEOUT (s per
 # memcheck run, 150), KVFUSE_CHECK_BENCHES_ONLY=1 (build, then only the two kernel
 # benchmarks: no tests, memcheck or engine step), KVFUSE_CHECK_BUILD_ONLY=1 (configure and
-# build, nothing else: scripts/gpu/kv-write-sass.sh builds this way).
+# build, nothing else: scripts/gpu/kv-write-sass.sh builds this way), KVFUSE_CHECK_TESTS="t1 t2"
+# (only these parity programs, and memcheck of those of them memcheck covers; no
+# benchmarks, no engine step: a kernel's own check).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 build=${KVFUSE_GPU_BUILD_DIR:-build-gpu-check}
@@ -115,6 +117,8 @@ tests=(test_fp8_convert_gpu test_kv_write_gpu test_kv_write_rope_gpu test_attent
 [[ $vendor == HIP ]] && tests+=(test_mfma_gpu)
 benches_only=${KVFUSE_CHECK_BENCHES_ONLY:-0}
 [[ $benches_only == 1 ]] && tests=()
+only=${KVFUSE_CHECK_TESTS:-}
+[[ -n $only ]] && read -r -a tests <<<"$only"
 for t in "${tests[@]}"; do
   echo "=== $t" >>"$tests_log"
   "$build/$t" >"$build/$t.log" 2>&1
@@ -125,7 +129,9 @@ for t in "${tests[@]}"; do
   ((rc == 0)) || status=1
 done
 
-for b in bench_kv_write bench_kv_write_probe bench_attention; do
+benches=(bench_kv_write bench_kv_write_probe bench_attention)
+[[ -n $only ]] && benches=()
+for b in "${benches[@]}"; do
   rounds=${KVFUSE_BENCH_ROUNDS:-15}
   [[ $b == bench_attention ]] && rounds=${KVFUSE_ATTN_BENCH_ROUNDS:-9}
   "$build/bench/$b" --json "$out/$b.json" --rounds "$rounds" >"$out/$b.txt" 2>&1
@@ -137,7 +143,9 @@ done
 
 # The Triton peer of the fused write (bench/anchor/kv_write_triton.py), timed the way
 # bench_kv_write times its own, in the same run: where torch and Triton are installed.
-if [[ $vendor == CUDA ]] && python3 -c "import torch, triton" >/dev/null 2>&1; then
+if [[ -n $only ]]; then
+  note "benchmarks: SKIP (KVFUSE_CHECK_TESTS)"
+elif [[ $vendor == CUDA ]] && python3 -c "import torch, triton" >/dev/null 2>&1; then
   python3 bench/anchor/kv_write_triton.py --rounds "${KVFUSE_BENCH_ROUNDS:-15}" >"$out/kv_write_triton.txt" 2>&1
   rc=$?
   cat "$out/kv_write_triton.txt"
@@ -162,6 +170,7 @@ if [[ $vendor == HIP ]]; then
   note "compute-sanitizer: SKIP (NVIDIA only)"
 elif [[ -n $san ]]; then
   for t in test_kv_write_gpu test_kv_write_rope_gpu test_attention_gpu test_gemv_fp8_gpu; do
+    [[ -z $only || " $only " == *" $t "* ]] || continue
     KVFUSE_GPU_TEST_QUICK=1 timeout "${KVFUSE_SANITIZER_TIMEOUT:-150}" "$san" --tool memcheck --error-exitcode 3 \
       "$build/$t" >"$build/$t.memcheck.log" 2>&1
     rc=$?
@@ -179,6 +188,11 @@ elif [[ -n $san ]]; then
   done
 else
   note "compute-sanitizer: SKIP (not found)"
+fi
+
+if [[ -n $only ]]; then
+  note "$( ((status == 0)) && echo PASS || echo FAIL) after $(elapsed) (KVFUSE_CHECK_TESTS: $only)"
+  exit $status
 fi
 
 # The engine on the GPU: backend op parity and CPU-vs-GPU engine tests, from the
