@@ -6,6 +6,7 @@
 #include <climits>
 
 #include "kernels/common/bf16x8.cuh"
+#include "kernels/gemm/gemv_reduce.cuh"
 #include "kernels/ops/model_ops.cuh"
 #include "kernels/parallel/tp_push.cuh"
 
@@ -141,29 +142,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
     }
   }
   launch_dependents();
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int i = 0; i < M; ++i) acc[r][i] = warp_reduce_sum(acc[r][i]);
-  }
-  if constexpr (kSplit > 1) {
-    // The group's warps' sums, added in warp order by its first warp.
-    __shared__ float sums[kThreads / kWarpSize][kRows][M];
-    if (lane_id() == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int i = 0; i < M; ++i) sums[warp_id()][r][i] = acc[r][i];
-    }
-    __syncthreads();
-    if (part != 0) return;
-#pragma unroll
-    for (int s = 1; s < kSplit; ++s)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int i = 0; i < M; ++i) acc[r][i] += sums[warp_id() + s][r][i];
-  }
+  if (!gemv_reduce<M, kRows, kSplit, kThreads>(acc, part)) return;
   if constexpr (kSplit == 1 && !kSilu && !kF32 && M >= 2) {
     if (push.targets.count > 0 && push.staged) {
       // The block's results gathered in shared memory, so that its threads store them into

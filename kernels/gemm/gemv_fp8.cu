@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "kernels/common/bf16x8.cuh"
+#include "kernels/gemm/gemv_reduce.cuh"
 #include "kernels/common/fp8_convert.cuh"
 #include "kernels/common/fp8_decode.cuh"
 
@@ -139,28 +140,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4) gemv_fp8_kernel(GemvFp8Args a)
         if (w_nan[r].any() || (kQ && x_nan[i].any())) acc[r][i] = __uint_as_float(0x7fc00000u);
       }
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int i = 0; i < M; ++i) acc[r][i] = warp_reduce_sum(acc[r][i]);
-  if constexpr (kSplit > 1) {
-    // The group's warps' sums, added in warp order by its first warp.
-    __shared__ float sums[kThreads / kWarpSize][kRows][M];
-    if (lane_id() == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int i = 0; i < M; ++i) sums[warp_id()][r][i] = acc[r][i];
-    }
-    __syncthreads();
-    if (part != 0) return;
-#pragma unroll
-    for (int s = 1; s < kSplit; ++s)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int i = 0; i < M; ++i) acc[r][i] += sums[warp_id() + s][r][i];
-  }
+  if (!gemv_reduce<M, kRows, kSplit, kThreads>(acc, part)) return;
   if (lane != 0) return;
   // sum * unit (a power of two: exact), times the scales (W8A8: x_scale[i] * w_scale[j],
   // one rounding, then one more), plus the bias; each rounded on its own.
