@@ -6,14 +6,12 @@
 #include <climits>
 
 #include "kernels/common/bf16x8.cuh"
-#include "kernels/gemm/gemv_reduce.cuh"
+#include "kernels/gemm/gemv_tiling.cuh"
 #include "kernels/ops/model_ops.cuh"
 #include "kernels/parallel/tp_push.cuh"
 
 namespace kvfuse::gpu {
 namespace {
-
-constexpr int kThreads = 128;
 
 // Where the kernel also stores its results (launch_gemv_push_bf16), and how: staged, the
 // results of 2 to 8 token rows go a token row at a time through shared memory (the tilings of
@@ -83,15 +81,15 @@ KVFUSE_DEVICE float dot8(const uint4& a, const float (&b)[8], float acc) {
 // a tensor-parallel reduction), staged or not (Push above); uniform branches at the end, so
 // no instance of its own.
 template <int M, bool kF32, int kRows, int kUnroll, int kSplit, bool kSilu, bool kStream>
-__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
+__global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4)
     gemv_kernel(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, Push push) {
-  static_assert(kSplit >= 1 && (kThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
+  static_assert(kSplit >= 1 && (kGemvThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
   static_assert(!kSilu || (kRows % 2 == 0 && !kF32), "kSilu pairs rows and writes bf16");
   constexpr int kOuts = kSilu ? kRows / 2 : kRows;  // output columns per group
   const int64_t n_out = kSilu ? n / 2 : n;
   const int part = warp_id() % kSplit;  // this warp's share of the group's chunks
   const int lane = lane_id() + part * kWarpSize;
-  const int64_t row0 = (int64_t(blockIdx.x) * (kThreads / kWarpSize / kSplit) + int64_t(warp_id() / kSplit)) * kOuts;
+  const int64_t row0 = (int64_t(blockIdx.x) * (kGemvThreads / kWarpSize / kSplit) + int64_t(warp_id() / kSplit)) * kOuts;
   // Row r of the group: output column row0 + r % kOuts; with kSilu the second half are
   // the up rows.
   const auto w_row = [&](int r) -> int64_t { return kSilu && r >= kOuts ? n_out + row0 + r - kOuts : row0 + r; };
@@ -142,13 +140,13 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
     }
   }
   launch_dependents();
-  if (!gemv_reduce<M, kRows, kSplit, kThreads>(acc, part)) return;
+  if (!gemv_reduce<M, kRows, kSplit>(acc, part)) return;
   if constexpr (kSplit == 1 && !kSilu && !kF32 && M >= 2) {
     if (push.targets.count > 0 && push.staged) {
       // The block's results gathered in shared memory, so that its threads store them into
       // the peers a token row at a time, consecutive columns from consecutive threads: one
       // request per row and peer over the links instead of one per result.
-      constexpr int kCols = kThreads / kWarpSize * kRows;  // the block's output columns
+      constexpr int kCols = kGemvThreads / kWarpSize * kRows;  // the block's output columns
       __shared__ uint16_t stage[M][kCols];
       const int64_t col0 = int64_t(blockIdx.x) * kCols;
       if (lane_id() == 0) {
@@ -163,7 +161,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4)
         }
       }
       __syncthreads();
-      for (int t = int(threadIdx.x); t < M * kCols; t += kThreads) {
+      for (int t = int(threadIdx.x); t < M * kCols; t += kGemvThreads) {
         const int i = t / kCols, c = t % kCols;
         if (col0 + c >= n) continue;
         const uint16_t v = stage[i][c];
@@ -237,41 +235,29 @@ template <int M, int kRows, int kUnroll, int kSplit, bool kStream>
 cudaError_t launch_shape(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
                          const Push& push, cudaStream_t stream, bool pdl) {
   const int64_t cols = out_kind == 2 ? n / 2 : n;
-  constexpr int64_t kGroupsPerBlock = kThreads / kWarpSize / kSplit;
+  constexpr int64_t kGroupsPerBlock = kGemvThreads / kWarpSize / kSplit;
   const int64_t per_block = kGroupsPerBlock * (out_kind == 2 ? kRows / 2 : kRows);  // output columns
   const int64_t blocks = (cols + per_block - 1) / per_block;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
   if (out_kind == 2) {
     return launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, true, kStream>, unsigned(blocks),
-                         kThreads, stream, pdl, x, w, n, k, out, Push{});
+                         kGemvThreads, stream, pdl, x, w, n, k, out, Push{});
   }
   return out_kind == 1
              ? launch_kernel(gemv_kernel<M, true, kRows, kUnroll, kSplit, false, kStream>, unsigned(blocks),
-                             kThreads, stream, pdl, x, w, n, k, out, Push{})
+                             kGemvThreads, stream, pdl, x, w, n, k, out, Push{})
              : launch_kernel(gemv_kernel<M, false, kRows, kUnroll, kSplit, false, kStream>, unsigned(blocks),
-                             kThreads, stream, pdl, x, w, n, k, out, push);
+                             kGemvThreads, stream, pdl, x, w, n, k, out, push);
 }
 
-// Split-K over the block's warps: 4 on NVIDIA, 2 on CDNA (128 threads either way).
-constexpr int kBlockSplit = kThreads / kWarpSize;
-
-// The variants (gemv_variants(m)): 0: 2 rows x 2 chunks; for m <= 2 also 1: 2 rows x 4
-// chunks, 2: 4 rows x 2 chunks (more bytes in flight for the latency-bound small shapes);
-// then, for every m: 2 rows x 1 chunk (shorter steps: the first GEMV's loop, which the
-// long-k down projection preferred); last, for every m: 2 rows x 2 chunks split over the
-// block's warps (a block per row pair: long rows on more warps).
 template <int M, bool kStream>
 cudaError_t launch_tiling(const bf16_t* x, const bf16_t* w, int64_t n, int64_t k, void* out, int out_kind,
                           const Push& push, cudaStream_t stream, bool pdl, int variant) {
-  if constexpr (M <= 2) {
-    if (variant == 1) return launch_shape<M, 2, 4, 1, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
-    if (variant == 2) return launch_shape<M, 4, 2, 1, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
-  }
-  if (variant == gemv_variants(M) - 1)
-    return launch_shape<M, 2, 2, kBlockSplit, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
-  if (variant == gemv_variants(M) - 2)
-    return launch_shape<M, 2, 1, 1, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
-  return launch_shape<M, 2, 2, 1, kStream>(x, w, n, k, out, out_kind, push, stream, pdl);
+  return with_gemv_tiling<M>(variant, [&](auto t) {
+    using T = decltype(t);
+    return launch_shape<M, T::kRows, T::kUnroll, T::kSplit, kStream>(x, w, n, k, out, out_kind, push, stream,
+                                                                      pdl);
+  });
 }
 
 // HIP has no streaming hint here (load_stream_16B is a plain load): one instance.
@@ -311,24 +297,9 @@ LaunchStatus launch_any(const bf16_t* x, int64_t m, const bf16_t* w, int64_t n, 
     return LaunchStatus::refused("gemv: variant " + std::to_string(variant) + " of " +
                                  std::to_string(gemv_variants(m)) + " for m " + std::to_string(m));
   }
-  switch (m) {
-    case 1:
-      return launch_m<1>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
-    case 2:
-      return launch_m<2>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
-    case 3:
-      return launch_m<3>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
-    case 4:
-      return launch_m<4>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
-    case 5:
-      return launch_m<5>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
-    case 6:
-      return launch_m<6>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
-    case 7:
-      return launch_m<7>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
-    default:
-      return launch_m<8>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
-  }
+  return with_gemv_rows(m, [&](auto rows) {
+    return launch_m<decltype(rows)::value>(x, w, n, k, out, out_kind, push, stream, pdl, variant, stream_w);
+  });
 }
 
 }  // namespace

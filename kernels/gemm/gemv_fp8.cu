@@ -3,18 +3,19 @@
 
 #include "kernels/gemm/gemv_fp8.cuh"
 
+#include <array>
 #include <climits>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/common/bf16x8.cuh"
-#include "kernels/gemm/gemv_reduce.cuh"
+#include "kernels/gemm/gemv_tiling.cuh"
 #include "kernels/common/fp8_convert.cuh"
 #include "kernels/common/fp8_decode.cuh"
 
 namespace kvfuse::gpu {
 namespace {
 
-constexpr int kThreads = 128;
 constexpr int64_t kChunk = 16;  // codes of w per 16-byte load
 
 struct GemvFp8Args {
@@ -44,13 +45,13 @@ KVFUSE_DEVICE uint2 load_8B(const uint8_t* p) { return *reinterpret_cast<const u
 // bf16 x (W8A16). Each lane's sums are of decoded values in units of fp8_decode_unit (exact
 // products); the unit and the scales are applied once, after the butterfly, by lane 0.
 template <int M, bool kQ, Fp8Format F, int kRows, int kUnroll, int kSplit>
-__global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4) gemv_fp8_kernel(GemvFp8Args a) {
-  static_assert(kSplit >= 1 && (kThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
+__global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Args a) {
+  static_assert(kSplit >= 1 && (kGemvThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
   const int part = warp_id() % kSplit;
   const int lane = lane_id() + part * kWarpSize;
   const int64_t n = a.n, k = a.k;
   const int64_t row0 =
-      (int64_t(blockIdx.x) * (kThreads / kWarpSize / kSplit) + int64_t(warp_id() / kSplit)) * kRows;
+      (int64_t(blockIdx.x) * (kGemvThreads / kWarpSize / kSplit) + int64_t(warp_id() / kSplit)) * kRows;
   const int64_t chunks = k / kChunk;
   constexpr int64_t kStride = int64_t(kUnroll) * kWarpSize * kSplit;
   const bool full = row0 + kRows <= n;
@@ -140,7 +141,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4) gemv_fp8_kernel(GemvFp8Args a)
         if (w_nan[r].any() || (kQ && x_nan[i].any())) acc[r][i] = __uint_as_float(0x7fc00000u);
       }
   }
-  if (!gemv_reduce<M, kRows, kSplit, kThreads>(acc, part)) return;
+  if (!gemv_reduce<M, kRows, kSplit>(acc, part)) return;
   if (lane != 0) return;
   // sum * unit (a power of two: exact), times the scales (W8A8: x_scale[i] * w_scale[j],
   // one rounding, then one more), plus the bias; each rounded on its own.
@@ -168,58 +169,19 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 4) gemv_fp8_kernel(GemvFp8Args a)
 
 template <int M, bool kQ, Fp8Format F, int kRows, int kUnroll, int kSplit>
 cudaError_t launch_shape(const GemvFp8Args& a, cudaStream_t stream, bool pdl) {
-  constexpr int64_t kPerBlock = int64_t(kThreads / kWarpSize / kSplit) * kRows;  // output columns
+  constexpr int64_t kPerBlock = int64_t(kGemvThreads / kWarpSize / kSplit) * kRows;  // output columns
   const int64_t blocks = (a.n + kPerBlock - 1) / kPerBlock;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_kernel(gemv_fp8_kernel<M, kQ, F, kRows, kUnroll, kSplit>, unsigned(blocks), kThreads, stream,
+  return launch_kernel(gemv_fp8_kernel<M, kQ, F, kRows, kUnroll, kSplit>, unsigned(blocks), kGemvThreads, stream,
                        pdl, a);
 }
 
-// Split-K over the block's warps: 4 on NVIDIA, 2 on CDNA (128 threads either way).
-constexpr int kBlockSplit = kThreads / kWarpSize;
-
-// The bf16 GEMV's variants (kernels/gemm/gemv.cu, launch_tiling): 0: 2 rows x 2 chunks; for
-// m <= 2 also 1: 2 rows x 4 chunks and 2: 4 rows x 2 chunks; then 2 rows x 1 chunk; last,
-// 2 rows x 2 chunks split over the block's warps.
-template <int M, bool kQ, Fp8Format F>
-cudaError_t launch_tiling(const GemvFp8Args& a, cudaStream_t stream, bool pdl, int variant) {
-  if constexpr (M <= 2) {
-    if (variant == 1) return launch_shape<M, kQ, F, 2, 4, 1>(a, stream, pdl);
-    if (variant == 2) return launch_shape<M, kQ, F, 4, 2, 1>(a, stream, pdl);
-  }
-  if (variant == gemv_fp8_variants(M) - 1) return launch_shape<M, kQ, F, 2, 2, kBlockSplit>(a, stream, pdl);
-  if (variant == gemv_fp8_variants(M) - 2) return launch_shape<M, kQ, F, 2, 1, 1>(a, stream, pdl);
-  return launch_shape<M, kQ, F, 2, 2, 1>(a, stream, pdl);
-}
-
-// f(std::integral_constant<int, m>{}) for m in 1 .. kGemvFp8MaxRows.
-template <class Fn>
-cudaError_t with_rows(int64_t m, Fn&& f) {
-  switch (m) {
-    case 1:
-      return f(std::integral_constant<int, 1>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    case 3:
-      return f(std::integral_constant<int, 3>{});
-    case 4:
-      return f(std::integral_constant<int, 4>{});
-    case 5:
-      return f(std::integral_constant<int, 5>{});
-    case 6:
-      return f(std::integral_constant<int, 6>{});
-    case 7:
-      return f(std::integral_constant<int, 7>{});
-    default:
-      return f(std::integral_constant<int, 8>{});
-  }
-}
-
-// f(std::integral_constant<Fp8Format, fmt>{}) for the two e4m3 formats.
+// The weight formats the kernel is instantiated for; f(std::integral_constant<Fp8Format,
+// fmt>{}) through kernels/common/dispatch.cuh's one_of.
+inline constexpr std::array<Fp8Format, 2> kE4m3Formats = {Fp8Format::e4m3fn, Fp8Format::e4m3fnuz};
 template <class Fn>
 cudaError_t with_e4m3(Fp8Format fmt, Fn&& f) {
-  return fmt == Fp8Format::e4m3fnuz ? f(std::integral_constant<Fp8Format, Fp8Format::e4m3fnuz>{})
-                                    : f(std::integral_constant<Fp8Format, Fp8Format::e4m3fn>{});
+  return dispatch_detail::one_of<kE4m3Formats>(fmt, f, std::make_index_sequence<kE4m3Formats.size()>{});
 }
 
 bool is_e4m3(Fp8Format f) { return f == Fp8Format::e4m3fn || f == Fp8Format::e4m3fnuz; }
@@ -280,13 +242,12 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kQuantThreads, 1)
 
 }  // namespace
 
-int gemv_fp8_variants(int64_t m) { return m <= 2 ? kGemvFp8Variants : 3; }
 
 std::string gemv_fp8_unsupported(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
                                  Fp8Format w_fmt, int64_t n, int64_t k, const void* out,
                                  const Fp8GemvAct& act) {
-  if (m < 1 || m > kGemvFp8MaxRows)
-    return "gemv fp8: m " + std::to_string(m) + " outside 1.." + std::to_string(kGemvFp8MaxRows);
+  if (m < 1 || m > kGemvMaxRows)
+    return "gemv fp8: m " + std::to_string(m) + " outside 1.." + std::to_string(kGemvMaxRows);
   if (n < 1 || k < kChunk || k % kChunk != 0)
     return "gemv fp8: n " + std::to_string(n) + ", k " + std::to_string(k) + " (k a positive multiple of 16)";
   if (!is_e4m3(w_fmt))
@@ -315,18 +276,21 @@ LaunchStatus launch_gemv_fp8(const bf16_t* x, int64_t m, const uint8_t* w, const
   if (std::string why = gemv_fp8_unsupported(x, m, w, w_scale, w_fmt, n, k, out, act); !why.empty()) {
     return LaunchStatus::refused(std::move(why));
   }
-  if (variant < 0 || variant >= gemv_fp8_variants(m)) {
+  if (variant < 0 || variant >= gemv_variants(m)) {
     return LaunchStatus::refused("gemv fp8: variant " + std::to_string(variant) + " of " +
-                                 std::to_string(gemv_fp8_variants(m)) + " for m " + std::to_string(m));
+                                 std::to_string(gemv_variants(m)) + " for m " + std::to_string(m));
   }
   const bool q = act.act != Fp8Act::none;
   const GemvFp8Args a{x, act.xq, act.x_scale, w, w_scale, bias, n, k, out, out_f32};
-  return with_rows(m, [&](auto rows) {
+  return with_gemv_rows(m, [&](auto rows) {
     constexpr int M = decltype(rows)::value;
-    return with_e4m3(w_fmt, [&](auto fmt) {
-      constexpr Fp8Format F = decltype(fmt)::value;
-      return q ? launch_tiling<M, true, F>(a, stream, pdl, variant)
-               : launch_tiling<M, false, F>(a, stream, pdl, variant);
+    return with_gemv_tiling<M>(variant, [&](auto t) {
+      using T = decltype(t);
+      return with_e4m3(w_fmt, [&](auto fmt) {
+        constexpr Fp8Format F = decltype(fmt)::value;
+        return q ? launch_shape<M, true, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl)
+                 : launch_shape<M, false, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
+      });
     });
   });
 }

@@ -1,5 +1,5 @@
 // Decode-sized products with FP8 weights on the GPU (CUDA and HIP from one source):
-// out[m, n] = x[m, k] . wd[n, k]^T (+ bias) for m <= kGemvFp8MaxRows, the weight stored as
+// out[m, n] = x[m, k] . wd[n, k]^T (+ bias) for m <= kGemvMaxRows, the weight stored as
 // e4m3 codes with one fp32 scale per output channel. The numbers are those of the CPU
 // reference, kernels/cpu/gemm/gemm_fp8.h (its header states them in full), up to the order
 // of the fp32 sums and of the scale multiplies:
@@ -29,14 +29,12 @@
 
 #include "kernels/common/bf16.h"
 #include "kernels/common/fp8.h"
+#include "kernels/gemm/gemv.cuh"
 
 namespace kvfuse::gpu {
 
-constexpr int64_t kGemvFp8MaxRows = 8;
-// Tilings of the kernel, those of the bf16 GEMV (rows of w per warp, chunks in flight per
-// row, warps per row): gemv_fp8_variants(m) of them for m rows (five for m <= 2, three above).
-constexpr int kGemvFp8Variants = 5;
-int gemv_fp8_variants(int64_t m);
+// Rows and tilings are the bf16 GEMV's (kernels/gemm/gemv.cuh): m <= kGemvMaxRows, and
+// gemv_variants(m) tilings for the tuner to time.
 
 
 // The activations of a launch_gemv_fp8: bf16 x (act none, W8A16), or codes quantized
@@ -49,7 +47,7 @@ struct Fp8GemvAct {
 };
 
 // Empty if launch_gemv_fp8 supports the call (any variant), else why not: 1 <= m <=
-// kGemvFp8MaxRows, n >= 1, k a positive multiple of 16, w_fmt e4m3fn or e4m3fnuz, w 16-byte
+// kGemvMaxRows, n >= 1, k a positive multiple of 16, w_fmt e4m3fn or e4m3fnuz, w 16-byte
 // aligned, w_scale and out given; act none: x given and 16-byte aligned; else xq given and
 // 16-byte aligned, x_scale given, act.fmt == w_fmt.
 std::string gemv_fp8_unsupported(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
@@ -58,7 +56,7 @@ std::string gemv_fp8_unsupported(const bf16_t* x, int64_t m, const uint8_t* w, c
 
 // out[m, n] as above: fp32 (out_f32) or bf16. w: [n, k] codes row-major (not the CPU's
 // panels), w_scale [n], bias [n] or null (fp32). x: bf16 [m, k] for act none, else unused
-// (may be null). variant: 0 .. gemv_fp8_variants(m) - 1, the same result up to the order of
+// (may be null). variant: 0 .. gemv_variants(m) - 1, the same result up to the order of
 // the sums. pdl: programmatic dependent launch (CUDA): the first loads of w (and, for few
 // sums, of w_scale and bias) are issued before the wait for the previous kernel, those of x,
 // xq and x_scale after it.

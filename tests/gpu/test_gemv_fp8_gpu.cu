@@ -225,7 +225,7 @@ void run_case(const Problem& p, Fp8Act act, bool with_bias, cudaStream_t stream)
     ga.x_scale = dxs.get<float>();
   }
   const float* bias = with_bias ? db.get<float>() : nullptr;
-  for (int v = 0; v < gpu::gemv_fp8_variants(m); ++v) {
+  for (int v = 0; v < gpu::gemv_variants(m); ++v) {
     const std::string wv = what + " variant " + std::to_string(v);
     KVFUSE_TEST_GPU(cudaMemsetAsync(df.get(), 0xff, size_t(m * n) * 4, stream));
     KVFUSE_TEST_GPU(cudaMemsetAsync(dbf.get(), 0xff, size_t(m * n) * 2, stream));
@@ -315,7 +315,7 @@ void test_refusals(cudaStream_t stream) {
   check(!gemv(x, 1, 24, Fp8Format::e4m3fn, none), "gemv fp8: k = 24 refused");
   check(!gemv(x + 1, 1, 16, Fp8Format::e4m3fn, none), "gemv fp8: unaligned x refused");
   check(!gemv(x, 1, 16, Fp8Format::e5m2, none), "gemv fp8: e5m2 weights refused");
-  check(!gemv(x, 3, 16, Fp8Format::e4m3fn, none, gpu::gemv_fp8_variants(3)),
+  check(!gemv(x, 3, 16, Fp8Format::e4m3fn, none, gpu::gemv_variants(3)),
         "gemv fp8: a variant past the last refused");
   const gpu::Fp8GemvAct mismatch{Fp8Act::dynamic_token, a.get<uint8_t>(), s.get<float>(),
                                  Fp8Format::e4m3fnuz};
@@ -371,7 +371,7 @@ int main() {
   const std::vector<std::pair<int64_t, int64_t>> llama_small = {
       {384, 4096}, {256, 4096}, {1792, 4096}, {256, 14336}};
   const Fp8Act acts[3] = {Fp8Act::none, Fp8Act::static_tensor, Fp8Act::dynamic_token};
-  for (int64_t m = 1; m <= gpu::kGemvFp8MaxRows; ++m) {
+  for (int64_t m = 1; m <= gpu::kGemvMaxRows; ++m) {
     if (quick && m != 1 && m != 3 && m != 8) continue;
     for (const Fp8Format fmt : {Fp8Format::e4m3fn, Fp8Format::e4m3fnuz}) {
       if (quick && fmt == Fp8Format::e4m3fnuz && m != 3) continue;
