@@ -4,6 +4,8 @@
 #include <cmath>
 #include <thread>
 
+#include "kernels/cpu/gemm/gemm_fp8.h"
+
 namespace kvfuse {
 
 namespace {
@@ -38,22 +40,14 @@ std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float s
 }
 
 // A preset's FP8 form of synthetic bf16 rows [n, k]: per output row j, scale_j =
-// amax_j / 448 (the e4m3fn range; 1 for an all-zero row) and codes fp8_encode(w * (1 /
-// scale_j)), the quantization the FP8-dynamic checkpoints the presets stand for carry.
+// amax_j / 448 (the e4m3fn range) and codes fp8_encode(w * (1 / scale_j)), the
+// quantization the FP8-dynamic checkpoints the presets stand for carry. It is the
+// per-row quantization of activations (kernels/cpu/gemm/gemm_fp8.h), applied to weight rows.
 void to_fp8(HostLinear& h, int64_t n, int64_t k, Fp8Act act) {
   h.w_fp8.resize(h.w.size());
   h.w_scale.resize(size_t(n));
-  for (int64_t j = 0; j < n; ++j) {
-    const bf16_t* row = h.w.data() + j * k;
-    float amax = 0.0f;
-    for (int64_t p = 0; p < k; ++p) amax = std::max(amax, std::fabs(bf16_to_f32(row[p])));
-    const float scale = amax > 0.0f ? amax / fp8_max_finite(Fp8Format::e4m3fn) : 1.0f;
-    const float inv = 1.0f / scale;
-    h.w_scale[size_t(j)] = scale;
-    for (int64_t p = 0; p < k; ++p) {
-      h.w_fp8[size_t(j * k + p)] = fp8_encode(bf16_to_f32(row[p]) * inv, Fp8Format::e4m3fn);
-    }
-  }
+  cpu::quantize_rows_fp8(h.w.data(), n, k, Fp8Act::dynamic_token, 1.0f, Fp8Format::e4m3fn, h.w_fp8.data(),
+                         h.w_scale.data());
   h.w.clear();
   h.w.shrink_to_fit();
   h.act = act;

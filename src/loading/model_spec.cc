@@ -30,21 +30,24 @@ bool ModelSpec::any_swa() const {
   return false;
 }
 
+int64_t ModelSpec::layer_projection_params() const {
+  const int64_t h = hidden;
+  return h * qkv_dim() + q_dim() * h + 2 * h * intermediate + int64_t(intermediate) * h;
+}
+int64_t ModelSpec::layer_projection_rows() const { return qkv_dim() + hidden + 2 * int64_t(intermediate) + hidden; }
+
 int64_t ModelSpec::num_params() const {
   const int64_t h = hidden;
-  const int64_t per_layer = h * qkv_dim() + q_dim() * h + 2 * h * intermediate + int64_t(intermediate) * h +
-                            2 * h + (qkv_bias ? qkv_dim() : 0);
+  const int64_t per_layer = layer_projection_params() + 2 * h + (qkv_bias ? qkv_dim() : 0);
   return int64_t(vocab) * h * (tie_embeddings ? 1 : 2) + num_layers * per_layer + h;
 }
 
 int64_t ModelSpec::weight_bytes() const {
-  const int64_t h = hidden;
   const bool fp8 = quant && quant->linear.format == WeightQuantFormat::fp8_e4m3;
   // The projections of every layer (FP8: codes and per-output-channel scales), then the
   // embeddings, norms, biases and lm_head in bf16 (the FP8 layouts leave the lm_head out).
-  const int64_t proj = h * qkv_dim() + q_dim() * h + 2 * h * intermediate + int64_t(intermediate) * h;
-  const int64_t proj_rows = qkv_dim() + h + 2 * int64_t(intermediate) + h;
-  const int64_t proj_bytes = fp8 ? proj + 4 * proj_rows : 2 * proj;
+  const int64_t proj = layer_projection_params();
+  const int64_t proj_bytes = fp8 ? proj + 4 * layer_projection_rows() : 2 * proj;
   return num_layers * proj_bytes + 2 * (num_params() - num_layers * proj);
 }
 
@@ -74,10 +77,12 @@ ModelSpec make(std::string name, std::string arch, int32_t vocab, int32_t hidden
 
 // Llama 3.1's context and special tokens: <|begin_of_text|>; <|end_of_text|>, <|eom_id|>,
 // <|eot_id|>.
-std::string allowed_presets() {
+absl::Status unknown_preset(const std::string& name) {
   const std::vector<std::string>& names = preset_names();
-  return absl::StrCat("allowed: ", absl::StrJoin(names.begin(), names.begin() + names.size() / 2, ", "),
-                      ", each also with FP8 weights as <name>-fp8");
+  return absl::InvalidArgumentError(absl::StrCat(
+      "config key 'model': unknown preset '", name,
+      "'; allowed: ", absl::StrJoin(names.begin(), names.begin() + names.size() / 2, ", "),
+      ", each also with FP8 weights as <name>-fp8"));
 }
 
 ModelSpec llama31(ModelSpec s) {
@@ -94,11 +99,10 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
     // Any preset with FP8 weights: synthetic FP8 codes with one scale per output channel,
     // activations quantized per token at run time, the lm_head left in bf16 (the layout of
     // the FP8-dynamic checkpoints the presets stand for).
-    auto s = model_preset(name.substr(0, name.size() - 4));
-    if (!s.ok() || absl::EndsWith(name.substr(0, name.size() - 4), "-fp8")) {
-      return absl::InvalidArgumentError(absl::StrCat("config key 'model': unknown preset '", name, "'; ",
-                                                     allowed_presets()));
-    }
+    const std::string base = name.substr(0, name.size() - 4);
+    if (absl::EndsWith(base, "-fp8")) return unknown_preset(name);
+    auto s = model_preset(base);
+    if (!s.ok()) return unknown_preset(name);
     s->name = name;
     QuantConfig q;
     q.source = "preset " + name;
@@ -152,8 +156,7 @@ absl::StatusOr<ModelSpec> model_preset(const std::string& name) {
     s.eos_token_ids = {128001, 128008, 128009};
     return s;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("config key 'model': unknown preset '", name, "'; ", allowed_presets()));
+  return unknown_preset(name);
 }
 
 absl::StatusOr<ModelSpec> resolve_model_spec(const Config& cfg) {

@@ -75,6 +75,9 @@ struct ModelSpec {
   int64_t kv_dim() const { return int64_t(num_kv_heads) * head_dim; }
   int64_t qkv_dim() const { return q_dim() + 2 * kv_dim(); }
   bool any_swa() const;
+  // One layer's projection weights (q/k/v, o, gate/up, down), and their output rows.
+  int64_t layer_projection_params() const;
+  int64_t layer_projection_rows() const;
   int64_t num_params() const;
   // Bytes of the weights as a backend holds them (all ranks together): bf16 values, and
   // for FP8 projections one byte a value plus an fp32 scale per output channel.
