@@ -33,16 +33,30 @@ if [[ -z $nvcc ]]; then
   say "SKIP CUDA: nvcc not found (PATH, /usr/local/cuda*/bin)"
 else
   say "CUDA: $("$nvcc" --version | tail -2 | head -1)"
+  # One nvcc per core ($KVFUSE_JOBS, default nproc): each compile writes its log beside
+  # its object and a .failed marker when it fails; the markers are read once all are done.
+  njobs=${KVFUSE_JOBS:-$(nproc)}
+  compile_one() {  # arch source: compile one source, log beside the object
+    local arch=$1 src=$2 obj
+    obj="$out/$(tr / _ <<<"${src%.cu}").$arch.o"  # by path: kernels/ and src/ share file names
+    rm -f "$obj.failed"
+    "$nvcc" "${common[@]}" -arch="$arch" -Xcompiler=-Wall,-Wextra,-Werror --Werror all-warnings \
+      -c "$src" -o "$obj" 2>"$obj.log" || touch "$obj.failed"
+  }
   for arch in sm_90a sm_80; do
     for src in "${sources[@]}"; do
-      obj="$out/$(tr / _ <<<"${src%.cu}").$arch.o"  # by path: kernels/ and src/ share file names
-      if ! "$nvcc" "${common[@]}" -arch="$arch" -Xcompiler=-Wall,-Wextra,-Werror --Werror all-warnings \
-        -c "$src" -o "$obj" 2>"$obj.log"; then
+      while (($(jobs -rp | wc -l) >= njobs)); do wait -n || true; done
+      compile_one "$arch" "$src" &
+    done
+    wait
+    for src in "${sources[@]}"; do
+      obj="$out/$(tr / _ <<<"${src%.cu}").$arch.o"
+      if [[ -e $obj.failed ]]; then
         cat "$obj.log"
         bad "nvcc -arch=$arch $src"
       fi
     done
-    say "nvcc $arch: ${#sources[@]} sources compiled ($(($(date +%s) - start)) s)"
+    say "nvcc $arch: ${#sources[@]} sources compiled, $njobs at a time ($(($(date +%s) - start)) s)"
   done
   for write in kv_write/kv_write kv_write/kv_write_rope; do
     ptx="$out/$(basename "$write").sm_90a.ptx"
