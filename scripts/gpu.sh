@@ -11,6 +11,7 @@
 #   compare       (GPU machine) this tree's benchmarks against another commit's, alternating
 #   baseline      (here) pack a baseline revision for compare
 #   verify        (GPU machine) before a kernel or engine change lands: check, a short serve, compare
+#   fp8           (GPU machine) FP8 weights: their tests, and llama3-8b against llama3-8b-fp8
 #   gemm-tune     (GPU machine) the GEMM tuner's choices and timings
 #   kernel-revs   (GPU machine) kernel revisions side by side
 #   kv-write-sass (GPU machine) the KV write's machine code

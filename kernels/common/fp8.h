@@ -27,6 +27,17 @@ enum class Fp8Act : uint8_t { none, static_tensor, dynamic_token };
 // both clamp to it (kernels/cpu/gemm/gemm_fp8.h, kernels/gemm/gemv_fp8.cuh).
 constexpr float kFp8MinActScale = 1.0f / (448.0f * 512.0f);
 
+// An e4m3fn code as the e4m3fnuz code of half its value (the FNUZ grid is the OCP grid
+// halved, same bits), so fnuz bytes with scale 2 * s dequantize to
+// the same fp32 values as the fn bytes with scale s (src/loading/kv_scales.h makes the
+// same choice for KV scales). Exact: -0 (0x80, the FNUZ NaN) becomes +0; the fn NaNs
+// (0x7f, 0xff) become the FNUZ NaN 0x80; every other code keeps its bits.
+constexpr uint8_t fp8_e4m3fn_to_fnuz(uint8_t b) {
+  if (b == 0x80) return 0x00;
+  if ((b & 0x7f) == 0x7f) return 0x80;
+  return b;
+}
+
 struct Fp8Spec {
   int mant_bits;
   int bias;

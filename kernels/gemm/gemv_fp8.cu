@@ -3,6 +3,7 @@
 
 #include "kernels/gemm/gemv_fp8.cuh"
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <type_traits>
@@ -240,8 +241,43 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kQuantThreads, 1)
   }
 }
 
+// --- The vendor GEMM's epilogue -----------------------------------------------------------
+
+constexpr int kEpilogueThreads = 256;
+
+__global__ void KVFUSE_LAUNCH_BOUNDS(kEpilogueThreads, 1)
+    fp8_gemm_epilogue_kernel(const float* d, int64_t m, int64_t n, const float* x_scale, const float* w_scale,
+                             const float* bias, void* out, bool out_f32) {
+  grid_dependency_wait();  // PDL: d comes from the GEMM before
+  const int64_t total = m * n;
+  for (int64_t at = int64_t(blockIdx.x) * kEpilogueThreads + threadIdx.x; at < total;
+       at += int64_t(gridDim.x) * kEpilogueThreads) {
+    const int64_t i = at / n, j = at - i * n;
+    const float scale = x_scale != nullptr ? mul_rn(x_scale[i], w_scale[j]) : w_scale[j];
+    float v = mul_rn(d[at], scale);
+    if (bias != nullptr) v = add_rn(v, bias[j]);
+    if (out_f32) {
+      static_cast<float*>(out)[at] = v;
+    } else {
+      static_cast<bf16_t*>(out)[at] = f32_to_bf16(v);
+    }
+  }
+  launch_dependents();
+}
+
 }  // namespace
 
+LaunchStatus launch_fp8_gemm_epilogue(const float* d, int64_t m, int64_t n, const float* x_scale,
+                                      const float* w_scale, const float* bias, void* out, bool out_f32,
+                                      cudaStream_t stream, bool pdl) {
+  if (m < 1 || n < 1 || d == nullptr || w_scale == nullptr || out == nullptr) {
+    return LaunchStatus::refused("fp8 gemm epilogue: m " + std::to_string(m) + ", n " + std::to_string(n) +
+                                 " (both >= 1; d, w_scale and out given)");
+  }
+  const int64_t blocks = std::min<int64_t>((m * n + kEpilogueThreads - 1) / kEpilogueThreads, 65536);
+  return launch_kernel(fp8_gemm_epilogue_kernel, unsigned(blocks), kEpilogueThreads, stream, pdl, d, m, n, x_scale,
+                       w_scale, bias, out, out_f32);
+}
 
 std::string gemv_fp8_unsupported(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
                                  Fp8Format w_fmt, int64_t n, int64_t k, const void* out,

@@ -18,7 +18,9 @@
 // keeps: each warp streams a few rows of w with 16-byte loads (16 codes), each lane a strided
 // run of chunks, several in flight, the next step's loads issued before this step's math;
 // the codes decoded with the packed conversions of kernels/common/fp8_decode.cuh; the lanes'
-// partial sums meet in a butterfly. Not yet used by the GPU backend.
+// partial sums meet in a butterfly. The GPU backend's FP8 projections run it through the
+// GEMM planner (src/backends/gpu/gemm/gemm_planner.h), which also runs the vendor library's
+// FP8 GEMM for larger m, finished by launch_fp8_gemm_epilogue below.
 #pragma once
 
 // gpu.h first: on HIP the vendor runtime header must precede kernels/common/host_device.h.
@@ -82,6 +84,14 @@ std::string quantize_rows_fp8_unsupported(const bf16_t* x, int64_t m, int64_t k,
 // A block per row. Asynchronous on `stream`, graph-safe.
 LaunchStatus launch_quantize_rows_fp8(const bf16_t* x, int64_t m, int64_t k, Fp8Act act,
                                       const float* static_scale, Fp8Format fmt, uint8_t* xq, float* x_scale,
+                                      cudaStream_t stream, bool pdl = false);
+
+// The W8A8 epilogue of a vendor FP8 GEMM that summed the decoded codes' products in fp32
+// without scales, d [m, n]: out[i, j] = d[i, j] * (x_scale[i] * w_scale[j]) (+ bias[j]),
+// each operation rounded on its own as in launch_gemv_fp8's epilogue, then bf16 (one
+// rounding) or fp32. x_scale null: d * w_scale[j] (W8A16 sums). Asynchronous, graph-safe.
+LaunchStatus launch_fp8_gemm_epilogue(const float* d, int64_t m, int64_t n, const float* x_scale,
+                                      const float* w_scale, const float* bias, void* out, bool out_f32,
                                       cudaStream_t stream, bool pdl = false);
 
 }  // namespace kvfuse::gpu

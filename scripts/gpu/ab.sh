@@ -44,6 +44,7 @@ if [[ ${AB_SKIP_TESTS:-0} != 1 ]]; then
     check "$name" "$t" "${targs[@]}"
   done
   [[ -x $bundle/test_gpu_backend ]] && check test_gpu_backend "$bundle/test_gpu_backend"
+  [[ -x $bundle/test_gpu_fp8 ]] && check test_gpu_fp8 "$bundle/test_gpu_fp8"
   [[ -x $bundle/test_gpu_logprobs ]] && check test_gpu_logprobs "$bundle/test_gpu_logprobs"
   [[ -x $bundle/test_gpu_engine ]] && check test_gpu_engine "$bundle/test_gpu_engine"
   [[ -x $bundle/test_gpu_peer_allreduce ]] &&

@@ -15,14 +15,15 @@ arch=${KVFUSE_CUDA_ARCH:-90a}
 nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc)
 cmake -S . -B "$build" -G Ninja -DKVFUSE_GPU=CUDA -DKVFUSE_BUILD_SERVER=ON -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="$arch" >/dev/null
-targets=(kvfuse-run kvfuse-eval kvfuse-calibrate kvfuse-ab kvfuse-bench-engine test_gpu_backend test_gpu_logprobs
+targets=(kvfuse-run kvfuse-eval kvfuse-calibrate kvfuse-ab kvfuse-bench-engine test_gpu_backend test_gpu_fp8 test_gpu_logprobs
   test_gpu_engine test_gpu_nccl test_gpu_peer_allreduce test_gpu_tp kvfuse-bench-allreduce kvfuse-server kvfuse-bench-serve kvfuse-cli)
 ninja -C "$build" -j"${KVFUSE_JOBS:-$(nproc)}" "${targets[@]}"
 bundle=.device-bundle
 rm -rf "$bundle"
 mkdir -p "$bundle/lib"
 cp "$build/kvfuse-run" "$build/kvfuse-eval" "$build/kvfuse-calibrate" "$build/bench/ab/kvfuse-ab" \
-  "$build/bench/engine/kvfuse-bench-engine" "$build/tests/test_gpu_backend" "$build/tests/test_gpu_logprobs" \
+  "$build/bench/engine/kvfuse-bench-engine" "$build/tests/test_gpu_backend" "$build/tests/test_gpu_fp8" \
+  "$build/tests/test_gpu_logprobs" \
   "$build/tests/test_gpu_engine" "$build/tests/test_gpu_nccl" "$build/tests/test_gpu_peer_allreduce" \
   "$build/tests/test_gpu_tp" \
   "$build/bench/allreduce/kvfuse-bench-allreduce" "$build/kvfuse-server" "$build/kvfuse-bench-serve" "$build/kvfuse-cli" "$bundle/"

@@ -206,7 +206,7 @@ elif [[ -x $bundle/test_gpu_backend ]]; then
   cuda_lib=$(dirname "$(ls /usr/local/cuda/lib64/libcublasLt.so* /usr/local/cuda/lib/libcublasLt.so* 2>/dev/null | head -1)")
   export LD_LIBRARY_PATH="$PWD/$bundle/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   : >"$out/engine.log"
-  for t in test_gpu_backend test_gpu_logprobs test_gpu_engine; do
+  for t in test_gpu_backend test_gpu_fp8 test_gpu_logprobs test_gpu_engine; do
     "$bundle/$t" >>"$out/engine.log" 2>&1
     rc=$?
     grep -E "^gpu engine|failed|Passed|passed" "$out/engine.log" | tail -20

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 source scripts/gpu/common.sh gpu-engine
 [[ -x $bundle/test_gpu_backend && -x $bundle/kvfuse-server ]] || { note "FAIL: no bundle (scripts/gpu/bundle.sh)"; exit 1; }
 status=0
-for t in test_gpu_backend test_gpu_logprobs test_gpu_engine test_gpu_nccl test_gpu_peer_allreduce test_gpu_tp; do
+for t in test_gpu_backend test_gpu_fp8 test_gpu_logprobs test_gpu_engine test_gpu_nccl test_gpu_peer_allreduce test_gpu_tp; do
   "$bundle/$t" >"$out/$t.txt" 2>&1
   rc=$?
   note "$t: exit $rc, $(grep -E "test cases|passed|SKIP" "$out/$t.txt" | tail -1)"

@@ -99,6 +99,7 @@ struct LinearWeight {
   DeviceBuffer scale;         // FP8: [n] fp32
   Fp8Act act = Fp8Act::none;  // FP8
   float input_scale = 0.0f;   // FP8 with Fp8Act::static_tensor
+  DeviceBuffer act_scale;     // GPU backends, FP8 static_tensor: input_scale in device memory [1]
 };
 // A host FP8 weight for upload_linear_fp8: e4m3fn codes [n, k] row-major, scales [n].
 struct Fp8LinearHost {

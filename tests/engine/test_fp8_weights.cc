@@ -203,7 +203,7 @@ TEST_CASE("fp8 checkpoint (cpu): W8A8 checkpoints serve close to the bf16 weight
 
 namespace {
 
-// A backend without FP8 GEMMs (as the GPU backends are today): the CPU backend for
+// A backend without FP8 GEMMs: the CPU backend for
 // everything else, Backend's refusal for FP8 weights.
 class NoFp8Backend final : public ForwardingBackend {
  public:

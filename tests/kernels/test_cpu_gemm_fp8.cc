@@ -344,20 +344,20 @@ TEST_CASE("cpu fp8 gemm: quantize_rows_fp8 rounds bf16 ties to even", "[gemm][fp
 }
 
 TEST_CASE("cpu fp8 gemm: e4m3fnuz weights with twice the scale equal the e4m3fn weights", "[gemm][fp8]") {
-  CHECK(int(cpu::fp8_e4m3fn_to_fnuz(0x80)) == 0x00);
-  CHECK(int(cpu::fp8_e4m3fn_to_fnuz(0x7f)) == 0x80);
-  CHECK(int(cpu::fp8_e4m3fn_to_fnuz(0xff)) == 0x80);
-  CHECK(int(cpu::fp8_e4m3fn_to_fnuz(0x7e)) == 0x7e);
+  CHECK(int(fp8_e4m3fn_to_fnuz(0x80)) == 0x00);
+  CHECK(int(fp8_e4m3fn_to_fnuz(0x7f)) == 0x80);
+  CHECK(int(fp8_e4m3fn_to_fnuz(0xff)) == 0x80);
+  CHECK(int(fp8_e4m3fn_to_fnuz(0x7e)) == 0x7e);
   // Every code: the same dequantized value (bits, except -0 which becomes +0).
   int64_t bad = 0;
   for (float s : {1.0f, 0.0123f, 3.7e-3f, 250.0f})
     for (int c = 0; c < 256; ++c) {
       if (fp8_nan(uint8_t(c), Fp8Format::e4m3fn)) {
-        bad += !fp8_nan(cpu::fp8_e4m3fn_to_fnuz(uint8_t(c)), Fp8Format::e4m3fnuz);
+        bad += !fp8_nan(fp8_e4m3fn_to_fnuz(uint8_t(c)), Fp8Format::e4m3fnuz);
         continue;
       }
       const float a = fp8_decode(uint8_t(c), Fp8Format::e4m3fn) * s;
-      const float b = fp8_decode(cpu::fp8_e4m3fn_to_fnuz(uint8_t(c)), Fp8Format::e4m3fnuz) * (2.0f * s);
+      const float b = fp8_decode(fp8_e4m3fn_to_fnuz(uint8_t(c)), Fp8Format::e4m3fnuz) * (2.0f * s);
       bad += c == 0x80 ? !(b == 0.0f && !std::signbit(b)) : !same_bits(&a, &b, sizeof a);
     }
   CHECK(bad == 0);
@@ -368,7 +368,7 @@ TEST_CASE("cpu fp8 gemm: e4m3fnuz weights with twice the scale equal the e4m3fn 
     cpu::gemm_pack_weight_fp8(fn.w.data(), fn.n, fn.k, fn.packed.data());
     Case fnuz = fn;
     fnuz.w_fmt = Fp8Format::e4m3fnuz;
-    for (auto& b : fnuz.w) b = cpu::fp8_e4m3fn_to_fnuz(b);
+    for (auto& b : fnuz.w) b = fp8_e4m3fn_to_fnuz(b);
     for (auto& s : fnuz.w_scale) s *= 2.0f;
     cpu::gemm_pack_weight_fp8(fnuz.w.data(), fnuz.n, fnuz.k, fnuz.packed.data());
     for (GemmIsa isa : supported_isas()) {

@@ -54,17 +54,6 @@ namespace kvfuse::cpu {
 
 
 
-// An e4m3fn code as the e4m3fnuz code of half its value (kernels/common/fp8.h: the FNUZ
-// grid is the OCP grid halved, same bits), so fnuz bytes with scale 2 * s dequantize to
-// the same fp32 values as the fn bytes with scale s (src/loading/kv_scales.h makes the
-// same choice for KV scales). Exact: -0 (0x80, the FNUZ NaN) becomes +0; the fn NaNs
-// (0x7f, 0xff) become the FNUZ NaN 0x80; every other code keeps its bits.
-constexpr uint8_t fp8_e4m3fn_to_fnuz(uint8_t b) {
-  if (b == 0x80) return 0x00;
-  if ((b & 0x7f) == 0x7f) return 0x80;
-  return b;
-}
-
 // Bytes of a packed [n, k] FP8 weight.
 size_t gemm_packed_fp8_bytes(int64_t n, int64_t k);
 // Packs FP8 codes [n, k] row-major (zero bytes past n).

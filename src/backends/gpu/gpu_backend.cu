@@ -5,6 +5,7 @@
 // (copy_to_host, synchronize), so a step has no host synchronisation inside it.
 #include "kernels/common/gpu.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 #include "kernels/attention/attention.cuh"
 #include "kernels/common/dispatch.h"
 #include "kernels/gemm/gemv.cuh"
+#include "kernels/gemm/gemv_fp8.cuh"
 #include "kernels/kv_write/kv_write.cuh"
 #include "kernels/kv_write/kv_write_rope.cuh"
 #include "kernels/ops/model_ops.cuh"
@@ -46,6 +48,8 @@ class GpuBackend final : public Backend {
     split_counters_.reset();
     kv_scratch_.reset();
     gemm_f32_.reset();
+    fp8_xq_.reset();
+    fp8_x_scale_.reset();
     if (stream_) (void)cudaStreamDestroy(stream_);
   }
 
@@ -151,20 +155,41 @@ class GpuBackend final : public Backend {
     LinearWeight lw;
     lw.n = n;
     lw.k = k;
-    auto wb = alloc(size_t(n * k) * sizeof(bf16_t));
-    if (!wb.ok()) return wb.status();
-    lw.w = std::move(*wb);
-    KVFUSE_RETURN_IF_ERROR(copy_to_device(lw.w.get(), w, size_t(n * k) * sizeof(bf16_t)));
-    if (bias) {
-      // Bias in fp32, added to the fp32 GEMM result before the one rounding (see linear).
-      std::vector<float> b(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) b[size_t(i)] = bf16_to_f32(bias[i]);
-      auto bb = alloc(size_t(n) * sizeof(float));
-      if (!bb.ok()) return bb.status();
-      lw.bias = std::move(*bb);
-      KVFUSE_RETURN_IF_ERROR(copy_to_device(lw.bias.get(), b.data(), b.size() * sizeof(float)));
-      KVFUSE_RETURN_IF_ERROR(synchronize());  // b is a local
+    KVFUSE_RETURN_IF_ERROR(upload(lw.w, w, size_t(n * k) * sizeof(bf16_t)));
+    KVFUSE_RETURN_IF_ERROR(upload_bias(lw, bias));
+    return lw;
+  }
+
+  // FP8 weights stay FP8: the codes row-major [n, k] (e4m3fnuz on gfx942: byte 0x80 -> 0,
+  // every scale x 2, exact), fp32 channel scales, the bias as upload_linear's, and a static
+  // input scale in device memory for the quantizing kernel.
+  absl::StatusOr<LinearWeight> upload_linear_fp8(const Fp8LinearHost& h, int64_t n, int64_t k,
+                                                 const bf16_t* bias) override {
+    if (k % 16 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          description_, ": FP8 weights of in_features ", k, " are not served (a multiple of 16 is)"));
     }
+    LinearWeight lw;
+    lw.n = n;
+    lw.k = k;
+    lw.fp8 = true;
+    lw.fp8_format = fnuz_ ? Fp8Format::e4m3fnuz : Fp8Format::e4m3fn;
+    lw.act = h.act;
+    lw.input_scale = h.input_scale * (fnuz_ ? 2.0f : 1.0f);
+    std::vector<uint8_t> codes;
+    std::vector<float> scales(h.scale, h.scale + n);
+    if (fnuz_) {
+      codes.assign(h.w, h.w + n * k);
+      for (uint8_t& c : codes) c = fp8_e4m3fn_to_fnuz(c);
+      for (float& sc : scales) sc *= 2.0f;
+    }
+    KVFUSE_RETURN_IF_ERROR(upload(lw.w, fnuz_ ? codes.data() : h.w, size_t(n * k)));
+    KVFUSE_RETURN_IF_ERROR(upload(lw.scale, scales.data(), scales.size() * sizeof(float)));
+    KVFUSE_RETURN_IF_ERROR(upload_bias(lw, bias));
+    if (lw.act == Fp8Act::static_tensor) {
+      KVFUSE_RETURN_IF_ERROR(upload(lw.act_scale, &lw.input_scale, sizeof(float)));
+    }
+    KVFUSE_RETURN_IF_ERROR(synchronize());  // codes and scales are locals
     return lw;
   }
 
@@ -177,6 +202,7 @@ class GpuBackend final : public Backend {
     return gpu_status(gpu::launch_rmsnorm(x, w, rows, cols, eps, out, stream_, ops_pdl_), "rmsnorm");
   }
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
+    if (w.fp8) return linear_fp8(x, m, w, out, GemmOut::bf16);
     if (!w.bias.get()) return planner_->gemm(x, m, w, out, GemmOut::bf16, capturing_);
     // With a bias the GEMM result stays fp32 until the bias is in: one bf16 rounding.
     KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(m * w.n) * sizeof(float), "linear: fp32"));
@@ -186,6 +212,7 @@ class GpuBackend final : public Backend {
         "bias_round");
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
+    if (w.fp8) return linear_fp8(x, m, w, out, GemmOut::f32);
     return planner_->gemm(x, m, w, out, GemmOut::f32, capturing_);
   }
   // Where the tuner picked kvfuse's GEMV for this shape, it stores into the targets from its
@@ -196,7 +223,7 @@ class GpuBackend final : public Backend {
     if (push.count < 0 || push.count > PushTargets::kMax) {
       return absl::InvalidArgumentError(absl::StrCat("linear_push: ", push.count, " targets"));
     }
-    if (!w.bias.get() && GemmPlanner::gemv_usable(x, m, w, out)) {
+    if (!w.fp8 && !w.bias.get() && GemmPlanner::gemv_usable(x, m, w, out)) {
       auto gemv = planner_->gemv_variant(x, m, w, out, capturing_);
       if (!gemv.ok()) return gemv.status();
       if (*gemv >= 0) {
@@ -224,7 +251,7 @@ class GpuBackend final : public Backend {
   absl::Status linear_silu_mul(const bf16_t* x, int64_t m, const LinearWeight& w, int64_t inter, bf16_t* gate_up,
                                bf16_t* act) override {
     static const bool fuse = env_flag("KVFUSE_GEMV_SILU");
-    if (fuse && m > 0 && !w.bias.get() && w.n == 2 * inter && GemmPlanner::gemv_usable(x, m, w, gate_up) &&
+    if (fuse && m > 0 && !w.fp8 && !w.bias.get() && w.n == 2 * inter && GemmPlanner::gemv_usable(x, m, w, gate_up) &&
         gpu::gemv_unsupported(x, m, w.w.get(), w.n, w.k, act).empty()) {
       auto gemv = planner_->gemv_variant(x, m, w, gate_up, capturing_);
       if (!gemv.ok()) return gemv.status();
@@ -371,6 +398,60 @@ class GpuBackend final : public Backend {
   // first, bumps graph_epoch, and is refused during a capture (the runner's eager first
   // step of each graph bucket grows every buffer before it captures).
   // zero: the new buffer starts zero-filled (the split attention's merge counters).
+  // `bytes` of host memory into a new device buffer (pageable memory: taken on return).
+  absl::Status upload(DeviceBuffer& dst, const void* src, size_t bytes) {
+    auto buf = alloc(bytes);
+    if (!buf.ok()) return buf.status();
+    dst = std::move(*buf);
+    return copy_to_device(dst.get(), src, bytes);
+  }
+  // A projection's bias in fp32, added to the fp32 GEMM result before the one rounding
+  // (see linear); none when bias is null.
+  absl::Status upload_bias(LinearWeight& lw, const bf16_t* bias) {
+    if (bias == nullptr) return absl::OkStatus();
+    std::vector<float> b(static_cast<size_t>(lw.n));
+    for (int64_t i = 0; i < lw.n; ++i) b[size_t(i)] = bf16_to_f32(bias[i]);
+    KVFUSE_RETURN_IF_ERROR(upload(lw.bias, b.data(), b.size() * sizeof(float)));
+    return synchronize();  // b is a local
+  }
+
+  // An FP8-weight projection: the activations quantized as the checkpoint declares (W8A8:
+  // gpu::launch_quantize_rows_fp8, the CPU's bytes), then the planner's FP8 GEMM, at most
+  // kFp8RowsPerGemm rows a call (it bounds the fp32 sums of the library's GEMM: 58 MB for
+  // llama3-8b's gate/up projection).
+  static constexpr int64_t kFp8RowsPerGemm = gemm::kTuneMaxRows;
+  absl::Status linear_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, void* out, GemmOut out_type) {
+    if (m <= 0) return absl::OkStatus();
+    gpu::Fp8GemvAct act{w.act, nullptr, nullptr, w.fp8_format};
+    float* sums = nullptr;
+    if (w.act != Fp8Act::none) {
+      const int64_t sum_rows = std::min(m, kFp8RowsPerGemm);
+      KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_xq_, size_t(m * w.k), "linear: FP8 activations"));
+      KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_x_scale_, size_t(m) * sizeof(float), "linear: FP8 row scales"));
+      KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(sum_rows * w.n) * sizeof(float), "linear: fp32"));
+      act.xq = fp8_xq_.as<uint8_t>();
+      act.x_scale = fp8_x_scale_.as<float>();
+      sums = gemm_f32_.as<float>();
+      KVFUSE_RETURN_IF_ERROR(gpu_status(
+          gpu::launch_quantize_rows_fp8(x, m, w.k, w.act, w.act_scale.get() ? w.act_scale.as<float>() : nullptr,
+                                        w.fp8_format, fp8_xq_.as<uint8_t>(), fp8_x_scale_.as<float>(), stream_,
+                                        ops_pdl_),
+          "quantize_rows_fp8"));
+    }
+    const size_t out_elem = out_type == GemmOut::f32 ? sizeof(float) : sizeof(bf16_t);
+    for (int64_t i0 = 0; i0 < m; i0 += kFp8RowsPerGemm) {
+      gpu::Fp8GemvAct a = act;
+      if (a.act != Fp8Act::none) {
+        a.xq += i0 * w.k;
+        a.x_scale += i0;
+      }
+      KVFUSE_RETURN_IF_ERROR(planner_->gemm_fp8(x + i0 * w.k, std::min(m - i0, kFp8RowsPerGemm), w, a, sums,
+                                                static_cast<char*>(out) + size_t(i0 * w.n) * out_elem, out_type,
+                                                capturing_));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status reserve_scratch(DeviceBuffer& buf, size_t need, const char* what, size_t slack = 2,
                                bool zero = false) {
     if (need <= buf.bytes()) return absl::OkStatus();
@@ -472,7 +553,9 @@ class GpuBackend final : public Backend {
   DeviceBuffer split_scratch_;  // split-KV attention partials
   DeviceBuffer split_counters_;  // split-KV merge counters, zero between launches
   DeviceBuffer kv_scratch_;     // the unfused KV write's fp32 and cast intermediates
-  DeviceBuffer gemm_f32_;       // fp32 GEMM results of biased linear layers
+  DeviceBuffer gemm_f32_;       // fp32 GEMM results of biased linear layers and the FP8 GEMM's sums
+  DeviceBuffer fp8_xq_;         // FP8 activations of W8A8 projections [m, k]
+  DeviceBuffer fp8_x_scale_;    // and their row scales [m]
 };
 
 }  // namespace

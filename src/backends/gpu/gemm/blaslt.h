@@ -2,6 +2,9 @@
 // API shape, different prefixes). Only what src/backends/gpu/gemm/ calls.
 #pragma once
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
 #if defined(KVFUSE_HIP)
 #include <hipblaslt/hipblaslt.h>
 #define KVFUSE_BLASLT_NAME "hipBLASLt"
@@ -16,6 +19,8 @@ using blasStatus_t = hipblasStatus_t;
 #define BLAS_COMPUTE_32F HIPBLAS_COMPUTE_32F
 #define BLAS_R_32F HIP_R_32F
 #define BLAS_R_16BF HIP_R_16BF
+// e4m3 codes: OCP e4m3fn (gfx950), or e4m3fnuz (gfx942).
+inline hipDataType blas_fp8_e4m3(bool fnuz) { return fnuz ? HIP_R_8F_E4M3_FNUZ : HIP_R_8F_E4M3; }
 #define BLAS_OP_N HIPBLAS_OP_N
 #define BLAS_OP_T HIPBLAS_OP_T
 #define BLASLT_MATMUL_DESC_TRANSA HIPBLASLT_MATMUL_DESC_TRANSA
@@ -52,6 +57,8 @@ using blasStatus_t = cublasStatus_t;
 #define BLAS_COMPUTE_32F CUBLAS_COMPUTE_32F
 #define BLAS_R_32F CUDA_R_32F
 #define BLAS_R_16BF CUDA_R_16BF
+// e4m3 codes: OCP e4m3fn (no NVIDIA GPU stores e4m3fnuz; kvfuse never asks for it there).
+inline cudaDataType blas_fp8_e4m3(bool /*fnuz*/) { return CUDA_R_8F_E4M3; }
 #define BLAS_OP_N CUBLAS_OP_N
 #define BLAS_OP_T CUBLAS_OP_T
 #define BLASLT_MATMUL_DESC_TRANSA CUBLASLT_MATMUL_DESC_TRANSA
@@ -71,3 +78,13 @@ using blasStatus_t = cublasStatus_t;
 #define blasLtMatmul cublasLtMatmul
 inline int blaslt_version(blasLtHandle_t) { return int(cublasLtGetVersion()); }
 #endif
+
+// A library call's status as an absl::Status naming the call.
+inline absl::Status blas_status(blasStatus_t st, const char* what) {
+  if (st == BLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(KVFUSE_BLASLT_NAME, " error ", int(st), " in ", what));
+}
+#define KVFUSE_BLAS(expr)                                             \
+  do {                                                                \
+    if (auto _st = blas_status((expr), #expr); !_st.ok()) return _st; \
+  } while (0)

@@ -23,16 +23,6 @@ using gemm::GemmChoice;
 using gemm::GemmKey;
 using gemm::TuneMode;
 
-absl::Status blas_status(blasStatus_t st, const char* what) {
-  if (st == BLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(KVFUSE_BLASLT_NAME, " error ", int(st), " in ", what));
-}
-
-#define KVFUSE_BLAS(expr)                                             \
-  do {                                                                \
-    if (auto _st = blas_status((expr), #expr); !_st.ok()) return _st; \
-  } while (0)
-
 constexpr size_t kBlasWorkspace = size_t(32) << 20;
 
 decltype(BLAS_R_32F) blas_type(GemmOut out) { return out == GemmOut::f32 ? BLAS_R_32F : BLAS_R_16BF; }

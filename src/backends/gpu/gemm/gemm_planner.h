@@ -7,7 +7,8 @@
 //
 // Families: the bf16 GEMMs (bf16 x and w, fp32 accumulation, bf16 or fp32 out) over
 // cuBLASLt/hipBLASLt, kvfuse's GEMV (at most gpu::kGemvMaxRows rows) and its skinny GEMM
-// (sm_90, up to KVFUSE_GEMM_SKINNY_ROWS rows). Another family joins with a GemmFamily of
+// (sm_90, up to KVFUSE_GEMM_SKINNY_ROWS rows); the FP8-weight GEMMs (gemm_fp8, in
+// gemm_planner_fp8.cu): kvfuse's FP8 GEMV and the library's FP8 GEMM. Another family joins with a GemmFamily of
 // its own (its choices keyed apart), its plan and run methods here, and its candidates
 // timed through the same GemmTimer, TunedChoices and cache file.
 #pragma once
@@ -22,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/gemm/gemv_fp8.cuh"
 #include "src/backends/backend.h"
 #include "src/backends/gpu/gemm/blaslt.h"
 #include "src/backends/gpu/gemm/gemm_tuning.h"
@@ -57,6 +59,14 @@ class GemmPlanner {
   // does; call it where gemv_usable.
   absl::StatusOr<int> gemv_variant(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
                                    bool capturing);
+  // FP8 weights (w.fp8): out[m, n] as kernels/cpu/gemm/gemm_fp8.h computes it, fp32 or
+  // bf16, w's bias added. act: the activations, bf16 x for a weight-only w (act none),
+  // else the codes xq and row scales the caller quantized them to. Runs the shape's plan:
+  // for W8A8 the fastest of kvfuse's FP8 GEMV (m <= gpu::kGemvMaxRows) and the library's
+  // FP8 GEMM (its unscaled fp32 sums into `sums` [m, n], then gpu::launch_fp8_gemm_epilogue),
+  // timed as gemm() times; for W8A16 the GEMV, over rows in groups of kGemvMaxRows past that.
+  absl::Status gemm_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const gpu::Fp8GemvAct& act,
+                        float* sums, void* out, GemmOut out_type, bool capturing);
   // kvfuse's GEMV may run this call: it is a candidate (KVFUSE_GEMV) and the operands suit it.
   static bool gemv_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out);
 
@@ -80,6 +90,13 @@ class GemmPlanner {
   absl::StatusOr<Plan*> plan_of(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
                                 GemmOut out_kind, bool capturing);
   gemm::GemmKey key_of(int64_t m, const LinearWeight& w, GemmOut out) const;
+  // The FP8 family's plan of a shape (gemm_planner_fp8.cu): its library descriptors (W8A8)
+  // and its choice.
+  absl::StatusOr<Plan*> plan_fp8_of(const bf16_t* x, int64_t m, const LinearWeight& w, const gpu::Fp8GemvAct& act,
+                                    float* sums, void* out, GemmOut out_kind, bool capturing);
+  absl::Status run_fp8(const Plan& plan, const blasLtMatmulAlgo_t* algo, int gemv, const bf16_t* x, int64_t m,
+                       const LinearWeight& w, const void* wd, const gpu::Fp8GemvAct& act, float* sums, void* out,
+                       GemmOut out_kind) const;
   GemmCacheKey cache_key(const gemm::GemmKey& k) const;
   bool matmul(const Plan& plan, const blasLtMatmulAlgo_t& algo, const bf16_t* x, const void* w,
               void* out) const;

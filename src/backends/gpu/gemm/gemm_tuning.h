@@ -52,8 +52,10 @@ inline constexpr int kTuneCalls = 16;
 // Infinity Cache behind their L2 (an H200's L2 is 60 MB).
 inline constexpr size_t kL2FlushBytes = size_t(512) << 20;
 
-// The GEMM families; each keeps its choices apart from the others'.
-enum class GemmFamily : int { bf16 };
+// The GEMM families; each keeps its choices apart from the others'. fp8_w8a16 and
+// fp8_w8a8: FP8 weights with bf16 activations, or with FP8 activations
+// (src/backends/gpu/gemm/gemm_planner_fp8.cu).
+enum class GemmFamily : int { bf16, fp8_w8a16, fp8_w8a8 };
 enum class GemmOut : int { bf16, f32 };
 
 // One GEMM shape: out[m, n] = x[m, k] * w[n, k]^T of a family, with its output type.
@@ -69,7 +71,7 @@ struct GemmKey {
 // What a shape runs: the library's algorithm, or one of kvfuse's kernels in its place.
 struct GemmChoice {
   blasLtMatmulAlgo_t algo{};
-  int gemv = -1;    // >= 0: kvfuse's GEMV (kernels/gemm/gemv.cuh) of that variant
+  int gemv = -1;    // >= 0: kvfuse's GEMV (kernels/gemm/gemv.cuh; FP8: gemv_fp8.cuh) of that variant
   int skinny = -1;  // >= 0: kvfuse's skinny GEMM (kernels/gemm/gemm_skinny.cuh) of that variant
 };
 

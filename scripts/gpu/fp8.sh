@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# FP8 weights on one GPU, from the bundle (nothing is compiled on the GPU machine):
+#   1. the FP8 GEMV's kernel parity test, when the bundle has it
+#      (KVFUSE_BUNDLE_KERNEL_TESTS=test_gemv_fp8_gpu scripts/gpu/bundle.sh, here);
+#   2. test_gpu_fp8 (FP8 projections and FP8 models, GPU against CPU), then the GPU backend
+#      and engine tests (test_gpu_backend, test_gpu_engine), each under FP8_TEST_TIMEOUT
+#      seconds (default 300);
+#   3. scripts/gpu/bench.sh engine-fp8: llama3-8b against llama3-8b-fp8, alternating, with
+#      the GEMM tuner's timings of the FP8 shapes.
+# FP8_SKIP_TESTS=1 leaves out 1 and 2, FP8_SKIP_BENCH=1 leaves out 3. Writes $OUT (or
+# build-gpu-fp8/): summary.txt and the benchmark's gpu-bench.tgz. Exit 0 when all passed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/gpu/common.sh gpu-fp8
+note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), $(date -u +%FT%TZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+status=0
+check() {  # name, command...
+  local name=$1 rc
+  shift
+  timeout "${FP8_TEST_TIMEOUT:-300}" "$@" >"$out/$name.txt" 2>&1
+  rc=$?
+  grep -E "^gpu fp8 engine|passed|failed|test cases|assertions" "$out/$name.txt" | tail -8 | sed "s/^/  /" |
+    tee -a "$summary"
+  note "$name: exit $rc"
+  ((rc == 0)) || status=1
+}
+if [[ ${FP8_SKIP_TESTS:-0} != 1 ]]; then
+  [[ -x $bundle/kernel-tests/test_gemv_fp8_gpu ]] && check test_gemv_fp8_gpu "$bundle/kernel-tests/test_gemv_fp8_gpu"
+  for t in test_gpu_fp8 test_gpu_backend test_gpu_engine; do check "$t" "$bundle/$t"; done
+fi
+if [[ ${FP8_SKIP_BENCH:-0} != 1 ]]; then
+  OUT=$out/bench scripts/gpu/bench.sh engine-fp8 >"$out/bench.txt" 2>&1 || status=1
+  cat "$out/bench/summary.txt" >>"$summary"
+  mv "$out/bench/gpu-bench.tgz" "$out/" 2>/dev/null
+fi
+note "$( ((status == 0)) && echo PASS || echo FAIL)"
+exit $status

@@ -1,0 +1,207 @@
+// The GEMM planner's FP8-weight family (gemm_planner.h, gemm_fp8): which kernel runs a
+// shape, chosen as the bf16 family's choices are (gemm_tuning.h: timed in a graph over its
+// candidates, kept for the process and in the GEMM cache file), and running it.
+//
+// Candidates:
+// - kvfuse's FP8 GEMV (kernels/gemm/gemv_fp8.cuh), each tiling, for m <= gpu::kGemvMaxRows;
+// - W8A8 only: the library's FP8 GEMM (e4m3 x e4m3, fp32 sums, no scales: the library's
+//   scale modes are per tensor, a checkpoint's weight scales per channel), followed by
+//   gpu::launch_fp8_gemm_epilogue, which applies the row and channel scales and the bias.
+// A W8A16 shape of more rows runs the GEMV over groups of kGemvMaxRows rows (the weights
+// read once a group): no library GEMM takes bf16 activations with FP8 weights.
+#include "src/backends/gpu/gemm/gemm_planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "src/backends/gpu/gpu_status.h"
+#include "src/common/status_macros.h"
+
+namespace kvfuse {
+namespace {
+
+using gemm::GemmChoice;
+using gemm::GemmKey;
+using gemm::TuneMode;
+
+constexpr const char* kGemvFp8Kernel = "kvfuse-gemv-fp8/";
+
+bool w8a8(const LinearWeight& w) { return w.act != Fp8Act::none; }
+
+}  // namespace
+
+// The GEMV (one launch per kGemvMaxRows rows, `gemv` the variant where it applies to the
+// group's rows), or the library's `algo` and the epilogue. On the weights at `wd` (w's
+// own, or the tuner's copy of them).
+absl::Status GemmPlanner::run_fp8(const Plan& plan, const blasLtMatmulAlgo_t* algo, int gemv, const bf16_t* x,
+                                  int64_t m, const LinearWeight& w, const void* wd, const gpu::Fp8GemvAct& act,
+                                  float* sums, void* out, GemmOut out_kind) const {
+  const bool f32 = out_kind == GemmOut::f32;
+  const float* w_scale = w.scale.as<float>();
+  const float* bias = w.bias.get() ? w.bias.as<float>() : nullptr;
+  if (algo == nullptr) {
+    const size_t out_elem = f32 ? sizeof(float) : sizeof(bf16_t);
+    for (int64_t i0 = 0; i0 < m; i0 += gpu::kGemvMaxRows) {
+      const int64_t rows = std::min<int64_t>(gpu::kGemvMaxRows, m - i0);
+      gpu::Fp8GemvAct a = act;
+      if (a.act != Fp8Act::none) {
+        a.xq += i0 * w.k;
+        a.x_scale += i0;
+      }
+      const int variant = gemv >= 0 && gemv < gpu::gemv_variants(rows) ? gemv : 0;
+      KVFUSE_RETURN_IF_ERROR(gpu_status(
+          gpu::launch_gemv_fp8(x != nullptr ? x + i0 * w.k : nullptr, rows, static_cast<const uint8_t*>(wd),
+                               w_scale, w.fp8_format, w.n, w.k, bias,
+                               static_cast<char*>(out) + size_t(i0 * w.n) * out_elem, f32, a, stream_, ops_pdl_,
+                               variant),
+          "gemv fp8"));
+    }
+    return absl::OkStatus();
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  KVFUSE_BLAS(blasLtMatmul(blas_, plan.desc, &alpha, wd, plan.a, act.xq, plan.b, &beta, sums, plan.d, sums, plan.d,
+                           algo, blas_workspace_.get(), blas_workspace_.bytes(), stream_));
+  return gpu_status(
+      gpu::launch_fp8_gemm_epilogue(sums, m, w.n, act.x_scale, w_scale, bias, out, f32, stream_, ops_pdl_),
+      "fp8 gemm epilogue");
+}
+
+absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const bf16_t* x, int64_t m, const LinearWeight& w,
+                                                            const gpu::Fp8GemvAct& act, float* sums, void* out,
+                                                            GemmOut out_kind, bool capturing) {
+  const bool q = w8a8(w);
+  const GemmKey key{q ? gemm::GemmFamily::fp8_w8a8 : gemm::GemmFamily::fp8_w8a16, m, w.n, w.k, out_kind};
+  if (auto found = plans_.find(key); found != plans_.end()) return found->second.get();
+  auto plan = std::make_unique<Plan>();
+  const bool gemv_ok =
+      gemv_enabled() && gpu::gemv_fp8_unsupported(x, m, w.w.as<uint8_t>(), w.scale.as<float>(), w.fp8_format,
+                                                   w.n, w.k, out, act)
+                            .empty();
+  // The library's FP8 GEMM (W8A8): column-major out^T (n x m) = op(W) (k x n stored, transposed)
+  // * xq^T (k x m), fp32 sums.
+  int found_n = 0;
+  blasLtMatmulHeuristicResult_t heur[gemm::kTuneCandidates] = {};
+  const TuneMode mode = capturing || m > gemm::kTuneMaxRows ? TuneMode::off : gemm::tune_mode();
+  const bool may_time = mode != TuneMode::off && !tuning_ended_.load(std::memory_order_relaxed);
+  if (q) {
+    const auto t = BLAS_OP_T, n = BLAS_OP_N;
+    const auto code = blas_fp8_e4m3(w.fp8_format == Fp8Format::e4m3fnuz);
+    KVFUSE_BLAS(blasLtMatmulDescCreate(&plan->desc, BLAS_COMPUTE_32F, BLAS_R_32F));
+    KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+    KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->a, code, uint64_t(w.k), uint64_t(w.n), int64_t(w.k)));
+    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->b, code, uint64_t(w.k), uint64_t(m), int64_t(w.k)));
+    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->d, BLAS_R_32F, uint64_t(w.n), uint64_t(m), int64_t(w.n)));
+    struct Pref {
+      blasLtMatmulPreference_t p = nullptr;
+      ~Pref() {
+        if (p) blasLtMatmulPreferenceDestroy(p);
+      }
+    } pref;
+    KVFUSE_BLAS(blasLtMatmulPreferenceCreate(&pref.p));
+    const size_t ws = blas_workspace_.bytes();
+    KVFUSE_BLAS(
+        blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    // No algorithm (a library or device without FP8 GEMMs) leaves the GEMV.
+    if (blasLtMatmulAlgoGetHeuristic(blas_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p,
+                                     may_time ? gemm::kTuneCandidates : 1, heur,
+                                     &found_n) != BLAS_STATUS_SUCCESS) {
+      found_n = 0;
+    }
+  }
+  // Untimed: the GEMV where it applies (W8A16 always runs it), else the library's first choice.
+  plan->gemv = gemv_ok || found_n == 0 ? 0 : -1;
+  if (found_n > 0) plan->algo = heur[0].algo;
+  const auto keep = [&] {
+    gemm::TunedChoices::keep(device_, key, *plan);
+    return plans_.emplace(key, std::move(plan)).first->second.get();
+  };
+  if (mode == TuneMode::off) return plans_.emplace(key, std::move(plan)).first->second.get();
+  if (const auto tuned = gemm::TunedChoices::find(device_, key)) {
+    static_cast<GemmChoice&>(*plan) = *tuned;
+    return plans_.emplace(key, std::move(plan)).first->second.get();
+  }
+  const GemmCacheKey ck{absl::StrCat(algo_device_, q ? " fp8-w8a8" : " fp8-w8a16"), m, w.n, w.k,
+                        out_kind == GemmOut::f32 ? "f32" : "bf16"};
+  if (auto cached = gemm::algo_cache().find(ck)) {
+    const int v = gemm::kernel_variant_of(cached->kernel, kGemvFp8Kernel, gpu::gemv_variants(m));
+    if (v >= 0 && gemv_ok) {
+      plan->gemv = v;
+      return keep();
+    }
+    if (cached->kernel.empty() && cached->algo.size() == sizeof(blasLtMatmulAlgo_t) && found_n > 0) {
+      std::memcpy(&plan->algo, cached->algo.data(), sizeof(blasLtMatmulAlgo_t));
+      // It must run here (the file could come from another build of the same version).
+      if (run_fp8(*plan, &plan->algo, -1, x, m, w, w.w.get(), act, sums, out, out_kind).ok()) {
+        plan->gemv = -1;
+        return keep();
+      }
+      (void)cudaGetLastError();
+      plan->algo = heur[0].algo;
+    }
+  }
+  const int gemv_n = gemv_ok ? gpu::gemv_variants(m) : 0;
+  if (!may_time || gemv_n + found_n <= 1) return plans_.emplace(key, std::move(plan)).first->second.get();
+
+  // Time every candidate: the GEMV's variants, then the library's.
+  KVFUSE_RETURN_IF_ERROR(timer_.begin(w, mode));
+  const auto time = [&](const blasLtMatmulAlgo_t* algo, int gemv) {
+    const auto call = [&](const void* wd) {
+      return run_fp8(*plan, algo, gemv, x, m, w, wd, act, sums, out, out_kind).ok();
+    };
+    return mode == TuneMode::graph ? timer_.in_graph(call) : timer_.isolated([&] { return call(w.w.get()); });
+  };
+  std::vector<float> ms;
+  for (int v = 0; v < gemv_n; ++v) ms.push_back(time(nullptr, v));
+  for (int c = 0; c < found_n; ++c) ms.push_back(time(&heur[c].algo, -1));
+  KVFUSE_RETURN_IF_ERROR(timer_.end());
+  shapes_timed_.fetch_add(1, std::memory_order_relaxed);
+  int best = -1;
+  for (int c = 0; c < int(ms.size()); ++c) {
+    if (ms[size_t(c)] >= 0 && (best < 0 || ms[size_t(c)] < ms[size_t(best)])) best = c;
+  }
+  if (best < 0) return absl::InternalError(absl::StrCat("fp8 gemm ", m, "x", w.n, "x", w.k, ": no candidate ran"));
+  GemmCacheEntry e;
+  if (best < gemv_n) {
+    plan->gemv = best;
+    e.kernel = kGemvFp8Kernel + std::to_string(best);
+  } else {
+    plan->gemv = -1;
+    plan->algo = heur[best - gemv_n].algo;
+    e.algo.resize(sizeof(blasLtMatmulAlgo_t));
+    std::memcpy(e.algo.data(), &plan->algo, sizeof(blasLtMatmulAlgo_t));
+  }
+  if (gemm::tune_log()) {
+    std::fprintf(stderr, "kvfuse gemm tune (%s) fp8 %s %lldx%lldx%lld %s: %d gemv variants, %d library: %s %.4f ms\n",
+                 gemm::tune_mode_name(mode), q ? "w8a8" : "w8a16", (long long)m, (long long)w.n, (long long)w.k,
+                 out_kind == GemmOut::f32 ? "f32" : "bf16", gemv_n, found_n,
+                 best < gemv_n ? "gemv" : "library", double(ms[size_t(best)]));
+  }
+  e.us = double(ms[size_t(best)]) * 1e3;
+  e.method = gemm::tune_mode_name(mode);
+  if (mode == TuneMode::graph && gemv_enabled()) {
+    if (absl::Status st = gemm::algo_cache().store(ck, e); !st.ok() && !cache_warned_) {
+      cache_warned_ = true;  // once: the choice still holds for this process
+      std::fprintf(stderr, "kvfuse: %s (GEMM choices are not shared with other processes)\n",
+                   std::string(st.message()).c_str());
+    }
+  }
+  return keep();
+}
+
+absl::Status GemmPlanner::gemm_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const gpu::Fp8GemvAct& act,
+                                   float* sums, void* out, GemmOut out_type, bool capturing) {
+  if (m <= 0) return absl::OkStatus();
+  if (!w.fp8) return absl::InvalidArgumentError("gemm_fp8: the weight is not FP8");
+  auto planned = plan_fp8_of(x, m, w, act, sums, out, out_type, capturing);
+  if (!planned.ok()) return planned.status();
+  const Plan& p = **planned;
+  return run_fp8(p, p.gemv >= 0 ? nullptr : &p.algo, p.gemv, x, m, w, w.w.get(), act, sums, out, out_type);
+}
+
+}  // namespace kvfuse
