@@ -20,9 +20,10 @@ namespace {
 constexpr int64_t kChunk = 16;  // codes of w per 16-byte load
 
 struct GemvFp8Args {
-  const bf16_t* x;       // W8A16
-  const uint8_t* xq;     // W8A8
-  const float* x_scale;  // W8A8
+  const bf16_t* x;       // W8A16, and W8A8 quantized in the kernel
+  const uint8_t* xq;     // W8A8 with codes
+  const float* x_scale;  // W8A8 with codes
+  const float* static_scale;  // W8A8 quantized in the kernel, static_tensor (else dynamic)
   const uint8_t* w;
   const float* w_scale;
   const float* bias;  // or null
@@ -34,6 +35,48 @@ struct GemvFp8Args {
 // 8 bytes of read-only data (a W8A8 half chunk of xq). The caller guarantees 8-byte alignment.
 KVFUSE_DEVICE uint2 load_8B(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
 
+// The row scales of a GEMV that quantizes its activations (XMode::quantize), in every
+// thread: static_tensor s = *static_scale; dynamic_token s = max(amax / max_finite,
+// kFp8MinActScale), amax the largest |x| of the row (NaN skipped; a max in any order is the
+// same), as launch_quantize_rows_fp8's kernel takes them, into shared_s; inv = recip_rn(s).
+template <int M, Fp8Format F>
+KVFUSE_DEVICE void row_scales(const GemvFp8Args& a, float* shared_s, float (&inv)[M]) {
+  if (a.static_scale != nullptr) {
+    if (threadIdx.x < M) shared_s[threadIdx.x] = *a.static_scale;
+  } else {
+    __shared__ float warp_amax[M][kGemvThreads / kWarpSize];
+    const int64_t chunks = a.k / 8;
+#pragma unroll
+    for (int i = 0; i < M; ++i) {
+      float amax = 0.0f;
+      for (int64_t c = threadIdx.x; c < chunks; c += kGemvThreads) {
+        float v[8];
+        widen_bf16x8(load_ro_16B(a.x + int64_t(i) * a.k + c * 8), v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float m = fabsf(v[e]);
+          if (m > amax) amax = m;  // NaN compares false: skipped
+        }
+      }
+      amax = warp_reduce_max(amax);
+      if (lane_id() == 0) warp_amax[i][warp_id()] = amax;
+    }
+    __syncthreads();
+    if (threadIdx.x < M) {
+      float amax = warp_amax[threadIdx.x][0];
+#pragma unroll
+      for (int w = 1; w < kGemvThreads / kWarpSize; ++w) {
+        amax = warp_amax[threadIdx.x][w] > amax ? warp_amax[threadIdx.x][w] : amax;
+      }
+      const float r = amax / fp8_max_finite(F);
+      shared_s[threadIdx.x] = r > kFp8MinActScale ? r : kFp8MinActScale;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < M; ++i) inv[i] = recip_rn(shared_s[i]);
+}
+
 // kRows rows of w per group of kSplit warps, as the bf16 GEMV's kernel (kernels/gemm/gemv.cu,
 // whose comment tells the tilings, the software pipelining and the split-K in full): each
 // lane loads kUnroll 16-byte chunks (16 codes) of each of its rows per step, the loads of
@@ -42,11 +85,17 @@ KVFUSE_DEVICE uint2 load_8B(const uint8_t* p) { return *reinterpret_cast<const u
 // before), x after.
 // A chunk is used in two halves of 8 codes: the group's rows' halves are decoded once
 // (fp8x8_decode), then every token row's 8 activations (bf16 widened, or codes decoded) are
-// multiplied into the sums, in element order. kQ: the activations are codes xq (W8A8), else
-// bf16 x (W8A16). Each lane's sums are of decoded values in units of fp8_decode_unit (exact
-// products); the unit and the scales are applied once, after the butterfly, by lane 0.
-template <int M, bool kQ, Fp8Format F, int kRows, int kUnroll, int kSplit>
+// multiplied into the sums, in element order. kX: the activations are bf16 x (W8A16), codes
+// xq with their row scales (W8A8), or bf16 x that the kernel quantizes itself (W8A8):
+// each block first takes every row's scale as launch_quantize_rows_fp8 does (the row's
+// amax over the block's threads, or the static scale), then encodes each 8 activations as
+// it reads them, with that kernel's operations, so the codes are its bytes. Each lane's
+// sums are of decoded values in units of fp8_decode_unit (exact products); the unit and
+// the scales are applied once, after the butterfly, by lane 0.
+enum class XMode { bf16, codes, quantize };
+template <int M, XMode kX, Fp8Format F, int kRows, int kUnroll, int kSplit>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Args a) {
+  constexpr bool kQ = kX != XMode::bf16;  // the sums are of decoded activation codes
   static_assert(kSplit >= 1 && (kGemvThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
   const int part = warp_id() % kSplit;
   const int lane = lane_id() + part * kWarpSize;
@@ -93,6 +142,9 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
   };
   if constexpr (kEarlyScales) load_scales();
   grid_dependency_wait();  // PDL: x (xq, x_scale) comes from the kernel before
+  __shared__ float row_s[M];  // XMode::quantize: the rows' scales
+  float x_inv[M];
+  if constexpr (kX == XMode::quantize) row_scales<M, F>(a, row_s, x_inv);
   for (int64_t c0 = lane; c0 < chunks; c0 += kStride) {
     uint4 cur[kUnroll][kRows];
 #pragma unroll
@@ -116,9 +168,15 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
 #pragma unroll
         for (int i = 0; i < M; ++i) {
           float xf[8];
-          if constexpr (kQ) {
+          if constexpr (kX == XMode::codes) {
             const uint2 q = load_8B(a.xq + int64_t(i) * k + at);
             fp8x8_decode<F>(q.x, q.y, xf, x_nan[i]);
+          } else if constexpr (kX == XMode::quantize) {
+            widen_bf16x8(load_ro_16B(a.x + int64_t(i) * k + at), xf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) xf[e] = mul_rn(xf[e], x_inv[i]);
+            fp8x8_decode<F>(cvt_fp8x4<F>(xf[0], xf[1], xf[2], xf[3]), cvt_fp8x4<F>(xf[4], xf[5], xf[6], xf[7]), xf,
+                            x_nan[i]);
           } else {
             widen_bf16x8(load_ro_16B(a.x + int64_t(i) * k + at), xf);
           }
@@ -149,7 +207,9 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
   constexpr float kUnit = kQ ? fp8_decode_unit<F>() * fp8_decode_unit<F>() : fp8_decode_unit<F>();
   float x_scale[M];
 #pragma unroll
-  for (int i = 0; i < M; ++i) x_scale[i] = kQ ? a.x_scale[i] : 1.0f;
+  for (int i = 0; i < M; ++i) {
+    x_scale[i] = kX == XMode::quantize ? row_s[i] : kX == XMode::codes ? a.x_scale[i] : 1.0f;
+  }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     if (row0 + r >= n) break;
@@ -168,12 +228,12 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
   }
 }
 
-template <int M, bool kQ, Fp8Format F, int kRows, int kUnroll, int kSplit>
+template <int M, XMode kX, Fp8Format F, int kRows, int kUnroll, int kSplit>
 cudaError_t launch_shape(const GemvFp8Args& a, cudaStream_t stream, bool pdl) {
   constexpr int64_t kPerBlock = int64_t(kGemvThreads / kWarpSize / kSplit) * kRows;  // output columns
   const int64_t blocks = (a.n + kPerBlock - 1) / kPerBlock;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_kernel(gemv_fp8_kernel<M, kQ, F, kRows, kUnroll, kSplit>, unsigned(blocks), kGemvThreads, stream,
+  return launch_kernel(gemv_fp8_kernel<M, kX, F, kRows, kUnroll, kSplit>, unsigned(blocks), kGemvThreads, stream,
                        pdl, a);
 }
 
@@ -297,9 +357,16 @@ std::string gemv_fp8_unsupported(const bf16_t* x, int64_t m, const uint8_t* w, c
       return {};
     case Fp8Act::static_tensor:
     case Fp8Act::dynamic_token:
-      if (act.xq == nullptr || !is_aligned(act.xq, 16) || act.x_scale == nullptr)
-        return "gemv fp8: xq (16-byte aligned) and x_scale must be given (quantized activations)";
-      if (act.fmt != w_fmt) return "gemv fp8: the activation format must be the weight's";
+      if (act.xq != nullptr) {
+        if (!is_aligned(act.xq, 16) || act.x_scale == nullptr)
+          return "gemv fp8: xq must be 16-byte aligned and x_scale given (quantized activations)";
+        if (act.fmt != w_fmt) return "gemv fp8: the activation format must be the weight's";
+        return {};
+      }
+      if (x == nullptr || !is_aligned(x, 16))
+        return "gemv fp8: x must be given and 16-byte aligned (activations quantized in the kernel)";
+      if (act.act == Fp8Act::static_tensor && act.static_scale == nullptr)
+        return "gemv fp8: static_tensor activations quantized in the kernel need static_scale";
       return {};
   }
   return "gemv fp8: activation kind " + std::to_string(int(act.act));
@@ -316,16 +383,24 @@ LaunchStatus launch_gemv_fp8(const bf16_t* x, int64_t m, const uint8_t* w, const
     return LaunchStatus::refused("gemv fp8: variant " + std::to_string(variant) + " of " +
                                  std::to_string(gemv_variants(m)) + " for m " + std::to_string(m));
   }
-  const bool q = act.act != Fp8Act::none;
-  const GemvFp8Args a{x, act.xq, act.x_scale, w, w_scale, bias, n, k, out, out_f32};
+  const XMode mode = act.act == Fp8Act::none ? XMode::bf16 : act.xq != nullptr ? XMode::codes : XMode::quantize;
+  const float* static_scale = act.act == Fp8Act::static_tensor ? act.static_scale : nullptr;
+  const GemvFp8Args a{x, act.xq, act.x_scale, static_scale, w, w_scale, bias, n, k, out, out_f32};
   return with_gemv_rows(m, [&](auto rows) {
     constexpr int M = decltype(rows)::value;
     return with_gemv_tiling<M>(variant, [&](auto t) {
       using T = decltype(t);
       return with_e4m3(w_fmt, [&](auto fmt) {
         constexpr Fp8Format F = decltype(fmt)::value;
-        return q ? launch_shape<M, true, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl)
-                 : launch_shape<M, false, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
+        switch (mode) {
+          case XMode::codes:
+            return launch_shape<M, XMode::codes, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
+          case XMode::quantize:
+            return launch_shape<M, XMode::quantize, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
+          case XMode::bf16:
+            break;
+        }
+        return launch_shape<M, XMode::bf16, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
       });
     });
   });

@@ -5,8 +5,9 @@
 // of the fp32 sums and of the scale multiplies:
 //   wd[j, p] = fp8_decode(w[j, p]) * w_scale[j];
 //   W8A16 (act none): out = sum_p x[i, p] * fp8_decode(w[j, p]), then * w_scale[j];
-//   W8A8 (static_tensor, dynamic_token): the activations arrive quantized, xq [m, k] codes
-//     and x_scale [m] (quantize_rows_fp8's; launch_quantize_rows_fp8 below makes them), and
+//   W8A8 (static_tensor, dynamic_token): the activations quantized, xq [m, k] codes and
+//     x_scale [m] (quantize_rows_fp8's: launch_quantize_rows_fp8 below makes them, or the
+//     GEMV itself as it reads x), and
 //     out = sum_p fp8_decode(xq[i, p]) * fp8_decode(w[j, p]), then * (x_scale[i] * w_scale[j]);
 //   then + bias[j] (one fp32 add) and one rounding to bf16, or fp32 out.
 // The products of decoded codes are exact in fp32 (bf16 x e4m3, e4m3 x e4m3), so the
@@ -39,19 +40,24 @@ namespace kvfuse::gpu {
 // gemv_variants(m) tilings for the tuner to time.
 
 
-// The activations of a launch_gemv_fp8: bf16 x (act none, W8A16), or codes quantized
-// beforehand (W8A8) by launch_quantize_rows_fp8 or a kernel that fuses the same bytes.
+// The activations of a launch_gemv_fp8: bf16 x (act none, W8A16); or W8A8, either codes
+// quantized beforehand (xq given) by launch_quantize_rows_fp8 or a kernel that makes the same
+// bytes, or bf16 x that the GEMV quantizes itself (xq null), to those same bytes: the
+// rows' scales from static_scale (static_tensor, a device pointer) or from each row's
+// amax (dynamic_token), no launch and no codes in memory.
 struct Fp8GemvAct {
   Fp8Act act = Fp8Act::none;
-  const uint8_t* xq = nullptr;        // [m, k] codes of format fmt, 16-byte aligned (act != none)
-  const float* x_scale = nullptr;     // [m] row scales s_i (static_tensor: all the same) (act != none)
-  Fp8Format fmt = Fp8Format::e4m3fn;  // must equal the weight's format
+  const uint8_t* xq = nullptr;        // [m, k] codes of format fmt, 16-byte aligned, or null
+  const float* x_scale = nullptr;     // [m] row scales s_i of xq (static_tensor: all the same)
+  Fp8Format fmt = Fp8Format::e4m3fn;  // xq's format: must equal the weight's
+  const float* static_scale = nullptr;  // xq null, static_tensor: the scale, in device memory
 };
 
 // Empty if launch_gemv_fp8 supports the call (any variant), else why not: 1 <= m <=
 // kGemvMaxRows, n >= 1, k a positive multiple of 16, w_fmt e4m3fn or e4m3fnuz, w 16-byte
-// aligned, w_scale and out given; act none: x given and 16-byte aligned; else xq given and
-// 16-byte aligned, x_scale given, act.fmt == w_fmt.
+// aligned, w_scale and out given; act none, or W8A8 without xq: x given and 16-byte
+// aligned (and static_scale for static_tensor); W8A8 with xq: xq 16-byte aligned,
+// x_scale given, act.fmt == w_fmt.
 std::string gemv_fp8_unsupported(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
                                  Fp8Format w_fmt, int64_t n, int64_t k, const void* out,
                                  const Fp8GemvAct& act);
@@ -61,7 +67,7 @@ std::string gemv_fp8_unsupported(const bf16_t* x, int64_t m, const uint8_t* w, c
 // (may be null). variant: 0 .. gemv_variants(m) - 1, the same result up to the order of
 // the sums. pdl: programmatic dependent launch (CUDA): the first loads of w (and, for few
 // sums, of w_scale and bias) are issued before the wait for the previous kernel, those of x,
-// xq and x_scale after it.
+// xq, x_scale and static_scale after it.
 // Asynchronous on `stream`, graph-safe.
 LaunchStatus launch_gemv_fp8(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
                              Fp8Format w_fmt, int64_t n, int64_t k, const float* bias, void* out,

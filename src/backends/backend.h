@@ -173,6 +173,7 @@ class Backend {
   virtual absl::Status rmsnorm(const bf16_t* x, const bf16_t* w, int64_t rows, int64_t cols, float eps,
                                bf16_t* out) = 0;
   virtual absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) = 0;
+  // The lm_head's logits: linear's products in fp32, without the bias (an lm_head has none).
   virtual absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) = 0;
   // linear into out (the same bits), the [m, w.n] result also stored into every push target
   // (kernels/parallel/tp_push.h: a tensor-parallel peer's inbox, device memory this backend's GPU

@@ -51,6 +51,8 @@ inline constexpr EnvSwitch kEnvSwitches[] = {
     {"KVFUSE_GEMV", "0 | 1", "1", "offer kvfuse's GEMV for small row counts to the GEMM tuner", "engine"},
     {"KVFUSE_GEMV_STREAM", "0 | 1", "1", "the GEMV streams its weights past L1 (A/B)", "engine"},
     {"KVFUSE_GEMV_SILU", "0 | 1", "1", "the gate/up GEMV applies SiLU-mul in its epilogue (A/B)", "engine"},
+    {"KVFUSE_GEMV_FP8_QUANT", "0 | 1", "1",
+     "the FP8 GEMV quantizes W8A8 activations as it reads them; 0: a quantizing kernel first (A/B)", "engine"},
     {"KVFUSE_GEMV_PUSH_STAGED", "0 | 1", "1",
      "pushed partial sums go to the peers a token row at a time through shared memory (A/B)", "engine"},
     {"KVFUSE_ATTN_MERGE_KERNEL", "0 | 1", "0", "the split attention's merge as a kernel of its own (A/B)",

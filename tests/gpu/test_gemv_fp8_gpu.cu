@@ -225,20 +225,36 @@ void run_case(const Problem& p, Fp8Act act, bool with_bias, cudaStream_t stream)
     ga.x_scale = dxs.get<float>();
   }
   const float* bias = with_bias ? db.get<float>() : nullptr;
+  // W8A8 twice: from the quantizer's codes, and quantized by the GEMV itself (xq null),
+  // which must give the same bits: the same codes, scales and sums.
+  gpu::Fp8GemvAct in_kernel{act, nullptr, nullptr, p.fmt, dss.get<float>()};
   for (int v = 0; v < gpu::gemv_variants(m); ++v) {
-    const std::string wv = what + " variant " + std::to_string(v);
-    KVFUSE_TEST_GPU(cudaMemsetAsync(df.get(), 0xff, size_t(m * n) * 4, stream));
-    KVFUSE_TEST_GPU(cudaMemsetAsync(dbf.get(), 0xff, size_t(m * n) * 2, stream));
-    const gpu::LaunchStatus sf =
-        gpu::launch_gemv_fp8(dx.get<bf16_t>(), m, dw.get<uint8_t>(), dws.get<float>(), p.fmt, n, k, bias,
-                             df.get(), true, ga, stream, false, v);
-    check(sf.ok(), wv + " f32: " + sf.message());
-    const gpu::LaunchStatus sb =
-        gpu::launch_gemv_fp8(dx.get<bf16_t>(), m, dw.get<uint8_t>(), dws.get<float>(), p.fmt, n, k, bias,
-                             dbf.get(), false, ga, stream, true, v);
-    check(sb.ok(), wv + " bf16: " + sb.message());
-    KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
-    check_outputs(wv, ref, k, df.download<float>(size_t(m * n)), dbf.download<bf16_t>(size_t(m * n)));
+    std::vector<float> f32_of_codes;
+    std::vector<bf16_t> bf16_of_codes;
+    for (const bool quantizes : {false, true}) {
+      if (quantizes && act == Fp8Act::none) break;
+      const gpu::Fp8GemvAct& a = quantizes ? in_kernel : ga;
+      const std::string wv = what + " variant " + std::to_string(v) + (quantizes ? " quantized in the GEMV" : "");
+      KVFUSE_TEST_GPU(cudaMemsetAsync(df.get(), 0xff, size_t(m * n) * 4, stream));
+      KVFUSE_TEST_GPU(cudaMemsetAsync(dbf.get(), 0xff, size_t(m * n) * 2, stream));
+      const gpu::LaunchStatus sf = gpu::launch_gemv_fp8(dx.get<bf16_t>(), m, dw.get<uint8_t>(), dws.get<float>(),
+                                                        p.fmt, n, k, bias, df.get(), true, a, stream, false, v);
+      check(sf.ok(), wv + " f32: " + sf.message());
+      const gpu::LaunchStatus sb = gpu::launch_gemv_fp8(dx.get<bf16_t>(), m, dw.get<uint8_t>(), dws.get<float>(),
+                                                        p.fmt, n, k, bias, dbf.get(), false, a, stream, true, v);
+      check(sb.ok(), wv + " bf16: " + sb.message());
+      KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
+      const std::vector<float> f32 = df.download<float>(size_t(m * n));
+      const std::vector<bf16_t> bf16 = dbf.download<bf16_t>(size_t(m * n));
+      check_outputs(wv, ref, k, f32, bf16);
+      if (!quantizes) {
+        f32_of_codes = f32;
+        bf16_of_codes = bf16;
+      } else {
+        check(std::memcmp(f32.data(), f32_of_codes.data(), f32.size() * 4) == 0 && bf16 == bf16_of_codes,
+              wv + ": not the bits of the GEMV on the quantizer's codes");
+      }
+    }
   }
 }
 
@@ -325,6 +341,14 @@ void test_refusals(cudaStream_t stream) {
   check(!gemv(nullptr, 1, 16, Fp8Format::e4m3fn, no_scale), "gemv fp8: W8A8 without x_scale refused");
   const gpu::Fp8GemvAct q{Fp8Act::static_tensor, a.get<uint8_t>(), s.get<float>(), Fp8Format::e4m3fn};
   check(gemv(nullptr, 8, 4096, Fp8Format::e4m3fn, q), "gemv fp8: W8A8 8 x 4 x 4096 without x accepted");
+  const gpu::Fp8GemvAct own_static{Fp8Act::static_tensor, nullptr, nullptr, Fp8Format::e4m3fn, nullptr};
+  check(!gemv(x, 1, 16, Fp8Format::e4m3fn, own_static),
+        "gemv fp8: static activations quantized in the GEMV without their scale refused");
+  const gpu::Fp8GemvAct own_dynamic{Fp8Act::dynamic_token, nullptr, nullptr, Fp8Format::e4m3fn, nullptr};
+  check(!gemv(nullptr, 1, 16, Fp8Format::e4m3fn, own_dynamic),
+        "gemv fp8: activations quantized in the GEMV without x refused");
+  check(gemv(x, 8, 4096, Fp8Format::e4m3fn, own_dynamic),
+        "gemv fp8: dynamic activations quantized in the GEMV, 8 x 4 x 4096, accepted");
   check(gpu::gemv_fp8_unsupported(x, 8, b.get<uint8_t>(), s.get<float>(), Fp8Format::e4m3fn, 4096, 4096,
                                   c.get(), none)
             .empty(),

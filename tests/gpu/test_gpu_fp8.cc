@@ -63,7 +63,8 @@ const char* act_name(Fp8Act a) {
 // and, where the library's FP8 GEMM runs (W8A8 past the GEMV's rows), in its accumulator,
 // whose partial sums on sm_90 tensor cores keep fewer bits before they are promoted to
 // fp32. Bound: |gpu - cpu| <= 2^-12 * sum |terms| (the terms' magnitudes, scales applied)
-// + 1e-6, and one bf16 ulp more for bf16 out.
+// + 1e-6, and one bf16 ulp more for bf16 out. linear_logits leaves the bias out on every
+// backend (an lm_head has none), so with a bias the two outputs differ by it.
 TEST_CASE("gpu fp8: FP8 projections match the CPU backend within the fp32 sums' order", "[gpu][fp8][gemm]") {
   auto gpu = gpu_or_skip();
   if (!gpu) return;
@@ -170,8 +171,12 @@ std::unique_ptr<Engine> engine_on(json cfg, const char* device) {
 }
 
 // The GPU engine's logits against the CPU engine's, as tests/gpu/test_gpu_engine.cc
-// compares the bf16 models: max |dlogit| < 0.25 and teacher-forced top-1 >= 95%.
-void compare_engines(const json& cfg, const char* what) {
+// compares the bf16 models: teacher-forced top-1 >= 95%, and max |dlogit| < max_dlogit:
+// 0.25 as there for weight-only models; 0.5 where activations are quantized, since a bf16
+// rounding that differs between the backends can move an activation across an FP8
+// rounding boundary, one e4m3 step (1/8 of the value's binade, where bf16's is 1/128).
+// Measured on an H100 (2026-12-05): 0.07 for W8A16, 0.37 and 0.39 for W8A8.
+void compare_engines(const json& cfg, const char* what, float max_dlogit) {
   auto gpu = engine_on(cfg, "auto");
   if (gpu->backend().device() == Device::cpu) {
     WARN("GPU FP8 engine tests skipped: this build has no GPU backend or no GPU is visible");
@@ -193,7 +198,7 @@ void compare_engines(const json& cfg, const char* what) {
   }
   std::printf("gpu fp8 engine %s: max |dlogit| %.4f, teacher-forced top-1 %d/%zu, greedy prefix %d/48\n", what,
               worst, agree, lc.size(), prefix);
-  CHECK(worst < 0.25f);
+  CHECK(worst < max_dlogit);
   CHECK(agree >= int(0.95 * double(lc.size())));
   CHECK(gpu->pool().usage(PoolKind::full).used_pages == 0);
 }
@@ -205,7 +210,7 @@ TEST_CASE("gpu fp8 engine: tiny-fp8 (W8A8, dynamic per token) matches the CPU en
   for (const bool graphs : {true, false}) {
     CAPTURE(graphs);
     compare_engines({{"model", "tiny-fp8"}, {"kv_cache_dtype", "fp8_e4m3"}, {"graphs", graphs ? "on" : "off"}},
-                    graphs ? "tiny-fp8, graphs" : "tiny-fp8, eager");
+                    graphs ? "tiny-fp8, graphs" : "tiny-fp8, eager", 0.5f);
   }
 }
 
@@ -224,6 +229,7 @@ TEST_CASE("gpu fp8 engine: W8A16 and static W8A8 checkpoints match the CPU engin
     layout.quant = is_static ? ct_static : weight_only;
     if (is_static) layout.input_scale = [](const std::string&) { return 8.0f / 448.0f; };
     write_fp8(dir.path(), *spec, layout);
-    compare_engines({{"model_path", dir.path()}}, is_static ? "W8A8 static checkpoint" : "W8A16 checkpoint");
+    compare_engines({{"model_path", dir.path()}}, is_static ? "W8A8 static checkpoint" : "W8A16 checkpoint",
+                    is_static ? 0.5f : 0.25f);
   }
 }

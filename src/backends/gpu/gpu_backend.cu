@@ -202,7 +202,7 @@ class GpuBackend final : public Backend {
     return gpu_status(gpu::launch_rmsnorm(x, w, rows, cols, eps, out, stream_, ops_pdl_), "rmsnorm");
   }
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
-    if (w.fp8) return linear_fp8(x, m, w, out, GemmOut::bf16);
+    if (w.fp8) return linear_fp8(x, m, w, w.bias.get() ? w.bias.as<float>() : nullptr, out, GemmOut::bf16);
     if (!w.bias.get()) return planner_->gemm(x, m, w, out, GemmOut::bf16, capturing_);
     // With a bias the GEMM result stays fp32 until the bias is in: one bf16 rounding.
     KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(m * w.n) * sizeof(float), "linear: fp32"));
@@ -212,7 +212,7 @@ class GpuBackend final : public Backend {
         "bias_round");
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
-    if (w.fp8) return linear_fp8(x, m, w, out, GemmOut::f32);
+    if (w.fp8) return linear_fp8(x, m, w, nullptr, out, GemmOut::f32);
     return planner_->gemm(x, m, w, out, GemmOut::f32, capturing_);
   }
   // Where the tuner picked kvfuse's GEMV for this shape, it stores into the targets from its
@@ -415,37 +415,23 @@ class GpuBackend final : public Backend {
     return synchronize();  // b is a local
   }
 
-  // An FP8-weight projection: the activations quantized as the checkpoint declares (W8A8:
-  // gpu::launch_quantize_rows_fp8, the CPU's bytes), then the planner's FP8 GEMM, at most
-  // kFp8RowsPerGemm rows a call (it bounds the fp32 sums of the library's GEMM: 58 MB for
-  // llama3-8b's gate/up projection).
+  // An FP8-weight projection, `bias` added (linear) or not (linear_logits): the planner's
+  // FP8 GEMM, at most kFp8RowsPerGemm rows a call (it bounds the W8A8 scratch: the fp32 sums
+  // of the library's GEMM take 58 MB for llama3-8b's gate/up projection).
   static constexpr int64_t kFp8RowsPerGemm = gemm::kTuneMaxRows;
-  absl::Status linear_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, void* out, GemmOut out_type) {
-    if (m <= 0) return absl::OkStatus();
-    gpu::Fp8GemvAct act{w.act, nullptr, nullptr, w.fp8_format};
-    float* sums = nullptr;
-    if (w.act != Fp8Act::none) {
-      const int64_t sum_rows = std::min(m, kFp8RowsPerGemm);
-      KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_xq_, size_t(m * w.k), "linear: FP8 activations"));
-      KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_x_scale_, size_t(m) * sizeof(float), "linear: FP8 row scales"));
-      KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(sum_rows * w.n) * sizeof(float), "linear: fp32"));
-      act.xq = fp8_xq_.as<uint8_t>();
-      act.x_scale = fp8_x_scale_.as<float>();
-      sums = gemm_f32_.as<float>();
-      KVFUSE_RETURN_IF_ERROR(gpu_status(
-          gpu::launch_quantize_rows_fp8(x, m, w.k, w.act, w.act_scale.get() ? w.act_scale.as<float>() : nullptr,
-                                        w.fp8_format, fp8_xq_.as<uint8_t>(), fp8_x_scale_.as<float>(), stream_,
-                                        ops_pdl_),
-          "quantize_rows_fp8"));
+  absl::Status linear_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const float* bias, void* out,
+                          GemmOut out_type) {
+    GemmPlanner::Fp8Scratch scratch;
+    if (m > 0 && w.act != Fp8Act::none) {
+      const int64_t rows = std::min(m, kFp8RowsPerGemm);
+      KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_xq_, size_t(rows * w.k), "linear: FP8 activations"));
+      KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_x_scale_, size_t(rows) * sizeof(float), "linear: FP8 row scales"));
+      KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(rows * w.n) * sizeof(float), "linear: fp32"));
+      scratch = {fp8_xq_.as<uint8_t>(), fp8_x_scale_.as<float>(), gemm_f32_.as<float>()};
     }
     const size_t out_elem = out_type == GemmOut::f32 ? sizeof(float) : sizeof(bf16_t);
     for (int64_t i0 = 0; i0 < m; i0 += kFp8RowsPerGemm) {
-      gpu::Fp8GemvAct a = act;
-      if (a.act != Fp8Act::none) {
-        a.xq += i0 * w.k;
-        a.x_scale += i0;
-      }
-      KVFUSE_RETURN_IF_ERROR(planner_->gemm_fp8(x + i0 * w.k, std::min(m - i0, kFp8RowsPerGemm), w, a, sums,
+      KVFUSE_RETURN_IF_ERROR(planner_->gemm_fp8(x + i0 * w.k, std::min(m - i0, kFp8RowsPerGemm), w, bias, scratch,
                                                 static_cast<char*>(out) + size_t(i0 * w.n) * out_elem, out_type,
                                                 capturing_));
     }
@@ -554,7 +540,7 @@ class GpuBackend final : public Backend {
   DeviceBuffer split_counters_;  // split-KV merge counters, zero between launches
   DeviceBuffer kv_scratch_;     // the unfused KV write's fp32 and cast intermediates
   DeviceBuffer gemm_f32_;       // fp32 GEMM results of biased linear layers and the FP8 GEMM's sums
-  DeviceBuffer fp8_xq_;         // FP8 activations of W8A8 projections [m, k]
+  DeviceBuffer fp8_xq_;         // FP8 activations of W8A8 projections the library runs [m, k]
   DeviceBuffer fp8_x_scale_;    // and their row scales [m]
 };
 

@@ -60,13 +60,19 @@ class GemmPlanner {
   absl::StatusOr<int> gemv_variant(const bf16_t* x, int64_t m, const LinearWeight& w, void* out,
                                    bool capturing);
   // FP8 weights (w.fp8): out[m, n] as kernels/cpu/gemm/gemm_fp8.h computes it, fp32 or
-  // bf16, w's bias added. act: the activations, bf16 x for a weight-only w (act none),
-  // else the codes xq and row scales the caller quantized them to. Runs the shape's plan:
-  // for W8A8 the fastest of kvfuse's FP8 GEMV (m <= gpu::kGemvMaxRows) and the library's
-  // FP8 GEMM (its unscaled fp32 sums into `sums` [m, n], then gpu::launch_fp8_gemm_epilogue),
-  // timed as gemm() times; for W8A16 the GEMV, over rows in groups of kGemvMaxRows past that.
-  absl::Status gemm_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const gpu::Fp8GemvAct& act,
-                        float* sums, void* out, GemmOut out_type, bool capturing);
+  // bf16, plus `bias` (fp32 [n] or null). x: bf16 [m, k]. Runs the shape's plan: kvfuse's
+  // FP8 GEMV (m <= gpu::kGemvMaxRows; for W8A8 it quantizes the activations itself,
+  // KVFUSE_GEMV_FP8_QUANT=0: a quantizing kernel first) or, W8A8 only, the activations
+  // quantized into scratch.xq and scratch.x_scale, the library's FP8 GEMM's unscaled fp32
+  // sums into scratch.sums [m, n], and gpu::launch_fp8_gemm_epilogue; timed as gemm()
+  // times. W8A16 of more rows: the GEMV over groups of kGemvMaxRows rows.
+  struct Fp8Scratch {
+    uint8_t* xq = nullptr;      // W8A8: [m, k] activation codes
+    float* x_scale = nullptr;   // W8A8: [m] their row scales
+    float* sums = nullptr;      // W8A8: [m, n] the library's sums
+  };
+  absl::Status gemm_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const float* bias,
+                        const Fp8Scratch& scratch, void* out, GemmOut out_type, bool capturing);
   // kvfuse's GEMV may run this call: it is a candidate (KVFUSE_GEMV) and the operands suit it.
   static bool gemv_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out);
 
@@ -91,12 +97,20 @@ class GemmPlanner {
                                 GemmOut out_kind, bool capturing);
   gemm::GemmKey key_of(int64_t m, const LinearWeight& w, GemmOut out) const;
   // The FP8 family's plan of a shape (gemm_planner_fp8.cu): its library descriptors (W8A8)
-  // and its choice.
-  absl::StatusOr<Plan*> plan_fp8_of(const bf16_t* x, int64_t m, const LinearWeight& w, const gpu::Fp8GemvAct& act,
-                                    float* sums, void* out, GemmOut out_kind, bool capturing);
-  absl::Status run_fp8(const Plan& plan, const blasLtMatmulAlgo_t* algo, int gemv, const bf16_t* x, int64_t m,
-                       const LinearWeight& w, const void* wd, const gpu::Fp8GemvAct& act, float* sums, void* out,
-                       GemmOut out_kind) const;
+  // and its choice; and one call of a plan's kernels (algo null: the GEMV of variant gemv).
+  struct Fp8Call {
+    const bf16_t* x;
+    int64_t m;
+    const LinearWeight& w;
+    const float* bias;
+    const Fp8Scratch& scratch;
+    void* out;
+    GemmOut out_kind;
+  };
+  absl::StatusOr<Plan*> plan_fp8_of(const Fp8Call& c, bool capturing);
+  absl::Status run_fp8(const Plan& plan, const blasLtMatmulAlgo_t* algo, int gemv, const Fp8Call& c,
+                       const void* wd) const;
+  static bool gemv_fp8_quantizes();
   GemmCacheKey cache_key(const gemm::GemmKey& k) const;
   bool matmul(const Plan& plan, const blasLtMatmulAlgo_t& algo, const bf16_t* x, const void* w,
               void* out) const;

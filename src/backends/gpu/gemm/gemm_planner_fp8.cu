@@ -4,9 +4,12 @@
 //
 // Candidates:
 // - kvfuse's FP8 GEMV (kernels/gemm/gemv_fp8.cuh), each tiling, for m <= gpu::kGemvMaxRows;
-// - W8A8 only: the library's FP8 GEMM (e4m3 x e4m3, fp32 sums, no scales: the library's
-//   scale modes are per tensor, a checkpoint's weight scales per channel), followed by
-//   gpu::launch_fp8_gemm_epilogue, which applies the row and channel scales and the bias.
+//   for W8A8 it quantizes the activations itself as it reads them (no launch of its own;
+//   KVFUSE_GEMV_FP8_QUANT=0: launch_quantize_rows_fp8 first, for the A/B);
+// - W8A8 only: launch_quantize_rows_fp8, the library's FP8 GEMM (e4m3 x e4m3, fp32 sums,
+//   no scales: the library's scale modes are per tensor, a checkpoint's weight scales per
+//   channel), then gpu::launch_fp8_gemm_epilogue, which applies the row and channel scales
+//   and the bias. Each candidate is timed with its quantizing launch.
 // A W8A16 shape of more rows runs the GEMV over groups of kGemvMaxRows rows (the weights
 // read once a group): no library GEMM takes bf16 activations with FP8 weights.
 #include "src/backends/gpu/gemm/gemm_planner.h"
@@ -21,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "src/backends/gpu/gpu_status.h"
 #include "src/common/status_macros.h"
+#include "src/loading/env_switches.h"
 
 namespace kvfuse {
 namespace {
@@ -35,53 +39,69 @@ bool w8a8(const LinearWeight& w) { return w.act != Fp8Act::none; }
 
 }  // namespace
 
-// The GEMV (one launch per kGemvMaxRows rows, `gemv` the variant where it applies to the
-// group's rows), or the library's `algo` and the epilogue. On the weights at `wd` (w's
-// own, or the tuner's copy of them).
-absl::Status GemmPlanner::run_fp8(const Plan& plan, const blasLtMatmulAlgo_t* algo, int gemv, const bf16_t* x,
-                                  int64_t m, const LinearWeight& w, const void* wd, const gpu::Fp8GemvAct& act,
-                                  float* sums, void* out, GemmOut out_kind) const {
-  const bool f32 = out_kind == GemmOut::f32;
+// Whether the FP8 GEMV quantizes W8A8 activations itself (KVFUSE_GEMV_FP8_QUANT, default
+// on), or a quantizing kernel runs first and the GEMV reads its codes (the A/B).
+bool GemmPlanner::gemv_fp8_quantizes() {
+  static const bool on = env_flag("KVFUSE_GEMV_FP8_QUANT");
+  return on;
+}
+
+// One call of a plan on the weights at `wd` (w's own, or the tuner's copy of them): the
+// GEMV (one launch per kGemvMaxRows rows, `gemv` the variant where it applies to the
+// group's rows), or the quantizing kernel, the library's `algo` and the epilogue.
+absl::Status GemmPlanner::run_fp8(const Plan& plan, const blasLtMatmulAlgo_t* algo, int gemv, const Fp8Call& c,
+                                  const void* wd) const {
+  const LinearWeight& w = c.w;
+  const bool f32 = c.out_kind == GemmOut::f32;
   const float* w_scale = w.scale.as<float>();
-  const float* bias = w.bias.get() ? w.bias.as<float>() : nullptr;
+  const float* static_scale = w.act_scale.get() ? w.act_scale.as<float>() : nullptr;
+  const bool q = w8a8(w);
+  // The activations' codes in scratch: for the library, or for a GEMV that reads codes.
+  const bool codes = q && (algo != nullptr || !gemv_fp8_quantizes());
+  if (codes) {
+    KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::launch_quantize_rows_fp8(c.x, c.m, w.k, w.act, static_scale, w.fp8_format,
+                                                                    c.scratch.xq, c.scratch.x_scale, stream_, ops_pdl_),
+                                      "quantize_rows_fp8"));
+  }
   if (algo == nullptr) {
     const size_t out_elem = f32 ? sizeof(float) : sizeof(bf16_t);
-    for (int64_t i0 = 0; i0 < m; i0 += gpu::kGemvMaxRows) {
-      const int64_t rows = std::min<int64_t>(gpu::kGemvMaxRows, m - i0);
-      gpu::Fp8GemvAct a = act;
-      if (a.act != Fp8Act::none) {
-        a.xq += i0 * w.k;
-        a.x_scale += i0;
+    for (int64_t i0 = 0; i0 < c.m; i0 += gpu::kGemvMaxRows) {
+      const int64_t rows = std::min<int64_t>(gpu::kGemvMaxRows, c.m - i0);
+      gpu::Fp8GemvAct a{w.act, nullptr, nullptr, w.fp8_format, static_scale};
+      if (codes) {
+        a.xq = c.scratch.xq + i0 * w.k;
+        a.x_scale = c.scratch.x_scale + i0;
       }
       const int variant = gemv >= 0 && gemv < gpu::gemv_variants(rows) ? gemv : 0;
-      KVFUSE_RETURN_IF_ERROR(gpu_status(
-          gpu::launch_gemv_fp8(x != nullptr ? x + i0 * w.k : nullptr, rows, static_cast<const uint8_t*>(wd),
-                               w_scale, w.fp8_format, w.n, w.k, bias,
-                               static_cast<char*>(out) + size_t(i0 * w.n) * out_elem, f32, a, stream_, ops_pdl_,
-                               variant),
-          "gemv fp8"));
+      KVFUSE_RETURN_IF_ERROR(
+          gpu_status(gpu::launch_gemv_fp8(c.x + i0 * w.k, rows, static_cast<const uint8_t*>(wd), w_scale,
+                                          w.fp8_format, w.n, w.k, c.bias,
+                                          static_cast<char*>(c.out) + size_t(i0 * w.n) * out_elem, f32, a, stream_,
+                                          ops_pdl_, variant),
+                     "gemv fp8"));
     }
     return absl::OkStatus();
   }
   const float alpha = 1.0f, beta = 0.0f;
-  KVFUSE_BLAS(blasLtMatmul(blas_, plan.desc, &alpha, wd, plan.a, act.xq, plan.b, &beta, sums, plan.d, sums, plan.d,
-                           algo, blas_workspace_.get(), blas_workspace_.bytes(), stream_));
-  return gpu_status(
-      gpu::launch_fp8_gemm_epilogue(sums, m, w.n, act.x_scale, w_scale, bias, out, f32, stream_, ops_pdl_),
-      "fp8 gemm epilogue");
+  KVFUSE_BLAS(blasLtMatmul(blas_, plan.desc, &alpha, wd, plan.a, c.scratch.xq, plan.b, &beta, c.scratch.sums, plan.d,
+                           c.scratch.sums, plan.d, algo, blas_workspace_.get(), blas_workspace_.bytes(), stream_));
+  return gpu_status(gpu::launch_fp8_gemm_epilogue(c.scratch.sums, c.m, w.n, c.scratch.x_scale, w_scale, c.bias, c.out,
+                                                  f32, stream_, ops_pdl_),
+                    "fp8 gemm epilogue");
 }
 
-absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const bf16_t* x, int64_t m, const LinearWeight& w,
-                                                            const gpu::Fp8GemvAct& act, float* sums, void* out,
-                                                            GemmOut out_kind, bool capturing) {
+absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const Fp8Call& c, bool capturing) {
+  const LinearWeight& w = c.w;
+  const int64_t m = c.m;
   const bool q = w8a8(w);
-  const GemmKey key{q ? gemm::GemmFamily::fp8_w8a8 : gemm::GemmFamily::fp8_w8a16, m, w.n, w.k, out_kind};
+  const GemmKey key{q ? gemm::GemmFamily::fp8_w8a8 : gemm::GemmFamily::fp8_w8a16, m, w.n, w.k, c.out_kind};
   if (auto found = plans_.find(key); found != plans_.end()) return found->second.get();
   auto plan = std::make_unique<Plan>();
-  const bool gemv_ok =
-      gemv_enabled() && gpu::gemv_fp8_unsupported(x, m, w.w.as<uint8_t>(), w.scale.as<float>(), w.fp8_format,
-                                                   w.n, w.k, out, act)
-                            .empty();
+  const gpu::Fp8GemvAct gemv_act{w.act, nullptr, nullptr, w.fp8_format,
+                                 w.act_scale.get() ? w.act_scale.as<float>() : nullptr};
+  const bool gemv_ok = gemv_enabled() && gpu::gemv_fp8_unsupported(c.x, m, w.w.as<uint8_t>(), w.scale.as<float>(),
+                                                                   w.fp8_format, w.n, w.k, c.out, gemv_act)
+                                             .empty();
   // The library's FP8 GEMM (W8A8): column-major out^T (n x m) = op(W) (k x n stored, transposed)
   // * xq^T (k x m), fp32 sums.
   int found_n = 0;
@@ -126,8 +146,9 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const bf16_t* x, int
     static_cast<GemmChoice&>(*plan) = *tuned;
     return plans_.emplace(key, std::move(plan)).first->second.get();
   }
-  const GemmCacheKey ck{absl::StrCat(algo_device_, q ? " fp8-w8a8" : " fp8-w8a16"), m, w.n, w.k,
-                        out_kind == GemmOut::f32 ? "f32" : "bf16"};
+  // Choices made with the GEMV quantizing its activations kept apart from those made without.
+  const char* family = !q ? " fp8-w8a16" : gemv_fp8_quantizes() ? " fp8-w8a8" : " fp8-w8a8 quantize-first";
+  const GemmCacheKey ck{absl::StrCat(algo_device_, family), m, w.n, w.k, c.out_kind == GemmOut::f32 ? "f32" : "bf16"};
   if (auto cached = gemm::algo_cache().find(ck)) {
     const int v = gemm::kernel_variant_of(cached->kernel, kGemvFp8Kernel, gpu::gemv_variants(m));
     if (v >= 0 && gemv_ok) {
@@ -137,7 +158,7 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const bf16_t* x, int
     if (cached->kernel.empty() && cached->algo.size() == sizeof(blasLtMatmulAlgo_t) && found_n > 0) {
       std::memcpy(&plan->algo, cached->algo.data(), sizeof(blasLtMatmulAlgo_t));
       // It must run here (the file could come from another build of the same version).
-      if (run_fp8(*plan, &plan->algo, -1, x, m, w, w.w.get(), act, sums, out, out_kind).ok()) {
+      if (run_fp8(*plan, &plan->algo, -1, c, w.w.get()).ok()) {
         plan->gemv = -1;
         return keep();
       }
@@ -152,7 +173,7 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const bf16_t* x, int
   KVFUSE_RETURN_IF_ERROR(timer_.begin(w, mode));
   const auto time = [&](const blasLtMatmulAlgo_t* algo, int gemv) {
     const auto call = [&](const void* wd) {
-      return run_fp8(*plan, algo, gemv, x, m, w, wd, act, sums, out, out_kind).ok();
+      return run_fp8(*plan, algo, gemv, c, wd).ok();
     };
     return mode == TuneMode::graph ? timer_.in_graph(call) : timer_.isolated([&] { return call(w.w.get()); });
   };
@@ -179,7 +200,7 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const bf16_t* x, int
   if (gemm::tune_log()) {
     std::fprintf(stderr, "kvfuse gemm tune (%s) fp8 %s %lldx%lldx%lld %s: %d gemv variants, %d library: %s %.4f ms\n",
                  gemm::tune_mode_name(mode), q ? "w8a8" : "w8a16", (long long)m, (long long)w.n, (long long)w.k,
-                 out_kind == GemmOut::f32 ? "f32" : "bf16", gemv_n, found_n,
+                 c.out_kind == GemmOut::f32 ? "f32" : "bf16", gemv_n, found_n,
                  best < gemv_n ? "gemv" : "library", double(ms[size_t(best)]));
   }
   e.us = double(ms[size_t(best)]) * 1e3;
@@ -194,14 +215,15 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const bf16_t* x, int
   return keep();
 }
 
-absl::Status GemmPlanner::gemm_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const gpu::Fp8GemvAct& act,
-                                   float* sums, void* out, GemmOut out_type, bool capturing) {
+absl::Status GemmPlanner::gemm_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const float* bias,
+                                   const Fp8Scratch& scratch, void* out, GemmOut out_type, bool capturing) {
   if (m <= 0) return absl::OkStatus();
   if (!w.fp8) return absl::InvalidArgumentError("gemm_fp8: the weight is not FP8");
-  auto planned = plan_fp8_of(x, m, w, act, sums, out, out_type, capturing);
+  const Fp8Call c{x, m, w, bias, scratch, out, out_type};
+  auto planned = plan_fp8_of(c, capturing);
   if (!planned.ok()) return planned.status();
   const Plan& p = **planned;
-  return run_fp8(p, p.gemv >= 0 ? nullptr : &p.algo, p.gemv, x, m, w, w.w.get(), act, sums, out, out_type);
+  return run_fp8(p, p.gemv >= 0 ? nullptr : &p.algo, p.gemv, c, w.w.get());
 }
 
 }  // namespace kvfuse
