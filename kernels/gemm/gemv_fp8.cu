@@ -11,6 +11,7 @@
 
 #include "kernels/common/bf16x8.cuh"
 #include "kernels/gemm/gemv_tiling.cuh"
+#include "kernels/ops/model_ops.cuh"
 #include "kernels/common/fp8_convert.cuh"
 #include "kernels/common/fp8_decode.cuh"
 
@@ -92,19 +93,30 @@ KVFUSE_DEVICE void row_scales(const GemvFp8Args& a, float* shared_s, float (&inv
 // it reads them, with that kernel's operations, so the codes are its bytes. Each lane's
 // sums are of decoded values in units of fp8_decode_unit (exact products); the unit and
 // the scales are applied once, after the butterfly, by lane 0.
+// kSilu: w is [gate rows; up rows] (n = 2 x inter) and out is act [m, inter] =
+// silu_mul(x . w^T), as kernels/gemm/gemv.cu's kSilu: a group's rows are gate rows j.. and
+// up rows inter + j.., each finished as without kSilu (scales, bias, bf16), then combined by
+// launch_silu_mul's formula: the bits of this GEMV and then silu_mul.
 enum class XMode { bf16, codes, quantize };
-template <int M, XMode kX, Fp8Format F, int kRows, int kUnroll, int kSplit>
+template <int M, XMode kX, Fp8Format F, int kRows, int kUnroll, int kSplit, bool kSilu>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Args a) {
+  static_assert(!kSilu || kRows % 2 == 0, "kSilu pairs rows");
   constexpr bool kQ = kX != XMode::bf16;  // the sums are of decoded activation codes
+  constexpr int kOuts = kSilu ? kRows / 2 : kRows;  // output columns per group
   static_assert(kSplit >= 1 && (kGemvThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
   const int part = warp_id() % kSplit;
   const int lane = lane_id() + part * kWarpSize;
   const int64_t n = a.n, k = a.k;
+  const int64_t n_out = kSilu ? n / 2 : n;
   const int64_t row0 =
-      (int64_t(blockIdx.x) * (kGemvThreads / kWarpSize / kSplit) + int64_t(warp_id() / kSplit)) * kRows;
+      (int64_t(blockIdx.x) * (kGemvThreads / kWarpSize / kSplit) + int64_t(warp_id() / kSplit)) * kOuts;
+  // Row r of the group: w's row for output column row0 + r % kOuts (kSilu: the second half
+  // are the up rows), and whether that column exists.
+  const auto w_row = [&](int r) -> int64_t { return kSilu && r >= kOuts ? n_out + row0 + r - kOuts : row0 + r; };
+  const auto has_row = [&](int r) { return row0 + (kSilu ? r % kOuts : r) < n_out; };
   const int64_t chunks = k / kChunk;
   constexpr int64_t kStride = int64_t(kUnroll) * kWarpSize * kSplit;
-  const bool full = row0 + kRows <= n;
+  const bool full = row0 + kOuts <= n_out;
   float acc[kRows][M];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
@@ -120,14 +132,13 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
       const int64_t c = c0 + int64_t(u) * kWarpSize * kSplit;
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        wv[u][r] = c < chunks && (full || row0 + r < n)
-                       ? load_stream_16B(a.w + (row0 + r) * k + c * kChunk, policy)
-                       : make_uint4(0u, 0u, 0u, 0u);
+        wv[u][r] = c < chunks && (full || has_row(r)) ? load_stream_16B(a.w + w_row(r) * k + c * kChunk, policy)
+                                                      : make_uint4(0u, 0u, 0u, 0u);
       }
     }
   };
   if (lane < chunks) load_w(lane);
-  // The group's weight scales and biases (rows past n read row n - 1's, never stored):
+  // The group's weight scales and biases (rows past the last read its, never stored):
   // before the loop where registers allow (M * kRows <= 8), else after it, their latency
   // then under the butterfly's.
   constexpr bool kEarlyScales = M * kRows <= 8;
@@ -135,7 +146,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
   const auto load_scales = [&] {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int64_t j = row0 + r < n ? row0 + r : n - 1;
+      const int64_t j = has_row(r) ? w_row(r) : n - 1;
       w_scale[r] = a.w_scale[j];
       bias[r] = a.bias != nullptr ? a.bias[j] : 0.0f;
     }
@@ -210,31 +221,40 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
   for (int i = 0; i < M; ++i) {
     x_scale[i] = kX == XMode::quantize ? row_s[i] : kX == XMode::codes ? a.x_scale[i] : 1.0f;
   }
+  // Output r's value for token row i: the sum times the scales, plus the bias.
+  const auto finish = [&](int r, int i) {
+    const float scale = kQ ? mul_rn(x_scale[i], w_scale[r]) : w_scale[r];
+    float v = mul_rn(acc[r][i] * kUnit, scale);
+    if (a.bias != nullptr) v = add_rn(v, bias[r]);
+    return v;
+  };
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    if (row0 + r >= n) break;
+  for (int r = 0; r < kOuts; ++r) {
+    if (row0 + r >= n_out) break;
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      const float scale = kQ ? mul_rn(x_scale[i], w_scale[r]) : w_scale[r];
-      float v = mul_rn(acc[r][i] * kUnit, scale);
-      if (a.bias != nullptr) v = add_rn(v, bias[r]);
-      const int64_t at = int64_t(i) * n + row0 + r;
-      if (a.out_f32) {
-        static_cast<float*>(a.out)[at] = v;
+      const int64_t at = int64_t(i) * n_out + row0 + r;
+      if constexpr (kSilu) {
+        const float g = bf16_bits_to_f32(f32_to_bf16(finish(r, i)));
+        const float u = bf16_bits_to_f32(f32_to_bf16(finish(r + kOuts, i)));
+        static_cast<bf16_t*>(a.out)[at] = f32_to_bf16(silu_mul_f32(g, u));
+      } else if (a.out_f32) {
+        static_cast<float*>(a.out)[at] = finish(r, i);
       } else {
-        static_cast<bf16_t*>(a.out)[at] = f32_to_bf16(v);
+        static_cast<bf16_t*>(a.out)[at] = f32_to_bf16(finish(r, i));
       }
     }
   }
 }
 
-template <int M, XMode kX, Fp8Format F, int kRows, int kUnroll, int kSplit>
+template <int M, XMode kX, Fp8Format F, int kRows, int kUnroll, int kSplit, bool kSilu>
 cudaError_t launch_shape(const GemvFp8Args& a, cudaStream_t stream, bool pdl) {
-  constexpr int64_t kPerBlock = int64_t(kGemvThreads / kWarpSize / kSplit) * kRows;  // output columns
-  const int64_t blocks = (a.n + kPerBlock - 1) / kPerBlock;
+  constexpr int64_t kPerBlock = int64_t(kGemvThreads / kWarpSize / kSplit) * (kSilu ? kRows / 2 : kRows);
+  const int64_t outs = kSilu ? a.n / 2 : a.n;  // output columns
+  const int64_t blocks = (outs + kPerBlock - 1) / kPerBlock;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_kernel(gemv_fp8_kernel<M, kX, F, kRows, kUnroll, kSplit>, unsigned(blocks), kGemvThreads, stream,
-                       pdl, a);
+  return launch_kernel(gemv_fp8_kernel<M, kX, F, kRows, kUnroll, kSplit, kSilu>, unsigned(blocks), kGemvThreads,
+                       stream, pdl, a);
 }
 
 // The weight formats the kernel is instantiated for; f(std::integral_constant<Fp8Format,
@@ -372,10 +392,12 @@ std::string gemv_fp8_unsupported(const bf16_t* x, int64_t m, const uint8_t* w, c
   return "gemv fp8: activation kind " + std::to_string(int(act.act));
 }
 
-LaunchStatus launch_gemv_fp8(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
-                             Fp8Format w_fmt, int64_t n, int64_t k, const float* bias, void* out,
-                             bool out_f32, const Fp8GemvAct& act, cudaStream_t stream, bool pdl,
-                             int variant) {
+namespace {
+
+// launch_gemv_fp8, and with silu its SiLU-mul form (bf16 act [m, n / 2]).
+LaunchStatus launch_gemv_fp8_as(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale, Fp8Format w_fmt,
+                                int64_t n, int64_t k, const float* bias, void* out, bool out_f32,
+                                const Fp8GemvAct& act, cudaStream_t stream, bool pdl, int variant, bool silu) {
   if (std::string why = gemv_fp8_unsupported(x, m, w, w_scale, w_fmt, n, k, out, act); !why.empty()) {
     return LaunchStatus::refused(std::move(why));
   }
@@ -384,8 +406,12 @@ LaunchStatus launch_gemv_fp8(const bf16_t* x, int64_t m, const uint8_t* w, const
                                  std::to_string(gemv_variants(m)) + " for m " + std::to_string(m));
   }
   const XMode mode = act.act == Fp8Act::none ? XMode::bf16 : act.xq != nullptr ? XMode::codes : XMode::quantize;
+  if (silu && (n % 2 != 0 || mode == XMode::codes)) {
+    return LaunchStatus::refused("gemv fp8 silu_mul: n " + std::to_string(n) +
+                                 " must be even (gate rows, then up rows), and the activations bf16 x");
+  }
   const float* static_scale = act.act == Fp8Act::static_tensor ? act.static_scale : nullptr;
-  const GemvFp8Args a{x, act.xq, act.x_scale, static_scale, w, w_scale, bias, n, k, out, out_f32};
+  const GemvFp8Args a{x, act.xq, act.x_scale, static_scale, w, w_scale, bias, n, k, out, out_f32 && !silu};
   return with_gemv_rows(m, [&](auto rows) {
     constexpr int M = decltype(rows)::value;
     return with_gemv_tiling<M>(variant, [&](auto t) {
@@ -394,16 +420,33 @@ LaunchStatus launch_gemv_fp8(const bf16_t* x, int64_t m, const uint8_t* w, const
         constexpr Fp8Format F = decltype(fmt)::value;
         switch (mode) {
           case XMode::codes:
-            return launch_shape<M, XMode::codes, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
+            return launch_shape<M, XMode::codes, F, T::kRows, T::kUnroll, T::kSplit, false>(a, stream, pdl);
           case XMode::quantize:
-            return launch_shape<M, XMode::quantize, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
+            return silu ? launch_shape<M, XMode::quantize, F, T::kRows, T::kUnroll, T::kSplit, true>(a, stream, pdl)
+                        : launch_shape<M, XMode::quantize, F, T::kRows, T::kUnroll, T::kSplit, false>(a, stream, pdl);
           case XMode::bf16:
             break;
         }
-        return launch_shape<M, XMode::bf16, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
+        return silu ? launch_shape<M, XMode::bf16, F, T::kRows, T::kUnroll, T::kSplit, true>(a, stream, pdl)
+                    : launch_shape<M, XMode::bf16, F, T::kRows, T::kUnroll, T::kSplit, false>(a, stream, pdl);
       });
     });
   });
+}
+
+}  // namespace
+
+LaunchStatus launch_gemv_fp8(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
+                             Fp8Format w_fmt, int64_t n, int64_t k, const float* bias, void* out,
+                             bool out_f32, const Fp8GemvAct& act, cudaStream_t stream, bool pdl,
+                             int variant) {
+  return launch_gemv_fp8_as(x, m, w, w_scale, w_fmt, n, k, bias, out, out_f32, act, stream, pdl, variant, false);
+}
+
+LaunchStatus launch_gemv_fp8_silu_mul(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
+                                      Fp8Format w_fmt, int64_t n, int64_t k, const float* bias, bf16_t* act_out,
+                                      const Fp8GemvAct& act, cudaStream_t stream, bool pdl, int variant) {
+  return launch_gemv_fp8_as(x, m, w, w_scale, w_fmt, n, k, bias, act_out, false, act, stream, pdl, variant, true);
 }
 
 std::string quantize_rows_fp8_unsupported(const bf16_t* x, int64_t m, int64_t k, Fp8Act act,

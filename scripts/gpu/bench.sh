@@ -16,8 +16,8 @@
 #                  fused_rope) as variants of one engine, graphs on, unified/split,
 #                  batch 1,8,32,64 x context 512,2048,8192
 #   engine-fp8     kvfuse-bench-engine, llama3-8b, llama3-8b-fp8 (FP8 weights) and
-#                  llama3-8b-fp8 with KVFUSE_GEMV_FP8_QUANT=0 (a quantizing kernel before each
-#                  GEMV) alternating, FP8_ROUNDS rounds (default 2), graphs on, unified:
+#                  llama3-8b-fp8 under FP8_AB_ENV (NAME=VALUE words, default
+#                  KVFUSE_GEMV_FP8_QUANT=0) alternating, FP8_ROUNDS rounds (default 2), graphs on, unified:
 #                  batch 1,64 x context 512,2048, the FP8 model with the unfused, fused and
 #                  fused_rope writes; the FP8 runs log the GEMM tuner's timings (gemm_tune_*.log)
 #   ab-target      kvfuse-ab, llama3-8b, split, graphs on: batch 32 x context 8192 (the
@@ -105,9 +105,13 @@ for job in "${jobs[@]}"; do
         KVFUSE_GEMM_TUNE_LOG=1 BENCH_ATTENTION=${BENCH_ATTENTION:-unified} engine_bench llama3-8b-fp8 \
           "engine_fp8_r$r" 1,64 512,2048 --graphs on --kv-write unfused,fused,fused_rope
         grep -E '^kvfuse gemm tune' "$res/engine_fp8_r$r.log" >"$res/gemm_tune_r$r.log"
-        KVFUSE_GEMV_FP8_QUANT=0 KVFUSE_GEMM_TUNE_LOG=1 BENCH_ATTENTION=${BENCH_ATTENTION:-unified} engine_bench \
-          llama3-8b-fp8 "engine_fp8_quantize_first_r$r" 1,64 512,2048 --graphs on --kv-write fused_rope
-        grep -E '^kvfuse gemm tune' "$res/engine_fp8_quantize_first_r$r.log" >"$res/gemm_tune_quantize_first_r$r.log"
+        (  # the A/B side's switches in a subshell of their own
+          for kv in ${FP8_AB_ENV:-KVFUSE_GEMV_FP8_QUANT=0}; do export "${kv?}"; done
+          KVFUSE_GEMM_TUNE_LOG=1 BENCH_ATTENTION=${BENCH_ATTENTION:-unified} engine_bench llama3-8b-fp8 \
+            "engine_fp8_ab_r$r" 1,64 512,2048 --graphs on --kv-write fused_rope
+          exit $status
+        ) || status=1
+        grep -E '^kvfuse gemm tune' "$res/engine_fp8_ab_r$r.log" >"$res/gemm_tune_ab_r$r.log"
       done
       ;;
     engine-writes)

@@ -43,7 +43,17 @@ if [[ -n ${KVFUSE_BUNDLE_KERNEL_BENCHES:-} ]]; then
   mkdir -p "$bundle/kernel-benches"
   for t in $KVFUSE_BUNDLE_KERNEL_BENCHES; do cp "$build/bench/$t" "$bundle/kernel-benches/"; done
 fi
+# KVFUSE_BUNDLE_PROGRAMS="test_gpu_fp8 kvfuse-bench-engine ...": only these programs (and the
+# kernel tests and benchmarks above) are packed. Each program carries every kernel (about
+# 26 MB), and the device runner carries at most 64 MiB: a run that needs a few of them
+# packs just those.
+if [[ -n ${KVFUSE_BUNDLE_PROGRAMS:-} ]]; then
+  for bin in "$bundle"/kvfuse-* "$bundle"/test_gpu_*; do
+    [[ " $KVFUSE_BUNDLE_PROGRAMS " == *" $(basename "$bin") "* ]] || rm -f "$bin"
+  done
+fi
 # Every shared library outside libc's own set and the CUDA toolkit.
+shopt -s nullglob  # KVFUSE_BUNDLE_PROGRAMS may leave no test_gpu_* (or no kvfuse-*)
 for bin in "$bundle"/kvfuse-* "$bundle"/test_gpu_*; do
   ldd "$bin" | awk '/=> \// {print $3}'
 done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libstdc\+\+|libgcc_s)\.so' |

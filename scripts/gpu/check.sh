@@ -262,6 +262,13 @@ elif [[ -x $bundle/test_gpu_backend ]]; then
     tail -25 "$out/hf_reference.log"
     note "hf_reference.py (cpu, cuda): exit $rc ($(elapsed))"
     ((rc == 0)) || status=1
+    # FP8 checkpoints (compressed-tensors, Quark) against their dequantized reference.
+    python3 tests/hf_reference_fp8.py --kvfuse-bin "$bundle/kvfuse-eval" --device cpu --device cuda \
+      --json-out "$out/hf_reference_fp8.json" >"$out/hf_reference_fp8.log" 2>&1
+    rc=$?
+    tail -12 "$out/hf_reference_fp8.log"
+    note "hf_reference_fp8.py (cpu, cuda): exit $rc ($(elapsed))"
+    ((rc == 0)) || status=1
   else
     note "hf_reference.py: SKIP (no kvfuse-eval in the bundle, or no torch/transformers)"
   fi

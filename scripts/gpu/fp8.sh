@@ -5,9 +5,12 @@
 #   2. test_gpu_fp8 (FP8 projections and FP8 models, GPU against CPU), then the GPU backend
 #      and engine tests (test_gpu_backend, test_gpu_engine), each under FP8_TEST_TIMEOUT
 #      seconds (default 300);
-#   3. scripts/gpu/bench.sh engine-fp8: llama3-8b against llama3-8b-fp8, alternating, with
+#   3. tests/hf_reference_fp8.py on the CPU and the GPU, when the bundle has kvfuse-eval and
+#      the machine torch and transformers: FP8 checkpoints against Hugging Face;
+#   4. scripts/gpu/bench.sh engine-fp8: llama3-8b against llama3-8b-fp8, alternating, with
 #      the GEMM tuner's timings of the FP8 shapes.
-# FP8_SKIP_TESTS=1 leaves out 1 and 2, FP8_SKIP_BENCH=1 leaves out 3. Writes $OUT (or
+# FP8_SKIP_TESTS=1 leaves out 1 to 3, FP8_SKIP_BENCH=1 leaves out 4; FP8_ROUNDS and FP8_AB_ENV
+# go to the benchmark (scripts/gpu/bench.sh says what they do). Writes $OUT (or
 # build-gpu-fp8/): summary.txt and the benchmark's gpu-bench.tgz. Exit 0 when all passed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,7 +29,12 @@ check() {  # name, command...
 }
 if [[ ${FP8_SKIP_TESTS:-0} != 1 ]]; then
   [[ -x $bundle/kernel-tests/test_gemv_fp8_gpu ]] && check test_gemv_fp8_gpu "$bundle/kernel-tests/test_gemv_fp8_gpu"
-  for t in test_gpu_fp8 test_gpu_backend test_gpu_engine; do check "$t" "$bundle/$t"; done
+  for t in test_gpu_fp8 test_gpu_backend test_gpu_engine; do [[ -x $bundle/$t ]] && check "$t" "$bundle/$t"; done
+  if [[ -x $bundle/kvfuse-eval ]] && python3 -c "import torch, transformers" 2>/dev/null; then
+    FP8_TEST_TIMEOUT=${FP8_HF_TIMEOUT:-400} check hf_reference_fp8 python3 tests/hf_reference_fp8.py \
+      --kvfuse-bin "$bundle/kvfuse-eval" --device cpu --device cuda --json-out "$out/hf_reference_fp8.json"
+    grep -E "PASS|FAIL|sigma" "$out/hf_reference_fp8.txt" | sed "s/^/  /" | tee -a "$summary"
+  fi
 fi
 if [[ ${FP8_SKIP_BENCH:-0} != 1 ]]; then
   OUT=$out/bench scripts/gpu/bench.sh engine-fp8 >"$out/bench.txt" 2>&1 || status=1

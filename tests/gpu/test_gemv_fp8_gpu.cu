@@ -28,7 +28,9 @@
 // it is at most 2^-8 |g| <= 2^-8 (|c| + E); so |g' - c| <= ulp_bf16(c) + (1 + 2^-8) E. No
 // products underflow here (|x| >= 2^-40 or 0, every decoded product >= 2^-60), which the bound
 // would otherwise need an absolute term for. NaN outputs (NaN codes, NaN activations) must be
-// NaN on both. And per variant, the bf16 output must be the fp32 output rounded (the same sums).
+// NaN on both. And per variant, the bf16 output must be the fp32 output rounded (the same sums);
+// W8A8 quantized inside the GEMV must give the bits of the GEMV on the quantizer's codes; and
+// the SiLU-mul form (launch_gemv_fp8_silu_mul) the bits of the bf16 output then launch_silu_mul.
 // A worst-case bound: about 5e-4 S at k = 4096, loose enough to hide one wrong product there;
 // the k = 16 and 256 shapes (every code, in every lane position) are where single ones show.
 #include "kernels/common/gpu.h"
@@ -47,6 +49,7 @@
 #include "kernels/cpu/gemm/gemm.h"
 #include "kernels/cpu/gemm/gemm_fp8.h"
 #include "kernels/gemm/gemv_fp8.cuh"
+#include "kernels/ops/model_ops.cuh"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace {
@@ -204,7 +207,8 @@ void run_case(const Problem& p, Fp8Act act, bool with_bias, cudaStream_t stream)
                            (with_bias ? " bias" : "");
   const Reference ref = reference(p, act, with_bias);
   DeviceMem dx(p.x.size() * 2), dw(p.w.size()), dws(size_t(n) * 4), db(size_t(n) * 4), dss(4),
-      dxq(size_t(m * k)), dxs(size_t(m) * 4), df(size_t(m * n) * 4), dbf(size_t(m * n) * 2);
+      dxq(size_t(m * k)), dxs(size_t(m) * 4), df(size_t(m * n) * 4), dbf(size_t(m * n) * 2),
+      dsilu(size_t(m * n)), dsilu_ref(size_t(m * n));
   dx.upload(p.x.data(), p.x.size() * 2);
   dw.upload(p.w.data(), p.w.size());
   dws.upload(p.w_scale.data(), size_t(n) * 4);
@@ -253,6 +257,20 @@ void run_case(const Problem& p, Fp8Act act, bool with_bias, cudaStream_t stream)
       } else {
         check(std::memcmp(f32.data(), f32_of_codes.data(), f32.size() * 4) == 0 && bf16 == bf16_of_codes,
               wv + ": not the bits of the GEMV on the quantizer's codes");
+      }
+      // The SiLU-mul epilogue (bf16 x, or quantized in the GEMV): the bits of this GEMV's
+      // bf16 out, then launch_silu_mul.
+      if (n % 2 == 0 && (act == Fp8Act::none || quantizes)) {
+        const int64_t inter = n / 2;
+        KVFUSE_TEST_GPU(gpu::launch_silu_mul(dbf.get<bf16_t>(), m, inter, dsilu_ref.get<bf16_t>(), stream));
+        KVFUSE_TEST_GPU(cudaMemsetAsync(dsilu.get(), 0xff, size_t(m * inter) * 2, stream));
+        const gpu::LaunchStatus ss = gpu::launch_gemv_fp8_silu_mul(
+            dx.get<bf16_t>(), m, dw.get<uint8_t>(), dws.get<float>(), p.fmt, n, k, bias, dsilu.get<bf16_t>(), a,
+            stream, true, v);
+        check(ss.ok(), wv + " silu_mul: " + ss.message());
+        KVFUSE_TEST_GPU(cudaStreamSynchronize(stream));
+        check(dsilu.download<bf16_t>(size_t(m * inter)) == dsilu_ref.download<bf16_t>(size_t(m * inter)),
+              wv + " silu_mul: not the GEMV's bf16 then silu_mul's bits");
       }
     }
   }
@@ -349,6 +367,14 @@ void test_refusals(cudaStream_t stream) {
         "gemv fp8: activations quantized in the GEMV without x refused");
   check(gemv(x, 8, 4096, Fp8Format::e4m3fn, own_dynamic),
         "gemv fp8: dynamic activations quantized in the GEMV, 8 x 4 x 4096, accepted");
+  const auto silu = [&](int64_t n, const gpu::Fp8GemvAct& act) {
+    return gpu::launch_gemv_fp8_silu_mul(x, 1, b.get<uint8_t>(), s.get<float>(), Fp8Format::e4m3fn, n, 16, nullptr,
+                                         c.get<bf16_t>(), act, stream)
+        .ok();
+  };
+  check(!silu(5, none), "gemv fp8 silu_mul: an odd n refused");
+  check(!silu(4, q), "gemv fp8 silu_mul: activations as codes refused");
+  check(silu(4, own_dynamic), "gemv fp8 silu_mul: 1 x 4 x 16, quantized in the GEMV, accepted");
   check(gpu::gemv_fp8_unsupported(x, 8, b.get<uint8_t>(), s.get<float>(), Fp8Format::e4m3fn, 4096, 4096,
                                   c.get(), none)
             .empty(),

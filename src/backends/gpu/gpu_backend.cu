@@ -245,9 +245,9 @@ class GpuBackend final : public Backend {
   absl::Status silu_mul(const bf16_t* gate_up, int64_t n, int64_t inter, bf16_t* out) override {
     return gpu_status(gpu::launch_silu_mul(gate_up, n, inter, out, stream_, ops_pdl_), "silu_mul");
   }
-  // At the sizes where the tuner picked kvfuse's GEMV for gate/up, the GEMV writes act
-  // from its epilogue (no silu_mul launch, no gate_up rows); elsewhere linear, then
-  // silu_mul. KVFUSE_GEMV_SILU=0 keeps the two launches (the A/B).
+  // At the sizes where the tuner picked kvfuse's GEMV for gate/up (bf16 or FP8 weights), the
+  // GEMV writes act from its epilogue (no silu_mul launch, no gate_up rows); elsewhere
+  // linear, then silu_mul. KVFUSE_GEMV_SILU=0 keeps the two launches (the A/B).
   absl::Status linear_silu_mul(const bf16_t* x, int64_t m, const LinearWeight& w, int64_t inter, bf16_t* gate_up,
                                bf16_t* act) override {
     static const bool fuse = env_flag("KVFUSE_GEMV_SILU");
@@ -259,6 +259,20 @@ class GpuBackend final : public Backend {
         return gpu_status(gpu::launch_gemv_silu_mul_bf16(x, m, w.w.as<bf16_t>(), w.n, w.k, act, stream_,
                                                          ops_pdl_, *gemv, gemv_stream_),
                           "gemv silu_mul");
+      }
+    }
+    if (fuse && m > 0 && w.fp8 && w.n == 2 * inter) {  // FP8 weights: the FP8 GEMV's epilogue
+      auto scratch = fp8_scratch(m, w);
+      if (!scratch.ok()) return scratch.status();
+      const float* bias = w.bias.get() ? w.bias.as<float>() : nullptr;
+      auto gemv = planner_->gemv_fp8_variant(x, m, w, bias, *scratch, gate_up, capturing_);
+      if (!gemv.ok()) return gemv.status();
+      if (*gemv >= 0) {
+        const gpu::Fp8GemvAct a{w.act, nullptr, nullptr, w.fp8_format,
+                                w.act_scale.get() ? w.act_scale.as<float>() : nullptr};
+        return gpu_status(gpu::launch_gemv_fp8_silu_mul(x, m, w.w.as<uint8_t>(), w.scale.as<float>(), w.fp8_format,
+                                                        w.n, w.k, bias, act, a, stream_, ops_pdl_, *gemv),
+                          "gemv fp8 silu_mul");
       }
     }
     return Backend::linear_silu_mul(x, m, w, inter, gate_up, act);
@@ -421,21 +435,24 @@ class GpuBackend final : public Backend {
   static constexpr int64_t kFp8RowsPerGemm = gemm::kTuneMaxRows;
   absl::Status linear_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const float* bias, void* out,
                           GemmOut out_type) {
-    GemmPlanner::Fp8Scratch scratch;
-    if (m > 0 && w.act != Fp8Act::none) {
-      const int64_t rows = std::min(m, kFp8RowsPerGemm);
-      KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_xq_, size_t(rows * w.k), "linear: FP8 activations"));
-      KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_x_scale_, size_t(rows) * sizeof(float), "linear: FP8 row scales"));
-      KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(rows * w.n) * sizeof(float), "linear: fp32"));
-      scratch = {fp8_xq_.as<uint8_t>(), fp8_x_scale_.as<float>(), gemm_f32_.as<float>()};
-    }
+    auto scratch = fp8_scratch(m, w);
+    if (!scratch.ok()) return scratch.status();
     const size_t out_elem = out_type == GemmOut::f32 ? sizeof(float) : sizeof(bf16_t);
     for (int64_t i0 = 0; i0 < m; i0 += kFp8RowsPerGemm) {
-      KVFUSE_RETURN_IF_ERROR(planner_->gemm_fp8(x + i0 * w.k, std::min(m - i0, kFp8RowsPerGemm), w, bias, scratch,
+      KVFUSE_RETURN_IF_ERROR(planner_->gemm_fp8(x + i0 * w.k, std::min(m - i0, kFp8RowsPerGemm), w, bias, *scratch,
                                                 static_cast<char*>(out) + size_t(i0 * w.n) * out_elem, out_type,
                                                 capturing_));
     }
     return absl::OkStatus();
+  }
+  // The W8A8 scratch of an FP8 projection of m rows (none for W8A16).
+  absl::StatusOr<GemmPlanner::Fp8Scratch> fp8_scratch(int64_t m, const LinearWeight& w) {
+    if (m <= 0 || w.act == Fp8Act::none) return GemmPlanner::Fp8Scratch{};
+    const int64_t rows = std::min(m, kFp8RowsPerGemm);
+    KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_xq_, size_t(rows * w.k), "linear: FP8 activations"));
+    KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_x_scale_, size_t(rows) * sizeof(float), "linear: FP8 row scales"));
+    KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(rows * w.n) * sizeof(float), "linear: fp32"));
+    return GemmPlanner::Fp8Scratch{fp8_xq_.as<uint8_t>(), fp8_x_scale_.as<float>(), gemm_f32_.as<float>()};
   }
 
   absl::Status reserve_scratch(DeviceBuffer& buf, size_t need, const char* what, size_t slack = 2,

@@ -73,6 +73,11 @@ class GemmPlanner {
   };
   absl::Status gemm_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const float* bias,
                         const Fp8Scratch& scratch, void* out, GemmOut out_type, bool capturing);
+  // The FP8 GEMV variant planned for the bf16-out shape where the GEMV runs it on bf16 x
+  // (W8A16, or W8A8 quantized in the GEMV) at most gpu::kGemvMaxRows rows, else -1: for the
+  // epilogue only the GEMV has (SiLU-mul). Plans it as gemm_fp8 does.
+  absl::StatusOr<int> gemv_fp8_variant(const bf16_t* x, int64_t m, const LinearWeight& w, const float* bias,
+                                       const Fp8Scratch& scratch, void* out, bool capturing);
   // kvfuse's GEMV may run this call: it is a candidate (KVFUSE_GEMV) and the operands suit it.
   static bool gemv_usable(const bf16_t* x, int64_t m, const LinearWeight& w, const void* out);
 

@@ -226,4 +226,13 @@ absl::Status GemmPlanner::gemm_fp8(const bf16_t* x, int64_t m, const LinearWeigh
   return run_fp8(p, p.gemv >= 0 ? nullptr : &p.algo, p.gemv, c, w.w.get());
 }
 
+absl::StatusOr<int> GemmPlanner::gemv_fp8_variant(const bf16_t* x, int64_t m, const LinearWeight& w,
+                                                  const float* bias, const Fp8Scratch& scratch, void* out,
+                                                  bool capturing) {
+  if (m <= 0 || m > gpu::kGemvMaxRows || !w.fp8 || (w8a8(w) && !gemv_fp8_quantizes())) return -1;
+  auto planned = plan_fp8_of(Fp8Call{x, m, w, bias, scratch, out, GemmOut::bf16}, capturing);
+  if (!planned.ok()) return planned.status();
+  return (*planned)->gemv;
+}
+
 }  // namespace kvfuse
