@@ -229,6 +229,20 @@ def checkpoint_with_scales(model_dir, scales, dst):
     save_file(t, path, metadata={"format": "pt"})
 
 
+def devices_of(torch, transformers, asked, name):
+    """The reference's device (the GPU torch sees, TF32 off, else the CPU) and kvfuse's
+    devices (asked, or the CPU and that GPU); logs both."""
+    gpu = torch.cuda.is_available()
+    ref_device = "cuda" if gpu else "cpu"
+    if gpu:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    devices = asked or (["cpu"] + (["hip" if torch.version.hip else "cuda"] if gpu else []))
+    log("%s: torch %s, transformers %s; reference in fp32 on %s (eager attention, TF32 off); kvfuse on %s"
+        % (name, torch.__version__, transformers.__version__, ref_device, ", ".join(devices)))
+    return ref_device, devices
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kvfuse-bin", default="build/kvfuse-eval")
@@ -247,14 +261,7 @@ def main():
         log("hf_reference: %s not found; build it (tools/CMakeLists.txt) or pass --kvfuse-bin" % args.kvfuse_bin)
         return 2
 
-    gpu = torch.cuda.is_available()
-    ref_device = "cuda" if gpu else "cpu"
-    if gpu:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    devices = args.device or (["cpu"] + (["hip" if torch.version.hip else "cuda"] if gpu else []))
-    log("hf_reference: torch %s, transformers %s; reference in fp32 on %s (eager attention, TF32 off); kvfuse on %s"
-        % (torch.__version__, transformers.__version__, ref_device, ", ".join(devices)))
+    ref_device, devices = devices_of(torch, transformers, args.device, "hf_reference")
 
     work = args.keep or tempfile.mkdtemp(prefix="kvfuse-hfref-")
     os.makedirs(work, exist_ok=True)

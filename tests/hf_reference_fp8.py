@@ -179,14 +179,7 @@ def main():
     if not os.path.exists(args.kvfuse_bin):
         H.log("hf_reference_fp8: %s not found; build it (tools/CMakeLists.txt) or pass --kvfuse-bin" % args.kvfuse_bin)
         return 2
-    gpu = torch.cuda.is_available()
-    ref_device = "cuda" if gpu else "cpu"
-    if gpu:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-    devices = args.device or (["cpu"] + (["hip" if torch.version.hip else "cuda"] if gpu else []))
-    H.log("hf_reference_fp8: torch %s, transformers %s; reference in fp32 on %s (eager attention, TF32 off); "
-          "kvfuse on %s" % (torch.__version__, transformers.__version__, ref_device, ", ".join(devices)))
+    ref_device, devices = H.devices_of(torch, transformers, args.device, "hf_reference_fp8")
     work = args.keep or tempfile.mkdtemp(prefix="kvfuse-hfref-fp8-")
     os.makedirs(work, exist_ok=True)
     g = torch.Generator().manual_seed(1234)

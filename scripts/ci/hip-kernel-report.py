@@ -38,6 +38,15 @@ Gates (exit status 1 if any fails):
     gfx942, 16x16x32 on gfx950), and the hardware FP8 decode where the arch has the
     format: v_cvt_pk_f32_fp8 for e4m3fnuz on gfx942, v_cvt_scalef32_pk_f16_fp8 for
     e4m3fn on gfx950 (the other e4m3 decodes by bit manipulation, e5m2 by a byte move);
+  - the FP8-weight GEMV (kernels/gemm/gemv_fp8.cu: every row count, tiling, activation mode and
+    e4m3 format, with and without its SiLU-mul epilogue), the activation quantizer and the FP8
+    GEMM's epilogue: no scratch; at least 2 waves per SIMD for the GEMV (what its launch
+    bounds promise, 4 blocks of 2 waves a CU: its many-row tilings hold up to 256 VGPRs of
+    loads in flight and sums), 4 for the other two; the quantizing ones (the quantizer, and the GEMV where it quantizes
+    its activations) contain the packed conversion of their format where the arch has it,
+    as the KV write; every GEMV of the arch's hardware e4m3 format decodes its weights with
+    that arch's instruction (v_cvt_pk_f32_fp8 for e4m3fnuz on gfx942,
+    v_cvt_scalef32_pk_f32_fp8 for e4m3fn on gfx950);
   - every other attention kernel (the split path's merge): recorded;
   - model ops (model_op_report below): the kernels of kernels/ops/model_ops.cu and
     kernels/ops/sampling.cu reduce across lanes without ds_bpermute_b32 (DPP instead), take
@@ -72,12 +81,17 @@ TARGETS = [
     ("norm", r"^rmsnorm_kernel<", 4),
     ("rope", r"^rope_kernel", 4),
     ("sampling", r"^(sample_rows|argmax_rows)_kernel", 4),
+    ("gemv-fp8", r"^gemv_fp8_kernel<", 2),
+    ("gemv-fp8", r"^(quantize_rows_fp8_kernel<|fp8_gemm_epilogue_kernel)", 4),
     ("mfma", r"^mfma_probe_kernel<", 1),
     ("attention", r"^attention_mfma_kernel<", 2),
     ("attention", r"^attention_", None),
     ("other", r"", None),
 ]
 FORMATS = {"0": "e4m3fn", "1": "e4m3fnuz", "2": "e5m2"}
+# The FP8 GEMV's weight decode, per arch: (its hardware e4m3 format, the instruction;
+# kernels/common/fp8_decode.cuh).
+GEMV_FP8_DECODE = {"gfx942": ("e4m3fnuz", "v_cvt_pk_f32_fp8"), "gfx950": ("e4m3fn", "v_cvt_scalef32_pk_f32_fp8")}
 KV_FORMATS = ["bf16", "e4m3fn", "e4m3fnuz", "e5m2"]  # kernels/common/kv_types.h KvFormat
 # MFMA attention, per arch: the matrix instructions its bf16 / f16 operands become, and the
 # hardware FP8 decode: (format, instruction) the kernels of that format must contain.
@@ -124,6 +138,7 @@ def short_name(demangled):
     s = s.replace("Fp8RowOp", "fp8").replace("Bf16RowOp", "bf16copy")
     s = re.sub(r"\(RowTeam\)(\d)", lambda m: ["warp_rows", "block_rows"][int(m.group(1))], s)
     s = re.sub(r"\(MfmaInstr\)(\d)", lambda m: MFMA_INSTRS[int(m.group(1))], s)
+    s = re.sub(r"\(XMode\)(\d)", lambda m: ["bf16x", "codes", "quantize"][int(m.group(1))], s)
     return re.sub(r"\(.*\)$", "", s).replace(" ", "")
 
 
@@ -163,7 +178,7 @@ def isa_counts(code_object, arch, tools):
                 mfma = re.search(r"\b(v_mfma_\w+)", line)
                 if mfma:
                     counts[cur][2][mfma.group(1)] = counts[cur][2].get(mfma.group(1), 0) + 1
-                dec = re.search(r"\b(v_cvt_pk_f32_fp8|v_cvt_scalef32_pk_f16_fp8)", line)
+                dec = re.search(r"\b(v_cvt_pk_f32_fp8|v_cvt_scalef32_pk_f(?:16|32)_fp8)", line)
                 if dec:
                     counts[cur][3][dec.group(1)] = counts[cur][3].get(dec.group(1), 0) + 1
     return counts
@@ -340,6 +355,17 @@ def main():
                 verdict = (verdict + " " if verdict != "ok" else "") + "FAIL no packed cvt"
             elif not need:
                 verdict += " (scalar: not a gfx950 format)"
+        # The FP8 GEMV and quantizer: the packed encode where they quantize, the hardware decode
+        # of the arch's own e4m3 format in every GEMV.
+        quant = (re.match(r"^quantize_rows_fp8_kernel<(e4m3fn|e4m3fnuz),", r["name"]) or
+                 re.match(r"^gemv_fp8_kernel<\d+,quantize,(e4m3fn|e4m3fnuz),", r["name"]))
+        if quant and not (r["arch"] == "gfx950" and quant.group(1) == "e4m3fnuz") and r["fp8"] == 0:
+            verdict = (verdict + " " if verdict != "ok" else "") + "FAIL no packed cvt"
+        gemv = re.match(r"^gemv_fp8_kernel<\d+,\w+,(e4m3fn|e4m3fnuz),", r["name"])
+        if gemv:
+            hw_fmt, hw_cvt = GEMV_FP8_DECODE[r["arch"]]
+            if gemv.group(1) == hw_fmt and r["decode"].get(hw_cvt, 0) == 0:
+                verdict = (verdict + " " if verdict != "ok" else "") + "FAIL no " + hw_cvt
         probe = re.match(r"^mfma_probe_kernel<(\w+)>", r["name"])
         if probe:
             mnemonic, need = MFMA_PROBE[(probe.group(1), r["arch"])]

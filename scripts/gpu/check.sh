@@ -254,21 +254,17 @@ elif [[ -x $bundle/test_gpu_backend ]]; then
   note "kvfuse-run on cuda: exit $rc ($(elapsed))"
   ((rc == 0)) || status=1
   # Against Hugging Face transformers on random small checkpoints (plain and scaled RoPE,
-  # GQA, biases, windows), on the CPU and the GPU: needs torch and transformers.
+  # GQA, biases, windows; and FP8 checkpoints in the compressed-tensors and Quark layouts),
+  # on the CPU and the GPU: needs torch and transformers.
   if [[ -x $bundle/kvfuse-eval ]] && python3 -c "import torch, transformers" 2>/dev/null; then
-    python3 tests/hf_reference.py --kvfuse-bin "$bundle/kvfuse-eval" --device cpu --device cuda \
-      --json-out "$out/hf_reference.json" >"$out/hf_reference.log" 2>&1
-    rc=$?
-    tail -25 "$out/hf_reference.log"
-    note "hf_reference.py (cpu, cuda): exit $rc ($(elapsed))"
-    ((rc == 0)) || status=1
-    # FP8 checkpoints (compressed-tensors, Quark) against their dequantized reference.
-    python3 tests/hf_reference_fp8.py --kvfuse-bin "$bundle/kvfuse-eval" --device cpu --device cuda \
-      --json-out "$out/hf_reference_fp8.json" >"$out/hf_reference_fp8.log" 2>&1
-    rc=$?
-    tail -12 "$out/hf_reference_fp8.log"
-    note "hf_reference_fp8.py (cpu, cuda): exit $rc ($(elapsed))"
-    ((rc == 0)) || status=1
+    for ref in hf_reference hf_reference_fp8; do
+      python3 "tests/$ref.py" --kvfuse-bin "$bundle/kvfuse-eval" --device cpu --device cuda \
+        --json-out "$out/$ref.json" >"$out/$ref.log" 2>&1
+      rc=$?
+      tail -25 "$out/$ref.log"
+      note "$ref.py (cpu, cuda): exit $rc ($(elapsed))"
+      ((rc == 0)) || status=1
+    done
   else
     note "hf_reference.py: SKIP (no kvfuse-eval in the bundle, or no torch/transformers)"
   fi

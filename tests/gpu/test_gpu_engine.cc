@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/ops/sampling.h"
 #include "tests/util/checkpoint_test_util.h"
+#include "tests/util/engine_agreement.h"
 #include "tests/util/engine_test_util.h"
 
 using namespace kvfuse;
@@ -51,23 +52,12 @@ TEST_CASE("gpu engine: tiny model logits and greedy tokens match the CPU engine"
         cpu_cfg["max_batch_tokens"] = 1024;  // the 700-token prompt in one step
         auto cpu = make_engine(cpu_cfg);
         const auto prompt = prompt_of(700, 11, cpu->spec().vocab);  // > one split partition
-        const auto want = greedy(*cpu, 1, prompt, 64);
-        const auto got = greedy(*gpu, 1, prompt, 64);
-        int prefix = 0;
-        while (prefix < 64 && want[size_t(prefix)] == got[size_t(prefix)]) ++prefix;
-        const auto lc = teacher_forced_logits(*cpu, 2, prompt, want);
-        const auto lg = teacher_forced_logits(*gpu, 2, prompt, want);
-        float worst = 0;
-        int agree = 0;
-        for (size_t i = 0; i < lc.size(); ++i) {
-          for (size_t v = 0; v < lc[i].size(); ++v) worst = std::max(worst, std::fabs(lc[i][v] - lg[i][v]));
-          agree += argmax(lc[i].data(), int32_t(lc[i].size())) == argmax(lg[i].data(), int32_t(lg[i].size()));
-        }
+        const EngineAgreement a = engine_agreement(*cpu, *gpu, prompt, 64);
         std::printf(
             "gpu engine %s %s %s: max |dlogit| %.4f, teacher-forced top-1 %d/%zu, greedy prefix %d/64\n",
-            dtype, write, attn, worst, agree, lc.size(), prefix);
-        CHECK(worst < 0.25f);
-        CHECK(agree >= int(0.95 * double(lc.size())));
+            dtype, write, attn, a.max_dlogit, a.top1, a.positions, a.prefix);
+        CHECK(a.max_dlogit < 0.25f);
+        CHECK(a.top1 >= int(0.95 * double(a.positions)));
       }
     }
   }

@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "kernels/common/fp8.h"
-#include "kernels/cpu/ops/sampling.h"
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
 #include "src/loading/model_spec.h"
 #include "tests/util/catch.h"
 #include "tests/util/checkpoint_fp8_util.h"
+#include "tests/util/engine_agreement.h"
 #include "tests/util/engine_test_util.h"
 #include "tests/util/gpu_backend.h"
 
@@ -184,22 +184,11 @@ void compare_engines(const json& cfg, const char* what, float max_dlogit) {
   }
   auto cpu = engine_on(cfg, "cpu");
   const auto prompt = prompt_of(300, 13, cpu->spec().vocab);
-  const auto want = greedy(*cpu, 1, prompt, 48);
-  const auto got = greedy(*gpu, 1, prompt, 48);
-  int prefix = 0;
-  while (prefix < 48 && want[size_t(prefix)] == got[size_t(prefix)]) ++prefix;
-  const auto lc = teacher_forced_logits(*cpu, 2, prompt, want);
-  const auto lg = teacher_forced_logits(*gpu, 2, prompt, want);
-  float worst = 0;
-  int agree = 0;
-  for (size_t i = 0; i < lc.size(); ++i) {
-    for (size_t v = 0; v < lc[i].size(); ++v) worst = std::max(worst, std::fabs(lc[i][v] - lg[i][v]));
-    agree += argmax(lc[i].data(), int32_t(lc[i].size())) == argmax(lg[i].data(), int32_t(lg[i].size()));
-  }
+  const EngineAgreement a = engine_agreement(*cpu, *gpu, prompt, 48);
   std::printf("gpu fp8 engine %s: max |dlogit| %.4f, teacher-forced top-1 %d/%zu, greedy prefix %d/48\n", what,
-              worst, agree, lc.size(), prefix);
-  CHECK(worst < max_dlogit);
-  CHECK(agree >= int(0.95 * double(lc.size())));
+              a.max_dlogit, a.top1, a.positions, a.prefix);
+  CHECK(a.max_dlogit < max_dlogit);
+  CHECK(a.top1 >= int(0.95 * double(a.positions)));
   CHECK(gpu->pool().usage(PoolKind::full).used_pages == 0);
 }
 

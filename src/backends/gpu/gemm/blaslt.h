@@ -15,12 +15,13 @@ using blasLtMatmulPreference_t = hipblasLtMatmulPreference_t;
 using blasLtMatmulHeuristicResult_t = hipblasLtMatmulHeuristicResult_t;
 using blasLtMatmulAlgo_t = hipblasLtMatmulAlgo_t;
 using blasStatus_t = hipblasStatus_t;
+using blasDataType_t = hipDataType;
 #define BLAS_STATUS_SUCCESS HIPBLAS_STATUS_SUCCESS
 #define BLAS_COMPUTE_32F HIPBLAS_COMPUTE_32F
 #define BLAS_R_32F HIP_R_32F
 #define BLAS_R_16BF HIP_R_16BF
 // e4m3 codes: OCP e4m3fn (gfx950), or e4m3fnuz (gfx942).
-inline hipDataType blas_fp8_e4m3(bool fnuz) { return fnuz ? HIP_R_8F_E4M3_FNUZ : HIP_R_8F_E4M3; }
+inline blasDataType_t blas_fp8_e4m3(bool fnuz) { return fnuz ? HIP_R_8F_E4M3_FNUZ : HIP_R_8F_E4M3; }
 #define BLAS_OP_N HIPBLAS_OP_N
 #define BLAS_OP_T HIPBLAS_OP_T
 #define BLASLT_MATMUL_DESC_TRANSA HIPBLASLT_MATMUL_DESC_TRANSA
@@ -53,12 +54,13 @@ using blasLtMatmulPreference_t = cublasLtMatmulPreference_t;
 using blasLtMatmulHeuristicResult_t = cublasLtMatmulHeuristicResult_t;
 using blasLtMatmulAlgo_t = cublasLtMatmulAlgo_t;
 using blasStatus_t = cublasStatus_t;
+using blasDataType_t = cudaDataType;
 #define BLAS_STATUS_SUCCESS CUBLAS_STATUS_SUCCESS
 #define BLAS_COMPUTE_32F CUBLAS_COMPUTE_32F
 #define BLAS_R_32F CUDA_R_32F
 #define BLAS_R_16BF CUDA_R_16BF
 // e4m3 codes: OCP e4m3fn (no NVIDIA GPU stores e4m3fnuz; kvfuse never asks for it there).
-inline cudaDataType blas_fp8_e4m3(bool /*fnuz*/) { return CUDA_R_8F_E4M3; }
+inline blasDataType_t blas_fp8_e4m3(bool /*fnuz*/) { return CUDA_R_8F_E4M3; }
 #define BLAS_OP_N CUBLAS_OP_N
 #define BLAS_OP_T CUBLAS_OP_T
 #define BLASLT_MATMUL_DESC_TRANSA CUBLASLT_MATMUL_DESC_TRANSA

@@ -25,7 +25,7 @@ using gemm::TuneMode;
 
 constexpr size_t kBlasWorkspace = size_t(32) << 20;
 
-decltype(BLAS_R_32F) blas_type(GemmOut out) { return out == GemmOut::f32 ? BLAS_R_32F : BLAS_R_16BF; }
+blasDataType_t blas_type(GemmOut out) { return out == GemmOut::f32 ? BLAS_R_32F : BLAS_R_16BF; }
 
 }  // namespace
 
@@ -136,20 +136,47 @@ bool GemmPlanner::matmul(const Plan& plan, const blasLtMatmulAlgo_t& algo, const
                       blas_workspace_.get(), blas_workspace_.bytes(), stream_) == BLAS_STATUS_SUCCESS;
 }
 
+// The plan's descriptors, column-major: out^T (n x m) = op(W) (W stored k x n, transposed) *
+// x^T (k x m), operands of type `in`, the result of type `out`, fp32 accumulation.
+absl::Status GemmPlanner::describe(Plan& plan, blasDataType_t in, blasDataType_t out, int64_t m,
+                                   const LinearWeight& w) {
+  const auto t = BLAS_OP_T, n = BLAS_OP_N;
+  KVFUSE_BLAS(blasLtMatmulDescCreate(&plan.desc, BLAS_COMPUTE_32F, BLAS_R_32F));
+  KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan.desc, BLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+  KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan.desc, BLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+  KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan.a, in, uint64_t(w.k), uint64_t(w.n), int64_t(w.k)));
+  KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan.b, in, uint64_t(w.k), uint64_t(m), int64_t(w.k)));
+  KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan.d, out, uint64_t(w.n), uint64_t(m), int64_t(w.n)));
+  return absl::OkStatus();
+}
+
+// The library heuristic's first `count` algorithms for `plan` within the workspace, into
+// heur; found: how many it gave.
+absl::Status GemmPlanner::heuristic(const Plan& plan, int count, blasLtMatmulHeuristicResult_t* heur,
+                                    int& found) const {
+  struct Pref {
+    blasLtMatmulPreference_t p = nullptr;
+    ~Pref() {
+      if (p) blasLtMatmulPreferenceDestroy(p);
+    }
+  } pref;
+  found = 0;
+  KVFUSE_BLAS(blasLtMatmulPreferenceCreate(&pref.p));
+  const size_t ws = blas_workspace_.bytes();
+  KVFUSE_BLAS(
+      blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, plan.desc, plan.a, plan.b, plan.d, plan.d, pref.p, count, heur,
+                                           &found));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_of(const bf16_t* x, int64_t m, const LinearWeight& w,
                                                         void* out, GemmOut out_kind, bool capturing) {
   const GemmKey key = key_of(m, w, out_kind);
   auto found = plans_.find(key);
   if (found != plans_.end()) return found->second.get();
   auto plan = std::make_unique<Plan>();
-  const auto out_type = blas_type(out_kind);
-  const auto t = BLAS_OP_T, n = BLAS_OP_N;
-  KVFUSE_BLAS(blasLtMatmulDescCreate(&plan->desc, BLAS_COMPUTE_32F, BLAS_R_32F));
-  KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-  KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
-  KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->a, BLAS_R_16BF, uint64_t(w.k), uint64_t(w.n), int64_t(w.k)));
-  KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->b, BLAS_R_16BF, uint64_t(w.k), uint64_t(m), int64_t(w.k)));
-  KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->d, out_type, uint64_t(w.n), uint64_t(m), int64_t(w.n)));
+  KVFUSE_RETURN_IF_ERROR(describe(*plan, BLAS_R_16BF, blas_type(out_kind), m, w));
 
   const TuneMode mode = capturing || m > gemm::kTuneMaxRows ? TuneMode::off : gemm::tune_mode();
   // After end_tuning(): choices already made are still taken, none is timed.
@@ -180,21 +207,10 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_of(const bf16_t* x, int64_t
       (void)cudaGetLastError();
     }
   }
-  struct Pref {
-    blasLtMatmulPreference_t p = nullptr;
-    ~Pref() {
-      if (p) blasLtMatmulPreferenceDestroy(p);
-    }
-  } pref;
-  KVFUSE_BLAS(blasLtMatmulPreferenceCreate(&pref.p));
-  const size_t ws = blas_workspace_.bytes();
-  KVFUSE_BLAS(
-      blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
   blasLtMatmulHeuristicResult_t heur[gemm::kTuneCandidates] = {};
   int found_n = 0;
   const bool timed = mode != TuneMode::off && may_time && cached_gemv < 0 && cached_skinny < 0;
-  KVFUSE_BLAS(blasLtMatmulAlgoGetHeuristic(blas_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p,
-                                           timed ? gemm::kTuneCandidates : 1, heur, &found_n));
+  KVFUSE_RETURN_IF_ERROR(heuristic(*plan, timed ? gemm::kTuneCandidates : 1, heur, found_n));
   if (found_n == 0) {
     return absl::InternalError(
         absl::StrCat(KVFUSE_BLASLT_NAME, ": no algorithm for a ", m, "x", w.n, "x", w.k, " bf16 GEMM"));

@@ -117,6 +117,8 @@ class GemmPlanner {
                        const void* wd) const;
   static bool gemv_fp8_quantizes();
   GemmCacheKey cache_key(const gemm::GemmKey& k) const;
+  absl::Status describe(Plan& plan, blasDataType_t in, blasDataType_t out, int64_t m, const LinearWeight& w);
+  absl::Status heuristic(const Plan& plan, int count, blasLtMatmulHeuristicResult_t* heur, int& found) const;
   bool matmul(const Plan& plan, const blasLtMatmulAlgo_t& algo, const bf16_t* x, const void* w,
               void* out) const;
 

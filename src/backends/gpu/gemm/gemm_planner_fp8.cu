@@ -102,37 +102,16 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const Fp8Call& c, bo
   const bool gemv_ok = gemv_enabled() && gpu::gemv_fp8_unsupported(c.x, m, w.w.as<uint8_t>(), w.scale.as<float>(),
                                                                    w.fp8_format, w.n, w.k, c.out, gemv_act)
                                              .empty();
-  // The library's FP8 GEMM (W8A8): column-major out^T (n x m) = op(W) (k x n stored, transposed)
-  // * xq^T (k x m), fp32 sums.
+  // The library's FP8 GEMM (W8A8): e4m3 operands, fp32 sums.
   int found_n = 0;
   blasLtMatmulHeuristicResult_t heur[gemm::kTuneCandidates] = {};
   const TuneMode mode = capturing || m > gemm::kTuneMaxRows ? TuneMode::off : gemm::tune_mode();
   const bool may_time = mode != TuneMode::off && !tuning_ended_.load(std::memory_order_relaxed);
   if (q) {
-    const auto t = BLAS_OP_T, n = BLAS_OP_N;
-    const auto code = blas_fp8_e4m3(w.fp8_format == Fp8Format::e4m3fnuz);
-    KVFUSE_BLAS(blasLtMatmulDescCreate(&plan->desc, BLAS_COMPUTE_32F, BLAS_R_32F));
-    KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
-    KVFUSE_BLAS(blasLtMatmulDescSetAttribute(plan->desc, BLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
-    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->a, code, uint64_t(w.k), uint64_t(w.n), int64_t(w.k)));
-    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->b, code, uint64_t(w.k), uint64_t(m), int64_t(w.k)));
-    KVFUSE_BLAS(blasLtMatrixLayoutCreate(&plan->d, BLAS_R_32F, uint64_t(w.n), uint64_t(m), int64_t(w.n)));
-    struct Pref {
-      blasLtMatmulPreference_t p = nullptr;
-      ~Pref() {
-        if (p) blasLtMatmulPreferenceDestroy(p);
-      }
-    } pref;
-    KVFUSE_BLAS(blasLtMatmulPreferenceCreate(&pref.p));
-    const size_t ws = blas_workspace_.bytes();
-    KVFUSE_BLAS(
-        blasLtMatmulPreferenceSetAttribute(pref.p, BLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    KVFUSE_RETURN_IF_ERROR(
+        describe(*plan, blas_fp8_e4m3(w.fp8_format == Fp8Format::e4m3fnuz), BLAS_R_32F, m, w));
     // No algorithm (a library or device without FP8 GEMMs) leaves the GEMV.
-    if (blasLtMatmulAlgoGetHeuristic(blas_, plan->desc, plan->a, plan->b, plan->d, plan->d, pref.p,
-                                     may_time ? gemm::kTuneCandidates : 1, heur,
-                                     &found_n) != BLAS_STATUS_SUCCESS) {
-      found_n = 0;
-    }
+    if (!heuristic(*plan, may_time ? gemm::kTuneCandidates : 1, heur, found_n).ok()) found_n = 0;
   }
   // Untimed: the GEMV where it applies (W8A16 always runs it), else the library's first choice.
   plan->gemv = gemv_ok || found_n == 0 ? 0 : -1;

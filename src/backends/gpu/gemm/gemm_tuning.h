@@ -1,8 +1,9 @@
 // What every GEMM family's tuner shares (docs/gpus.md#the-gemm-tuner-and-its-cache): how
 // candidates are timed (KVFUSE_GEMM_TUNE), the timing itself on the backend's stream, the
 // choices already made in this process, and the file of choices every process on the
-// machine reads (src/backends/gemm_cache.h). A family (the bf16 GEMMs of
-// gemm_planner.cu) brings its candidates and launches; the rest is here.
+// machine reads (src/backends/gemm_cache.h). A family (the bf16 GEMMs of gemm_planner.cu,
+// the FP8-weight ones of gemm_planner_fp8.cu) brings its candidates and launches; the rest
+// is here.
 #pragma once
 
 #include "kernels/common/gpu.h"
