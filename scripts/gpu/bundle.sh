@@ -62,3 +62,8 @@ du -sh "$bundle"
 echo "gpu-bundle: $(ls "$bundle/lib" | wc -l) libraries packed into $bundle"
 tar cJf "$bundle.tar.xz" "$bundle"
 echo "gpu-bundle: $(du -h "$bundle.tar.xz" | cut -f1) in $bundle.tar.xz (carry it instead of $bundle/)"
+# The device runner carries at most 64 MiB: say so when the archive is larger.
+if (($(stat -c %s "$bundle.tar.xz") > 64 * 1024 * 1024)); then
+  echo "gpu-bundle: WARNING: $bundle.tar.xz is over the device runner's 64 MiB; pack only the programs the run" \
+    "needs (KVFUSE_BUNDLE_PROGRAMS=\"test_gpu_fp8 kvfuse-bench-engine ...\")" >&2
+fi
