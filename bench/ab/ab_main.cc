@@ -194,9 +194,9 @@ int main(int argc, char** argv) {
   }
   Engine& ea = *sides[0].engine;
   std::printf(
-      "kvfuse-ab: %s vs %s, model %s on %s, kv %s, %d reps (+%d warm-up) of %d decode steps per cell\n",
-      a_name.c_str(), b_name.c_str(), ea.spec().name.c_str(), ea.backend().description().c_str(),
-      kv_format_name(ea.kv_format()), reps, warmup, steps);
+      "kvfuse-ab: %s vs %s, model %s (weights %s) on %s, kv %s, %d reps (+%d warm-up) of %d decode steps per cell\n",
+      a_name.c_str(), b_name.c_str(), ea.spec().name.c_str(), ea.spec().weight_format().c_str(),
+      ea.backend().description().c_str(), kv_format_name(ea.kv_format()), reps, warmup, steps);
 
   std::vector<ab::Cell> cells;
   const size_t total = bs.size() * cs.size();
@@ -232,6 +232,7 @@ int main(int argc, char** argv) {
   progress.finish();
 
   json meta = {{"model", ea.spec().name},
+               {"weights", ea.spec().weight_format()},
                {"device", ea.backend().description()},
                {"kv_dtype", kv_format_name(ea.kv_format())},
                {"reps", reps},

@@ -326,10 +326,10 @@ int main(int argc, char** argv) {
           : PeakBandwidth{0, "none: the CPU backend has no peak bandwidth of its own (--peak-gbs gives one)"};
   const double peak_gbs = peak.gbs;  // 0 without a roofline: figures() leaves its figures NaN
   std::printf(
-      "kvfuse-bench-engine: model %s on %s, kv %s, %s write; %d reps (+%d warm-up) of %d decode steps "
-      "per variant and cell\n",
-      spec.name.c_str(), e.backend().description().c_str(), kv_format_name(e.kv_format()),
-      write_names.c_str(), reps, warmup, steps);
+      "kvfuse-bench-engine: model %s (weights %s) on %s, kv %s, %s write; %d reps (+%d warm-up) of %d decode "
+      "steps per variant and cell\n",
+      spec.name.c_str(), spec.weight_format().c_str(), e.backend().description().c_str(),
+      kv_format_name(e.kv_format()), write_names.c_str(), reps, warmup, steps);
   if (roofline) {
     std::printf("roofline: (%.3f GB of %s weights + KV attended) per step at a peak of %.0f GB/s (%s)\n",
                 double(weight_bytes) / 1e9, spec.weight_format().c_str(), peak_gbs, peak.source.c_str());
@@ -513,6 +513,7 @@ int main(int argc, char** argv) {
     json out;
     out["meta"] = {{"program", "kvfuse-bench-engine"},
                    {"model", spec.name},
+                   {"weights", spec.weight_format()},
                    {"device", device},
                    {"kv_dtype", kv_format_name(e.kv_format())},
                    {"kv_write", write_names},

@@ -1,5 +1,5 @@
 // kvfuse-run and kvfuse-eval as a user runs them: the same checks as the server, config
-// keys from the environment and in either spelling.
+// keys from the environment and in either spelling; and the benchmarks on an FP8 preset.
 #include <fstream>
 #include <utility>
 #include <vector>
@@ -123,4 +123,24 @@ TEST_CASE("kvfuse-run: the default KV pool is the default config's", "[tools][cl
   INFO(out);
   REQUIRE(rc == 0);
   CHECK(pages_in_banner(out) == built_in);
+}
+
+// The benchmarks take FP8-weight models as any other (issue 46's presets), and say which
+// weights they ran in their header and JSON.
+TEST_CASE("kvfuse-ab and kvfuse-bench-engine: an FP8-weight preset runs and is named as such", "[tools][fp8]") {
+  TempDir dir;
+  const std::string fp8 = "weights preset fp8_e4m3 W8A8";
+  for (const auto& [bin, extra] : std::vector<std::pair<std::string, std::string>>{
+           {KVFUSE_AB_BIN, " --reps 5 --json "}, {KVFUSE_BENCH_ENGINE_BIN, " --reps 3 --warmup 1 --json "}}) {
+    const std::string json_path = dir / "out.json";
+    auto [rc, out] = run_command(bin + " --set device=cpu --set model=tiny-fp8 --batch 1 --context 32 --steps 2" +
+                                 extra + json_path);
+    INFO(bin << ": " << out);
+    REQUIRE(rc == 0);
+    CHECK(has(out, "model tiny-fp8 (" + fp8));
+    std::ifstream in(json_path);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    CHECK(j["meta"]["model"] == "tiny-fp8");
+    CHECK(j["meta"]["weights"].get<std::string>().find(fp8.substr(8)) == 0);
+  }
 }
