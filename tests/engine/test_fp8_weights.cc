@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <utility>
 #include <vector>
 
 #include "src/loading/model_spec.h"
@@ -181,15 +182,34 @@ TEST_CASE("fp8 checkpoint (cpu): W8A8 checkpoints serve close to the bf16 weight
   nlohmann::json ct_static = kCtDynamic;
   ct_static["config_groups"]["group_0"]["input_activations"] = {
       {"num_bits", 8}, {"strategy", "tensor"}, {"type", "float"}, {"dynamic", false}};
-  Fp8Layout dynamic, fixed;
-  fixed.quant = ct_static;
   // Static input scales: the activations of tiny stay within a few units; 8 / 448 covers
   // them with room to spare.
-  fixed.input_scale = [](const std::string&) { return 8.0f / 448.0f; };
-  for (const bool is_static : {false, true}) {
-    DYNAMIC_SECTION("compressed-tensors, " << (is_static ? "static per tensor" : "dynamic per token")) {
+  const auto input_scale = [](const std::string&) { return 8.0f / 448.0f; };
+  Fp8Layout dynamic, fixed, autofp8, quark;
+  fixed.quant = ct_static;
+  fixed.input_scale = input_scale;
+  // The fp8 method (AutoFP8's static export) and Quark: per-tensor weight scales.
+  autofp8.quant = {{"quant_method", "fp8"}, {"activation_scheme", "static"}, {"ignored_layers", {"lm_head"}}};
+  const nlohmann::json quark_fp8 = {
+      {"dtype", "fp8_e4m3"}, {"is_dynamic", false}, {"qscheme", "per_tensor"}, {"symmetric", true}};
+  quark.quant = {{"quant_method", "quark"},
+                 {"exclude", {"lm_head"}},
+                 {"export", {{"kv_cache_group", nlohmann::json::array()}, {"weight_format", "real_quantized"}}},
+                 {"global_quant_config",
+                  {{"weight", quark_fp8}, {"input_tensors", quark_fp8}, {"output_tensors", nullptr}, {"bias", nullptr}}}};
+  quark.tensor_scale_shape = {};  // Quark writes scalars
+  for (Fp8Layout* l : {&autofp8, &quark}) {
+    l->per_channel = false;
+    l->input_scale = input_scale;
+  }
+  const std::pair<const char*, const Fp8Layout*> layouts[] = {{"compressed-tensors, dynamic per token", &dynamic},
+                                                              {"compressed-tensors, static per tensor", &fixed},
+                                                              {"fp8 (AutoFP8), static per tensor", &autofp8},
+                                                              {"Quark, static per tensor", &quark}};
+  for (const auto& [name, layout] : layouts) {
+    DYNAMIC_SECTION(name) {
       TempDir dir;
-      auto e = fp8_checkpoint_engine(dir, is_static ? fixed : dynamic);
+      auto e = fp8_checkpoint_engine(dir, *layout);
       const Run got = run_model(*e);
       REQUIRE(got.logits.size() == ref.logits.size());
       double worst = 1.0;
