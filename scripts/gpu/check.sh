@@ -216,9 +216,9 @@ elif [[ -x $bundle/test_gpu_backend ]]; then
   # The sampling and argmax kernels live only behind the backend: memcheck them there.
   if [[ -n $san ]]; then
     timeout "${KVFUSE_SANITIZER_TIMEOUT:-150}" "$san" --tool memcheck --error-exitcode 3 \
-      "$bundle/test_gpu_backend" "[sampling]" >>"$out/engine.log" 2>&1
+      "$bundle/test_gpu_logprobs" "[sampling]" >>"$out/engine.log" 2>&1
     rc=$?
-    note "compute-sanitizer memcheck test_gpu_backend [sampling]: exit $rc, $(grep -E 'ERROR SUMMARY' "$out/engine.log" | tail -1) ($(elapsed))"
+    note "compute-sanitizer memcheck test_gpu_logprobs [sampling]: exit $rc, $(grep -E 'ERROR SUMMARY' "$out/engine.log" | tail -1) ($(elapsed))"
     ((rc == 0)) || status=1
   fi
   # The NCCL communicator on two GPUs (it skips, saying why, with one GPU or no NCCL).
