@@ -163,7 +163,7 @@ class Backend {
   virtual absl::StatusOr<LinearWeight> upload_linear_fp8(const Fp8LinearHost& /*w*/, int64_t /*n*/,
                                                          int64_t /*k*/, const bf16_t* /*bias*/) {
     return absl::UnimplementedError(
-        description() + ": FP8 weights are not served by this backend yet (the CPU backend serves them; "
+        description() + ": FP8 weights are not served by this backend yet (the CPU, CUDA and HIP backends serve them; "
                         "bf16 checkpoints load everywhere)");
   }
 
