@@ -36,6 +36,57 @@ struct GemvFp8Args {
 // 8 bytes of read-only data (a W8A8 half chunk of xq). The caller guarantees 8-byte alignment.
 KVFUSE_DEVICE uint2 load_8B(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
 
+// --- The activation quantization and the output arithmetic, one place for both kernels ------
+// (the quantizer and the GEMV that quantizes its own activations must make the same bytes,
+// and the GEMV's and the library's epilogues the same numbers: kernels/cpu/gemm/gemm_fp8.h).
+
+// The largest |x| over this thread's chunks of 8 of a bf16 row (chunk `first`, then every
+// `stride`-th): NaN skipped (it compares false), so a max in any order is the same.
+KVFUSE_DEVICE float thread_amax(const bf16_t* row, int64_t chunks, int64_t first, int64_t stride) {
+  float amax = 0.0f;
+  for (int64_t c = first; c < chunks; c += stride) {
+    float v[8];
+    widen_bf16x8(load_ro_16B(row + c * 8), v);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float m = fabsf(v[e]);
+      if (m > amax) amax = m;
+    }
+  }
+  return amax;
+}
+
+// The largest of n warps' maxima.
+KVFUSE_DEVICE float max_of(const float* v, int n) {
+  float m = v[0];
+  for (int i = 1; i < n; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+
+// A row's dynamic per-token scale from its amax: max(amax / max_finite, kFp8MinActScale),
+// with the CPU's operations (IEEE division on both vendors: no fast-math).
+template <Fp8Format F>
+KVFUSE_DEVICE float dynamic_act_scale(float amax) {
+  const float r = amax / fp8_max_finite(F);
+  return r > kFp8MinActScale ? r : kFp8MinActScale;
+}
+
+// 8 activations quantized with inv = 1 / s: fp8_encode(x * inv), each product rounded, then
+// the KV write's encoder; v is left holding the products.
+template <Fp8Format F>
+KVFUSE_DEVICE uint2 encode_x8(float (&v)[8], float inv) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = mul_rn(v[e], inv);
+  return make_uint2(cvt_fp8x4<F>(v[0], v[1], v[2], v[3]), cvt_fp8x4<F>(v[4], v[5], v[6], v[7]));
+}
+
+// An output from its sum of decoded products: times the scale (W8A8: fl(x_scale * w_scale);
+// W8A16: w_scale), then plus the bias where there is one, each operation rounded on its own.
+KVFUSE_DEVICE float fp8_output(float sum, bool w8a8, float x_scale, float w_scale, bool has_bias, float bias) {
+  const float v = mul_rn(sum, w8a8 ? mul_rn(x_scale, w_scale) : w_scale);
+  return has_bias ? add_rn(v, bias) : v;
+}
+
 // The row scales of a GEMV that quantizes its activations (XMode::quantize), in every
 // thread: static_tensor s = *static_scale; dynamic_token s = max(amax / max_finite,
 // kFp8MinActScale), amax the largest |x| of the row (NaN skipped; a max in any order is the
@@ -46,31 +97,14 @@ KVFUSE_DEVICE void row_scales(const GemvFp8Args& a, float* shared_s, float (&inv
     if (threadIdx.x < M) shared_s[threadIdx.x] = *a.static_scale;
   } else {
     __shared__ float warp_amax[M][kGemvThreads / kWarpSize];
-    const int64_t chunks = a.k / 8;
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-      float amax = 0.0f;
-      for (int64_t c = threadIdx.x; c < chunks; c += kGemvThreads) {
-        float v[8];
-        widen_bf16x8(load_ro_16B(a.x + int64_t(i) * a.k + c * 8), v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float m = fabsf(v[e]);
-          if (m > amax) amax = m;  // NaN compares false: skipped
-        }
-      }
-      amax = warp_reduce_max(amax);
+      const float amax = warp_reduce_max(thread_amax(a.x + int64_t(i) * a.k, a.k / 8, threadIdx.x, kGemvThreads));
       if (lane_id() == 0) warp_amax[i][warp_id()] = amax;
     }
     __syncthreads();
     if (threadIdx.x < M) {
-      float amax = warp_amax[threadIdx.x][0];
-#pragma unroll
-      for (int w = 1; w < kGemvThreads / kWarpSize; ++w) {
-        amax = warp_amax[threadIdx.x][w] > amax ? warp_amax[threadIdx.x][w] : amax;
-      }
-      const float r = amax / fp8_max_finite(F);
-      shared_s[threadIdx.x] = r > kFp8MinActScale ? r : kFp8MinActScale;
+      shared_s[threadIdx.x] = dynamic_act_scale<F>(max_of(warp_amax[threadIdx.x], kGemvThreads / kWarpSize));
     }
   }
   __syncthreads();
@@ -184,10 +218,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
             fp8x8_decode<F>(q.x, q.y, xf, x_nan[i]);
           } else if constexpr (kX == XMode::quantize) {
             widen_bf16x8(load_ro_16B(a.x + int64_t(i) * k + at), xf);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) xf[e] = mul_rn(xf[e], x_inv[i]);
-            fp8x8_decode<F>(cvt_fp8x4<F>(xf[0], xf[1], xf[2], xf[3]), cvt_fp8x4<F>(xf[4], xf[5], xf[6], xf[7]), xf,
-                            x_nan[i]);
+            const uint2 q = encode_x8<F>(xf, x_inv[i]);
+            fp8x8_decode<F>(q.x, q.y, xf, x_nan[i]);
           } else {
             widen_bf16x8(load_ro_16B(a.x + int64_t(i) * k + at), xf);
           }
@@ -223,10 +255,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
   }
   // Output r's value for token row i: the sum times the scales, plus the bias.
   const auto finish = [&](int r, int i) {
-    const float scale = kQ ? mul_rn(x_scale[i], w_scale[r]) : w_scale[r];
-    float v = mul_rn(acc[r][i] * kUnit, scale);
-    if (a.bias != nullptr) v = add_rn(v, bias[r]);
-    return v;
+    return fp8_output(acc[r][i] * kUnit, kQ, x_scale[i], w_scale[r], a.bias != nullptr, bias[r]);
   };
 #pragma unroll
   for (int r = 0; r < kOuts; ++r) {
@@ -286,25 +315,11 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kQuantThreads, 1)
   grid_dependency_wait();  // PDL: x comes from the kernel before
   float s;
   if constexpr (kDynamic) {
-    float amax = 0.0f;
-    for (int64_t c = threadIdx.x; c < chunks; c += kQuantThreads) {
-      float v[8];
-      widen_bf16x8(load_ro_16B(xr + c * 8), v);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float m = fabsf(v[e]);
-        if (m > amax) amax = m;  // NaN compares false: skipped
-      }
-    }
-    amax = warp_reduce_max(amax);
     __shared__ float warp_amax[kQuantThreads / kWarpSize];
+    const float amax = warp_reduce_max(thread_amax(xr, chunks, threadIdx.x, kQuantThreads));
     if (lane_id() == 0) warp_amax[warp_id()] = amax;
     __syncthreads();
-    amax = warp_amax[0];
-#pragma unroll
-    for (int wi = 1; wi < kQuantThreads / kWarpSize; ++wi) amax = warp_amax[wi] > amax ? warp_amax[wi] : amax;
-    const float r = amax / fp8_max_finite(F);
-    s = r > kFp8MinActScale ? r : kFp8MinActScale;
+    s = dynamic_act_scale<F>(max_of(warp_amax, kQuantThreads / kWarpSize));
   } else {
     s = *static_scale;
   }
@@ -314,10 +329,7 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kQuantThreads, 1)
   for (int64_t c = threadIdx.x; c < chunks; c += kQuantThreads) {
     float v[8];
     widen_bf16x8(load_ro_16B(xr + c * 8), v);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = mul_rn(v[e], inv);
-    *reinterpret_cast<uint2*>(xq + row * k + c * 8) =
-        make_uint2(cvt_fp8x4<F>(v[0], v[1], v[2], v[3]), cvt_fp8x4<F>(v[4], v[5], v[6], v[7]));
+    *reinterpret_cast<uint2*>(xq + row * k + c * 8) = encode_x8<F>(v, inv);
   }
 }
 
@@ -333,9 +345,8 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kEpilogueThreads, 1)
   for (int64_t at = int64_t(blockIdx.x) * kEpilogueThreads + threadIdx.x; at < total;
        at += int64_t(gridDim.x) * kEpilogueThreads) {
     const int64_t i = at / n, j = at - i * n;
-    const float scale = x_scale != nullptr ? mul_rn(x_scale[i], w_scale[j]) : w_scale[j];
-    float v = mul_rn(d[at], scale);
-    if (bias != nullptr) v = add_rn(v, bias[j]);
+    const float v = fp8_output(d[at], x_scale != nullptr, x_scale != nullptr ? x_scale[i] : 1.0f, w_scale[j],
+                               bias != nullptr, bias != nullptr ? bias[j] : 0.0f);
     if (out_f32) {
       static_cast<float*>(out)[at] = v;
     } else {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 #include "tests/util/catch.h"
 
@@ -221,12 +222,9 @@ TEST_CASE("gpu backend: linear layers match OpenBLAS within fp32 accumulation an
       for (Backend* b : {cpu.get(), gpu.get()}) {
         auto lw = b->upload_linear(w.data(), n, k, with_bias ? bias.data() : nullptr);
         REQUIRE(lw.ok());
-        Mirror<bf16_t> in(*b, x), o(*b, size_t(m * n));
-        Mirror<float> lo(*b, size_t(m * n));
-        REQUIRE(b->linear(in.ptr(), m, *lw, o.ptr()).ok());
-        REQUIRE(b->linear_logits(in.ptr(), m, *lw, lo.ptr()).ok());
-        out[i] = o.read(*b);
-        logits[i] = lo.read(*b);
+        LinearOutputs r = linear_outputs(*b, *lw, x, m);
+        out[i] = std::move(r.out);
+        logits[i] = std::move(r.logits);
         ++i;
       }
       // Outputs have magnitude ~1; fp32 sums of 256 products differ by ~1e-6.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/common/fp8.h"
@@ -85,12 +86,9 @@ TEST_CASE("gpu fp8: FP8 projections match the CPU backend within the fp32 sums' 
           auto lw = b->upload_linear_fp8(Fp8LinearHost{w.codes.data(), w.scales.data(), act, input_scale}, n, k,
                                          with_bias ? bias.data() : nullptr);
           REQUIRE(lw.ok());
-          Mirror<bf16_t> in(*b, x), o(*b, size_t(m * n));
-          Mirror<float> lo(*b, size_t(m * n));
-          REQUIRE(b->linear(in.ptr(), m, *lw, o.ptr()).ok());
-          REQUIRE(b->linear_logits(in.ptr(), m, *lw, lo.ptr()).ok());
-          out[i] = o.read(*b);
-          logits[i] = lo.read(*b);
+          LinearOutputs r = linear_outputs(*b, *lw, x, m);
+          out[i] = std::move(r.out);
+          logits[i] = std::move(r.logits);
           ++i;
         }
         // sum |terms| of each output: |x| (or its dequantized code, within one FP8 step)

@@ -1,5 +1,6 @@
 // Helpers of the GPU backend tests (tests/gpu/test_gpu_backend.cc, test_gpu_logprobs.cc):
-// the GPU backend or a skip, and host arrays mirrored in a backend's memory.
+// the GPU backend or a skip, host arrays mirrored in a backend's memory, and a linear
+// layer's outputs.
 #pragma once
 
 #include <memory>
@@ -46,5 +47,19 @@ struct Mirror {
     return host;
   }
 };
+
+// A linear layer's two outputs on a backend: linear (bf16) and linear_logits (fp32) of
+// x [m, lw.k], each [m, lw.n].
+struct LinearOutputs {
+  std::vector<bf16_t> out;
+  std::vector<float> logits;
+};
+inline LinearOutputs linear_outputs(Backend& b, const LinearWeight& lw, const std::vector<bf16_t>& x, int64_t m) {
+  Mirror<bf16_t> in(b, x), o(b, size_t(m * lw.n));
+  Mirror<float> lo(b, size_t(m * lw.n));
+  REQUIRE(b.linear(in.ptr(), m, lw, o.ptr()).ok());
+  REQUIRE(b.linear_logits(in.ptr(), m, lw, lo.ptr()).ok());
+  return {o.read(b), lo.read(b)};
+}
 
 }  // namespace kvfuse::testing

@@ -261,17 +261,16 @@ class GpuBackend final : public Backend {
                           "gemv silu_mul");
       }
     }
-    if (fuse && m > 0 && w.fp8 && w.n == 2 * inter) {  // FP8 weights: the FP8 GEMV's epilogue
+    if (fuse && m > 0 && m <= gpu::kGemvMaxRows && w.fp8 && w.n == 2 * inter) {  // the FP8 GEMV's epilogue
       auto scratch = fp8_scratch(m, w);
       if (!scratch.ok()) return scratch.status();
       const float* bias = w.bias.get() ? w.bias.as<float>() : nullptr;
       auto gemv = planner_->gemv_fp8_variant(x, m, w, bias, *scratch, gate_up, capturing_);
       if (!gemv.ok()) return gemv.status();
       if (*gemv >= 0) {
-        const gpu::Fp8GemvAct a{w.act, nullptr, nullptr, w.fp8_format,
-                                w.act_scale.get() ? w.act_scale.as<float>() : nullptr};
         return gpu_status(gpu::launch_gemv_fp8_silu_mul(x, m, w.w.as<uint8_t>(), w.scale.as<float>(), w.fp8_format,
-                                                        w.n, w.k, bias, act, a, stream_, ops_pdl_, *gemv),
+                                                        w.n, w.k, bias, act, GemmPlanner::gemv_fp8_act(w), stream_,
+                                                        ops_pdl_, *gemv),
                           "gemv fp8 silu_mul");
       }
     }

@@ -136,6 +136,16 @@ bool GemmPlanner::matmul(const Plan& plan, const blasLtMatmulAlgo_t& algo, const
                       blas_workspace_.get(), blas_workspace_.bytes(), stream_) == BLAS_STATUS_SUCCESS;
 }
 
+// A timed choice into the GEMM cache file; a file that cannot be written is said once (the
+// choice still holds for this process).
+void GemmPlanner::store_choice(const GemmCacheKey& key, const GemmCacheEntry& entry) {
+  if (absl::Status st = gemm::algo_cache().store(key, entry); !st.ok() && !cache_warned_) {
+    cache_warned_ = true;
+    std::fprintf(stderr, "kvfuse: %s (GEMM choices are not shared with other processes)\n",
+                 std::string(st.message()).c_str());
+  }
+}
+
 // The plan's descriptors, column-major: out^T (n x m) = op(W) (W stored k x n, transposed) *
 // x^T (k x m), operands of type `in`, the result of type `out`, fp32 accumulation.
 absl::Status GemmPlanner::describe(Plan& plan, blasDataType_t in, blasDataType_t out, int64_t m,
@@ -308,11 +318,7 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_of(const bf16_t* x, int64_t
         e.us = double(ms[size_t(best)]) * 1e3;
       }
       e.method = "graph";
-      if (absl::Status st = gemm::algo_cache().store(cache_key(key), e); !st.ok() && !cache_warned_) {
-        cache_warned_ = true;  // once: the choice still holds for this process
-        std::fprintf(stderr, "kvfuse: %s (GEMM choices are not shared with other processes)\n",
-                     std::string(st.message()).c_str());
-      }
+      store_choice(cache_key(key), e);
     }
   }
   return plans_.emplace(key, std::move(plan)).first->second.get();

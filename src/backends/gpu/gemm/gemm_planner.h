@@ -76,6 +76,9 @@ class GemmPlanner {
   // The FP8 GEMV variant planned for the bf16-out shape where the GEMV runs it on bf16 x
   // (W8A16, or W8A8 quantized in the GEMV) at most gpu::kGemvMaxRows rows, else -1: for the
   // epilogue only the GEMV has (SiLU-mul). Plans it as gemm_fp8 does.
+  // The activations of the FP8 GEMV for weight w: bf16 x, quantized by the GEMV itself for
+  // W8A8 (w's static input scale in device memory where it has one).
+  static gpu::Fp8GemvAct gemv_fp8_act(const LinearWeight& w);
   absl::StatusOr<int> gemv_fp8_variant(const bf16_t* x, int64_t m, const LinearWeight& w, const float* bias,
                                        const Fp8Scratch& scratch, void* out, bool capturing);
   // kvfuse's GEMV may run this call: it is a candidate (KVFUSE_GEMV) and the operands suit it.
@@ -117,6 +120,7 @@ class GemmPlanner {
                        const void* wd) const;
   static bool gemv_fp8_quantizes();
   GemmCacheKey cache_key(const gemm::GemmKey& k) const;
+  void store_choice(const GemmCacheKey& key, const GemmCacheEntry& entry);
   absl::Status describe(Plan& plan, blasDataType_t in, blasDataType_t out, int64_t m, const LinearWeight& w);
   absl::Status heuristic(const Plan& plan, int count, blasLtMatmulHeuristicResult_t* heur, int& found) const;
   bool matmul(const Plan& plan, const blasLtMatmulAlgo_t& algo, const bf16_t* x, const void* w,

@@ -39,6 +39,10 @@ bool w8a8(const LinearWeight& w) { return w.act != Fp8Act::none; }
 
 }  // namespace
 
+gpu::Fp8GemvAct GemmPlanner::gemv_fp8_act(const LinearWeight& w) {
+  return gpu::Fp8GemvAct{w.act, nullptr, nullptr, w.fp8_format, w.act_scale.get() ? w.act_scale.as<float>() : nullptr};
+}
+
 // Whether the FP8 GEMV quantizes W8A8 activations itself (KVFUSE_GEMV_FP8_QUANT, default
 // on), or a quantizing kernel runs first and the GEMV reads its codes (the A/B).
 bool GemmPlanner::gemv_fp8_quantizes() {
@@ -54,12 +58,11 @@ absl::Status GemmPlanner::run_fp8(const Plan& plan, const blasLtMatmulAlgo_t* al
   const LinearWeight& w = c.w;
   const bool f32 = c.out_kind == GemmOut::f32;
   const float* w_scale = w.scale.as<float>();
-  const float* static_scale = w.act_scale.get() ? w.act_scale.as<float>() : nullptr;
-  const bool q = w8a8(w);
+  const gpu::Fp8GemvAct own = gemv_fp8_act(w);
   // The activations' codes in scratch: for the library, or for a GEMV that reads codes.
-  const bool codes = q && (algo != nullptr || !gemv_fp8_quantizes());
+  const bool codes = w8a8(w) && (algo != nullptr || !gemv_fp8_quantizes());
   if (codes) {
-    KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::launch_quantize_rows_fp8(c.x, c.m, w.k, w.act, static_scale, w.fp8_format,
+    KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::launch_quantize_rows_fp8(c.x, c.m, w.k, w.act, own.static_scale, w.fp8_format,
                                                                     c.scratch.xq, c.scratch.x_scale, stream_, ops_pdl_),
                                       "quantize_rows_fp8"));
   }
@@ -67,7 +70,7 @@ absl::Status GemmPlanner::run_fp8(const Plan& plan, const blasLtMatmulAlgo_t* al
     const size_t out_elem = f32 ? sizeof(float) : sizeof(bf16_t);
     for (int64_t i0 = 0; i0 < c.m; i0 += gpu::kGemvMaxRows) {
       const int64_t rows = std::min<int64_t>(gpu::kGemvMaxRows, c.m - i0);
-      gpu::Fp8GemvAct a{w.act, nullptr, nullptr, w.fp8_format, static_scale};
+      gpu::Fp8GemvAct a = own;
       if (codes) {
         a.xq = c.scratch.xq + i0 * w.k;
         a.x_scale = c.scratch.x_scale + i0;
@@ -97,10 +100,8 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const Fp8Call& c, bo
   const GemmKey key{q ? gemm::GemmFamily::fp8_w8a8 : gemm::GemmFamily::fp8_w8a16, m, w.n, w.k, c.out_kind};
   if (auto found = plans_.find(key); found != plans_.end()) return found->second.get();
   auto plan = std::make_unique<Plan>();
-  const gpu::Fp8GemvAct gemv_act{w.act, nullptr, nullptr, w.fp8_format,
-                                 w.act_scale.get() ? w.act_scale.as<float>() : nullptr};
   const bool gemv_ok = gemv_enabled() && gpu::gemv_fp8_unsupported(c.x, m, w.w.as<uint8_t>(), w.scale.as<float>(),
-                                                                   w.fp8_format, w.n, w.k, c.out, gemv_act)
+                                                                   w.fp8_format, w.n, w.k, c.out, gemv_fp8_act(w))
                                              .empty();
   // The library's FP8 GEMM (W8A8): e4m3 operands, fp32 sums.
   int found_n = 0;
@@ -116,14 +117,16 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const Fp8Call& c, bo
   // Untimed: the GEMV where it applies (W8A16 always runs it), else the library's first choice.
   plan->gemv = gemv_ok || found_n == 0 ? 0 : -1;
   if (found_n > 0) plan->algo = heur[0].algo;
+  // The plan as it stands, for this backend (settle), or also for the process (keep).
+  const auto settle = [&] { return plans_.emplace(key, std::move(plan)).first->second.get(); };
   const auto keep = [&] {
     gemm::TunedChoices::keep(device_, key, *plan);
-    return plans_.emplace(key, std::move(plan)).first->second.get();
+    return settle();
   };
-  if (mode == TuneMode::off) return plans_.emplace(key, std::move(plan)).first->second.get();
+  if (mode == TuneMode::off) return settle();
   if (const auto tuned = gemm::TunedChoices::find(device_, key)) {
     static_cast<GemmChoice&>(*plan) = *tuned;
-    return plans_.emplace(key, std::move(plan)).first->second.get();
+    return settle();
   }
   // Choices made with the GEMV quantizing its activations kept apart from those made without.
   const char* family = !q ? " fp8-w8a16" : gemv_fp8_quantizes() ? " fp8-w8a8" : " fp8-w8a8 quantize-first";
@@ -146,7 +149,7 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const Fp8Call& c, bo
     }
   }
   const int gemv_n = gemv_ok ? gpu::gemv_variants(m) : 0;
-  if (!may_time || gemv_n + found_n <= 1) return plans_.emplace(key, std::move(plan)).first->second.get();
+  if (!may_time || gemv_n + found_n <= 1) return settle();
 
   // Time every candidate: the GEMV's variants, then the library's.
   KVFUSE_RETURN_IF_ERROR(timer_.begin(w, mode));
@@ -184,13 +187,7 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const Fp8Call& c, bo
   }
   e.us = double(ms[size_t(best)]) * 1e3;
   e.method = gemm::tune_mode_name(mode);
-  if (mode == TuneMode::graph && gemv_enabled()) {
-    if (absl::Status st = gemm::algo_cache().store(ck, e); !st.ok() && !cache_warned_) {
-      cache_warned_ = true;  // once: the choice still holds for this process
-      std::fprintf(stderr, "kvfuse: %s (GEMM choices are not shared with other processes)\n",
-                   std::string(st.message()).c_str());
-    }
-  }
+  if (mode == TuneMode::graph && gemv_enabled()) store_choice(ck, e);
   return keep();
 }
 
