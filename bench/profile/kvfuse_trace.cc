@@ -38,8 +38,8 @@ void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t* buffer, 
     if (!g_out) continue;
     if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const KVFUSE_KERNEL_RECORD*>(record);
-      std::fprintf(g_out, "K,%llu,%llu,%u,%s\n", (unsigned long long)k->start, (unsigned long long)k->end,
-                   k->correlationId, k->name ? k->name : "?");
+      std::fprintf(g_out, "K,%llu,%llu,%u,%dx%dx%d,%s\n", (unsigned long long)k->start, (unsigned long long)k->end,
+                   k->correlationId, int(k->gridX), int(k->gridY), int(k->gridZ), k->name ? k->name : "?");
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* c = reinterpret_cast<const KVFUSE_MEMCPY_RECORD*>(record);
       std::fprintf(g_out, "C,%llu,%llu,%u,copy kind %u %llu bytes\n", (unsigned long long)c->start,

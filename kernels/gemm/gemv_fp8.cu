@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/common/bf16x8.cuh"
+#include "kernels/common/fp8_act.cuh"
 #include "kernels/gemm/gemv_tiling.cuh"
 #include "kernels/ops/model_ops.cuh"
 #include "kernels/common/fp8_convert.cuh"
@@ -31,53 +32,26 @@ struct GemvFp8Args {
   int64_t n, k;
   void* out;
   bool out_f32;
+  bool silu;  // w is [gate rows; up rows] and out is silu_mul's bf16 act [m, n / 2]
 };
 
 // 8 bytes of read-only data (a W8A8 half chunk of xq). The caller guarantees 8-byte alignment.
 KVFUSE_DEVICE uint2 load_8B(const uint8_t* p) { return *reinterpret_cast<const uint2*>(p); }
 
-// --- The activation quantization and the output arithmetic, one place for both kernels ------
-// (the quantizer and the GEMV that quantizes its own activations must make the same bytes,
-// and the GEMV's and the library's epilogues the same numbers: kernels/cpu/gemm/gemm_fp8.h).
+// --- The activation quantization (kernels/common/fp8_act.cuh's arithmetic) and the output
+// arithmetic, one place for the GEMV's and the library's epilogues (the same numbers:
+// kernels/cpu/gemm/gemm_fp8.h).
 
 // The largest |x| over this thread's chunks of 8 of a bf16 row (chunk `first`, then every
-// `stride`-th): NaN skipped (it compares false), so a max in any order is the same.
+// `stride`-th), NaN skipped.
 KVFUSE_DEVICE float thread_amax(const bf16_t* row, int64_t chunks, int64_t first, int64_t stride) {
   float amax = 0.0f;
   for (int64_t c = first; c < chunks; c += stride) {
     float v[8];
     widen_bf16x8(load_ro_16B(row + c * 8), v);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float m = fabsf(v[e]);
-      if (m > amax) amax = m;
-    }
+    amax8(v, amax);
   }
   return amax;
-}
-
-// The largest of n warps' maxima.
-KVFUSE_DEVICE float max_of(const float* v, int n) {
-  float m = v[0];
-  for (int i = 1; i < n; ++i) m = v[i] > m ? v[i] : m;
-  return m;
-}
-
-// A row's dynamic per-token scale from its amax: max(amax / max_finite, kFp8MinActScale),
-// with the CPU's operations (IEEE division on both vendors: no fast-math).
-template <Fp8Format F>
-KVFUSE_DEVICE float dynamic_act_scale(float amax) {
-  const float r = amax / fp8_max_finite(F);
-  return r > kFp8MinActScale ? r : kFp8MinActScale;
-}
-
-// 8 activations quantized with inv = 1 / s: fp8_encode(x * inv), each product rounded, then
-// the KV write's encoder; v is left holding the products.
-template <Fp8Format F>
-KVFUSE_DEVICE uint2 encode_x8(float (&v)[8], float inv) {
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = mul_rn(v[e], inv);
-  return make_uint2(cvt_fp8x4<F>(v[0], v[1], v[2], v[3]), cvt_fp8x4<F>(v[4], v[5], v[6], v[7]));
 }
 
 // An output from its sum of decoded products: times the scale (W8A8: fl(x_scale * w_scale);
@@ -127,30 +101,33 @@ KVFUSE_DEVICE void row_scales(const GemvFp8Args& a, float* shared_s, float (&inv
 // it reads them, with that kernel's operations, so the codes are its bytes. Each lane's
 // sums are of decoded values in units of fp8_decode_unit (exact products); the unit and
 // the scales are applied once, after the butterfly, by lane 0.
-// kSilu: w is [gate rows; up rows] (n = 2 x inter) and out is act [m, inter] =
+// a.silu (a uniform flag, not a template argument: the loop is the same, and the kernel
+// count half): w is [gate rows; up rows] (n = 2 x inter) and out is act [m, inter] =
 // silu_mul(x . w^T), as kernels/gemm/gemv.cu's kSilu: a group's rows are gate rows j.. and
-// up rows inter + j.., each finished as without kSilu (scales, bias, bf16), then combined by
+// up rows inter + j.., each finished as without silu (scales, bias, bf16), then combined by
 // launch_silu_mul's formula: the bits of this GEMV and then silu_mul.
 enum class XMode { bf16, codes, quantize };
-template <int M, XMode kX, Fp8Format F, int kRows, int kUnroll, int kSplit, bool kSilu>
+template <int M, XMode kX, Fp8Format F, int kRows, int kUnroll, int kSplit>
 __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Args a) {
-  static_assert(!kSilu || kRows % 2 == 0, "kSilu pairs rows");
+  static_assert(kRows % 2 == 0, "silu pairs rows");
   constexpr bool kQ = kX != XMode::bf16;  // the sums are of decoded activation codes
-  constexpr int kOuts = kSilu ? kRows / 2 : kRows;  // output columns per group
+  constexpr int kHalf = kRows / 2;
+  const bool silu = a.silu;
+  const int outs = silu ? kHalf : kRows;  // output columns per group
   static_assert(kSplit >= 1 && (kGemvThreads / kWarpSize) % kSplit == 0, "kSplit divides the block's warps");
   const int part = warp_id() % kSplit;
   const int lane = lane_id() + part * kWarpSize;
   const int64_t n = a.n, k = a.k;
-  const int64_t n_out = kSilu ? n / 2 : n;
+  const int64_t n_out = silu ? n / 2 : n;
   const int64_t row0 =
-      (int64_t(blockIdx.x) * (kGemvThreads / kWarpSize / kSplit) + int64_t(warp_id() / kSplit)) * kOuts;
-  // Row r of the group: w's row for output column row0 + r % kOuts (kSilu: the second half
+      (int64_t(blockIdx.x) * (kGemvThreads / kWarpSize / kSplit) + int64_t(warp_id() / kSplit)) * outs;
+  // Row r of the group: w's row for output column row0 + r % outs (silu: the second half
   // are the up rows), and whether that column exists.
-  const auto w_row = [&](int r) -> int64_t { return kSilu && r >= kOuts ? n_out + row0 + r - kOuts : row0 + r; };
-  const auto has_row = [&](int r) { return row0 + (kSilu ? r % kOuts : r) < n_out; };
+  const auto w_row = [&](int r) -> int64_t { return silu && r >= kHalf ? n_out + row0 + r - kHalf : row0 + r; };
+  const auto has_row = [&](int r) { return row0 + (silu && r >= kHalf ? r - kHalf : r) < n_out; };
   const int64_t chunks = k / kChunk;
   constexpr int64_t kStride = int64_t(kUnroll) * kWarpSize * kSplit;
-  const bool full = row0 + kOuts <= n_out;
+  const bool full = row0 + outs <= n_out;
   float acc[kRows][M];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
@@ -257,17 +234,26 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
   const auto finish = [&](int r, int i) {
     return fp8_output(acc[r][i] * kUnit, kQ, x_scale[i], w_scale[r], a.bias != nullptr, bias[r]);
   };
+  if (silu) {  // gate r with up r + kHalf, the indices known at compile time
 #pragma unroll
-  for (int r = 0; r < kOuts; ++r) {
+    for (int r = 0; r < kHalf; ++r) {
+      if (row0 + r >= n_out) break;
+#pragma unroll
+      for (int i = 0; i < M; ++i) {
+        const float g = bf16_bits_to_f32(f32_to_bf16(finish(r, i)));
+        const float u = bf16_bits_to_f32(f32_to_bf16(finish(r + kHalf, i)));
+        static_cast<bf16_t*>(a.out)[int64_t(i) * n_out + row0 + r] = f32_to_bf16(silu_mul_f32(g, u));
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
     if (row0 + r >= n_out) break;
 #pragma unroll
     for (int i = 0; i < M; ++i) {
       const int64_t at = int64_t(i) * n_out + row0 + r;
-      if constexpr (kSilu) {
-        const float g = bf16_bits_to_f32(f32_to_bf16(finish(r, i)));
-        const float u = bf16_bits_to_f32(f32_to_bf16(finish(r + kOuts, i)));
-        static_cast<bf16_t*>(a.out)[at] = f32_to_bf16(silu_mul_f32(g, u));
-      } else if (a.out_f32) {
+      if (a.out_f32) {
         static_cast<float*>(a.out)[at] = finish(r, i);
       } else {
         static_cast<bf16_t*>(a.out)[at] = f32_to_bf16(finish(r, i));
@@ -276,22 +262,14 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kGemvThreads, 4) gemv_fp8_kernel(GemvFp8Arg
   }
 }
 
-template <int M, XMode kX, Fp8Format F, int kRows, int kUnroll, int kSplit, bool kSilu>
+template <int M, XMode kX, Fp8Format F, int kRows, int kUnroll, int kSplit>
 cudaError_t launch_shape(const GemvFp8Args& a, cudaStream_t stream, bool pdl) {
-  constexpr int64_t kPerBlock = int64_t(kGemvThreads / kWarpSize / kSplit) * (kSilu ? kRows / 2 : kRows);
-  const int64_t outs = kSilu ? a.n / 2 : a.n;  // output columns
-  const int64_t blocks = (outs + kPerBlock - 1) / kPerBlock;
+  const int64_t per_block = int64_t(kGemvThreads / kWarpSize / kSplit) * (a.silu ? kRows / 2 : kRows);
+  const int64_t outs = a.silu ? a.n / 2 : a.n;  // output columns
+  const int64_t blocks = (outs + per_block - 1) / per_block;
   if (blocks > INT32_MAX) return cudaErrorInvalidValue;
-  return launch_kernel(gemv_fp8_kernel<M, kX, F, kRows, kUnroll, kSplit, kSilu>, unsigned(blocks), kGemvThreads,
-                       stream, pdl, a);
-}
-
-// The weight formats the kernel is instantiated for; f(std::integral_constant<Fp8Format,
-// fmt>{}) through kernels/common/dispatch.cuh's one_of.
-inline constexpr std::array<Fp8Format, 2> kE4m3Formats = {Fp8Format::e4m3fn, Fp8Format::e4m3fnuz};
-template <class Fn>
-cudaError_t with_e4m3(Fp8Format fmt, Fn&& f) {
-  return dispatch_detail::one_of<kE4m3Formats>(fmt, f, std::make_index_sequence<kE4m3Formats.size()>{});
+  return launch_kernel(gemv_fp8_kernel<M, kX, F, kRows, kUnroll, kSplit>, unsigned(blocks), kGemvThreads, stream,
+                       pdl, a);
 }
 
 bool is_e4m3(Fp8Format f) { return f == Fp8Format::e4m3fn || f == Fp8Format::e4m3fnuz; }
@@ -417,12 +395,11 @@ LaunchStatus launch_gemv_fp8_as(const bf16_t* x, int64_t m, const uint8_t* w, co
                                  std::to_string(gemv_variants(m)) + " for m " + std::to_string(m));
   }
   const XMode mode = act.act == Fp8Act::none ? XMode::bf16 : act.xq != nullptr ? XMode::codes : XMode::quantize;
-  if (silu && (n % 2 != 0 || mode == XMode::codes)) {
-    return LaunchStatus::refused("gemv fp8 silu_mul: n " + std::to_string(n) +
-                                 " must be even (gate rows, then up rows), and the activations bf16 x");
+  if (silu && n % 2 != 0) {
+    return LaunchStatus::refused("gemv fp8 silu_mul: n " + std::to_string(n) + " must be even (gate rows, then up rows)");
   }
   const float* static_scale = act.act == Fp8Act::static_tensor ? act.static_scale : nullptr;
-  const GemvFp8Args a{x, act.xq, act.x_scale, static_scale, w, w_scale, bias, n, k, out, out_f32 && !silu};
+  const GemvFp8Args a{x, act.xq, act.x_scale, static_scale, w, w_scale, bias, n, k, out, out_f32 && !silu, silu};
   return with_gemv_rows(m, [&](auto rows) {
     constexpr int M = decltype(rows)::value;
     return with_gemv_tiling<M>(variant, [&](auto t) {
@@ -431,15 +408,13 @@ LaunchStatus launch_gemv_fp8_as(const bf16_t* x, int64_t m, const uint8_t* w, co
         constexpr Fp8Format F = decltype(fmt)::value;
         switch (mode) {
           case XMode::codes:
-            return launch_shape<M, XMode::codes, F, T::kRows, T::kUnroll, T::kSplit, false>(a, stream, pdl);
+            return launch_shape<M, XMode::codes, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
           case XMode::quantize:
-            return silu ? launch_shape<M, XMode::quantize, F, T::kRows, T::kUnroll, T::kSplit, true>(a, stream, pdl)
-                        : launch_shape<M, XMode::quantize, F, T::kRows, T::kUnroll, T::kSplit, false>(a, stream, pdl);
+            return launch_shape<M, XMode::quantize, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
           case XMode::bf16:
             break;
         }
-        return silu ? launch_shape<M, XMode::bf16, F, T::kRows, T::kUnroll, T::kSplit, true>(a, stream, pdl)
-                    : launch_shape<M, XMode::bf16, F, T::kRows, T::kUnroll, T::kSplit, false>(a, stream, pdl);
+        return launch_shape<M, XMode::bf16, F, T::kRows, T::kUnroll, T::kSplit>(a, stream, pdl);
       });
     });
   });

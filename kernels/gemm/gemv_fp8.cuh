@@ -77,8 +77,8 @@ LaunchStatus launch_gemv_fp8(const bf16_t* x, int64_t m, const uint8_t* w, const
 // The MLP's first half in one launch, as launch_gemv_silu_mul_bf16 (kernels/gemm/gemv.cuh):
 // w is [gate rows; up rows] (n = 2 x inter), act_out bf16 [m, inter] = silu_mul of the
 // bf16 [m, n] that launch_gemv_fp8 would write, bit for bit (each gate and up value rounded
-// to bf16, then launch_silu_mul's formula). The activations bf16 x, or quantized by the
-// GEMV itself (act.xq null); refused with codes in xq, or an odd n.
+// to bf16, then launch_silu_mul's formula). The activations as for launch_gemv_fp8 (bf16 x,
+// codes in xq, or quantized by the GEMV itself); refused with an odd n.
 LaunchStatus launch_gemv_fp8_silu_mul(const bf16_t* x, int64_t m, const uint8_t* w, const float* w_scale,
                                       Fp8Format w_fmt, int64_t n, int64_t k, const float* bias, bf16_t* act_out,
                                       const Fp8GemvAct& act, cudaStream_t stream, bool pdl = false,

@@ -56,10 +56,11 @@ KVFUSE_DEVICE void load_norm_weight(const bf16_t* w, int64_t cols, uint4 (&wvec)
 // c being load_y(k, c) (8 bf16 in a uint4); then orow = rmsnorm(xr) * w, w's chunks in wvec
 // (load_norm_weight). load_y gets the chunk's index k (0 .. kNormVec - 1) and its column c.
 // The chunks stay in registers between the two passes. orow may be xr or the row load_y
-// reads (each thread reads its chunks before it writes them).
+// reads (each thread reads its chunks before it writes them). outv, where given, also
+// receives this thread's chunks of orow (zero past cols), for a caller that goes on with them.
 template <bool kAdd, class LoadY>
 KVFUSE_DEVICE void rmsnorm_row_vec(bf16_t* xr, LoadY&& load_y, const uint4 (&wvec)[kNormVec], int64_t cols,
-                                   float eps, bf16_t* orow, float* partial) {
+                                   float eps, bf16_t* orow, float* partial, uint4 (*outv)[kNormVec] = nullptr) {
   float ss = 0.0f;
   uint4 keep[kNormVec];
 #pragma unroll
@@ -89,6 +90,7 @@ KVFUSE_DEVICE void rmsnorm_row_vec(bf16_t* xr, LoadY&& load_y, const uint4 (&wve
 #pragma unroll
   for (int k = 0; k < kNormVec; ++k) {
     const int64_t c = (int64_t(k) * blockDim.x + threadIdx.x) * 8;
+    if (outv != nullptr) (*outv)[k] = make_uint4(0u, 0u, 0u, 0u);
     if (c >= cols) continue;
     const uint4 wv = wvec[k];
     const uint32_t wx[4] = {keep[k].x, keep[k].y, keep[k].z, keep[k].w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
@@ -100,7 +102,9 @@ KVFUSE_DEVICE void rmsnorm_row_vec(bf16_t* xr, LoadY&& load_y, const uint4 (&wve
           f32_to_bf16(bf16_bits_to_f32(bf16_t(wx[i] >> 16)) * inv * bf16_bits_to_f32(bf16_t(ww[i] >> 16)));
       wo[i] = uint32_t(lo) | (uint32_t(hi) << 16);
     }
-    store_16B(orow + c, make_uint4(wo[0], wo[1], wo[2], wo[3]));
+    const uint4 o = make_uint4(wo[0], wo[1], wo[2], wo[3]);
+    store_16B(orow + c, o);
+    if (outv != nullptr) (*outv)[k] = o;
   }
 }
 

@@ -42,8 +42,9 @@ Gates (exit status 1 if any fails):
     e4m3 format, with and without its SiLU-mul epilogue), the activation quantizer and the FP8
     GEMM's epilogue: no scratch; at least 2 waves per SIMD for the GEMV (what its launch
     bounds promise, 4 blocks of 2 waves a CU: its many-row tilings hold up to 256 VGPRs of
-    loads in flight and sums), 4 for the other two; the quantizing ones (the quantizer, and the GEMV where it quantizes
-    its activations) contain the packed conversion of their format where the arch has it,
+    loads in flight and sums), 4 for the other two; the quantizing ones (the quantizer, the GEMV where it quantizes
+    its activations, and the norm that quantizes its output, kernels/ops/norm_fp8.cu, gated
+    at 4 waves as the other norm) contain the packed conversion of their format where the arch has it,
     as the KV write; every GEMV of the arch's hardware e4m3 format decodes its weights with
     that arch's instruction (v_cvt_pk_f32_fp8 for e4m3fnuz on gfx942,
     v_cvt_scalef32_pk_f32_fp8 for e4m3fn on gfx950);
@@ -79,6 +80,7 @@ TARGETS = [
     ("kv-write", r"^kv_scatter_kernel", 4),
     ("kv-write", r"^kv_(scale|cast_fp8|cast_bf16)_kernel<", 4),
     ("norm", r"^rmsnorm_kernel<", 4),
+    ("norm", r"^rmsnorm_fp8_kernel<", 4),
     ("rope", r"^rope_kernel", 4),
     ("sampling", r"^(sample_rows|argmax_rows)_kernel", 4),
     ("gemv-fp8", r"^gemv_fp8_kernel<", 2),
@@ -355,10 +357,11 @@ def main():
                 verdict = (verdict + " " if verdict != "ok" else "") + "FAIL no packed cvt"
             elif not need:
                 verdict += " (scalar: not a gfx950 format)"
-        # The FP8 GEMV and quantizer: the packed encode where they quantize, the hardware decode
+        # The FP8 GEMV, quantizer and quantizing norm: the packed encode where they quantize, the hardware decode
         # of the arch's own e4m3 format in every GEMV.
         quant = (re.match(r"^quantize_rows_fp8_kernel<(e4m3fn|e4m3fnuz),", r["name"]) or
-                 re.match(r"^gemv_fp8_kernel<\d+,quantize,(e4m3fn|e4m3fnuz),", r["name"]))
+                 re.match(r"^gemv_fp8_kernel<\d+,quantize,(e4m3fn|e4m3fnuz),", r["name"]) or
+                 re.match(r"^rmsnorm_fp8_kernel<\w+,(e4m3fn|e4m3fnuz),", r["name"]))
         if quant and not (r["arch"] == "gfx950" and quant.group(1) == "e4m3fnuz") and r["fp8"] == 0:
             verdict = (verdict + " " if verdict != "ok" else "") + "FAIL no packed cvt"
         gemv = re.match(r"^gemv_fp8_kernel<\d+,\w+,(e4m3fn|e4m3fnuz),", r["name"])

@@ -2,7 +2,7 @@
 """Reduce a kernel trace of kvfuse-bench-engine to one decode step.
 
 The trace is bench/profile/kvfuse_trace.cc's CSV: what (K kernel, C copy, R runtime
-call), start ns, end ns, correlation id, name.
+call), start ns, end ns, correlation id, (kernels:) grid, name.
 
 Kernels launched by one graph launch share its correlation id; the launch with the most
 kernels is the decode step's graph. Prints, for the last ten replays of that graph, its
@@ -16,7 +16,9 @@ first kernel's start to the last one's end, the time the device was idle inside 
 the idle time between consecutive replays (the host's share of a step), and the host's
 runtime calls and the copies inside the last such gap, from the end of one replay's last
 kernel to the start of the next one's first.
-Usage: scripts/gpu/profile-table.py trace.csv
+With --by-grid REGEX the kernels whose names match are also grouped by their grid (one
+row per projection shape for the GEMVs, whose grid follows the weight's rows).
+Usage: scripts/gpu/profile-table.py trace.csv [--by-grid REGEX]
 """
 import lzma
 import re
@@ -42,13 +44,19 @@ def short_names(mangled):
     return _names[mangled]
 
 
-def main(path):
+def main(path, by_grid=None):
     rows, other = [], []
     with (lzma.open(path, "rt") if path.endswith(".xz") else open(path)) as f:
         for line in f:
             what, start, end, corr, name = line.rstrip("\n").split(",", 4)
             if what == "K":
-                rows.append((int(start), int(end), short_names(name), int(corr)))
+                grid = ""
+                if re.match(r"\d+x\d+x\d+,", name):  # traces before the grid column have none
+                    grid, name = name.split(",", 1)
+                short = short_names(name)
+                if by_grid and re.search(by_grid, short):
+                    short = f"[grid {grid}] {short}"
+                rows.append((int(start), int(end), short, int(corr)))
             else:
                 other.append((int(start), int(end), what, name))
     rows.sort()
@@ -107,4 +115,10 @@ def main(path):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    args = sys.argv[1:]
+    grid = None
+    if "--by-grid" in args:
+        i = args.index("--by-grid")
+        grid = args[i + 1]
+        del args[i:i + 2]
+    sys.exit(main(args[0], grid))

@@ -6,7 +6,9 @@
 # and mean time), the device's idle time inside the step and between steps.
 # Environment: MODEL (default llama3-8b), BATCH (1), CONTEXT (512), PROFILE_ENV (extra
 # environment for the engine, e.g. "KVFUSE_GEMV=0"), PROFILE_ARGS (more kvfuse-bench-engine
-# arguments, e.g. "--set tensor_parallel=2 --tp-rank-alone"). Writes $OUT (or build-gpu-profile/).
+# arguments, e.g. "--set tensor_parallel=2 --tp-rank-alone"), PROFILE_BY_GRID (a regex: those
+# kernels grouped by grid too, e.g. "gemv" for one row per projection shape). Writes $OUT (or
+# build-gpu-profile/).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/common.sh gpu-profile
@@ -30,7 +32,7 @@ env ${PROFILE_ENV:-} CUDA_INJECTION64_PATH="$tracer" KVFUSE_TRACE_OUT="$out/trac
   --batch "${BATCH:-1}" --context "${CONTEXT:-512}" --attention split --graphs on --reps 3 --warmup 2 ${PROFILE_ARGS:-} \
   >"$out/engine.txt" 2>&1 || { note "FAIL: the traced engine"; tail -20 "$out/engine.txt"; exit 1; }
 grep -E "^ +[0-9]+ +[0-9]+ " "$out/engine.txt" | tee -a "$summary"
-python3 scripts/gpu/profile-table.py "$out/trace.csv" | tee -a "$summary"
+python3 scripts/gpu/profile-table.py "$out/trace.csv" ${PROFILE_BY_GRID:+--by-grid "$PROFILE_BY_GRID"} | tee -a "$summary"
 xz -T0 "$out/trace.csv"
 rm -f "$tracer"
 note DONE

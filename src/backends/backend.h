@@ -101,6 +101,14 @@ struct LinearWeight {
   float input_scale = 0.0f;   // FP8 with Fp8Act::static_tensor
   DeviceBuffer act_scale;     // GPU backends, FP8 static_tensor: input_scale in device memory [1]
 };
+// FP8 activations in backend memory (Backend::norm_to_fp8): codes [rows, cols] and row
+// scales [rows]; both null when there are none.
+struct Fp8Acts {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  bool given() const { return codes != nullptr; }
+};
+
 // A host FP8 weight for upload_linear_fp8: e4m3fn codes [n, k] row-major, scales [n].
 struct Fp8LinearHost {
   const uint8_t* w = nullptr;
@@ -206,6 +214,30 @@ class Backend {
                                    float eps, bf16_t* out) = 0;
   virtual absl::Status gather_rows(const bf16_t* x, int64_t cols, const int32_t* rows, int64_t n,
                                    bf16_t* out) = 0;
+
+  // Activations handed from the kernel that made them to the FP8 W8A8 projection that takes
+  // them (Model::forward: the norms before qkv and gate_up). norm_to_fp8 is rmsnorm (y null)
+  // or add_rmsnorm, out the same bits, whose output goes next to the projection `next`; a
+  // backend that can also quantizes out as next's activations in the same kernel, and
+  // returns where: quantize_rows_fp8's codes [rows, cols] and row scales [rows]
+  // (kernels/cpu/gemm/gemm_fp8.h) of out, with next's act, format and static scale, in
+  // backend memory, valid until the next norm_to_fp8. The default returns none.
+  // linear_from_fp8 and linear_silu_mul_from_fp8 are linear and linear_silu_mul given x's
+  // codes from norm_to_fp8 for w (or none): the same bits as without them.
+  virtual absl::StatusOr<Fp8Acts> norm_to_fp8(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows,
+                                              int64_t cols, float eps, bf16_t* out, const LinearWeight& /*next*/) {
+    absl::Status st = y != nullptr ? add_rmsnorm(x, y, w, rows, cols, eps, out) : rmsnorm(x, w, rows, cols, eps, out);
+    if (!st.ok()) return st;
+    return Fp8Acts{};
+  }
+  virtual absl::Status linear_from_fp8(const bf16_t* x, const Fp8Acts& /*xq*/, int64_t m, const LinearWeight& w,
+                                       bf16_t* out) {
+    return linear(x, m, w, out);
+  }
+  virtual absl::Status linear_silu_mul_from_fp8(const bf16_t* x, const Fp8Acts& /*xq*/, int64_t m,
+                                                const LinearWeight& w, int64_t inter, bf16_t* gate_up, bf16_t* act) {
+    return linear_silu_mul(x, m, w, inter, gate_up, act);
+  }
 
   // KV write of one layer, fused or unfused (fused_rope is kv_write_rope's: it needs the
   // query and the positions). The unfused path's intermediate buffers are the backend's

@@ -53,6 +53,10 @@ inline constexpr EnvSwitch kEnvSwitches[] = {
     {"KVFUSE_GEMV_SILU", "0 | 1", "1", "the gate/up GEMV applies SiLU-mul in its epilogue (A/B)", "engine"},
     {"KVFUSE_GEMV_FP8_QUANT", "0 | 1", "1",
      "the FP8 GEMV quantizes W8A8 activations as it reads them; 0: a quantizing kernel first (A/B)", "engine"},
+    {"KVFUSE_FP8_NORM_QUANT", "0 | 1", "1",
+     "the RMSNorm before an FP8 W8A8 projection also writes its output's FP8 codes, which the projection reads; "
+     "0: the projection quantizes them (A/B)",
+     "engine"},
     {"KVFUSE_GEMV_PUSH_STAGED", "0 | 1", "1",
      "pushed partial sums go to the peers a token row at a time through shared memory (A/B)", "engine"},
     {"KVFUSE_ATTN_MERGE_KERNEL", "0 | 1", "0", "the split attention's merge as a kernel of its own (A/B)",

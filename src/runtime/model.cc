@@ -124,16 +124,17 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
   for (int32_t l = 0; l < s.num_layers; ++l) {
     const Layer& L = layers_[size_t(l)];
     const bool swa = pool.layer_is_swa(l);
-    // The previous layer's MLP output (in h) joins the residual stream in the norm's kernel.
-    if (l == 0) {
-      KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(x, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
-    } else if (push) {
+    // The previous layer's MLP output (in h) joins the residual stream in the norm's kernel,
+    // which may also quantize its output for an FP8 W8A8 qkv (Backend::norm_to_fp8).
+    absl::StatusOr<Fp8Acts> acts = Fp8Acts{};
+    if (push && l > 0) {
       KVFUSE_RETURN_IF_ERROR(
           comm->push_add_rmsnorm(pushed++, h, x, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
     } else {
-      KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+      acts = backend_.norm_to_fp8(x, l == 0 ? nullptr : h, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h, L.qkv);
+      KVFUSE_RETURN_IF_ERROR(acts.status());
     }
-    KVFUSE_RETURN_IF_ERROR(backend_.linear(h, T, L.qkv, p.qkv));
+    KVFUSE_RETURN_IF_ERROR(backend_.linear_from_fp8(h, *acts, T, L.qkv, p.qkv));
 
     // K and V are strided views into the fused QKV rows: the write reads them in place.
     KvWriteArgs w;
@@ -185,9 +186,11 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     } else {
       KVFUSE_RETURN_IF_ERROR(backend_.linear(p.attn, T, L.o, h));
       if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
-      KVFUSE_RETURN_IF_ERROR(backend_.add_rmsnorm(x, h, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
+      acts = backend_.norm_to_fp8(x, h, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h, L.gate_up);
+      KVFUSE_RETURN_IF_ERROR(acts.status());
     }
-    KVFUSE_RETURN_IF_ERROR(backend_.linear_silu_mul(h, T, L.gate_up, d.intermediate, p.gate_up, p.act));
+    KVFUSE_RETURN_IF_ERROR(backend_.linear_silu_mul_from_fp8(h, push ? Fp8Acts{} : *acts, T, L.gate_up,
+                                                             d.intermediate, p.gate_up, p.act));
     if (push && l + 1 < s.num_layers) {
       // The next layer's norm sums it (above).
       KVFUSE_RETURN_IF_ERROR(backend_.linear_push(p.act, T, L.down, h, comm->push_targets(pushed)));

@@ -258,9 +258,9 @@ void run_case(const Problem& p, Fp8Act act, bool with_bias, cudaStream_t stream)
         check(std::memcmp(f32.data(), f32_of_codes.data(), f32.size() * 4) == 0 && bf16 == bf16_of_codes,
               wv + ": not the bits of the GEMV on the quantizer's codes");
       }
-      // The SiLU-mul epilogue (bf16 x, or quantized in the GEMV): the bits of this GEMV's
-      // bf16 out, then launch_silu_mul.
-      if (n % 2 == 0 && (act == Fp8Act::none || quantizes)) {
+      // The SiLU-mul epilogue (bf16 x, codes, or quantized in the GEMV): the bits of this
+      // GEMV's bf16 out, then launch_silu_mul.
+      if (n % 2 == 0) {
         const int64_t inter = n / 2;
         KVFUSE_TEST_GPU(gpu::launch_silu_mul(dbf.get<bf16_t>(), m, inter, dsilu_ref.get<bf16_t>(), stream));
         KVFUSE_TEST_GPU(cudaMemsetAsync(dsilu.get(), 0xff, size_t(m * inter) * 2, stream));
@@ -373,7 +373,7 @@ void test_refusals(cudaStream_t stream) {
         .ok();
   };
   check(!silu(5, none), "gemv fp8 silu_mul: an odd n refused");
-  check(!silu(4, q), "gemv fp8 silu_mul: activations as codes refused");
+  check(silu(4, q), "gemv fp8 silu_mul: 1 x 4 x 16, activations as codes, accepted");
   check(silu(4, own_dynamic), "gemv fp8 silu_mul: 1 x 4 x 16, quantized in the GEMV, accepted");
   check(gpu::gemv_fp8_unsupported(x, 8, b.get<uint8_t>(), s.get<float>(), Fp8Format::e4m3fn, 4096, 4096,
                                   c.get(), none)

@@ -1,6 +1,7 @@
 // FP8 weights on the GPU backend against the CPU backend: the projections op by op (every
 // activation scheme, row counts through the GEMV's and past it, with and without a bias,
-// bf16 and fp32 out), then the engine on FP8 models (the tiny-fp8 preset, and W8A16 and
+// bf16 and fp32 out), the norms that quantize for the projection after them, then the
+// engine on FP8 models (the tiny-fp8 preset, and W8A16 and
 // static W8A8 checkpoints), in and out of graphs. Skips (and says so) in a build without a
 // GPU backend or on a machine without a GPU.
 #include <algorithm>
@@ -141,6 +142,62 @@ TEST_CASE("gpu fp8: linear_silu_mul on FP8 weights gives linear then silu_mul's 
     REQUIRE(gpu->silu_mul(gu.ptr(), m, inter, ref.ptr()).ok());
     CHECK(act.read(*gpu) == ref.read(*gpu));
   }
+}
+
+// The norms that quantize their output for the W8A8 projection after them (norm_to_fp8,
+// then linear_from_fp8 / linear_silu_mul_from_fp8: Model::forward's path to QKV and
+// gate/up) against the plain norm, then linear / linear_silu_mul on its bf16 output: the
+// same bits, the residual and the norm's output included; through the GEMV (1 and 8 rows)
+// and past it (40 rows: the library's FP8 GEMM on the given codes); static and dynamic
+// scales; rmsnorm and add_rmsnorm.
+TEST_CASE("gpu fp8: the norm's FP8 codes give the projection the bits of the unfused path", "[gpu][fp8][gemm]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  const int64_t k = 512, inter = 176, n = 2 * inter;
+  const Fp8Weight w = random_fp8(n, k, 70);
+  const auto norm_w = random_bf16(size_t(k), 71);
+  for (Fp8Act act : {Fp8Act::static_tensor, Fp8Act::dynamic_token}) {
+    auto lw = gpu->upload_linear_fp8(Fp8LinearHost{w.codes.data(), w.scales.data(), act, 3.0f / 448.0f}, n, k,
+                                     nullptr);
+    REQUIRE(lw.ok());
+    for (int64_t m : {1, 8, 40}) {
+      for (bool add : {false, true}) {
+        CAPTURE(act_name(act), m, add);
+        const auto x = random_bf16(size_t(m * k), uint32_t(72 + m));
+        const auto y = random_bf16(size_t(m * k), uint32_t(73 + m));
+        Mirror<bf16_t> nw(*gpu, norm_w);
+        Mirror<bf16_t> x1(*gpu, x), y1(*gpu, y), x2(*gpu, x), y2(*gpu, y);
+        Mirror<bf16_t> o1(*gpu, size_t(m * n)), o2(*gpu, size_t(m * n));
+        Mirror<bf16_t> gu(*gpu, size_t(m * n)), a1(*gpu, size_t(m * inter)), a2(*gpu, size_t(m * inter));
+        // Fused: the norm writes y (the model's h) and its codes.
+        auto acts = gpu->norm_to_fp8(x1.ptr(), add ? y1.ptr() : nullptr, nw.ptr(), m, k, 1e-5f, y1.ptr(), *lw);
+        REQUIRE(acts.ok());
+        CHECK(acts->given());
+        REQUIRE(gpu->linear_from_fp8(y1.ptr(), *acts, m, *lw, o1.ptr()).ok());
+        REQUIRE(gpu->linear_silu_mul_from_fp8(y1.ptr(), *acts, m, *lw, inter, gu.ptr(), a1.ptr()).ok());
+        // Unfused.
+        if (add) {
+          REQUIRE(gpu->add_rmsnorm(x2.ptr(), y2.ptr(), nw.ptr(), m, k, 1e-5f, y2.ptr()).ok());
+        } else {
+          REQUIRE(gpu->rmsnorm(x2.ptr(), nw.ptr(), m, k, 1e-5f, y2.ptr()).ok());
+        }
+        REQUIRE(gpu->linear(y2.ptr(), m, *lw, o2.ptr()).ok());
+        REQUIRE(gpu->linear_silu_mul(y2.ptr(), m, *lw, inter, gu.ptr(), a2.ptr()).ok());
+        CHECK(x1.read(*gpu) == x2.read(*gpu));
+        CHECK(y1.read(*gpu) == y2.read(*gpu));
+        CHECK(o1.read(*gpu) == o2.read(*gpu));
+        CHECK(a1.read(*gpu) == a2.read(*gpu));
+      }
+    }
+  }
+  // Not a W8A8 projection (W8A16): the plain norm, no codes.
+  auto w16 = gpu->upload_linear_fp8(Fp8LinearHost{w.codes.data(), w.scales.data(), Fp8Act::none, 0.0f}, n, k,
+                                    nullptr);
+  REQUIRE(w16.ok());
+  Mirror<bf16_t> nw(*gpu, norm_w), x(*gpu, random_bf16(size_t(k), 80)), o(*gpu, size_t(k));
+  auto none = gpu->norm_to_fp8(x.ptr(), nullptr, nw.ptr(), 1, k, 1e-5f, o.ptr(), *w16);
+  REQUIRE(none.ok());
+  CHECK_FALSE(none->given());
 }
 
 TEST_CASE("gpu fp8: FP8 weights of an in_features the kernels do not take are refused at upload, named",

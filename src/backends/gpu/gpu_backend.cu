@@ -17,7 +17,6 @@
 #include "kernels/attention/attention.cuh"
 #include "kernels/common/dispatch.h"
 #include "kernels/gemm/gemv.cuh"
-#include "kernels/gemm/gemv_fp8.cuh"
 #include "kernels/kv_write/kv_write.cuh"
 #include "kernels/kv_write/kv_write_rope.cuh"
 #include "kernels/ops/model_ops.cuh"
@@ -25,6 +24,7 @@
 #include "kernels/parallel/tp_push.cuh"
 #include "src/backends/backend.h"
 #include "src/backends/cpu/cpu_backend.h"
+#include "src/backends/gpu/fp8_projections.h"
 #include "src/backends/gpu/gemm/gemm_planner.h"
 #include "src/backends/gpu/gpu_status.h"
 #include "src/common/status_macros.h"
@@ -48,8 +48,7 @@ class GpuBackend final : public Backend {
     split_counters_.reset();
     kv_scratch_.reset();
     gemm_f32_.reset();
-    fp8_xq_.reset();
-    fp8_x_scale_.reset();
+    if (fp8_) fp8_->release();
     if (stream_) (void)cudaStreamDestroy(stream_);
   }
 
@@ -202,7 +201,7 @@ class GpuBackend final : public Backend {
     return gpu_status(gpu::launch_rmsnorm(x, w, rows, cols, eps, out, stream_, ops_pdl_), "rmsnorm");
   }
   absl::Status linear(const bf16_t* x, int64_t m, const LinearWeight& w, bf16_t* out) override {
-    if (w.fp8) return linear_fp8(x, m, w, w.bias.get() ? w.bias.as<float>() : nullptr, out, GemmOut::bf16);
+    if (w.fp8) return fp8_->linear(x, m, w, w.bias.get() ? w.bias.as<float>() : nullptr, out, GemmOut::bf16);
     if (!w.bias.get()) return planner_->gemm(x, m, w, out, GemmOut::bf16, capturing_);
     // With a bias the GEMM result stays fp32 until the bias is in: one bf16 rounding.
     KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(m * w.n) * sizeof(float), "linear: fp32"));
@@ -212,7 +211,7 @@ class GpuBackend final : public Backend {
         "bias_round");
   }
   absl::Status linear_logits(const bf16_t* x, int64_t m, const LinearWeight& w, float* out) override {
-    if (w.fp8) return linear_fp8(x, m, w, nullptr, out, GemmOut::f32);
+    if (w.fp8) return fp8_->linear(x, m, w, nullptr, out, GemmOut::f32);
     return planner_->gemm(x, m, w, out, GemmOut::f32, capturing_);
   }
   // Where the tuner picked kvfuse's GEMV for this shape, it stores into the targets from its
@@ -261,18 +260,8 @@ class GpuBackend final : public Backend {
                           "gemv silu_mul");
       }
     }
-    if (fuse && m > 0 && m <= gpu::kGemvMaxRows && w.fp8 && w.n == 2 * inter) {  // the FP8 GEMV's epilogue
-      auto scratch = fp8_scratch(m, w);
-      if (!scratch.ok()) return scratch.status();
-      const float* bias = w.bias.get() ? w.bias.as<float>() : nullptr;
-      auto gemv = planner_->gemv_fp8_variant(x, m, w, bias, *scratch, gate_up, capturing_);
-      if (!gemv.ok()) return gemv.status();
-      if (*gemv >= 0) {
-        return gpu_status(gpu::launch_gemv_fp8_silu_mul(x, m, w.w.as<uint8_t>(), w.scale.as<float>(), w.fp8_format,
-                                                        w.n, w.k, bias, act, GemmPlanner::gemv_fp8_act(w), stream_,
-                                                        ops_pdl_, *gemv),
-                          "gemv fp8 silu_mul");
-      }
+    if (auto fused = fp8_->gemv_silu_mul(x, m, w, inter, act, nullptr); !fused.ok() || *fused) {
+      return fused.status();
     }
     return Backend::linear_silu_mul(x, m, w, inter, gate_up, act);
   }
@@ -280,6 +269,26 @@ class GpuBackend final : public Backend {
                            bf16_t* out) override {
     return gpu_status(gpu::launch_add_rmsnorm(x, y, w, rows, cols, eps, out, stream_, ops_pdl_),
                       "add_rmsnorm");
+  }
+  // The norm before an FP8 W8A8 projection writes its output's codes too, where
+  // Fp8Projections::norm applies; elsewhere the plain norm.
+  absl::StatusOr<Fp8Acts> norm_to_fp8(bf16_t* x, const bf16_t* y, const bf16_t* w, int64_t rows, int64_t cols,
+                                      float eps, bf16_t* out, const LinearWeight& next) override {
+    auto acts = fp8_->norm(x, y, w, rows, cols, eps, out, next);
+    if (!acts.ok() || acts->given()) return acts;
+    return Backend::norm_to_fp8(x, y, w, rows, cols, eps, out, next);
+  }
+  absl::Status linear_from_fp8(const bf16_t* x, const Fp8Acts& xq, int64_t m, const LinearWeight& w,
+                               bf16_t* out) override {
+    if (!xq.given() || !w.fp8) return linear(x, m, w, out);
+    return fp8_->linear(x, m, w, w.bias.get() ? w.bias.as<float>() : nullptr, out, GemmOut::bf16, &xq);
+  }
+  absl::Status linear_silu_mul_from_fp8(const bf16_t* x, const Fp8Acts& xq, int64_t m, const LinearWeight& w,
+                                        int64_t inter, bf16_t* gate_up, bf16_t* act) override {
+    if (!xq.given() || !w.fp8) return linear_silu_mul(x, m, w, inter, gate_up, act);
+    if (auto fused = fp8_->gemv_silu_mul(x, m, w, inter, act, &xq); !fused.ok() || *fused) return fused.status();
+    KVFUSE_RETURN_IF_ERROR(linear_from_fp8(x, xq, m, w, gate_up));
+    return silu_mul(gate_up, m, inter, act);
   }
   absl::Status residual_add(bf16_t* x, const bf16_t* y, int64_t count) override {
     return gpu_status(gpu::launch_residual_add(x, y, count, stream_, ops_pdl_), "residual_add");
@@ -406,11 +415,6 @@ class GpuBackend final : public Backend {
  private:
   GpuBackend() = default;
 
-  // Grows one of the backend's scratch buffers to at least `need` bytes (`slack` times
-  // that, so growth is rare). Growth replaces memory a captured graph may use: it synchronizes
-  // first, bumps graph_epoch, and is refused during a capture (the runner's eager first
-  // step of each graph bucket grows every buffer before it captures).
-  // zero: the new buffer starts zero-filled (the split attention's merge counters).
   // `bytes` of host memory into a new device buffer (pageable memory: taken on return).
   absl::Status upload(DeviceBuffer& dst, const void* src, size_t bytes) {
     auto buf = alloc(bytes);
@@ -428,32 +432,11 @@ class GpuBackend final : public Backend {
     return synchronize();  // b is a local
   }
 
-  // An FP8-weight projection, `bias` added (linear) or not (linear_logits): the planner's
-  // FP8 GEMM, at most kFp8RowsPerGemm rows a call (it bounds the W8A8 scratch: the fp32 sums
-  // of the library's GEMM take 58 MB for llama3-8b's gate/up projection).
-  static constexpr int64_t kFp8RowsPerGemm = gemm::kTuneMaxRows;
-  absl::Status linear_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const float* bias, void* out,
-                          GemmOut out_type) {
-    auto scratch = fp8_scratch(m, w);
-    if (!scratch.ok()) return scratch.status();
-    const size_t out_elem = out_type == GemmOut::f32 ? sizeof(float) : sizeof(bf16_t);
-    for (int64_t i0 = 0; i0 < m; i0 += kFp8RowsPerGemm) {
-      KVFUSE_RETURN_IF_ERROR(planner_->gemm_fp8(x + i0 * w.k, std::min(m - i0, kFp8RowsPerGemm), w, bias, *scratch,
-                                                static_cast<char*>(out) + size_t(i0 * w.n) * out_elem, out_type,
-                                                capturing_));
-    }
-    return absl::OkStatus();
-  }
-  // The W8A8 scratch of an FP8 projection of m rows (none for W8A16).
-  absl::StatusOr<GemmPlanner::Fp8Scratch> fp8_scratch(int64_t m, const LinearWeight& w) {
-    if (m <= 0 || w.act == Fp8Act::none) return GemmPlanner::Fp8Scratch{};
-    const int64_t rows = std::min(m, kFp8RowsPerGemm);
-    KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_xq_, size_t(rows * w.k), "linear: FP8 activations"));
-    KVFUSE_RETURN_IF_ERROR(reserve_scratch(fp8_x_scale_, size_t(rows) * sizeof(float), "linear: FP8 row scales"));
-    KVFUSE_RETURN_IF_ERROR(reserve_scratch(gemm_f32_, size_t(rows * w.n) * sizeof(float), "linear: fp32"));
-    return GemmPlanner::Fp8Scratch{fp8_xq_.as<uint8_t>(), fp8_x_scale_.as<float>(), gemm_f32_.as<float>()};
-  }
-
+  // Grows one of the backend's scratch buffers to at least `need` bytes (`slack` times
+  // that, so growth is rare). Growth replaces memory a captured graph may use: it synchronizes
+  // first, bumps graph_epoch, and is refused during a capture (the runner's eager first
+  // step of each graph bucket grows every buffer before it captures).
+  // zero: the new buffer starts zero-filled (the split attention's merge counters).
   absl::Status reserve_scratch(DeviceBuffer& buf, size_t need, const char* what, size_t slack = 2,
                                bool zero = false) {
     if (need <= buf.bytes()) return absl::OkStatus();
@@ -520,6 +503,10 @@ class GpuBackend final : public Backend {
                                        [this](size_t bytes) { return alloc(bytes); });
     if (!planner.ok()) return planner.status();
     planner_ = std::move(*planner);
+    fp8_ = std::make_unique<Fp8Projections>(Fp8Projections::Context{
+        planner_.get(), &stream_, &ops_pdl_, &capturing_,
+        [this](DeviceBuffer& buf, size_t need, const char* what) { return reserve_scratch(buf, need, what); },
+        &gemm_f32_});
     return absl::OkStatus();
   }
 
@@ -556,8 +543,7 @@ class GpuBackend final : public Backend {
   DeviceBuffer split_counters_;  // split-KV merge counters, zero between launches
   DeviceBuffer kv_scratch_;     // the unfused KV write's fp32 and cast intermediates
   DeviceBuffer gemm_f32_;       // fp32 GEMM results of biased linear layers and the FP8 GEMM's sums
-  DeviceBuffer fp8_xq_;         // FP8 activations of W8A8 projections the library runs [m, k]
-  DeviceBuffer fp8_x_scale_;    // and their row scales [m]
+  std::unique_ptr<Fp8Projections> fp8_;  // the FP8-weight projections (made in init)
 };
 
 }  // namespace

@@ -70,12 +70,13 @@ class GemmPlanner {
     uint8_t* xq = nullptr;      // W8A8: [m, k] activation codes
     float* x_scale = nullptr;   // W8A8: [m] their row scales
     float* sums = nullptr;      // W8A8: [m, n] the library's sums
+    bool given = false;         // xq and x_scale hold x's codes already (Backend::norm_to_fp8)
   };
   absl::Status gemm_fp8(const bf16_t* x, int64_t m, const LinearWeight& w, const float* bias,
                         const Fp8Scratch& scratch, void* out, GemmOut out_type, bool capturing);
-  // The FP8 GEMV variant planned for the bf16-out shape where the GEMV runs it on bf16 x
-  // (W8A16, or W8A8 quantized in the GEMV) at most gpu::kGemvMaxRows rows, else -1: for the
-  // epilogue only the GEMV has (SiLU-mul). Plans it as gemm_fp8 does.
+  // The FP8 GEMV variant planned for the bf16-out shape where the GEMV runs it (W8A16, W8A8
+  // quantized in the GEMV, or W8A8 codes given in scratch) at most gpu::kGemvMaxRows rows,
+  // else -1: for the epilogue only the GEMV has (SiLU-mul). Plans it as gemm_fp8 does.
   // The activations of the FP8 GEMV for weight w: bf16 x, quantized by the GEMV itself for
   // W8A8 (w's static input scale in device memory where it has one).
   static gpu::Fp8GemvAct gemv_fp8_act(const LinearWeight& w);

@@ -59,9 +59,10 @@ absl::Status GemmPlanner::run_fp8(const Plan& plan, const blasLtMatmulAlgo_t* al
   const bool f32 = c.out_kind == GemmOut::f32;
   const float* w_scale = w.scale.as<float>();
   const gpu::Fp8GemvAct own = gemv_fp8_act(w);
-  // The activations' codes in scratch: for the library, or for a GEMV that reads codes.
-  const bool codes = w8a8(w) && (algo != nullptr || !gemv_fp8_quantizes());
-  if (codes) {
+  // The activations' codes in scratch: given by the kernel before, or quantized here for the
+  // library or for a GEMV that reads codes.
+  const bool codes = w8a8(w) && (c.scratch.given || algo != nullptr || !gemv_fp8_quantizes());
+  if (codes && !c.scratch.given) {
     KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::launch_quantize_rows_fp8(c.x, c.m, w.k, w.act, own.static_scale, w.fp8_format,
                                                                     c.scratch.xq, c.scratch.x_scale, stream_, ops_pdl_),
                                       "quantize_rows_fp8"));
@@ -97,12 +98,22 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const Fp8Call& c, bo
   const LinearWeight& w = c.w;
   const int64_t m = c.m;
   const bool q = w8a8(w);
-  const GemmKey key{q ? gemm::GemmFamily::fp8_w8a8 : gemm::GemmFamily::fp8_w8a16, m, w.n, w.k, c.out_kind};
+  const bool given = q && c.scratch.given;
+  const gemm::GemmFamily family = !q     ? gemm::GemmFamily::fp8_w8a16
+                                  : given ? gemm::GemmFamily::fp8_w8a8_codes
+                                          : gemm::GemmFamily::fp8_w8a8;
+  const GemmKey key{family, m, w.n, w.k, c.out_kind};
   if (auto found = plans_.find(key); found != plans_.end()) return found->second.get();
   auto plan = std::make_unique<Plan>();
-  const bool gemv_ok = gemv_enabled() && gpu::gemv_fp8_unsupported(c.x, m, w.w.as<uint8_t>(), w.scale.as<float>(),
-                                                                   w.fp8_format, w.n, w.k, c.out, gemv_fp8_act(w))
-                                             .empty();
+  gpu::Fp8GemvAct act = gemv_fp8_act(w);
+  if (given) {
+    act.xq = c.scratch.xq;
+    act.x_scale = c.scratch.x_scale;
+  }
+  const bool gemv_ok =
+      gemv_enabled() &&
+      gpu::gemv_fp8_unsupported(c.x, m, w.w.as<uint8_t>(), w.scale.as<float>(), w.fp8_format, w.n, w.k, c.out, act)
+          .empty();
   // The library's FP8 GEMM (W8A8): e4m3 operands, fp32 sums.
   int found_n = 0;
   blasLtMatmulHeuristicResult_t heur[gemm::kTuneCandidates] = {};
@@ -128,9 +139,13 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const Fp8Call& c, bo
     static_cast<GemmChoice&>(*plan) = *tuned;
     return settle();
   }
-  // Choices made with the GEMV quantizing its activations kept apart from those made without.
-  const char* family = !q ? " fp8-w8a16" : gemv_fp8_quantizes() ? " fp8-w8a8" : " fp8-w8a8 quantize-first";
-  const GemmCacheKey ck{absl::StrCat(algo_device_, family), m, w.n, w.k, c.out_kind == GemmOut::f32 ? "f32" : "bf16"};
+  // Choices made with the GEMV quantizing its activations kept apart from those made without,
+  // and from those whose codes come from the kernel before.
+  const char* name = !q                   ? " fp8-w8a16"
+                     : given              ? " fp8-w8a8 codes"
+                     : gemv_fp8_quantizes() ? " fp8-w8a8"
+                                            : " fp8-w8a8 quantize-first";
+  const GemmCacheKey ck{absl::StrCat(algo_device_, name), m, w.n, w.k, c.out_kind == GemmOut::f32 ? "f32" : "bf16"};
   if (auto cached = gemm::algo_cache().find(ck)) {
     const int v = gemm::kernel_variant_of(cached->kernel, kGemvFp8Kernel, gpu::gemv_variants(m));
     if (v >= 0 && gemv_ok) {
@@ -205,7 +220,7 @@ absl::Status GemmPlanner::gemm_fp8(const bf16_t* x, int64_t m, const LinearWeigh
 absl::StatusOr<int> GemmPlanner::gemv_fp8_variant(const bf16_t* x, int64_t m, const LinearWeight& w,
                                                   const float* bias, const Fp8Scratch& scratch, void* out,
                                                   bool capturing) {
-  if (m <= 0 || m > gpu::kGemvMaxRows || !w.fp8 || (w8a8(w) && !gemv_fp8_quantizes())) return -1;
+  if (m <= 0 || m > gpu::kGemvMaxRows || !w.fp8 || (w8a8(w) && !gemv_fp8_quantizes() && !scratch.given)) return -1;
   auto planned = plan_fp8_of(Fp8Call{x, m, w, bias, scratch, out, GemmOut::bf16}, capturing);
   if (!planned.ok()) return planned.status();
   return (*planned)->gemv;

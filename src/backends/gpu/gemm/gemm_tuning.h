@@ -56,7 +56,9 @@ inline constexpr size_t kL2FlushBytes = size_t(512) << 20;
 // The GEMM families; each keeps its choices apart from the others'. fp8_w8a16 and
 // fp8_w8a8: FP8 weights with bf16 activations, or with FP8 activations
 // (src/backends/gpu/gemm/gemm_planner_fp8.cu).
-enum class GemmFamily : int { bf16, fp8_w8a16, fp8_w8a8 };
+// fp8_w8a8_codes: W8A8 whose activations come as codes from the kernel before
+// (Backend::norm_to_fp8): no quantizing, in the GEMV or a launch of its own.
+enum class GemmFamily : int { bf16, fp8_w8a16, fp8_w8a8, fp8_w8a8_codes };
 enum class GemmOut : int { bf16, f32 };
 
 // One GEMM shape: out[m, n] = x[m, k] * w[n, k]^T of a family, with its output type.
