@@ -89,9 +89,10 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"max_batch_tokens", "1 .. 65536", "per-step token budget; longer prompts are prefilled in chunks"},
       {"max_running_seqs", "1 .. 4096", "sequences decoded together in one step"},
       {"max_seq_len", "2 .. 1048576", "longest sequence (prompt plus generated tokens)"},
-      {"prefix_reuse", "on | off",
-       "a new sequence shares the full KV pages of a live sequence's matching prompt prefix (default off; "
-       "models without SWA layers)"},
+      {"prefix_cache", "on | off",
+       "full KV pages stay cached after their sequence ends, and a new sequence whose prompt begins with cached "
+       "pages takes them instead of computing them (default on; models without SWA layers)"},
+      {"prefix_reuse", "on | off", "the former name of prefix_cache"},
       {"overlap_fanout", "on | off",
        "the server sends a step's tokens to their streams while the device runs the next step "
        "(default on; off: after the step, before the next one is planned)"},
@@ -358,9 +359,14 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
                           std::map<std::string, GraphsMode>{{"on", GraphsMode::on}, {"off", GraphsMode::off}},
                           c.graphs));
   }
-  if (has("prefix_reuse")) {
-    KVFUSE_RETURN_IF_ERROR(parse_enum(j["prefix_reuse"], "prefix_reuse",
-                                      std::map<std::string, bool>{{"on", true}, {"off", false}}, c.prefix_reuse));
+  for (const char* key : {"prefix_cache", "prefix_reuse"}) {
+    if (has(key)) {
+      KVFUSE_RETURN_IF_ERROR(
+          parse_enum(j[key], key, std::map<std::string, bool>{{"on", true}, {"off", false}}, c.prefix_cache));
+    }
+  }
+  if (has("prefix_cache") && has("prefix_reuse") && j["prefix_cache"] != j["prefix_reuse"]) {
+    return absl::InvalidArgumentError("config: prefix_cache and prefix_reuse (its former name) disagree");
   }
   if (has("overlap_fanout")) {
     KVFUSE_RETURN_IF_ERROR(parse_enum(j["overlap_fanout"], "overlap_fanout",
@@ -505,7 +511,8 @@ json config_to_json(const Config& c) {
   j["kv_scales_file"] = c.kv_scales_file;
   j["max_batch_tokens"] = c.max_batch_tokens;
   j["max_running_seqs"] = c.max_running_seqs;
-  j["prefix_reuse"] = c.prefix_reuse ? "on" : "off";
+  j["prefix_cache"] = c.prefix_cache ? "on" : "off";
+  j["prefix_reuse"] = j["prefix_cache"];  // the former name, kept in step
   j["overlap_fanout"] = c.overlap_fanout ? "on" : "off";
   j["max_seq_len"] = c.max_seq_len;
   j["tensor_parallel"] = c.tensor_parallel;

@@ -58,9 +58,9 @@ struct Config {
   int32_t max_batch_tokens = 512;  // per-step token budget (chunked prefill)
   int32_t max_running_seqs = 64;
   int32_t max_seq_len = 4096;
-  // A new sequence whose prompt starts with a live sequence's computed tokens shares its
-  // full pages (no SWA layers; not with prompt logprobs).
-  bool prefix_reuse = false;
+  // Full KV pages stay cached past their sequence, and a new sequence takes the cached
+  // pages its prompt begins with (no SWA layers; not with prompt logprobs).
+  bool prefix_cache = true;
   // Server: a step's tokens go out to their streams while the device runs the next step
   // (off: between the two, on the step's critical path; for A/B).
   bool overlap_fanout = true;

@@ -126,6 +126,14 @@ absl::Status Engine::init() {
   KVFUSE_RETURN_IF_ERROR(backend_->check_supported(s, pc.format));
   pc.layer_is_swa = s.layer_is_swa;
   pc.window = s.sliding_window;
+  // The prefix cache's chains start from the model's identity (the pool adds the KV format
+  // and scales): hashes a router reads from two workers agree only for the same model.
+  pc.prefix_cache = cfg_.prefix_cache;
+  pc.prefix_cache_salt = prefix_cache_salt(absl::StrCat(
+      s.name, "|", cfg_.model_path.empty() ? absl::StrCat("synthetic seed ", cfg_.seed) : cfg_.model_path, "|",
+      s.vocab, " ", s.hidden, " ", s.intermediate, " ", s.num_layers, " ", s.num_q_heads, " ", s.num_kv_heads,
+      " ", s.head_dim, "|rope ", s.rope_theta, " ", rope_type_name(s.rope_scaling.type), " ",
+      s.rope_scaling.factor, "|", s.weight_format()));
   // A checkpoint (model_path) brings the weights and possibly KV scales; the scales in
   // use follow the precedence and FNUZ rule of src/loading/kv_scales.h.
   std::unique_ptr<Checkpoint> ckpt;

@@ -97,10 +97,11 @@ class Engine : public StepRunner {
   // Starts a sequence from its prompt and admits it (SequenceTable::add and admit: a
   // caller-driven sequence). ALREADY_EXISTS if the id is live; INVALID_ARGUMENT for an
   // empty or over-long prompt, bad token ids or parameters. `rng` resumes a sampler
-  // stream. With prefix_reuse on and `reuse_prefix`, a live sequence's computed prompt
-  // pages are shared (Sequence::num_cached).
+  // stream. With the prefix cache on and `reuse_prefix`, the cached pages the prompt
+  // begins with are taken (Sequence::num_cached: fewer tokens pending); without it the
+  // whole prompt is computed (tools, warm-up, calibration: they need every position).
   absl::Status add_sequence(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling,
-                            const Rng* rng = nullptr, bool reuse_prefix = true);
+                            const Rng* rng = nullptr, bool reuse_prefix = false);
   // Appends tokens to a live sequence (a further prompt chunk, or a forced token).
   absl::Status append_tokens(SeqId id, const std::vector<int32_t>& tokens);
   // Frees the sequence's pages. NOT_FOUND if unknown.

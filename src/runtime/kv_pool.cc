@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -36,7 +37,26 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::create_shared(const KvPoolConfig
     pool->swa_map_ = std::make_unique<SwaMap>(cfg.num_pages, cfg.swa_num_pages, cfg.page_size, num_storages);
   }
   pool->storages_.resize(size_t(num_storages));
+  if (cfg.prefix_cache && !has_swa_layers(cfg)) {
+    pool->cache_ = std::make_unique<PrefixCache>(cfg.page_size, pool->cache_salt());
+    PrefixCache* cache = pool->cache_.get();
+    pool->full_alloc_->set_on_evict([cache](int32_t page) { cache->evicted(page); });
+  }
   return pool;
+}
+
+// The chains' salt: the config's, the KV format and every layer's scales.
+uint64_t KvPool::cache_salt() const {
+  uint64_t h = PrefixCache::default_hash(cfg_.prefix_cache_salt, nullptr, 0);
+  std::vector<int32_t> words = {int32_t(cfg_.format), cfg_.page_size};
+  for (size_t l = 0; l < cfg_.k_scale.size(); ++l) {
+    for (float s : {cfg_.k_scale[l], cfg_.v_scale[l]}) {
+      int32_t bits;
+      std::memcpy(&bits, &s, sizeof bits);
+      words.push_back(bits);
+    }
+  }
+  return PrefixCache::default_hash(h, words.data(), int32_t(words.size()));
 }
 
 absl::Status KvPool::add_storage(int32_t index, Backend& backend) {
@@ -102,8 +122,13 @@ absl::Status KvPool::set_scales(int32_t layer, float k_scale, float v_scale) {
   }
   for (int32_t i = 0; i < num_storages(); ++i)
     KVFUSE_RETURN_IF_ERROR(storage(i).write_scales(layer, k_scale, v_scale));
+  const bool changed = cfg_.k_scale[size_t(layer)] != k_scale || cfg_.v_scale[size_t(layer)] != v_scale;
   cfg_.k_scale[size_t(layer)] = k_scale;
   cfg_.v_scale[size_t(layer)] = v_scale;
+  if (cache_ && changed) {  // KV cached under the old scales is never served again
+    cache_->reset_root(cache_salt());
+    flush_cache();
+  }
   return absl::OkStatus();
 }
 
@@ -122,17 +147,12 @@ const std::vector<int64_t>& KvPool::host_swa_table() const {
 
 absl::Status KvPool::add_sequence(SeqId id) { return tables_.add(id); }
 
-absl::Status KvPool::share_prefix(SeqId id, SeqId donor, int32_t tokens) {
-  absl::StatusOr<std::vector<int32_t>> pages = tables_.share_prefix(id, donor, tokens);
-  if (!pages.ok()) return pages.status();
-  for (int32_t p : *pages) full_alloc_->share(p);
-  return absl::OkStatus();
-}
-
 absl::Status KvPool::release(SeqId id) {
   absl::StatusOr<SeqPages> s = tables_.release(id);
   if (!s.ok()) return s.status();
-  for (size_t i = 0; i < s->full.size(); ++i) {
+  if (cache_) cache_->finish(id);
+  // Last page first: a cached chain's later blocks are then evicted before its earlier ones.
+  for (size_t i = s->full.size(); i-- > 0;) {
     if (has_swa() && s->swa[i] >= 0) {
       swa_map_->unmap(s->full[i]);
       swa_alloc_->free(s->swa[i]);
@@ -140,6 +160,51 @@ absl::Status KvPool::release(SeqId id) {
     full_alloc_->free(s->full[i]);
   }
   return absl::OkStatus();
+}
+
+// ---- Prefix cache -------------------------------------------------------------------
+
+absl::StatusOr<int32_t> KvPool::take_cached_prefix(SeqId id, const std::vector<int32_t>& tokens, int64_t limit) {
+  if (!cache_) return 0;
+  limit = std::min<int64_t>(limit, int64_t(tokens.size()));
+  const PrefixCache::Match m = cache_->match(tokens.data(), limit);
+  KVFUSE_RETURN_IF_ERROR(tables_.adopt_prefix(id, m.pages));
+  for (int32_t p : m.pages) {
+    if (full_alloc_->is_used(p)) {
+      full_alloc_->share(p);
+    } else {
+      full_alloc_->revive(p);
+    }
+  }
+  cache_->start(id, m);
+  const int32_t hit = int32_t(m.pages.size()) * cfg_.page_size;
+  query_tokens_ += limit;
+  hit_tokens_ += hit;
+  return hit;
+}
+
+void KvPool::cache_computed(SeqId id, const std::vector<int32_t>& tokens, int32_t computed) {
+  if (!cache_ || !tables_.contains(id)) return;
+  computed = std::min<int32_t>(computed, int32_t(tokens.size()));
+  for (int32_t p : cache_->add_computed(id, tokens.data(), computed, tables_.full_pages(id))) full_alloc_->retain(p);
+}
+
+int64_t KvPool::flush_cache() {
+  if (!cache_) return 0;
+  const int64_t n = full_alloc_->evict_all();
+  if (cache_->num_blocks() == 0) cache_->cleared();
+  return n;
+}
+
+std::vector<KvEvent> KvPool::take_kv_events() { return cache_ ? cache_->take_events() : std::vector<KvEvent>{}; }
+
+KvPool::CacheStats KvPool::cache_stats() const {
+  CacheStats c;
+  c.query_tokens = query_tokens_;
+  c.hit_tokens = hit_tokens_;
+  c.cached_pages = cache_ ? cache_->num_blocks() : 0;
+  c.evictable_pages = full_alloc_->num_evictable();
+  return c;
 }
 
 // ---- Page policy --------------------------------------------------------------------
@@ -239,7 +304,25 @@ absl::Status KvPool::apply_swa_changes(const std::vector<SwaPageMapping>& change
 // ---- Invariants ---------------------------------------------------------------------
 
 absl::Status KvPool::check_invariants() const {
-  return check_kv_pool_invariants(tables_, *full_alloc_, swa_alloc_.get(), swa_map_.get(), cfg_.window);
+  KVFUSE_RETURN_IF_ERROR(
+      check_kv_pool_invariants(tables_, *full_alloc_, swa_alloc_.get(), swa_map_.get(), cfg_.window));
+  // The prefix cache's blocks are exactly the retained pages; the evictable ones are the
+  // retained pages no sequence holds.
+  std::vector<int32_t> retained;
+  int64_t evictable = 0;
+  for (int32_t p = 0; p < int32_t(full_alloc_->num_pages()); ++p) {
+    if (full_alloc_->is_retained(p)) retained.push_back(p);
+    evictable += full_alloc_->is_evictable(p) ? 1 : 0;
+  }
+  if (evictable != full_alloc_->num_evictable()) {
+    return absl::InternalError(absl::StrCat("kv pool: ", evictable, " evictable pages, ",
+                                            full_alloc_->num_evictable(), " by count"));
+  }
+  if (!cache_) {
+    if (!retained.empty()) return absl::InternalError("kv pool: retained pages without a prefix cache");
+    return absl::OkStatus();
+  }
+  return cache_->check(retained);
 }
 
 }  // namespace kvfuse

@@ -38,6 +38,7 @@
 #include "src/runtime/kv/page_allocator.h"
 #include "src/runtime/kv/page_tables.h"
 #include "src/runtime/kv/pool_config.h"
+#include "src/runtime/kv/prefix_cache.h"
 #include "src/runtime/kv/swa_map.h"
 
 namespace kvfuse {
@@ -73,14 +74,34 @@ class KvPool {
   // Sequences. add: ALREADY_EXISTS if live. release: NOT_FOUND if unknown.
   absl::Status add_sequence(SeqId id);
   bool contains(SeqId id) const { return tables_.contains(id); }
-  // Prefix reuse: gives sequence `id` (live, with nothing reserved) the first
-  // `tokens / page_size` full-pool pages of `donor` (tokens a multiple of page_size, at
-  // most the donor's reserved length), shared: neither sequence writes them again (both
-  // only append past them), and each page is freed when its last holder releases it.
-  // Only without SWA layers (FAILED_PRECONDITION otherwise).
-  absl::Status share_prefix(SeqId id, SeqId donor, int32_t tokens);
+  // Releases the sequence's pages; those the prefix cache holds stay cached, evictable.
+
   absl::Status release(SeqId id);
   size_t num_sequences() const { return tables_.size(); }
+
+  // ---- The prefix cache (src/runtime/kv/prefix_cache.h, docs/design.md#prefix-cache): on
+  // when the config asks for it and the pool has no SWA layers. Cached pages no sequence
+  // holds count as free (usage().free_pages): a reservation evicts them, least recently
+  // released first, before it could fail.
+  bool caching() const { return cache_ != nullptr; }
+  // Gives sequence `id` (live, nothing reserved) the pages of the longest cached prefix of
+  // tokens[0, limit), whole pages, and returns the tokens they hold (0 with caching off).
+  // Counts a query of `limit` tokens and its hits.
+  absl::StatusOr<int32_t> take_cached_prefix(SeqId id, const std::vector<int32_t>& tokens, int64_t limit);
+  // The sequence's first `computed` tokens have their KV in its pages: its whole pages join
+  // the cache. Nothing with caching off or for an unknown id.
+  void cache_computed(SeqId id, const std::vector<int32_t>& tokens, int32_t computed);
+  // Evicts every cached page no sequence holds; returns how many.
+  int64_t flush_cache();
+  // The cache's events since the last take (src/runtime/kv/prefix_cache.h, KvEvent).
+  std::vector<KvEvent> take_kv_events();
+  struct CacheStats {
+    int64_t query_tokens = 0;  // prompt tokens looked up
+    int64_t hit_tokens = 0;    // of those, found cached
+    int64_t cached_pages = 0;  // pages whose KV the cache holds
+    int64_t evictable_pages = 0;  // of those, held by no sequence
+  };
+  CacheStats cache_stats() const;
 
   // ---- Page policy: how many pages a sequence takes, for admission and reservation.
   // Pages leaving the window are freed after every step, so the SWA pages a sequence
@@ -137,6 +158,7 @@ class KvPool {
 
  private:
   explicit KvPool(KvPoolConfig cfg);
+  uint64_t cache_salt() const;
   // Dies if storage `index` does not exist (out of range, or not added yet).
   const KvStorage& storage(int32_t index) const;
   KvStorage& storage(int32_t index) { return const_cast<KvStorage&>(std::as_const(*this).storage(index)); }
@@ -146,6 +168,8 @@ class KvPool {
   std::unique_ptr<PageAllocator> swa_alloc_;  // null without SWA layers
   PageTables tables_;
   std::unique_ptr<SwaMap> swa_map_;                   // null without SWA layers
+  std::unique_ptr<PrefixCache> cache_;                // null with caching off
+  int64_t query_tokens_ = 0, hit_tokens_ = 0;
   std::vector<std::unique_ptr<KvStorage>> storages_;  // [num_storages]; null until added
 };
 

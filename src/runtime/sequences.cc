@@ -40,35 +40,21 @@ absl::Status SequenceTable::admit(SeqId id, bool reuse_prefix) {
   Sequence* s = get(id);
   if (!s) return absl::NotFoundError(absl::StrCat("sequence ", id, " not found"));
   if (s->admitted) return absl::FailedPreconditionError(absl::StrCat("sequence ", id, " is admitted already"));
-  // Prefix reuse: the live sequence whose computed tokens match the longest prefix.
-  SeqId donor = 0;
-  int32_t shared = 0;
-  if (cfg_.prefix_reuse && reuse_prefix && !pool_.has_swa()) {
-    const int32_t ps = cfg_.page_size;
-    const size_t limit = s->tokens.size() - 1;  // the last token is computed: its logits
-    for (const auto& [sid, st] : seqs_) {
-      if (!st.admitted) continue;
-      const size_t n = std::min(limit, size_t(st.num_computed));
-      const size_t common = size_t(
-          std::mismatch(s->tokens.begin(), s->tokens.begin() + ptrdiff_t(n), st.tokens.begin()).first -
-          s->tokens.begin());
-      const int32_t pages = int32_t(common) / ps * ps;
-      if (pages > shared) {
-        shared = pages;
-        donor = sid;
-      }
-    }
-  }
   KVFUSE_RETURN_IF_ERROR(pool_.add_sequence(id));
-  if (shared > 0) {
-    if (absl::Status st = pool_.share_prefix(id, donor, shared); !st.ok()) {
+  // The prefix cache: the pages of the longest cached prefix, short of the last token (it is
+  // computed: its logits).
+  int32_t cached = 0;
+  if (reuse_prefix) {
+    absl::StatusOr<int32_t> hit = pool_.take_cached_prefix(id, s->tokens, int64_t(s->tokens.size()) - 1);
+    if (!hit.ok()) {
       (void)pool_.release(id);
-      return st;
+      return hit.status();
     }
+    cached = *hit;
   }
   s->admitted = true;
-  s->num_computed = shared;
-  s->num_cached = shared;
+  s->num_computed = cached;
+  s->num_cached = cached;
   return absl::OkStatus();
 }
 
@@ -117,6 +103,7 @@ bool SequenceTable::reserved(SeqId id, int32_t num_tokens) const {
 void SequenceTable::computed(Sequence& s, int32_t num_tokens) {
   s.num_computed += num_tokens;
   pool_.trim_window(s.id);
+  pool_.cache_computed(s.id, s.tokens, s.num_computed);
 }
 
 const Sequence* SequenceTable::get(SeqId id) const {

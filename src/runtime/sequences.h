@@ -2,8 +2,8 @@
 // token list (prompt, then sampled or appended tokens) and its sampler stream, whoever
 // drives it (a Generate request the scheduler owns, or a router). A sequence holds KV
 // pages only while admitted: preemption gives its pages back and keeps its tokens, so
-// that readmitting it recomputes them (sharing a live sequence's prompt pages where the
-// config allows, docs/design.md#prefix-reuse).
+// that readmitting it recomputes them, less the pages the prefix cache still holds
+// (docs/design.md#prefix-cache).
 #pragma once
 
 #include <cstdint>
@@ -24,7 +24,7 @@ struct Sequence {
   SequenceOwner owner = SequenceOwner::router;
   std::vector<int32_t> tokens;  // prompt, then generated or appended tokens
   int32_t num_computed = 0;     // tokens whose K/V are in the cache (0 while not admitted)
-  int32_t num_cached = 0;       // of those, the prompt prefix taken from another sequence's pages
+  int32_t num_cached = 0;       // of those, the prefix taken from the prefix cache's pages
   bool admitted = false;        // holds pages in the pool
   SamplingParams sampling;
   Rng rng;
@@ -41,10 +41,10 @@ class SequenceTable {
   // table; INVALID_ARGUMENT for an empty or over-long prompt (it must leave room for a
   // token under max_seq_len), bad token ids or sampling parameters.
   absl::Status add(SeqId id, std::vector<int32_t> prompt, const SamplingParams& sampling, SequenceOwner owner);
-  // Gives the sequence its pages: an empty page table, or, with prefix_reuse on and
-  // `reuse_prefix`, the pages of the longest page-aligned prefix of its tokens that a live
-  // sequence has computed (at most all but its last token), which then count as computed
-  // (num_cached). FAILED_PRECONDITION if already admitted.
+  // Gives the sequence its pages: an empty page table, or, with the prefix cache on and
+  // `reuse_prefix`, the cached pages of the longest page-aligned prefix of its tokens (at
+  // most all but its last token), which then count as computed (num_cached).
+  // FAILED_PRECONDITION if already admitted.
   absl::Status admit(SeqId id, bool reuse_prefix);
   // Preemption: the pages go back to the pool; tokens and sampler stream stay, and the
   // sequence computes them all again once admitted.
@@ -59,7 +59,8 @@ class SequenceTable {
   // Whether those pages are reserved already.
   bool reserved(SeqId id, int32_t num_tokens) const;
   // A step computed `num_tokens` more of the sequence's tokens (and, if it sampled, appends
-  // the token): the window of a sliding-window layer moves on.
+  // the token): the window of a sliding-window layer moves on, and the pages now full join
+  // the prefix cache.
   void computed(Sequence& s, int32_t num_tokens);
 
   const Sequence* get(SeqId id) const;

@@ -130,42 +130,31 @@ TEST_CASE("page tables swa: SWA pages sit beside full pages and leave with the w
   CHECK(plain.trim_window(1, 1).empty());
 }
 
-TEST_CASE("page tables: a prefix is shared whole pages at a time, from a live donor", "[kv_pool][prefix]") {
+TEST_CASE("page tables: a cached prefix's pages become a new sequence's first pages", "[kv_pool][prefix]") {
   PageTables t(16, false);
   REQUIRE(t.add(1).ok());
   t.grow(1, 70, {4, 3, 2, 1, 0}, {});
   REQUIRE(t.add(2).ok());
-  absl::StatusOr<Pages> shared = t.share_prefix(2, 1, 48);
-  REQUIRE(shared.ok());
-  CHECK(*shared == Pages{4, 3, 2});
+  REQUIRE(t.adopt_prefix(2, {4, 3, 2}).ok());
   CHECK(t.full_pages(2) == Pages{4, 3, 2});
   CHECK(t.reserved_len(2) == 48);
   CHECK(t.slot(2, 47) == t.slot(1, 47));
-  CHECK(t.full_pages(1).size() == 5);  // the donor keeps its pages
+  CHECK(t.full_pages(1).size() == 5);  // the other holder keeps its pages
+  t.grow(2, 50, {7}, {});
+  CHECK(t.full_pages(2) == Pages{4, 3, 2, 7});
 
   REQUIRE(t.add(3).ok());
-  const auto code = [&](SeqId id, SeqId donor, int32_t tokens) {
-    return t.share_prefix(id, donor, tokens).status().code();
-  };
-  CHECK(code(3, 1, 20) == absl::StatusCode::kInvalidArgument);  // not page-aligned
-  CHECK(code(3, 1, 80) == absl::StatusCode::kInvalidArgument);  // past the donor
-  CHECK(code(3, 1, -16) == absl::StatusCode::kInvalidArgument);
-  CHECK(code(2, 1, 16) == absl::StatusCode::kInvalidArgument);  // has pages
-  CHECK(code(3, 9, 16) == absl::StatusCode::kNotFound);         // no donor
-  CHECK(code(9, 1, 16) == absl::StatusCode::kNotFound);         // no sequence
-  CHECK(code(1, 1, 16) == absl::StatusCode::kNotFound);         // itself
-  CHECK(std::string(t.share_prefix(3, 1, 20).status().message()) ==
-        "kv pool: share_prefix of 20 tokens from sequence 1 (70 reserved) to sequence 3 (0 reserved)");
+  CHECK(t.adopt_prefix(2, {5}).code() == absl::StatusCode::kInvalidArgument);  // has pages
+  CHECK(std::string(t.adopt_prefix(2, {5}).message()) ==
+        "kv pool: adopt_prefix for sequence 2, which holds 50 positions");
+  CHECK(t.adopt_prefix(9, {5}).code() == absl::StatusCode::kNotFound);  // no sequence
+  REQUIRE(t.adopt_prefix(3, {}).ok());  // nothing cached is fine
   CHECK(t.reserved_len(3) == 0);
   CHECK(t.full_pages(3).empty());
-  absl::StatusOr<Pages> none = t.share_prefix(3, 1, 0);  // nothing shared is fine
-  REQUIRE(none.ok());
-  CHECK(none->empty());
 
   PageTables swa(16, true);
   REQUIRE(swa.add(1).ok());
-  REQUIRE(swa.add(2).ok());
-  CHECK(swa.share_prefix(2, 1, 0).status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(swa.adopt_prefix(1, {}).code() == absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("page tables: release hands back a sequence's pages and forgets it", "[kv_pool]") {

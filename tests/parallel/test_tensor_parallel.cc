@@ -272,11 +272,11 @@ TEST_CASE("tensor parallel (cpu): calibration reads every rank's heads", "[tp][c
   }
 }
 
-TEST_CASE("tensor parallel (cpu): logprobs, prompt logprobs in chunks, and prefix reuse", "[tp][engine][logprobs]") {
+TEST_CASE("tensor parallel (cpu): logprobs, prompt logprobs in chunks, and the prefix cache", "[tp][engine][logprobs]") {
   // Prompt logprobs go through the lm_head in chunks of max_running_seqs rows, each chunk
-  // gathered across ranks; a second sequence shares the first one's prefix pages. Bound:
+  // gathered across ranks; a second sequence takes the first one's cached prefix pages. Bound:
   // the logits' 0.25, doubled for the log-sum-exp (as the GPU engine's test states it).
-  const nlohmann::json keys = {{"max_running_seqs", 4}, {"prefix_reuse", "on"}};
+  const nlohmann::json keys = {{"max_running_seqs", 4}, {"prefix_cache", "on"}};
   auto one = make_engine(keys);
   auto two = make_engine(with(keys, {{"tensor_parallel", 2}}));
   const std::vector<int32_t> prompt = prompt_of(37, 4, 1024);
@@ -293,12 +293,12 @@ TEST_CASE("tensor parallel (cpu): logprobs, prompt logprobs in chunks, and prefi
   auto run = [&](Engine& e) {
     std::vector<Got> out;
     for (const auto& [id, p] : {std::pair<SeqId, const std::vector<int32_t>*>{1, &prompt}, {2, &longer}}) {
-      REQUIRE(e.add_sequence(id, *p, SamplingParams{}).ok());
+      REQUIRE(e.add_sequence(id, *p, SamplingParams{}, nullptr, /*reuse_prefix=*/true).ok());
       Got g;
       g.cached = e.sequence(id)->num_cached;
       StepItem it{id, e.sequence(id)->num_pending(), true};
       it.logprobs = true;
-      it.prompt_logprobs = id == 1;  // prompt logprobs do not combine with prefix reuse
+      it.prompt_logprobs = id == 1;  // prompt logprobs do not combine with the prefix cache
       it.top_logprobs = 3;
       auto r = e.step({it});
       REQUIRE(r.ok());

@@ -113,23 +113,17 @@ std::vector<SwaPageMapping> PageTables::grow(SeqId id, int32_t new_len,
   return placed;
 }
 
-absl::StatusOr<std::vector<int32_t>> PageTables::share_prefix(SeqId id, SeqId donor, int32_t tokens) {
-  if (with_swa_) return absl::FailedPreconditionError("kv pool: prefix pages are not shared with SWA layers");
+absl::Status PageTables::adopt_prefix(SeqId id, const std::vector<int32_t>& pages) {
+  if (with_swa_) return absl::FailedPreconditionError("kv pool: cached prefix pages are not taken with SWA layers");
   auto it = seqs_.find(id);
-  auto d = seqs_.find(donor);
-  if (it == seqs_.end() || d == seqs_.end() || id == donor) {
-    return absl::NotFoundError(absl::StrCat("kv pool: share_prefix of sequences ", id, " and ", donor));
-  }
-  if (it->second.len != 0 || tokens < 0 || tokens % page_size_ != 0 || tokens > d->second.len) {
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("kv pool: adopt_prefix for unknown sequence ", id));
+  if (it->second.len != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("kv pool: share_prefix of ", tokens, " tokens from sequence ", donor, " (",
-                     d->second.len, " reserved) to sequence ", id, " (", it->second.len, " reserved)"));
+        absl::StrCat("kv pool: adopt_prefix for sequence ", id, ", which holds ", it->second.len, " positions"));
   }
-  const size_t pages = size_t(tokens / page_size_);
-  std::vector<int32_t> shared(d->second.full.begin(), d->second.full.begin() + ptrdiff_t(pages));
-  it->second.full.insert(it->second.full.end(), shared.begin(), shared.end());
-  it->second.len = tokens;
-  return shared;
+  it->second.full = pages;
+  it->second.len = int32_t(pages.size()) * page_size_;
+  return absl::OkStatus();
 }
 
 // Call after the step that wrote the reserved positions: a query at position p sees keys

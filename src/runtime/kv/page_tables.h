@@ -74,11 +74,10 @@ class PageTables {
   // swa_pages. Returns the SWA pages it placed, with their full pages, in page order.
   std::vector<SwaPageMapping> grow(SeqId id, int32_t new_len, const std::vector<int32_t>& full_pages,
                                    const std::vector<int32_t>& swa_pages);
-  // Prefix reuse: gives `id` (live, nothing reserved) the first tokens / page_size full pages
-  // of `donor` and len = tokens, and returns those pages (each needs one more reference).
-  // FAILED_PRECONDITION with SWA layers, NOT_FOUND for an unknown id or id == donor,
-  // INVALID_ARGUMENT for tokens not a multiple of page_size or past the donor's length.
-  absl::StatusOr<std::vector<int32_t>> share_prefix(SeqId id, SeqId donor, int32_t tokens);
+  // The prefix cache's hit: gives `id` (live, nothing reserved) `pages` as its first full
+  // pages, len = their tokens (the caller takes a reference to each). FAILED_PRECONDITION
+  // with SWA layers, NOT_FOUND for an unknown id, INVALID_ARGUMENT if it holds pages.
+  absl::Status adopt_prefix(SeqId id, const std::vector<int32_t>& pages);
   // Marks freed the SWA pages of positions before len - window + 1 and returns them, with
   // their full pages, last page first. Nothing for an unknown id or without SWA layers.
   std::vector<SwaPageMapping> trim_window(SeqId id, int32_t window);

@@ -26,6 +26,11 @@ struct KvPoolConfig {
   int64_t max_step_tokens = 0;     // tokens a sequence grows by in one step at most (SWA page bound)
   std::vector<float> k_scale;      // [num_layers]
   std::vector<float> v_scale;      // [num_layers]
+  // The prefix cache (src/runtime/kv/prefix_cache.h), kept without SWA layers only, and
+  // what besides the format and scales makes this pool's KV differ from another's (the
+  // model, RoPE): the chains' salt.
+  bool prefix_cache = false;
+  uint64_t prefix_cache_salt = 0;
 };
 
 // Whether some layer uses sliding-window attention (and so the pool has an SWA pool).

@@ -1,6 +1,7 @@
-// Prefix reuse: a new sequence shares the full pages of a live sequence's computed
-// prompt prefix. The CPU backend is batch-invariant, so a sequence that shares gives the
-// logits of one that computes everything, bit for bit.
+// The prefix cache through the engine: a new sequence takes the cached pages its prompt
+// begins with, whether the sequence that computed them lives on, has finished or was
+// preempted. The CPU backend is batch- and chunk-invariant, so a sequence that takes cached
+// pages gives the logits of one that computes everything, bit for bit.
 #include <cstring>
 #include "tests/util/catch.h"
 
@@ -16,7 +17,7 @@ namespace {
 // Greedy tokens and every step's logits of `n` steps, the prompt in one step.
 std::pair<std::vector<int32_t>, std::vector<float>> run_logits(Engine& e, SeqId id, const std::vector<int32_t>& prompt,
                                                                int n) {
-  REQUIRE(e.add_sequence(id, prompt, SamplingParams{}).ok());
+  REQUIRE(e.add_sequence(id, prompt, SamplingParams{}, nullptr, /*reuse_prefix=*/true).ok());
   std::vector<int32_t> toks;
   std::vector<float> logits;
   int32_t pending = e.sequence(id)->num_pending();
@@ -35,12 +36,12 @@ std::pair<std::vector<int32_t>, std::vector<float>> run_logits(Engine& e, SeqId 
 
 }  // namespace
 
-TEST_CASE("prefix reuse: a sequence sharing a live prefix gives the recomputed logits bit for bit",
+TEST_CASE("prefix cache: a sequence sharing a live prefix gives the recomputed logits bit for bit",
           "[engine][prefix]") {
   for (const char* dtype : {"bf16", "fp8_e4m3"}) {
     CAPTURE(dtype);
-    auto ref = make_engine({{"kv_cache_dtype", dtype}});
-    auto e = make_engine({{"kv_cache_dtype", dtype}, {"prefix_reuse", "on"}});
+    auto ref = make_engine({{"kv_cache_dtype", dtype}, {"prefix_cache", "off"}});
+    auto e = make_engine({{"kv_cache_dtype", dtype}});
     const int32_t vocab = e->spec().vocab;
     const std::vector<int32_t> a = prompt_of(50, 3, vocab);
     std::vector<int32_t> b(a.begin(), a.begin() + 40);
@@ -72,7 +73,9 @@ TEST_CASE("prefix reuse: a sequence sharing a live prefix gives the recomputed l
     }
     // The same prompt again: all but the page holding its last token.
     const auto whole = e->sequence(2)->tokens;
-    REQUIRE(e->add_sequence(3, std::vector<int32_t>(whole.begin(), whole.begin() + 48), SamplingParams{}).ok());
+    REQUIRE(e->add_sequence(3, std::vector<int32_t>(whole.begin(), whole.begin() + 48), SamplingParams{}, nullptr,
+                            true)
+                .ok());
     CHECK(e->sequence(3)->num_cached == 32);  // 47 at most, 32 page-aligned
     REQUIRE(e->add_sequence(4, whole, SamplingParams{}, nullptr, /*reuse_prefix=*/false).ok());
     CHECK(e->sequence(4)->num_cached == 0);
@@ -83,18 +86,67 @@ TEST_CASE("prefix reuse: a sequence sharing a live prefix gives the recomputed l
   }
 }
 
-TEST_CASE("prefix reuse: off by default, never with SWA layers or prompt logprobs", "[engine][prefix]") {
+TEST_CASE("prefix cache: a finished or preempted sequence's pages serve the next one, bit for bit",
+          "[engine][prefix]") {
+  auto ref = make_engine({{"prefix_cache", "off"}});
+  auto e = make_engine();
+  const int32_t vocab = e->spec().vocab;
+  const std::vector<int32_t> p = prompt_of(45, 5, vocab);
+  run_logits(*e, 1, p, 3);
+  REQUIRE(e->release(1).ok());
+  CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
+  CHECK(e->pool().cache_stats().cached_pages == 2);  // 47 computed tokens: 2 whole pages
+  const auto [t, l] = run_logits(*e, 2, p, 5);
+  CHECK(e->sequence(2)->num_cached == 32);
+  const auto [rt, rl] = run_logits(*ref, 2, p, 5);
+  CHECK(t == rt);
+  REQUIRE(l.size() == rl.size());
+  CHECK(std::memcmp(l.data(), rl.data(), l.size() * sizeof(float)) == 0);
+  // Preempted: its pages go back to the pool, cached; readmitted, it computes only the rest.
+  const int32_t computed = e->sequence(2)->num_computed;
+  e->sequences().evict(2);
+  REQUIRE(e->pool().check_invariants().ok());
+  REQUIRE(e->sequences().admit(2, true).ok());
+  CHECK(e->sequence(2)->num_cached == computed / 16 * 16);
+  for (int i = 0; i < 3; ++i) {
+    auto x = e->step({StepItem{2, e->sequence(2)->num_pending(), true}});
+    auto y = ref->step({StepItem{2, 1, true}});
+    REQUIRE(x.ok());
+    REQUIRE(y.ok());
+    CHECK((*x)[0].token == (*y)[0].token);
+  }
+  REQUIRE(e->release(2).ok());
+  REQUIRE(e->pool().check_invariants().ok());
+}
+
+TEST_CASE("prefix cache: a pool full of cached pages still serves new prompts, evicting", "[engine][prefix]") {
+  auto e = make_engine({{"num_pages", 12}});
+  const int32_t vocab = e->spec().vocab;
+  for (uint32_t i = 0; i < 8; ++i) {  // 8 prompts of 4 pages each through a pool of 12
+    CAPTURE(i);
+    run_logits(*e, 10 + i, prompt_of(60, 100 + i, vocab), 2);
+    REQUIRE(e->release(10 + i).ok());
+    REQUIRE(e->pool().check_invariants().ok());
+  }
+  CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
+  CHECK(e->pool().cache_stats().cached_pages <= 12);
+  CHECK(e->pool().cache_stats().cached_pages > 0);
+}
+
+TEST_CASE("prefix cache: on by default, and off, with SWA layers or for prompt logprobs it takes nothing",
+          "[engine][prefix]") {
   const std::vector<int32_t> p = prompt_of(40, 1, 1024);
-  for (const json& cfg : {json{{"kv_cache_dtype", "bf16"}},
-                          json{{"prefix_reuse", "on"}, {"sliding_window", 16}, {"swa_layers", "alternate"}}}) {
+  for (const json& cfg : {json{{"prefix_cache", "off"}}, json{{"prefix_reuse", "off"}},
+                          json{{"sliding_window", 16}, {"swa_layers", "alternate"}}}) {
+    CAPTURE(cfg.dump());
     auto e = make_engine(cfg);
     run_logits(*e, 1, p, 2);
-    REQUIRE(e->add_sequence(2, p, SamplingParams{}).ok());
+    REQUIRE(e->add_sequence(2, p, SamplingParams{}, nullptr, true).ok());
     CHECK(e->sequence(2)->num_cached == 0);
     CHECK(e->pool().usage(PoolKind::full).shared_pages == 0);
   }
-  // Generate with prompt logprobs computes its prompt; without them it shares.
-  auto e = make_engine({{"prefix_reuse", "on"}});
+  // Generate with prompt logprobs computes its prompt; without them it takes the cache's pages.
+  auto e = make_engine();
   run_logits(*e, 1, p, 2);
   Scheduler s(*e);
   for (bool prompt_lp : {true, false}) {
