@@ -91,6 +91,29 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::GetLoad(grpc::CallbackServerContext
       [&](LoopUnaryReactor& r) { loop_.get_load(resp, r.done()); });
 }
 
+grpc::ServerUnaryReactor* DecodeServiceImpl::FlushCache(grpc::CallbackServerContext* ctx,
+                                                        const v1::FlushCacheRequest*, v1::FlushCacheResponse* resp) {
+  return start_unary(
+      ctx, loop_, [] { return absl::OkStatus(); },
+      [&](LoopUnaryReactor& r) { loop_.flush_cache(resp, r.done()); });
+}
+
+grpc::ServerWriteReactor<v1::KvEventBatch>* DecodeServiceImpl::SubscribeKvEvents(
+    grpc::CallbackServerContext* ctx, const v1::SubscribeKvEventsRequest* req) {
+  KvEventLog& log = loop_.kv_events();
+  absl::StatusOr<uint64_t> start =
+      log.start_of(req->has_start_sequence_number() ? std::optional<uint64_t>(req->start_sequence_number())
+                                                    : std::nullopt);
+  if (absl::Status st = loop_.check_available(); !st.ok()) start = st;
+  auto call = KvEventsCall::create(ctx, log, start.ok() ? *start : 0);
+  if (!start.ok()) {
+    call->finish(start.status());
+  } else {
+    log.subscribe(call);
+  }
+  return call.get();
+}
+
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetInfo(grpc::CallbackServerContext* ctx,
                                                      const v1::GetInfoRequest*, v1::GetInfoResponse* resp) {
   // Static once warm: answered here, without waiting for a step to end.

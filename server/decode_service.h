@@ -30,6 +30,10 @@ class DecodeServiceImpl final : public v1::DecodeService::CallbackService {
                                     v1::GetInfoResponse* resp) override;
   grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* ctx, const v1::GetLoadRequest* req,
                                     v1::GetLoadResponse* resp) override;
+  grpc::ServerUnaryReactor* FlushCache(grpc::CallbackServerContext* ctx, const v1::FlushCacheRequest* req,
+                                       v1::FlushCacheResponse* resp) override;
+  grpc::ServerWriteReactor<v1::KvEventBatch>* SubscribeKvEvents(grpc::CallbackServerContext* ctx,
+                                                                const v1::SubscribeKvEventsRequest* req) override;
 
  private:
   EngineLoop& loop_;

@@ -18,7 +18,8 @@ EngineLoop::EngineLoop(LoopOptions opts, ServerMetrics& metrics, std::function<v
       metrics_(metrics),
       info_(metrics),
       life_(opts_, std::move(on_serving)),
-      intake_(work_, life_, info_, metrics, [this](SeqId id) { abort_sequence(id); }) {}
+      intake_(work_, life_, info_, metrics, [this](SeqId id) { abort_sequence(id); }),
+      kv_events_(size_t(opts_.config.kv_events_history)) {}
 
 EngineLoop::~EngineLoop() {
   if (thread_.joinable()) stop(absl::UnavailableError("server is shutting down"));
@@ -66,6 +67,7 @@ void EngineLoop::run() {
     if (turn.stopping) break;
     if (has_work()) step();
     if (work_.started() && !work_.sched->has_work()) flush_events();  // no next step to overlap them with
+    publish_kv_events();
     info_.publish_load(work_);
   }
   life_.beat(false);
@@ -75,7 +77,13 @@ void EngineLoop::run() {
   const absl::Status why = life_.enter_stopped(work_.started() ? work_.in_flight() : 0);
   for (auto& cmd : intake_.close()) cmd();
   if (work_.started()) end_everything(why);
+  publish_kv_events();
+  kv_events_.close(why);
   info_.publish_load(work_);
+}
+
+void EngineLoop::publish_kv_events() {
+  if (work_.started()) kv_events_.publish(work_.engine->pool().take_kv_events());
 }
 
 void EngineLoop::step() {

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "kvfuse/v1/decode.pb.h"
 #include "server/generate_stream.h"
+#include "server/kv_events.h"
 #include "server/loop_intake.h"
 #include "server/loop_lifecycle.h"
 #include "server/loop_work.h"
@@ -69,6 +70,9 @@ class EngineLoop {
   }
   void abort(uint64_t id, Done done) { intake_.abort(id, std::move(done)); }
   void get_load(v1::GetLoadResponse* resp, Done done) { intake_.get_load(resp, std::move(done)); }
+  void flush_cache(v1::FlushCacheResponse* resp, Done done) { intake_.flush_cache(resp, std::move(done)); }
+  // The prefix cache's events (SubscribeKvEvents): the loop publishes each turn's.
+  KvEventLog& kv_events() { return kv_events_; }
   void generate(const v1::GenerateRequest* req, std::shared_ptr<GenerateCall> call) {
     intake_.generate(req, std::move(call));
   }
@@ -99,6 +103,8 @@ class EngineLoop {
   // Stops a batch call's tasks with `why` and answers it.
   void end_batch(uint64_t batch_id, const absl::Status& why);
   void end_everything(const absl::Status& why);
+  // The prefix cache's events since the last turn, to the log.
+  void publish_kv_events();
 
   LoopOptions opts_;
   ServerMetrics& metrics_;
@@ -106,6 +112,7 @@ class EngineLoop {
   ServerInfo info_;
   LoopLifecycle life_;
   LoopIntake intake_;
+  KvEventLog kv_events_;
   std::thread thread_;
   std::mutex join_mu_;
   // With overlap_fanout: the last step's events, sent while the device runs the next step

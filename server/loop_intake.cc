@@ -106,6 +106,17 @@ void LoopIntake::get_load(v1::GetLoadResponse* resp, CallDone done) {
   });
 }
 
+void LoopIntake::flush_cache(v1::FlushCacheResponse* resp, CallDone done) {
+  post_served(std::move(done), [this, resp](const CallDone& done) {
+    KvPool& pool = work_.engine->pool();
+    resp->set_pages_flushed(uint64_t(pool.flush_cache()));
+    resp->set_pages_cached(uint64_t(pool.cache_stats().cached_pages));
+    spdlog::info("event=cache_flushed pages={} still_cached={}", resp->pages_flushed(), resp->pages_cached());
+    info_.publish_load(work_);
+    done(absl::OkStatus());
+  });
+}
+
 void LoopIntake::generate(const v1::GenerateRequest* req, std::shared_ptr<GenerateCall> call) {
   // A copy: a cancelled call may be gone (with its request) before this runs.
   post([this, req = *req, call] {

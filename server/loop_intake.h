@@ -38,6 +38,7 @@ class LoopIntake {
   void release(const v1::ReleaseRequest* req, v1::ReleaseResponse* resp, CallDone done);
   void abort(uint64_t id, CallDone done);
   void get_load(v1::GetLoadResponse* resp, CallDone done);
+  void flush_cache(v1::FlushCacheResponse* resp, CallDone done);
   void generate(const v1::GenerateRequest* req, std::shared_ptr<GenerateCall> call);
   // Wakes the loop to look again (a call was cancelled, a drain or a stop began).
   void wake();

@@ -155,6 +155,15 @@ std::string ServerMetrics::render() const {
     }
     scalar(out, "kvfuse:num_preemptions_total", "counter", "Generate requests preempted for KV capacity.", ml,
            double(load_.preemptions));
+    scalar(out, "kvfuse:prefix_cache_queries_total", "counter",
+           "Prompt tokens looked up in the prefix cache (vLLM counts tokens too).", ml,
+           double(load_.cache_query_tokens));
+    scalar(out, "kvfuse:prefix_cache_hits_total", "counter", "Of those, tokens found cached.", ml,
+           double(load_.cache_hit_tokens));
+    header(out, "kvfuse:prefix_cache_pages", "gauge", "Full-pool pages the prefix cache holds, by state.");
+    absl::StrAppend(&out, "kvfuse:prefix_cache_pages{", ml, ",state=\"held\"} ",
+                    load_.cached_pages - load_.evictable_pages, "\n", "kvfuse:prefix_cache_pages{", ml,
+                    ",state=\"evictable\"} ", load_.evictable_pages, "\n");
     scalar(out, "kvfuse:prompt_tokens_total", "counter", "Prompt tokens received (Generate and Prefill).", ml,
            double(prompt_tokens_));
     scalar(out, "kvfuse:generation_tokens_total", "counter",

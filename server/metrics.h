@@ -37,6 +37,10 @@ struct LoadGauges {
   int64_t full_used = 0, full_total = 0;
   int64_t swa_used = 0, swa_total = 0;
   int64_t preemptions = 0;
+  // The prefix cache: prompt tokens looked up and found (counters), pages cached (of them
+  // held by no sequence: evictable).
+  int64_t cache_query_tokens = 0, cache_hit_tokens = 0;
+  int64_t cached_pages = 0, evictable_pages = 0;
 };
 
 class ServerMetrics {

@@ -62,6 +62,11 @@ void ServerInfo::fill_load(const LoopWork& work, bool serving, v1::GetLoadRespon
     p->set_used_pages(uint64_t(u.used_pages));
     p->set_free_pages(uint64_t(u.free_pages));
     p->set_shared_pages(uint64_t(u.shared_pages));
+    if (kind == PoolKind::full) {
+      const KvPool::CacheStats c = pool.cache_stats();
+      p->set_cached_pages(uint64_t(c.cached_pages));
+      p->set_evictable_pages(uint64_t(c.evictable_pages));
+    }
   }
   const PoolUsage full = pool.usage(PoolKind::full);
   resp->set_kv_usage(full.total_pages > 0 ? double(full.used_pages) / double(full.total_pages) : 0.0);
@@ -89,6 +94,11 @@ void ServerInfo::publish_load(const LoopWork& work) {
     g.swa_total = pool.usage(PoolKind::swa).total_pages;
   }
   g.preemptions = sched.num_preemptions();
+  const KvPool::CacheStats c = pool.cache_stats();
+  g.cache_query_tokens = c.query_tokens;
+  g.cache_hit_tokens = c.hit_tokens;
+  g.cached_pages = c.cached_pages;
+  g.evictable_pages = c.evictable_pages;
   metrics_.set_load(g);
   in_flight_ = work.in_flight();
 }

@@ -93,6 +93,8 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
        "full KV pages stay cached after their sequence ends, and a new sequence whose prompt begins with cached "
        "pages takes them instead of computing them (default on; models without SWA layers)"},
       {"prefix_reuse", "on | off", "the former name of prefix_cache"},
+      {"kv_events_history", "1 .. 1048576",
+       "batches of prefix-cache events kept for SubscribeKvEvents subscribers that reconnect"},
       {"overlap_fanout", "on | off",
        "the server sends a step's tokens to their streams while the device runs the next step "
        "(default on; off: after the step, before the next one is planned)"},
@@ -402,6 +404,10 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
   if (has("max_batch_tokens")) {
     KVFUSE_RETURN_IF_ERROR(parse_int(j["max_batch_tokens"], "max_batch_tokens", 1, 65536, c.max_batch_tokens));
   }
+  if (has("kv_events_history")) {
+    KVFUSE_RETURN_IF_ERROR(
+        parse_int(j["kv_events_history"], "kv_events_history", 1, 1048576, c.kv_events_history));
+  }
   if (has("max_running_seqs")) {
     KVFUSE_RETURN_IF_ERROR(parse_int(j["max_running_seqs"], "max_running_seqs", 1, 4096, c.max_running_seqs));
   }
@@ -513,6 +519,7 @@ json config_to_json(const Config& c) {
   j["max_running_seqs"] = c.max_running_seqs;
   j["prefix_cache"] = c.prefix_cache ? "on" : "off";
   j["prefix_reuse"] = j["prefix_cache"];  // the former name, kept in step
+  j["kv_events_history"] = c.kv_events_history;
   j["overlap_fanout"] = c.overlap_fanout ? "on" : "off";
   j["max_seq_len"] = c.max_seq_len;
   j["tensor_parallel"] = c.tensor_parallel;

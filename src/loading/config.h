@@ -61,6 +61,8 @@ struct Config {
   // Full KV pages stay cached past their sequence, and a new sequence takes the cached
   // pages its prompt begins with (no SWA layers; not with prompt logprobs).
   bool prefix_cache = true;
+  // Batches of prefix-cache events the server keeps for subscribers that reconnect.
+  int32_t kv_events_history = 4096;
   // Server: a step's tokens go out to their streams while the device runs the next step
   // (off: between the two, on the step's critical path; for A/B).
   bool overlap_fanout = true;
