@@ -1,7 +1,13 @@
 // kvfuse-bench-serve: a load generator for a running kvfuse-server. N concurrent
 // Generate streams for a duration (each stream sends its next request as soon as the
 // previous one ends), a progress line every second, then output throughput and
-// TTFT / ITL / end-to-end percentiles, measured on the client.
+// TTFT / ITL / end-to-end percentiles, measured on the client, and the prefix cache's hit
+// rate (the prompt tokens the server reports as cached).
+//
+// Prompts are random token ids, optionally after a prefix every request shares
+// (--shared-prefix-len: a system prompt), and optionally as conversations of --turns turns:
+// each turn's prompt is the previous turn's prompt, its output and --prompt-len new tokens
+// (a chat's history), so that a server with a prefix cache computes only the new part.
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
@@ -30,11 +36,14 @@ struct Options {
   float temperature = 0;
   uint64_t seed = 1;
   int64_t max_requests = 0;  // 0: no limit
+  int shared_prefix_len = 0;  // tokens every prompt begins with
+  int turns = 1;              // requests per conversation
 };
 
 struct Samples {
   std::vector<double> ttft, itl, e2e;
   std::map<std::string, int64_t> errors;
+  int64_t prompt_tokens = 0, cached_tokens = 0;  // as the final messages' usage reports
 };
 
 struct Progress {
@@ -43,14 +52,33 @@ struct Progress {
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-void worker(int index, const Options& o, int32_t vocab, v1::DecodeService::Stub& stub, Clock::time_point end,
-            Progress& progress, Samples& out) {
+// The prefix every prompt begins with: the same ids in every worker (the seed's).
+std::vector<int32_t> shared_prefix(const Options& o, int32_t vocab) {
+  std::mt19937_64 rng(o.seed * 104729 + 17);
+  std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+  std::vector<int32_t> p(static_cast<size_t>(o.shared_prefix_len));
+  for (int32_t& t : p) t = tok(rng);
+  return p;
+}
+
+void worker(int index, const Options& o, int32_t vocab, int64_t max_seq_len, const std::vector<int32_t>& prefix,
+            v1::DecodeService::Stub& stub, Clock::time_point end, Progress& progress, Samples& out) {
   std::mt19937_64 rng(o.seed * 7919 + uint64_t(index));
   std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+  std::vector<int32_t> history;  // the conversation so far (prompt and output of its turns)
+  int turn = 0;
   while (Clock::now() < end) {
     if (o.max_requests > 0 && progress.started.fetch_add(1) >= o.max_requests) return;
+    // A new conversation after its last turn, or when the next turn would not fit.
+    if (turn == o.turns || int64_t(history.size()) + o.prompt_len + o.max_tokens >= max_seq_len) {
+      history.clear();
+      turn = 0;
+    }
+    if (turn == 0) history = prefix;
+    for (int i = 0; i < o.prompt_len; ++i) history.push_back(tok(rng));
+    ++turn;
     v1::GenerateRequest req;
-    for (int i = 0; i < o.prompt_len; ++i) req.add_prompt_ids(tok(rng));
+    for (int32_t t : history) req.add_prompt_ids(t);
     req.set_max_tokens(uint32_t(o.max_tokens));
     req.set_ignore_eos(true);  // every request generates max_tokens
     req.mutable_sampling()->set_temperature(o.temperature);
@@ -63,8 +91,13 @@ void worker(int index, const Options& o, int32_t vocab, v1::DecodeService::Stub&
     auto last = t0;
     bool first = true;
     while (reader->Read(&msg)) {
+      if (msg.has_usage()) {
+        out.prompt_tokens += msg.usage().prompt_tokens();
+        out.cached_tokens += msg.usage().cached_tokens();
+      }
       const int n = msg.token_ids_size();
       if (n == 0) continue;
+      history.insert(history.end(), msg.token_ids().begin(), msg.token_ids().end());
       const auto now = Clock::now();
       const double gap = std::chrono::duration<double>(now - last).count();
       if (first) {
@@ -80,6 +113,7 @@ void worker(int index, const Options& o, int32_t vocab, v1::DecodeService::Stub&
       progress.tokens += n;
     }
     const grpc::Status st = reader->Finish();
+    if (!st.ok()) turn = o.turns;  // the conversation ends with a failed turn
     if (st.ok()) {
       out.e2e.push_back(since(t0));
       ++progress.done;
@@ -119,6 +153,14 @@ int main(int argc, char** argv) {
   app.add_option("-t,--temperature", o.temperature, "0: greedy")->capture_default_str();
   app.add_option("--seed", o.seed, "prompt and sampler seed")->capture_default_str();
   app.add_option("-n,--max-requests", o.max_requests, "stop after this many requests (0: no limit)");
+  app.add_option("--shared-prefix-len", o.shared_prefix_len, "tokens every prompt begins with (a system prompt)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--turns", o.turns,
+                 "requests per conversation: each turn's prompt is the last one's prompt and output plus "
+                 "--prompt-len new tokens")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   auto channel = client::make_channel(o.addr);
@@ -135,9 +177,16 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "kvfuse-bench-serve: %s on %s, kv %s (%s write), %s attention; %d streams for %.1f s, prompt %d, "
-      "max_tokens %d\n",
+      "max_tokens %d, shared prefix %d, %d turn%s\n",
       info.model().c_str(), info.device().c_str(), info.kv_format().c_str(), info.kv_write().c_str(),
-      info.attention().c_str(), o.concurrency, o.duration_s, o.prompt_len, o.max_tokens);
+      info.attention().c_str(), o.concurrency, o.duration_s, o.prompt_len, o.max_tokens, o.shared_prefix_len,
+      o.turns, o.turns == 1 ? "" : "s");
+  if (int64_t(o.shared_prefix_len) + o.prompt_len + o.max_tokens > int64_t(info.max_seq_len())) {
+    std::fprintf(stderr, "kvfuse-bench-serve: --shared-prefix-len + --prompt-len + --max-tokens (%d) exceed the "
+                 "server's max_seq_len %u\n", o.shared_prefix_len + o.prompt_len + o.max_tokens, info.max_seq_len());
+    return 2;
+  }
+  const std::vector<int32_t> prefix = shared_prefix(o, int32_t(info.vocab_size()));
 
   Progress progress;
   std::vector<Samples> samples(size_t(o.concurrency));
@@ -146,8 +195,8 @@ int main(int argc, char** argv) {
       t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.duration_s));
   std::vector<std::thread> threads;
   for (int i = 0; i < o.concurrency; ++i) {
-    threads.emplace_back(worker, i, std::cref(o), int32_t(info.vocab_size()), std::ref(stub), end,
-                         std::ref(progress), std::ref(samples[size_t(i)]));
+    threads.emplace_back(worker, i, std::cref(o), int32_t(info.vocab_size()), int64_t(info.max_seq_len()),
+                         std::cref(prefix), std::ref(stub), end, std::ref(progress), std::ref(samples[size_t(i)]));
   }
   std::atomic<bool> finished{false};
   std::thread reporter([&] {
@@ -173,6 +222,8 @@ int main(int argc, char** argv) {
     all.itl.insert(all.itl.end(), s.itl.begin(), s.itl.end());
     all.e2e.insert(all.e2e.end(), s.e2e.begin(), s.e2e.end());
     for (const auto& [k, v] : s.errors) all.errors[k] += v;
+    all.prompt_tokens += s.prompt_tokens;
+    all.cached_tokens += s.cached_tokens;
   }
   const double tokens = double(progress.tokens.load());
   std::printf("requests  %lld ok, %lld failed in %.2f s: %.2f req/s\n", (long long)progress.done.load(),
@@ -181,6 +232,9 @@ int main(int argc, char** argv) {
   print_pcts("TTFT", all.ttft);
   print_pcts("ITL", all.itl);
   print_pcts("E2E", all.e2e);
+  std::printf("prefix cache  %lld of %lld prompt tokens cached: hit rate %.1f%%\n", (long long)all.cached_tokens,
+              (long long)all.prompt_tokens,
+              all.prompt_tokens > 0 ? 100.0 * double(all.cached_tokens) / double(all.prompt_tokens) : 0.0);
   for (const auto& [code, n] : all.errors) std::printf("error     %s x %lld\n", code.c_str(), (long long)n);
   return progress.failed.load() > 0 && progress.done.load() == 0 ? 1 : 0;
 }

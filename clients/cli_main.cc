@@ -182,6 +182,10 @@ int main(int argc, char** argv) {
 
   auto* info = app.add_subcommand("info", "model, KV cache dtype and format, paths, pool size");
   auto* load = app.add_subcommand("load", "running and waiting requests, pages per pool");
+  auto* flush = app.add_subcommand("flush-cache", "drop the prefix cache's pages no sequence holds");
+  auto* events = app.add_subcommand("kv-events", "print the prefix cache's event batches as they come (JSON lines)");
+  uint64_t events_from = 0;
+  events->add_option("--from", events_from, "the first batch (0: the next one)");
   auto* health = app.add_subcommand("health", "grpc.health.v1 Check");
   std::string health_service;
   health->add_option("--service", health_service, "service name ('' = the server)");
@@ -263,6 +267,23 @@ int main(int argc, char** argv) {
   if (*load) {
     v1::GetLoadResponse resp;
     return report(stub.GetLoad(&ctx, {}, &resp), &resp);
+  }
+  if (*flush) {
+    v1::FlushCacheResponse resp;
+    return report(stub.FlushCache(&ctx, {}, &resp), &resp);
+  }
+  if (*events) {  // until --timeout-s or the server ends the stream
+    v1::SubscribeKvEventsRequest req;
+    if (events_from > 0) req.set_start_sequence_number(events_from);
+    auto reader = stub.SubscribeKvEvents(&ctx, req);
+    v1::KvEventBatch batch;
+    while (reader->Read(&batch)) {
+      std::printf("%s\n", client::to_json(batch).c_str());
+      std::fflush(stdout);
+    }
+    const grpc::Status st = reader->Finish();
+    if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) return 0;  // --timeout-s ended it
+    return report(st, static_cast<const v1::KvEventBatch*>(nullptr));
   }
   if (*health) {
     grpc::health::v1::Health::Stub hs(channel);

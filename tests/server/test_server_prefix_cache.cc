@@ -146,3 +146,13 @@ TEST_CASE("server: FlushCache keeps the pages live sequences hold", "[server][pr
   CHECK(t.wait_all_pages_free());
   CHECK(flush(t).pages_flushed() == 2);
 }
+
+TEST_CASE("server: a KV event subscription ends UNAVAILABLE when the server stops", "[server][prefix]") {
+  auto t = TestServer::start();
+  Subscription s;
+  std::thread sub([&] { s = subscribe(t, std::nullopt, 20.0); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  t.server->drain(1.0);
+  sub.join();
+  CHECK(s.status.error_code() == grpc::StatusCode::UNAVAILABLE);
+}

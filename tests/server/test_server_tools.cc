@@ -168,6 +168,55 @@ TEST_CASE("kvfuse-bench-serve: concurrent streams, progress, throughput and late
   CHECK(t.wait_all_pages_free());
 }
 
+TEST_CASE("kvfuse-cli: flush-cache and kv-events", "[server][tools][prefix]") {
+  auto t = TestServer::start();
+  const std::string cli = std::string(KVFUSE_CLI_BIN) + " --addr " + t.server->address() + " ";
+  REQUIRE(generate(*t.stub, generate_request(test_prompt(5, 40), 2)).status.ok());
+  REQUIRE(t.wait_all_pages_free());
+  auto [rc, out] = run(cli + "--timeout-s 1 kv-events --from 1");
+  INFO(out);
+  CHECK(rc == 0);  // the deadline ends the stream
+  CHECK(out.find("\"sequenceNumber\":\"1\"") != std::string::npos);
+  CHECK(out.find("\"blockStored\"") != std::string::npos);
+  std::tie(rc, out) = run(cli + "flush-cache");
+  CHECK(rc == 0);
+  CHECK(out.find("\"pagesFlushed\":\"2\"") != std::string::npos);
+  std::tie(rc, out) = run(cli + "--timeout-s 1 kv-events --from 99");
+  CHECK(rc == int(grpc::StatusCode::INVALID_ARGUMENT));
+  CHECK(out.find("start_sequence_number") != std::string::npos);
+}
+
+// Multi-turn conversations after a shared prefix: turns after the first find their history
+// cached, and a conversation's first turn the shared prefix; with the cache off, nothing.
+TEST_CASE("kvfuse-bench-serve: a multi-turn workload with a shared prefix prints the prefix cache's hit rate",
+          "[server][tools][prefix]") {
+  for (const bool cache : {true, false}) {
+    CAPTURE(cache);
+    auto t = TestServer::start({cache ? "prefix_cache=on" : "prefix_cache=off"});
+    auto [rc, out] = run(std::string(KVFUSE_BENCH_SERVE_BIN) + " --addr " + t.server->address() +
+                         " --concurrency 1 --duration-s 60 --max-requests 6 --prompt-len 8 --max-tokens 8"
+                         " --shared-prefix-len 40 --turns 3");
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK(out.find("shared prefix 40, 3 turns") != std::string::npos);
+    const size_t at = out.find("prefix cache  ");
+    REQUIRE(at != std::string::npos);
+    long long cached = -1, prompt = -1;
+    REQUIRE(std::sscanf(out.c_str() + at, "prefix cache  %lld of %lld", &cached, &prompt) == 2);
+    // One stream: 2 conversations of 3 turns, prompts of 48, 64 and 80 tokens.
+    CHECK(prompt == 2 * (48 + 64 + 80));
+    if (cache) {
+      // Whole pages of 16 before each prompt's last token that an earlier turn computed:
+      // turns 2 and 3 find 48 and 64 (the last turn's prompt and all but its last output
+      // token); the second conversation's first turn finds the shared 40's 32.
+      CHECK(cached == 48 + 64 + 32 + 48 + 64);
+    } else {
+      CHECK(cached == 0);
+    }
+    CHECK(t.wait_all_pages_free());
+  }
+}
+
 TEST_CASE("kvfuse-cli: an error that cuts a stream starts on a line of its own", "[server][tools]") {
   TokenRecord record;
   auto t = TestServer::start({"max_seq_len=4096"},
