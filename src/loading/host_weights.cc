@@ -5,17 +5,11 @@
 #include <thread>
 
 #include "kernels/cpu/gemm/gemm_fp8.h"
+#include "src/common/arith.h"
 
 namespace kvfuse {
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Tensor ids for the synthetic generator.
 enum : uint64_t { kEmbed = 1, kFinalNorm, kLmHead, kLayerBase = 16 };

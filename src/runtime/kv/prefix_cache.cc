@@ -5,20 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "src/common/arith.h"
 
 namespace kvfuse {
-
-namespace {
-
-// splitmix64's finalizer: every input bit moves every output bit.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 uint64_t prefix_cache_salt(std::string_view identity) {
   std::vector<int32_t> bytes(identity.begin(), identity.end());
@@ -26,8 +15,8 @@ uint64_t prefix_cache_salt(std::string_view identity) {
 }
 
 uint64_t PrefixCache::default_hash(uint64_t parent, const int32_t* tokens, int32_t n) {
-  uint64_t h = mix(parent ^ uint64_t(uint32_t(n)));
-  for (int32_t i = 0; i < n; ++i) h = mix(h ^ uint64_t(uint32_t(tokens[i])));
+  uint64_t h = splitmix64(parent ^ uint64_t(uint32_t(n)));
+  for (int32_t i = 0; i < n; ++i) h = splitmix64(h ^ uint64_t(uint32_t(tokens[i])));
   return h;
 }
 
