@@ -53,19 +53,26 @@ TEST_CASE("scheduler: continuous batching with chunked prefill equals one-at-a-t
 
 TEST_CASE("scheduler: preemption under pool pressure recomputes and loses no tokens", "[scheduler][pool]") {
   auto ref = make_engine();
-  // 10 pages of 16 tokens for 6 sequences that each grow to ~70 tokens: must preempt.
-  auto e = make_engine({{"num_pages", 10}, {"page_size", 16}, {"max_batch_tokens", 64}});
-  const int32_t vocab = e->spec().vocab;
-  Scheduler s(*e);
-  std::map<SeqId, std::vector<int32_t>> want;
-  for (SeqId id = 0; id < 6; ++id) {
-    const auto r = request(id, 20 + int32_t(id), 50, vocab);
-    want[id] = greedy(*ref, 100, r.prompt, 50);
-    REQUIRE(s.submit(r).ok());
+  // 10 pages of 16 tokens for 6 sequences that each grow to ~70 tokens: must preempt. With
+  // the prefix cache a readmitted sequence takes back the pages it computed that were not
+  // evicted meanwhile; the tokens are the same either way.
+  for (const char* cache : {"on", "off"}) {
+    CAPTURE(cache);
+    auto e = make_engine({{"num_pages", 10}, {"page_size", 16}, {"max_batch_tokens", 64}, {"prefix_cache", cache}});
+    const int32_t vocab = e->spec().vocab;
+    Scheduler s(*e);
+    std::map<SeqId, std::vector<int32_t>> want;
+    for (SeqId id = 0; id < 6; ++id) {
+      const auto r = request(id, 20 + int32_t(id), 50, vocab);
+      want[id] = greedy(*ref, 100, r.prompt, 50);
+      REQUIRE(s.submit(r).ok());
+    }
+    CHECK(run_all(s) == want);
+    CHECK(s.num_preemptions() > 0);
+    CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
+    CHECK((e->pool().cache_stats().hit_tokens > 0) == (std::string(cache) == "on"));
+    REQUIRE(e->pool().check_invariants().ok());
   }
-  CHECK(run_all(s) == want);
-  CHECK(s.num_preemptions() > 0);
-  CHECK(e->pool().usage(PoolKind::full).used_pages == 0);
 }
 
 TEST_CASE("scheduler: pages are reserved and preemption decided before the step runs", "[scheduler][pool]") {
