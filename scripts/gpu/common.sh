@@ -6,7 +6,8 @@
 # with the seconds since the start, to the terminal and the summary), bundle
 # (.device-bundle, unpacked from .device-bundle.tar.xz when only the archive was carried
 # along), and LD_LIBRARY_PATH (the bundle's libraries, EXTRA_LIBRARY_DIR, then the
-# machine's own CUDA libraries for cuBLASLt and the runtime); and build_gpu_targets.
+# machine's own CUDA libraries for cuBLASLt and the runtime); build_gpu_targets,
+# wait_engine_ready and start_server.
 run_name=$1
 out=${OUT:-build-$run_name}
 mkdir -p "$out"
@@ -47,5 +48,19 @@ wait_engine_ready() {
     kill -0 "$pid" 2>/dev/null || return 1
     sleep 0.5
   done
+  return 1
+}
+
+# start_server LOG ARGS...: the bundle's kvfuse-server with ARGS and no metrics port, its
+# output into LOG, in the background; server_pid is its pid. Returns once it is ready
+# (wait_engine_ready); one that does not get there is stopped, and start_server fails.
+start_server() {
+  local log=$1
+  shift
+  "$bundle/kvfuse-server" "$@" --metrics-port -1 >"$log" 2>&1 &
+  server_pid=$!
+  wait_engine_ready "$server_pid" "$log" && return 0
+  kill "$server_pid" 2>/dev/null
+  wait "$server_pid" 2>/dev/null
   return 1
 }

@@ -17,10 +17,7 @@ for t in test_gpu_backend test_gpu_fp8 test_gpu_logprobs test_gpu_engine test_gp
   ((rc == 0)) || status=1
 done
 port=${PORT:-50161}
-"$bundle/kvfuse-server" --set model=tiny --set device=cuda --listen "127.0.0.1:$port" --metrics-port -1 \
-  >"$out/server.txt" 2>&1 &
-pid=$!
-if wait_engine_ready $pid "$out/server.txt"; then
+if start_server "$out/server.txt" --set model=tiny --set device=cuda --listen "127.0.0.1:$port"; then
   scripts/ci/router-check.sh "$bundle/kvfuse-cli" "127.0.0.1:$port" >"$out/router.txt" 2>&1
   rc=$?
   cat "$out/router.txt" >>"$summary"
@@ -30,7 +27,7 @@ else
   note "FAIL: the tiny-model CUDA server did not start (server.txt)"
   status=1
 fi
-kill -TERM $pid 2>/dev/null
-wait $pid 2>/dev/null
+kill -TERM "$server_pid" 2>/dev/null
+wait "$server_pid" 2>/dev/null
 note "$( ((status == 0)) && echo PASS || echo FAIL)"
 exit $status

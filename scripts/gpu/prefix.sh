@@ -40,17 +40,13 @@ load() {  # side, workload name, bench-serve arguments...
 }
 
 serve() {  # side (on | off)
-  local side=$1 log="$out/server-$1.txt"
-  "$bundle/kvfuse-server" "${engine[@]}" --set prefix_cache="$side" --listen "127.0.0.1:$port" --metrics-port -1 \
-    >"$log" 2>&1 &
-  local pid=$!
-  if ! wait_engine_ready $pid "$log"; then
+  local side=$1
+  if ! start_server "$out/server-$side.txt" "${engine[@]}" --set prefix_cache="$side" --listen "127.0.0.1:$port"; then
     note "cache $side: server did not start"
     status=1
-    kill $pid 2>/dev/null
-    wait $pid 2>/dev/null
     return
   fi
+  local pid=$server_pid
   load "$side" shared --shared-prefix-len 2048 --prompt-len 64
   load "$side" turns --shared-prefix-len 1024 --turns 4 --prompt-len 64
   load "$side" random --prompt-len 512 --seed $((RANDOM + 1))

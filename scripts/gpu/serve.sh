@@ -31,17 +31,13 @@ rm -f "$KVFUSE_GEMM_CACHE"
 
 serve() {  # name, overlap_fanout value
   local name=$1 log="$out/server-$1.txt"
-  KVFUSE_GEMM_TUNE_LOG=1 "$bundle/kvfuse-server" "${engine[@]}" --set max_running_seqs="$streams" --set num_pages="${NUM_PAGES:-16384}" \
-    --set overlap_fanout="$2" --listen "127.0.0.1:$port" \
-    --metrics-port -1 >"$log" 2>&1 &
-  local pid=$!
-  if ! wait_engine_ready $pid "$log"; then
+  if ! KVFUSE_GEMM_TUNE_LOG=1 start_server "$log" "${engine[@]}" --set max_running_seqs="$streams" \
+    --set num_pages="${NUM_PAGES:-16384}" --set overlap_fanout="$2" --listen "127.0.0.1:$port"; then
     note "$name: server did not start"
     status=1
-    kill $pid 2>/dev/null
-    wait $pid 2>/dev/null
     return
   fi
+  local pid=$server_pid
   "$bundle/kvfuse-bench-serve" --addr "127.0.0.1:$port" --concurrency "$streams" --duration-s "$serve_s" \
     --prompt-len 32 --max-tokens "$tokens" >"$out/bench-$name.txt" 2>"$out/bench-$name.err"
   local rc=$?
