@@ -47,7 +47,6 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::create_shared(const KvPoolConfig
 
 // The chains' salt: the config's, the KV format and every layer's scales.
 uint64_t KvPool::cache_salt() const {
-  uint64_t h = PrefixCache::default_hash(cfg_.prefix_cache_salt, nullptr, 0);
   std::vector<int32_t> words = {int32_t(cfg_.format), cfg_.page_size};
   for (size_t l = 0; l < cfg_.k_scale.size(); ++l) {
     for (float s : {cfg_.k_scale[l], cfg_.v_scale[l]}) {
@@ -56,7 +55,7 @@ uint64_t KvPool::cache_salt() const {
       words.push_back(bits);
     }
   }
-  return PrefixCache::default_hash(h, words.data(), int32_t(words.size()));
+  return PrefixCache::default_hash(cfg_.prefix_cache_salt, words.data(), int32_t(words.size()));
 }
 
 absl::Status KvPool::add_storage(int32_t index, Backend& backend) {
@@ -192,7 +191,7 @@ void KvPool::cache_computed(SeqId id, const std::vector<int32_t>& tokens, int32_
 int64_t KvPool::flush_cache() {
   if (!cache_) return 0;
   const int64_t n = full_alloc_->evict_all();
-  if (cache_->num_blocks() == 0) cache_->cleared();
+  if (n > 0 && cache_->num_blocks() == 0) cache_->cleared();  // a flush that changed nothing says nothing
   return n;
 }
 

@@ -126,7 +126,7 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     const bool swa = pool.layer_is_swa(l);
     // The previous layer's MLP output (in h) joins the residual stream in the norm's kernel,
     // which may also quantize its output for an FP8 W8A8 qkv (Backend::norm_to_fp8).
-    absl::StatusOr<Fp8Acts> acts = Fp8Acts{};
+    absl::StatusOr<Fp8Acts> acts = Fp8Acts{};  // the QKV input's codes, where the norm made them
     if (push && l > 0) {
       KVFUSE_RETURN_IF_ERROR(
           comm->push_add_rmsnorm(pushed++, h, x, L.attn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h));
@@ -179,6 +179,7 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
     }
 
     // Row-parallel O and down: each rank's partial sums, all-reduced (or pushed into the norm after them).
+    acts = Fp8Acts{};  // the gate/up input's codes, where the norm makes them
     if (push) {
       KVFUSE_RETURN_IF_ERROR(backend_.linear_push(p.attn, T, L.o, h, comm->push_targets(pushed)));
       KVFUSE_RETURN_IF_ERROR(
@@ -189,8 +190,8 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
       acts = backend_.norm_to_fp8(x, h, L.ffn_norm.as<bf16_t>(), T, s.hidden, s.rms_eps, h, L.gate_up);
       KVFUSE_RETURN_IF_ERROR(acts.status());
     }
-    KVFUSE_RETURN_IF_ERROR(backend_.linear_silu_mul_from_fp8(h, push ? Fp8Acts{} : *acts, T, L.gate_up,
-                                                             d.intermediate, p.gate_up, p.act));
+    KVFUSE_RETURN_IF_ERROR(
+        backend_.linear_silu_mul_from_fp8(h, *acts, T, L.gate_up, d.intermediate, p.gate_up, p.act));
     if (push && l + 1 < s.num_layers) {
       // The next layer's norm sums it (above).
       KVFUSE_RETURN_IF_ERROR(backend_.linear_push(p.act, T, L.down, h, comm->push_targets(pushed)));

@@ -1,7 +1,5 @@
 #include "src/runtime/sequences.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "src/common/status_macros.h"
 

@@ -41,13 +41,9 @@ absl::StatusOr<bool> Fp8Projections::gemv_silu_mul(const bf16_t* x, int64_t m, c
   auto gemv = c_.planner->gemv_fp8_variant(x, m, w, bias, *s, act, *c_.capturing);
   if (!gemv.ok()) return gemv.status();
   if (*gemv < 0) return false;
-  gpu::Fp8GemvAct a = GemmPlanner::gemv_fp8_act(w);
-  if (s->given) {
-    a.xq = s->xq;
-    a.x_scale = s->x_scale;
-  }
   KVFUSE_RETURN_IF_ERROR(gpu_status(gpu::launch_gemv_fp8_silu_mul(x, m, w.w.as<uint8_t>(), w.scale.as<float>(),
-                                                                  w.fp8_format, w.n, w.k, bias, act, a, *c_.stream,
+                                                                  w.fp8_format, w.n, w.k, bias, act,
+                                                                  GemmPlanner::gemv_fp8_act(w, *s), *c_.stream,
                                                                   *c_.pdl, *gemv),
                                     "gemv fp8 silu_mul"));
   return true;

@@ -37,11 +37,6 @@ std::optional<int32_t> PrefixCache::page_of(uint64_t hash, uint64_t parent_id, c
   return std::nullopt;
 }
 
-const PrefixCache::Block* PrefixCache::find(uint64_t hash, uint64_t parent_id, const int32_t* tokens) const {
-  const std::optional<int32_t> page = page_of(hash, parent_id, tokens);
-  return page ? &blocks_.at(*page) : nullptr;
-}
-
 PrefixCache::Match PrefixCache::match(const int32_t* tokens, int64_t limit) const {
   Match m;
   m.hash = salt_;
@@ -81,15 +76,16 @@ std::vector<int32_t> PrefixCache::add_computed(SeqId id, const int32_t* tokens, 
     const int32_t* t = tokens + int64_t(p.pages) * page_size_;
     const uint64_t h = hasher_(p.hash, t, page_size_);
     const int32_t page = pages[size_t(p.pages)];
-    if (const Block* same = find(h, p.block_id, t)) {  // this content is cached already
+    if (const std::optional<int32_t> same = page_of(h, p.block_id, t)) {  // this content is cached already
       flush();
       p.hash = h;
-      p.block_id = same->id;
+      p.block_id = blocks_.at(*same).id;
       continue;
     }
     if (blocks_.count(page)) {
-      // The page holds another chain's block (a shared page the sequence does not extend the
-      // same way cannot happen: shared pages are whole prefixes); keep the chain going.
+      // A guard, not a path: the sequence's pages past `progress` are its own, filled by it,
+      // and none is a block yet. Were one already, adding it again would leave the index
+      // stale; its block stands for the content instead.
       flush();
       p.hash = h;
       p.block_id = blocks_.at(page).id;

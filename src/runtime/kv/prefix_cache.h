@@ -104,8 +104,7 @@ class PrefixCache {
     uint64_t hash = 0;
     uint64_t block_id = 0;
   };
-  // The block of this content after `parent_id`, or null.
-  const Block* find(uint64_t hash, uint64_t parent_id, const int32_t* tokens) const;
+  // The page of the block of this content after `parent_id`, if one is cached.
   std::optional<int32_t> page_of(uint64_t hash, uint64_t parent_id, const int32_t* tokens) const;
 
   int32_t page_size_;

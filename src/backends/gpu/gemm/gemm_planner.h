@@ -78,8 +78,9 @@ class GemmPlanner {
   // quantized in the GEMV, or W8A8 codes given in scratch) at most gpu::kGemvMaxRows rows,
   // else -1: for the epilogue only the GEMV has (SiLU-mul). Plans it as gemm_fp8 does.
   // The activations of the FP8 GEMV for weight w: bf16 x, quantized by the GEMV itself for
-  // W8A8 (w's static input scale in device memory where it has one).
-  static gpu::Fp8GemvAct gemv_fp8_act(const LinearWeight& w);
+  // W8A8 (w's static input scale in device memory where it has one), or, where `scratch`
+  // holds x's codes already (Fp8Scratch::given), those codes and their row scales.
+  static gpu::Fp8GemvAct gemv_fp8_act(const LinearWeight& w, const Fp8Scratch& scratch);
   absl::StatusOr<int> gemv_fp8_variant(const bf16_t* x, int64_t m, const LinearWeight& w, const float* bias,
                                        const Fp8Scratch& scratch, void* out, bool capturing);
   // kvfuse's GEMV may run this call: it is a candidate (KVFUSE_GEMV) and the operands suit it.

@@ -39,8 +39,13 @@ bool w8a8(const LinearWeight& w) { return w.act != Fp8Act::none; }
 
 }  // namespace
 
-gpu::Fp8GemvAct GemmPlanner::gemv_fp8_act(const LinearWeight& w) {
-  return gpu::Fp8GemvAct{w.act, nullptr, nullptr, w.fp8_format, w.act_scale.get() ? w.act_scale.as<float>() : nullptr};
+gpu::Fp8GemvAct GemmPlanner::gemv_fp8_act(const LinearWeight& w, const Fp8Scratch& scratch) {
+  gpu::Fp8GemvAct a{w.act, nullptr, nullptr, w.fp8_format, w.act_scale.get() ? w.act_scale.as<float>() : nullptr};
+  if (w8a8(w) && scratch.given) {
+    a.xq = scratch.xq;
+    a.x_scale = scratch.x_scale;
+  }
+  return a;
 }
 
 // Whether the FP8 GEMV quantizes W8A8 activations itself (KVFUSE_GEMV_FP8_QUANT, default
@@ -58,7 +63,7 @@ absl::Status GemmPlanner::run_fp8(const Plan& plan, const blasLtMatmulAlgo_t* al
   const LinearWeight& w = c.w;
   const bool f32 = c.out_kind == GemmOut::f32;
   const float* w_scale = w.scale.as<float>();
-  const gpu::Fp8GemvAct own = gemv_fp8_act(w);
+  const gpu::Fp8GemvAct own = gemv_fp8_act(w, c.scratch);
   // The activations' codes in scratch: given by the kernel before, or quantized here for the
   // library or for a GEMV that reads codes.
   const bool codes = w8a8(w) && (c.scratch.given || algo != nullptr || !gemv_fp8_quantizes());
@@ -105,15 +110,9 @@ absl::StatusOr<GemmPlanner::Plan*> GemmPlanner::plan_fp8_of(const Fp8Call& c, bo
   const GemmKey key{family, m, w.n, w.k, c.out_kind};
   if (auto found = plans_.find(key); found != plans_.end()) return found->second.get();
   auto plan = std::make_unique<Plan>();
-  gpu::Fp8GemvAct act = gemv_fp8_act(w);
-  if (given) {
-    act.xq = c.scratch.xq;
-    act.x_scale = c.scratch.x_scale;
-  }
-  const bool gemv_ok =
-      gemv_enabled() &&
-      gpu::gemv_fp8_unsupported(c.x, m, w.w.as<uint8_t>(), w.scale.as<float>(), w.fp8_format, w.n, w.k, c.out, act)
-          .empty();
+  const bool gemv_ok = gemv_enabled() && gpu::gemv_fp8_unsupported(c.x, m, w.w.as<uint8_t>(), w.scale.as<float>(),
+                                                                   w.fp8_format, w.n, w.k, c.out, gemv_fp8_act(w, c.scratch))
+                                             .empty();
   // The library's FP8 GEMM (W8A8): e4m3 operands, fp32 sums.
   int found_n = 0;
   blasLtMatmulHeuristicResult_t heur[gemm::kTuneCandidates] = {};
