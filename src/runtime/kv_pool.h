@@ -91,7 +91,8 @@ class KvPool {
   // The sequence's first `computed` tokens have their KV in its pages: its whole pages join
   // the cache. Nothing with caching off or for an unknown id.
   void cache_computed(SeqId id, const std::vector<int32_t>& tokens, int32_t computed);
-  // Evicts every cached page no sequence holds; returns how many.
+  // Evicts every cached page no sequence holds; returns how many. When that empties the
+  // cache, all_blocks_cleared follows the removals.
   int64_t flush_cache();
   // The cache's events since the last take (src/runtime/kv/prefix_cache.h, KvEvent).
   std::vector<KvEvent> take_kv_events();

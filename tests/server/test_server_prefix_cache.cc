@@ -96,12 +96,22 @@ TEST_CASE("server: KV events in order, replayed exactly once from a sequence num
   }
   CHECK(stored == 2);
   const uint64_t last = all.batches.back().sequence_number();
+  // A retried subscription from the same batch gets the same batches.
+  const Subscription again = subscribe(t, 1);
+  REQUIRE(again.batches.size() == all.batches.size());
+  for (size_t i = 0; i < all.batches.size(); ++i) {
+    CHECK(again.batches[i].SerializeAsString() == all.batches[i].SerializeAsString());
+  }
 
   // FlushCache: the two pages go, then the cache is empty.
   const v1::FlushCacheResponse f = flush(t);
   CHECK(f.pages_flushed() == 2);
   CHECK(f.pages_cached() == 0);
   CHECK(t.load().pools(0).cached_pages() == 0);
+  // A retried FlushCache is idempotent, as Release is: it drops nothing more, and says so.
+  const v1::FlushCacheResponse retried = flush(t);
+  CHECK(retried.pages_flushed() == 0);
+  CHECK(retried.pages_cached() == 0);
   // A reconnect from last + 1 sees the flush's batch and nothing before it.
   Subscription after = subscribe(t, last + 1);
   REQUIRE(after.batches.size() == 1);
