@@ -60,7 +60,9 @@ done | sort -u | grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libs
   grep -v '/cuda' | while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
 du -sh "$bundle"
 echo "gpu-bundle: $(ls "$bundle/lib" | wc -l) libraries packed into $bundle"
-tar cJf "$bundle.tar.xz" "$bundle"
+# -9e: the dictionary spans the programs, whose device code is mostly the same kernels
+# (67 MiB at xz -6 against 22 MiB at -9e for nine programs).
+XZ_OPT=${XZ_OPT:--9e -T2} tar cJf "$bundle.tar.xz" "$bundle"
 echo "gpu-bundle: $(du -h "$bundle.tar.xz" | cut -f1) in $bundle.tar.xz (carry it instead of $bundle/)"
 # The device runner carries at most 64 MiB: say so when the archive is larger.
 if (($(stat -c %s "$bundle.tar.xz") > 64 * 1024 * 1024)); then
