@@ -48,6 +48,12 @@ absl::StatusOr<SamplingParams> to_sampling(const v1::SamplingParams& p, int32_t 
   s.top_k = p.top_k();
   s.top_p = p.has_top_p() ? p.top_p() : 1.0f;
   s.seed = p.seed();
+  s.min_p = p.min_p();
+  s.repetition_penalty = p.has_repetition_penalty() ? p.repetition_penalty() : 1.0f;
+  s.frequency_penalty = p.frequency_penalty();
+  s.presence_penalty = p.presence_penalty();
+  s.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());  // the map's order is unspecified
   KVFUSE_RETURN_IF_ERROR(validate_sampling(s, vocab));
   return s;
 }

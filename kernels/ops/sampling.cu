@@ -215,16 +215,21 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kThreads, 1)
     }
     const uint32_t tp = tau_p;
     const int64_t cp = cut_p;
-    const auto kept = [=](int64_t i, uint32_t key) {
+    const auto top = [=](int64_t i, uint32_t key) {
       return in_k(i, key) && (key > tp || (key == tp && i <= cp));
     };
+    // min-p: a token's weight decides, which the key alone does not give; a kept token
+    // weighs its mass, every other 0 (first_reaching skips no token by `in` then).
+    const unsigned long long min_w = sampling_min_p_floor(p.min_p);
+    const auto kept_mass = [=](int64_t i, float l) {
+      const unsigned long long m = mass(i, l);
+      return top(i, sampling_key(l)) && m >= min_w ? m : 0ull;
+    };
     unsigned long long total = 0;
-    block_for_each_f32<kThreads, 1>(lg, vocab, [&](int64_t i, float l) {
-      if (kept(i, sampling_key(l))) total += mass(i, l);
-    });
+    block_for_each_f32<kThreads, 1>(lg, vocab, [&](int64_t i, float l) { total += kept_mass(i, l); });
     total = block_sum(total, sh);
     const unsigned long long s = sampling_draw(p.u, total);
-    const int64_t tok = first_reaching(lg, vocab, kept, mass, s + 1, sh);
+    const int64_t tok = first_reaching(lg, vocab, all, kept_mass, s + 1, sh);
     if (threadIdx.x == 0) tokens[row] = int32_t(tok);
     __syncthreads();
   }

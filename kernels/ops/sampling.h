@@ -6,6 +6,8 @@
 //   top-k: the k largest logits (ties broken by the lower token id, as a sort by
 //          (logit descending, id ascending) would), then
 //   top-p: the shortest prefix of those, in the same order, whose probability reaches p;
+//   min-p: of those, the tokens whose weight is at least min_p times the maximum's
+//          (sampling_min_p_floor: the most likely token always stays);
 // by inverse CDF over the kept tokens in token-id order: token = the first kept id whose
 // cumulative weight exceeds u x (total kept weight). Weights are exp((l - max) / T),
 // held as 40-bit fixed point (exact, order-independent integer sums: the GPU's
@@ -24,7 +26,7 @@ struct RowSampling {
   float temperature = 0.0f;  // 0: greedy
   int32_t top_k = 0;         // 0 or >= vocab: no limit
   float top_p = 1.0f;        // (0, 1]; 1: no limit
-  int32_t reserved = 0;
+  float min_p = 0.0f;        // [0, 1]; 0: no limit
   double u = 0.0;            // the row's uniform draw in [0, 1)
 };
 
@@ -44,6 +46,9 @@ KVFUSE_HD uint64_t sampling_weight(float logit, float max_logit, double inv_t) {
   const double w = exp((double(logit) - double(max_logit)) * inv_t);
   return uint64_t(w * kSamplingWeightOne);
 }
+
+// The least weight min-p keeps: min_p x 2^40, truncated (the maximum weighs 2^40).
+KVFUSE_HD uint64_t sampling_min_p_floor(float min_p) { return uint64_t(double(min_p) * kSamplingWeightOne); }
 
 // Weight of the top-p target: ceil(p x total), at least 1.
 KVFUSE_HD uint64_t sampling_top_p_target(float top_p, uint64_t total) {

@@ -20,6 +20,40 @@ absl::Status validate_sampling(const SamplingParams& p, int32_t vocab) {
   if (!std::isfinite(p.top_p) || p.top_p <= 0.0f || p.top_p > 1.0f) {
     return absl::InvalidArgumentError(absl::StrCat("top_p ", p.top_p, " must be in (0, 1]"));
   }
+  if (!std::isfinite(p.min_p) || p.min_p < 0.0f || p.min_p > 1.0f) {
+    return absl::InvalidArgumentError(absl::StrCat("min_p ", p.min_p, " must be in [0, 1]"));
+  }
+  if (!std::isfinite(p.repetition_penalty) || p.repetition_penalty <= 0.0f || p.repetition_penalty > 2.0f) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("repetition_penalty ", p.repetition_penalty, " must be in (0, 2]"));
+  }
+  for (auto [name, v] : {std::pair{"frequency_penalty", p.frequency_penalty},
+                         std::pair{"presence_penalty", p.presence_penalty}}) {
+    if (!std::isfinite(v) || v < -2.0f || v > 2.0f) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " ", v, " must be in [-2, 2]"));
+    }
+  }
+  if (p.logit_bias.size() > size_t(kMaxLogitBias)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logit_bias: ", p.logit_bias.size(), " entries exceed the limit of ", kMaxLogitBias));
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(p.logit_bias.size());
+  for (const auto& [token, bias] : p.logit_bias) {
+    if (token < 0 || token >= vocab) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: token ", token, " is outside the vocabulary [0, ", vocab, ")"));
+    }
+    if (!std::isfinite(bias) || bias < -100.0f || bias > 100.0f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit_bias: the bias ", bias, " of token ", token, " must be in [-100, 100]"));
+    }
+    ids.push_back(token);
+  }
+  std::sort(ids.begin(), ids.end());
+  if (auto d = std::adjacent_find(ids.begin(), ids.end()); d != ids.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("logit_bias: token ", *d, " is given twice"));
+  }
   return absl::OkStatus();
 }
 

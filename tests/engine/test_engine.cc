@@ -378,13 +378,13 @@ TEST_CASE("engine sampling: seeded tokens are the reference sampler's on the ste
   // through sample_token on the returned logits must give the same tokens. Also: the
   // same seed twice gives the same tokens, another seed other tokens.
   auto e = make_engine();
-  for (const SamplingParams& sp : {SamplingParams{0.8f, 0, 1.0f, 3}, SamplingParams{1.2f, 20, 0.9f, 4},
-                                   SamplingParams{0.5f, 0, 0.5f, 5}}) {
+  for (const SamplingParams& sp : {SamplingParams::sampled(0.8f, 0, 1.0f, 3), SamplingParams::sampled(1.2f, 20, 0.9f, 4),
+                                   SamplingParams::sampled(0.5f, 0, 0.5f, 5)}) {
     CAPTURE(sp.temperature, sp.top_k, sp.top_p);
     const auto [equal, n] = sampled_tokens_match_reference(*e, sp, 24);
     CHECK(equal == n);
   }
-  const SamplingParams sp{1.0f, 0, 0.95f, 9};
+  const SamplingParams sp = SamplingParams::sampled(1.0f, 0, 0.95f, 9);
   auto gen = [&](SeqId id, uint64_t seed) {
     SamplingParams s = sp;
     s.seed = seed;

@@ -51,7 +51,7 @@ TEST_CASE("engine logprobs: the sampled token's logprob and top-n are its logits
           "[engine][logprobs]") {
   auto e = make_engine();
   const int32_t vocab = e->spec().vocab;
-  for (const SamplingParams& sp : {SamplingParams{}, SamplingParams{0.8f, 0, 0.9f, 3}}) {
+  for (const SamplingParams& sp : {SamplingParams{}, SamplingParams::sampled(0.8f, 0, 0.9f, 3)}) {
     CAPTURE(sp.temperature);
     const SeqId id = sp.temperature == 0.0f ? 1 : 2;
     REQUIRE(e->add_sequence(id, prompt_of(20, 4, vocab), sp).ok());

@@ -160,8 +160,8 @@ TEST_CASE("gpu engine: seeded sampling on the device, in and out of graphs", "[g
   json cfg = {{"kv_cache_dtype", "fp8_e4m3"}};
   auto e = gpu_engine_or_skip(cfg);
   if (!e) return;
-  for (const SamplingParams& sp : {SamplingParams{0.8f, 0, 1.0f, 3}, SamplingParams{1.2f, 20, 0.9f, 4},
-                                   SamplingParams{0.5f, 0, 0.5f, 5}}) {
+  for (const SamplingParams& sp : {SamplingParams::sampled(0.8f, 0, 1.0f, 3), SamplingParams::sampled(1.2f, 20, 0.9f, 4),
+                                   SamplingParams::sampled(0.5f, 0, 0.5f, 5)}) {
     CAPTURE(sp.temperature, sp.top_k, sp.top_p);
     const auto [equal, n] = sampled_tokens_match_reference(*e, sp, 24);
     std::printf("gpu engine sampling T=%.1f top_k=%d top_p=%.2f: %d of %d tokens equal to the reference\n",
@@ -171,7 +171,7 @@ TEST_CASE("gpu engine: seeded sampling on the device, in and out of graphs", "[g
   ForwardOptions replay;
   ForwardOptions padded = replay;
   padded.graph_replay = false;
-  const SamplingParams sp{0.9f, 50, 0.95f, 21};
+  const SamplingParams sp = SamplingParams::sampled(0.9f, 50, 0.95f, 21);
   const auto g = run_bucket_schedule(*e, replay, 500, 8, 1000, sp);
   const auto p = run_bucket_schedule(*e, padded, 500, 8, 2000, sp);
   CHECK(g.graph_steps == 24);

@@ -91,7 +91,10 @@ int32_t sample_row(const float* lg, int64_t vocab, const RowSampling& p) {
     for (int64_t i = 0; i < vocab; ++i) above += (in_k(i) && k[i] > tau_p) ? w[size_t(i)] : 0;
     cut_p = first_reaching(vocab, [&](int64_t i) { return in_k(i) && k[i] == tau_p; }, mass, target - above);
   }
-  const auto kept = [&](int64_t i) { return in_k(i) && (k[i] > tau_p || (k[i] == tau_p && i <= cut_p)); };
+  const uint64_t min_w = sampling_min_p_floor(p.min_p);
+  const auto kept = [&](int64_t i) {
+    return in_k(i) && (k[i] > tau_p || (k[i] == tau_p && i <= cut_p)) && w[size_t(i)] >= min_w;
+  };
 
   uint64_t total = 0;
   for (int64_t i = 0; i < vocab; ++i) total += kept(i) ? w[size_t(i)] : 0;
