@@ -10,6 +10,11 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kvfuse/v1/decode.grpc.pb.h"
@@ -68,17 +73,47 @@ struct SamplingFlags {
   int top_k = 0;
   float top_p = 1;
   uint64_t seed = 0;
+  float min_p = 0;
+  float repetition_penalty = 1;
+  float frequency_penalty = 0;
+  float presence_penalty = 0;
+  std::vector<std::string> logit_bias;  // TOKEN:BIAS
   void add(CLI::App* cmd) {
     cmd->add_option("--temperature", temperature, "0: greedy");
     cmd->add_option("--top-k", top_k, "0: no limit");
     cmd->add_option("--top-p", top_p, "(0, 1]");
     cmd->add_option("--seed", seed, "sampler seed");
+    cmd->add_option("--min-p", min_p, "[0, 1]; 0: off");
+    cmd->add_option("--repetition-penalty", repetition_penalty, "(0, 2]; 1: off");
+    cmd->add_option("--frequency-penalty", frequency_penalty, "[-2, 2]; 0: off");
+    cmd->add_option("--presence-penalty", presence_penalty, "[-2, 2]; 0: off");
+    cmd->add_option("--logit-bias", logit_bias, "TOKEN:BIAS (bias in [-100, 100]); repeatable")
+        ->check([](const std::string& v) -> std::string {
+          int32_t t;
+          float b;
+          const std::vector<std::string> kv = absl::StrSplit(v, ':');
+          return kv.size() == 2 && absl::SimpleAtoi(kv[0], &t) && absl::SimpleAtof(kv[1], &b)
+                     ? ""
+                     : "--logit-bias takes TOKEN:BIAS, e.g. 42:-5.5";
+        });
   }
   void fill(v1::SamplingParams* p) const {
     p->set_temperature(temperature);
     p->set_top_k(top_k);
     p->set_top_p(top_p);
     p->set_seed(seed);
+    p->set_min_p(min_p);
+    if (repetition_penalty != 1.0f) p->set_repetition_penalty(repetition_penalty);
+    p->set_frequency_penalty(frequency_penalty);
+    p->set_presence_penalty(presence_penalty);
+    for (const std::string& v : logit_bias) {
+      const std::vector<std::string> kv = absl::StrSplit(v, ':');
+      int32_t t = 0;
+      float b = 0;
+      (void)absl::SimpleAtoi(kv[0], &t);  // checked when parsed
+      (void)absl::SimpleAtof(kv[1], &b);
+      (*p->mutable_logit_bias())[t] = b;
+    }
   }
 };
 

@@ -386,6 +386,37 @@ __global__ void KVFUSE_LAUNCH_BOUNDS(kLpThreads, 1)
 }
 }  // namespace
 
+// ---- Logit processors: one block per row, a thread per entry (entries are few: the
+// distinct tokens of a penalised sequence, or a request's logit_bias).
+constexpr int kAdjustThreads = 128;
+
+__global__ void KVFUSE_LAUNCH_BOUNDS(kAdjustThreads, 1)
+    adjust_rows_kernel(float* logits, int64_t rows, int64_t vocab, const int32_t* start, LogitAdjust* entries,
+                       bool restore) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    for (int32_t j = start[row] + int32_t(threadIdx.x); j < start[row + 1]; j += kAdjustThreads) {
+      LogitAdjust& a = entries[j];
+      float& l = logits[row * vocab + a.token];
+      if (restore) {
+        l = a.saved;
+        continue;
+      }
+      a.saved = l;
+      float x = add_rn(l, a.bias);
+      if (a.rep != 1.0f) x = x > 0.0f ? x / a.rep : mul_rn(x, a.rep);
+      l = sub_rn(x, a.sub);
+    }
+  }
+}
+
+cudaError_t launch_adjust_rows(float* logits, int64_t rows, int64_t vocab, const int32_t* start,
+                               LogitAdjust* entries, bool restore, cudaStream_t stream) {
+  if (rows <= 0 || vocab <= 0) return cudaSuccess;
+  const unsigned blocks = rows < 65535 ? unsigned(rows) : 65535u;
+  return launch_kernel(adjust_rows_kernel, blocks, kAdjustThreads, stream, false, logits, rows, vocab, start,
+                       entries, restore);
+}
+
 cudaError_t launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
                                int32_t* tokens, cudaStream_t stream) {
   if (rows <= 0 || vocab <= 0) return cudaSuccess;

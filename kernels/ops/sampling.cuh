@@ -15,6 +15,13 @@ namespace kvfuse::gpu {
 cudaError_t launch_sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,
                                int32_t* tokens, cudaStream_t stream);
 
+// The logit processors of rows [0, rows) (kernels/ops/sampling.h has the rule): row r's
+// entries are entries[start[r] .. start[r + 1]), start on the device. `restore` false
+// applies them, keeping each raw logit in its entry; true writes the raw logits back.
+// The same bits as the CPU reference (cpu::adjust_rows).
+cudaError_t launch_adjust_rows(float* logits, int64_t rows, int64_t vocab, const int32_t* start,
+                               LogitAdjust* entries, bool restore, cudaStream_t stream);
+
 // Per row r with req[r].top_n >= 0: out[r] = the logprob of its target and its top_n
 // most likely tokens (kernels/ops/sampling.h has the rule). A target < 0 resolves to
 // sampled[r] when params[r].temperature > 0 (params may be null: all greedy), else

@@ -63,6 +63,23 @@ KVFUSE_HD uint64_t sampling_draw(double u, uint64_t total) {
   return s >= total ? total - 1 : s;
 }
 
+// ---- Logit processors ------------------------------------------------------------------
+// Before the greedy pick and the sampler, a row's logit processors change the logits of
+// a few tokens each, given as entries (src/runtime/logit_processors.h builds them), at
+// most one per token of a row:
+//   x = l + bias;  x = x > 0 ? x / rep : x * rep (rep != 1 only);  x = x - sub
+// each operation rounded on its own (no multiply-add), so that every backend writes the
+// same bits. `apply` keeps the raw logit in `saved`; `restore` writes it back after the
+// tokens are chosen, so that logprobs and the logits a caller reads are the model's raw
+// ones (kvfuse.v1's contract).
+struct LogitAdjust {
+  int32_t token = 0;
+  float bias = 0.0f;
+  float rep = 1.0f;
+  float sub = 0.0f;    // frequency_penalty x count + presence_penalty
+  float saved = 0.0f;  // written by apply
+};
+
 // ---- Logprobs ------------------------------------------------------------------------
 // The log-probability of a token under the model's raw distribution: log-softmax of the
 // row's logits over the full vocabulary, at temperature 1 and before top-k / top-p,

@@ -265,6 +265,13 @@ class Backend {
   virtual absl::Status argmax_rows(const float* logits, int64_t rows, int64_t vocab, int32_t* tokens,
                                    int32_t* finite) = 0;
 
+  // The logit processors of rows [0, rows) of logits (kernels/ops/sampling.h has the
+  // rule; row r's entries are entries[start[r] .. start[r + 1]), both in device memory):
+  // `restore` false applies them before the tokens are picked, keeping each raw logit in
+  // its entry; true writes the raw logits back.
+  virtual absl::Status adjust_rows(float* logits, int64_t rows, int64_t vocab, const int32_t* start,
+                                   LogitAdjust* entries, bool restore) = 0;
+
   // Per row with params[row].temperature > 0: the sampled token into tokens[row]
   // (kernels/ops/sampling.h has the rule; greedy rows are not written).
   virtual absl::Status sample_rows(const float* logits, int64_t rows, int64_t vocab, const RowSampling* params,

@@ -382,6 +382,8 @@ void Engine::build_batch(const std::vector<StepItem>& items) {
   b.logits_rows.clear();
   b.logits_host.clear();
   b.sampling.clear();
+  b.adjust_start.assign(1, 0);
+  b.adjust.clear();
   b.logprobs.clear();
   b.extra_rows.clear();
   b.extra_logprobs.clear();
@@ -422,9 +424,15 @@ void Engine::build_batch(const std::vector<StepItem>& items) {
         rs.temperature = s.sampling.temperature;
         rs.top_k = s.sampling.top_k;
         rs.top_p = s.sampling.top_p;
+        rs.min_p = s.sampling.min_p;
         rs.u = s.rng.uniform();  // one draw per sampled token, as sample_token
       }
       b.sampling.push_back(rs);
+      if (it.sample && s.processors.active()) {
+        const auto& e = s.processors.entries();
+        b.adjust.insert(b.adjust.end(), e.begin(), e.end());
+      }
+      b.adjust_start.push_back(int32_t(b.adjust.size()));
       b.logprobs.push_back(it.logprobs ? LogprobRow{-1, it.top_logprobs} : LogprobRow{});
       any_logprobs = any_logprobs || it.logprobs;
     }
@@ -436,6 +444,7 @@ void Engine::build_batch(const std::vector<StepItem>& items) {
     }
   }
   if (!any_logprobs) b.logprobs.clear();
+  if (b.adjust.empty()) b.adjust_start.clear();  // no row has processors: nothing to run
 }
 
 namespace {
@@ -470,6 +479,7 @@ void Engine::apply_results(const std::vector<StepItem>& items, std::vector<StepR
     }
     const int32_t tok = s.sampling.temperature == 0.0f ? fwd_.tokens[k] : fwd_.sampled[k];
     s.tokens.push_back(tok);
+    s.processors.add_output_token(tok);
     results[i].token = tok;
     if (it.logprobs) results[i].logprob = to_token_logprob(fwd_.logprobs[k]);
   }

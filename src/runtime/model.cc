@@ -219,9 +219,16 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
   KVFUSE_RETURN_IF_ERROR(backend_.rmsnorm(p.last, final_norm_.as<bf16_t>(), n, s.hidden, s.rms_eps, p.last));
   KVFUSE_RETURN_IF_ERROR(logits_rows(p, n, p.logits));
   if (!picks) return absl::OkStatus();
-  // Greedy tokens, then the finiteness flags, then the sampled tokens.
+  // Greedy tokens, then the finiteness flags, then the sampled tokens, from the logits
+  // as the processors leave them; then the raw logits back, for logprobs and readers.
+  if (p.adjust != nullptr) {
+    KVFUSE_RETURN_IF_ERROR(backend_.adjust_rows(p.logits, n, s.vocab, p.adjust_start, p.adjust, false));
+  }
   KVFUSE_RETURN_IF_ERROR(backend_.argmax_rows(p.logits, n, s.vocab, p.tokens, p.tokens + n));
   KVFUSE_RETURN_IF_ERROR(backend_.sample_rows(p.logits, n, s.vocab, p.sampling, p.tokens + 2 * n));
+  if (p.adjust != nullptr) {
+    KVFUSE_RETURN_IF_ERROR(backend_.adjust_rows(p.logits, n, s.vocab, p.adjust_start, p.adjust, true));
+  }
   if (p.logprobs == nullptr) return absl::OkStatus();
   return backend_.logprobs_rows(p.logits, n, s.vocab, p.logprobs, p.tokens, p.tokens + 2 * n, p.sampling,
                                 p.logprob_out);

@@ -30,6 +30,10 @@ struct DecoderPass {
   const int32_t* logits_rows = nullptr;  // [R] rows of T whose tokens are computed
   int64_t num_logits_rows = 0;
   const RowSampling* sampling = nullptr;  // [R]
+  // The logit processors (kernels/ops/sampling.h), or null when no row has any: row r's
+  // entries are adjust[adjust_start[r] .. adjust_start[r + 1]).
+  const int32_t* adjust_start = nullptr;  // [R + 1]
+  LogitAdjust* adjust = nullptr;
 
   bf16_t *x = nullptr, *h = nullptr, *qkv = nullptr, *attn = nullptr;  // [T, hidden / qkv_dim / q_dim]
   bf16_t *gate_up = nullptr, *act = nullptr;                           // [T, 2 intermediate / intermediate]

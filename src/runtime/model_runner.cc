@@ -25,6 +25,7 @@ BatchMetaLayout BatchMetaLayout::for_limits(const ModelLimits& limits) {
   place(m.logits_rows, S * sizeof(int32_t));
   place(m.sampling, S * sizeof(RowSampling));
   place(m.logprobs, S * sizeof(LogprobRow));
+  place(m.adjust_start, (S + 1) * sizeof(int32_t));
   place(m.token_ids, T * sizeof(int32_t));
   place(m.positions, T * sizeof(int32_t));
   place(m.slot_mapping, T * sizeof(int64_t));
@@ -42,6 +43,7 @@ std::vector<std::pair<const char*, BatchMetaLayout::Slice>> BatchMetaLayout::sli
           {"logits_rows", logits_rows},
           {"sampling", sampling},
           {"logprobs", logprobs},
+          {"adjust_start", adjust_start},
           {"token_ids", token_ids},
           {"positions", positions},
           {"slot_mapping", slot_mapping},
@@ -140,6 +142,21 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
   if (!b.logprobs.empty() && b.logprobs.size() != b.logits_rows.size()) {
     return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
   }
+  if (!b.adjust_start.empty()) {
+    if (b.adjust_start.size() != b.logits_rows.size() + 1 || b.adjust_start.front() != 0 ||
+        size_t(b.adjust_start.back()) != b.adjust.size() ||
+        !std::is_sorted(b.adjust_start.begin(), b.adjust_start.end())) {
+      return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+    }
+    for (const LogitAdjust& a : b.adjust) {
+      if (a.token < 0 || a.token >= model_.spec().vocab) {
+        return absl::InvalidArgumentError(absl::StrCat("forward: logit processor token ", a.token,
+                                                       " outside the vocabulary [0, ", model_.spec().vocab, ")"));
+      }
+    }
+  } else if (!b.adjust.empty()) {
+    return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
+  }
   if (!b.extra_rows.empty()) {
     if (b.extra_logprobs.size() != b.extra_rows.size() || int64_t(b.extra_rows.size()) > T) {
       return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
@@ -181,6 +198,7 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
   if (b.sampling.empty()) sampling_host_.assign(b.logits_rows.size(), RowSampling{});  // every row greedy
   KVFUSE_RETURN_IF_ERROR(put_vec(L.sampling, b.sampling.empty() ? sampling_host_ : b.sampling));
   KVFUSE_RETURN_IF_ERROR(put_vec(L.logprobs, b.logprobs));
+  KVFUSE_RETURN_IF_ERROR(put_vec(L.adjust_start, b.adjust_start));
   KVFUSE_RETURN_IF_ERROR(put_vec(L.token_ids, b.token_ids));
   KVFUSE_RETURN_IF_ERROR(put_vec(L.positions, b.positions));
   KVFUSE_RETURN_IF_ERROR(put_vec(L.slot_mapping, b.slot_mapping));
@@ -204,7 +222,37 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
   last_upload_bytes_ = used_end;
   KVFUSE_RETURN_IF_ERROR(backend_.copy_to_device(meta_.get(), host, used_end));
   meta_in_flight_ = true;
-  return absl::OkStatus();
+  return upload_adjust(b);
+}
+
+absl::Status ModelRunner::upload_adjust(const ForwardBatch& b) {
+  if (b.adjust.empty()) return absl::OkStatus();
+  if (b.adjust.size() > adjust_capacity_) {
+    size_t cap = std::max<size_t>(adjust_capacity_, 4096);
+    while (cap < b.adjust.size()) cap *= 2;
+    // Nothing reads the old buffers now: upload_batch synchronised any copy in flight,
+    // and the graphs that hold the device buffer's address go with it.
+    KVFUSE_RETURN_IF_ERROR(backend_.synchronize());
+    for (auto it = graphs_.begin(); it != graphs_.end();) {
+      if (it->first.adjust) {
+        ++graph_stats_.invalidated;
+        it = graphs_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    graph_stats_.num_graphs = int64_t(graphs_.size());
+    auto dev = backend_.alloc(cap * sizeof(LogitAdjust));
+    if (!dev.ok()) return dev.status();
+    auto host = backend_.alloc_host(cap * sizeof(LogitAdjust));
+    if (!host.ok()) return host.status();
+    adjust_ = std::move(*dev);
+    adjust_host_ = std::move(*host);
+    adjust_capacity_ = cap;
+  }
+  const size_t bytes = b.adjust.size() * sizeof(LogitAdjust);
+  std::memcpy(adjust_host_.get(), b.adjust.data(), bytes);
+  return backend_.copy_to_device(adjust_.get(), adjust_host_.get(), bytes);
 }
 
 int32_t ModelRunner::graph_batch_bucket(int32_t n) const {
@@ -268,6 +316,17 @@ void ModelRunner::pad_for_graph(const ForwardBatch& in, int32_t ps, ForwardBatch
   for (size_t k = 0; k < in.logits_rows.size() && k < in.sampling.size(); ++k) {
     out.sampling[size_t(in.logits_rows[k])] = in.sampling[k];
   }
+  // The processors' entries keep their order (logits rows ascend with the token rows);
+  // a padding row has none.
+  out.adjust_start.clear();
+  out.adjust = in.adjust;
+  if (!in.adjust_start.empty()) {
+    out.adjust_start.assign(size_t(Sb) + 1, 0);
+    for (size_t k = 0; k < in.logits_rows.size(); ++k) {
+      out.adjust_start[size_t(in.logits_rows[k]) + 1] = in.adjust_start[k + 1] - in.adjust_start[k];
+    }
+    for (int32_t r = 0; r < Sb; ++r) out.adjust_start[size_t(r) + 1] += out.adjust_start[size_t(r)];
+  }
   out.logprobs.clear();
   if (!in.logprobs.empty()) {
     out.logprobs.assign(size_t(Sb), LogprobRow{});
@@ -297,6 +356,10 @@ absl::Status ModelRunner::run_model(const ForwardBatch& b, KvPool& pool, const F
   p.logits_rows = meta<int32_t>(L.logits_rows);
   p.num_logits_rows = int64_t(b.logits_rows.size());
   p.sampling = meta<RowSampling>(L.sampling);
+  if (!b.adjust_start.empty()) {
+    p.adjust_start = meta<int32_t>(L.adjust_start);
+    p.adjust = adjust_.as<LogitAdjust>();
+  }
   p.x = x_.as<bf16_t>();
   p.h = h_.as<bf16_t>();
   p.qkv = qkv_.as<bf16_t>();
@@ -327,7 +390,8 @@ void ModelRunner::drop_stale_graphs() {
 
 absl::Status ModelRunner::run_graph(const ForwardBatch& b, KvPool& pool, const ForwardOptions& opts) {
   drop_stale_graphs();
-  const GraphKey key{b.num_seqs(), b.max_pages_per_seq, opts.kv_write, opts.attention, !b.logprobs.empty()};
+  const GraphKey key{b.num_seqs(),     b.max_pages_per_seq,   opts.kv_write,
+                     opts.attention,   !b.logprobs.empty(),   !b.adjust_start.empty()};
   auto it = graphs_.find(key);
   if (it != graphs_.end()) {
     ++graph_stats_.replays;

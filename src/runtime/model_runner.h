@@ -31,6 +31,10 @@ struct ForwardBatch {
   std::vector<int32_t> logits_rows;   // rows of T whose greedy token (and maybe logits) are returned
   std::vector<uint8_t> logits_host;   // per logits row: 1 copies the row's logits to the host
   std::vector<RowSampling> sampling;  // per logits row: temperature > 0 samples on the device
+  // The logit processors (kernels/ops/sampling.h), or both empty when no row has any:
+  // logits row k's entries are adjust[adjust_start[k] .. adjust_start[k + 1]), one per token.
+  std::vector<int32_t> adjust_start;  // [logits rows + 1]
+  std::vector<LogitAdjust> adjust;
   // Logprobs (kernels/ops/sampling.h): per logits row, or empty when no row asks.
   std::vector<LogprobRow> logprobs;
   // Rows of T whose logits serve logprobs only (prompt tokens, targets known); not in a
@@ -101,6 +105,7 @@ struct BatchMetaLayout {
   Slice logits_rows;       // [max_seqs] int32
   Slice sampling;          // [max_seqs] RowSampling
   Slice logprobs;          // [max_seqs] LogprobRow
+  Slice adjust_start;      // [max_seqs + 1] int32 (the entries are a buffer of their own)
   Slice token_ids;         // [max_tokens] int32
   Slice positions;         // [max_tokens] int32
   Slice slot_mapping;      // [max_tokens] int64
@@ -164,6 +169,9 @@ class ModelRunner {
   // Validates the batch, packs its metadata into the staging buffer and queues the one
   // copy of the used span to the device.
   absl::Status upload_batch(const ForwardBatch& b);
+  // Queues the copy of the batch's logit-processor entries, growing their buffers first
+  // when they are too small.
+  absl::Status upload_adjust(const ForwardBatch& b);
   // A slice of the device metadata buffer.
   template <class T>
   T* meta(const BatchMetaLayout::Slice& s) const {
@@ -182,9 +190,10 @@ class ModelRunner {
     KvWritePath write;
     AttentionPath attention;
     bool logprobs;  // the graph ends with the logprobs kernel
+    bool adjust;    // the graph runs the logit processors
     bool operator<(const GraphKey& o) const {
-      return std::tie(seqs, pages, write, attention, logprobs) <
-             std::tie(o.seqs, o.pages, o.write, o.attention, o.logprobs);
+      return std::tie(seqs, pages, write, attention, logprobs, adjust) <
+             std::tie(o.seqs, o.pages, o.write, o.attention, o.logprobs, o.adjust);
     }
   };
 
@@ -221,6 +230,12 @@ class ModelRunner {
   DeviceBuffer logits_shard_, logits_gathered_;  // tensor parallelism only
   DeviceBuffer argmax_;  // [3, rows] int32: greedy tokens, finiteness flags, sampled tokens
   DeviceBuffer lp_out_;  // [max_seqs + max_tokens] LogprobOut
+  // The logit processors' entries: a step's are copied from the staging buffer (pinned on
+  // GPUs; the same in-flight rule as the metadata's). Both grow on demand (doubling),
+  // which drops the graphs that run the processors (they hold the old address).
+  DeviceBuffer adjust_;
+  HostBuffer adjust_host_;
+  size_t adjust_capacity_ = 0;  // entries
   std::vector<LogprobOut> lp_host_;
 };
 

@@ -99,6 +99,7 @@ int32_t sample_token(const float* logits, int32_t vocab, const SamplingParams& p
   row.temperature = p.temperature;
   row.top_k = p.top_k;
   row.top_p = p.top_p;
+  row.min_p = p.min_p;
   row.u = rng.uniform();
   return cpu::sample_row(logits, vocab, row);
 }

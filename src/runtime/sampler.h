@@ -72,7 +72,8 @@ class Rng {
 
 // Greedy ties go to the lowest token id; otherwise one draw of `rng` and the rule of
 // kernels/ops/sampling.h (the GPU backend's kernel picks the same token for the same draw).
-// NaN logits are the caller's to reject.
+// NaN logits are the caller's to reject; `logits` are as the logit processors leave them
+// (the engine applies them; sample_token does not).
 int32_t sample_token(const float* logits, int32_t vocab, const SamplingParams& p, Rng& rng);
 int32_t argmax(const float* logits, int32_t vocab);
 

@@ -31,6 +31,7 @@ absl::Status SequenceTable::add(SeqId id, std::vector<int32_t> prompt, const Sam
   s.tokens = std::move(prompt);
   s.sampling = sampling;
   s.rng = Rng(sampling.seed);
+  s.processors = LogitProcessors(sampling, s.tokens);
   return absl::OkStatus();
 }
 
@@ -75,6 +76,7 @@ absl::Status SequenceTable::append(SeqId id, const std::vector<int32_t>& tokens)
   }
   KVFUSE_RETURN_IF_ERROR(check_tokens(tokens));
   s->tokens.insert(s->tokens.end(), tokens.begin(), tokens.end());
+  s->processors.add_prompt_tokens(tokens.data(), tokens.size());
   return absl::OkStatus();
 }
 

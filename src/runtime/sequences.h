@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "src/loading/config.h"
 #include "src/runtime/kv_pool.h"
+#include "src/runtime/logit_processors.h"
 #include "src/runtime/sampler.h"
 
 namespace kvfuse {
@@ -28,6 +29,7 @@ struct Sequence {
   bool admitted = false;        // holds pages in the pool
   SamplingParams sampling;
   Rng rng;
+  LogitProcessors processors;  // inactive unless `sampling` sets one
 
   int32_t num_pending() const { return int32_t(tokens.size()) - num_computed; }
 };

@@ -204,6 +204,7 @@ TEST_CASE("batch upload: the metadata layout has aligned, disjoint slices that h
                                                 {"logits_rows", S * 4},
                                                 {"sampling", S * sizeof(RowSampling)},
                                                 {"logprobs", S * sizeof(LogprobRow)},
+                                                {"adjust_start", (S + 1) * 4},
                                                 {"token_ids", T * 4},
                                                 {"positions", T * 4},
                                                 {"slot_mapping", T * 8},

@@ -1,12 +1,18 @@
-// Sampling: greedy ties, top-k/top-p truncation, the distribution, determinism.
+// Sampling: greedy ties, top-k/top-p/min-p truncation, the distribution, determinism;
+// the logit processors against their plain definition, alone and through the engine.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <random>
 #include <vector>
 #include "tests/util/catch.h"
 
 #include "kernels/cpu/ops/sampling.h"
+#include "src/runtime/logit_processors.h"
 #include "src/runtime/sampler.h"
+#include "tests/util/engine_test_util.h"
+#include "tests/util/reference_processors.h"
 
 using namespace kvfuse;
 
@@ -102,11 +108,14 @@ int32_t brute_force_sample(const std::vector<float>& lg, const RowSampling& p) {
       }
     }
   }
+  // min-p: of those, the tokens at least min_p times as heavy as the maximum (2^40).
   std::vector<bool> kept(lg.size(), false);
   uint64_t k_total = 0;
   for (size_t j = 0; j < keep; ++j) {
+    const uint64_t w = sampling_weight(lg[size_t(order[j])], mx, inv_t);
+    if (double(w) < double(p.min_p) * 1099511627776.0) continue;
     kept[size_t(order[j])] = true;
-    k_total += sampling_weight(lg[size_t(order[j])], mx, inv_t);
+    k_total += w;
   }
   const uint64_t s = sampling_draw(p.u, k_total);
   uint64_t acc = 0;
@@ -120,7 +129,7 @@ int32_t brute_force_sample(const std::vector<float>& lg, const RowSampling& p) {
 
 }  // namespace
 
-TEST_CASE("sampler: the radix-select sampler equals a sort-based reference of the same rule",
+TEST_CASE("sampler: the radix-select sampler equals a sort-based reference of the same rule - min-p too",
           "[sampler]") {
   // Random rows, rows with many exact ties (logits on a coarse grid, so top-k and top-p
   // boundaries fall inside runs of equal logits), every parameter mix, many draws.
@@ -139,8 +148,9 @@ TEST_CASE("sampler: the radix-select sampler equals a sort-based reference of th
               p.temperature = t;
               p.top_k = k;
               p.top_p = tp;
+              p.min_p = d % 4 == 0 ? 0.0f : (d % 4 == 1 ? 0.01f : (d % 4 == 2 ? 0.2f : 1.0f));
               p.u = std::uniform_real_distribution<double>(0.0, 1.0)(gen);
-              CAPTURE(vocab, coarse, t, k, tp, p.u);
+              CAPTURE(vocab, coarse, t, k, tp, p.min_p, p.u);
               REQUIRE(cpu::sample_row(lg.data(), vocab, p) == brute_force_sample(lg, p));
               ++checked;
             }
@@ -258,4 +268,141 @@ TEST_CASE("sampler: logprobs of logits near +-1000 are finite and exact - the ma
       }
     }
   }
+}
+
+TEST_CASE("sampler: min-p keeps the tokens at least min_p times as likely as the most likely one",
+          "[sampler]") {
+  // Probabilities 0.4, 0.2, 0.15, 0.1, 0.1, 0.05 at T = 1; min_p 0.3 keeps p >= 0.12:
+  // tokens 0, 1 and 2, drawn in proportion 0.4 : 0.2 : 0.15 by evenly spaced draws.
+  const std::vector<double> prob{0.4, 0.2, 0.15, 0.1, 0.1, 0.05};
+  std::vector<float> lg;
+  for (double q : prob) lg.push_back(float(std::log(q)));
+  RowSampling p;
+  p.temperature = 1.0f;
+  p.min_p = 0.3f;
+  std::vector<int> hits(prob.size(), 0);
+  const int n = 3000;
+  for (int i = 0; i < n; ++i) {
+    p.u = (double(i) + 0.5) / n;
+    ++hits[size_t(cpu::sample_row(lg.data(), int64_t(lg.size()), p))];
+  }
+  CHECK(hits[3] + hits[4] + hits[5] == 0);
+  for (size_t t = 0; t < 3; ++t) CHECK(std::abs(double(hits[t]) / n - prob[t] / 0.75) < 0.002);
+  // min_p 1 keeps the most likely token only; 0 keeps all.
+  p.min_p = 1.0f;
+  for (double u : {0.0, 0.5, 0.999}) {
+    p.u = u;
+    CHECK(cpu::sample_row(lg.data(), int64_t(lg.size()), p) == 0);
+  }
+  p.min_p = 0.0f;
+  p.u = 0.999;
+  CHECK(cpu::sample_row(lg.data(), int64_t(lg.size()), p) == 5);
+}
+
+TEST_CASE("sampler: the logit processors' entries give the plain definition's logits, and restore the raw ones",
+          "[sampler]") {
+  std::mt19937 gen(3);
+  const int32_t vocab = 64;
+  std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+  std::normal_distribution<float> dist(0.0f, 4.0f);
+  int checked = 0;
+  for (int c = 0; c < 64; ++c) {
+    SamplingParams sp;
+    if (c % 2) sp.repetition_penalty = c % 4 == 1 ? 1.4f : 0.8f;
+    if (c % 3) sp.frequency_penalty = c % 3 == 1 ? 0.5f : -0.7f;
+    if (c % 5) sp.presence_penalty = c % 5 < 3 ? 1.5f : -2.0f;
+    if (c % 7) {
+      for (int32_t t = c % 7; t < vocab; t += 9) sp.logit_bias.emplace_back(t, float(t % 11) * 9.0f - 50.0f);
+    }
+    REQUIRE(validate_sampling(sp, vocab).ok());
+    std::vector<int32_t> prompt(static_cast<size_t>(5 + c % 13)), output;
+    for (auto& t : prompt) t = tok(gen);
+    LogitProcessors proc(sp, prompt);
+    CHECK(proc.active() == sp.has_processors());
+    for (int step = 0; step < 12; ++step) {
+      if (step == 6) {  // a router's appended tokens count as prompt
+        const std::vector<int32_t> more{tok(gen), tok(gen)};
+        prompt.insert(prompt.end(), more.begin(), more.end());
+        proc.add_prompt_tokens(more.data(), more.size());
+      }
+      std::vector<float> raw(static_cast<size_t>(vocab));
+      for (auto& x : raw) x = dist(gen);
+      const std::vector<float> want = testing::reference_processed(raw.data(), vocab, sp, prompt, output);
+      std::vector<float> lg = raw;
+      std::vector<LogitAdjust> entries = proc.entries();
+      const int32_t start[2] = {0, int32_t(entries.size())};
+      cpu::adjust_rows(lg.data(), 1, vocab, start, entries.data(), false);
+      for (int32_t i = 0; i < vocab; ++i) {
+        CAPTURE(c, step, i);
+        REQUIRE(lg[size_t(i)] == want[size_t(i)]);
+      }
+      cpu::adjust_rows(lg.data(), 1, vocab, start, entries.data(), true);
+      REQUIRE(std::memcmp(lg.data(), raw.data(), raw.size() * 4) == 0);
+      const int32_t t = tok(gen);
+      output.push_back(t);
+      proc.add_output_token(t);
+      ++checked;
+    }
+  }
+  CHECK(checked == 64 * 12);
+  // Unset, there is nothing to apply.
+  const LogitProcessors none(SamplingParams{}, {1, 2, 3});
+  CHECK_FALSE(none.active());
+  CHECK(none.entries().empty());
+}
+
+TEST_CASE("sampler: bad min_p, penalties and logit_bias are refused naming the field", "[sampler]") {
+  const auto msg = [](auto edit) {
+    SamplingParams sp;
+    edit(sp);
+    const absl::Status st = validate_sampling(sp, 100);
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    return std::string(st.message());
+  };
+  using S = SamplingParams;
+  CHECK_THAT(msg([](S& s) { s.min_p = 1.5f; }), Catch::Matchers::ContainsSubstring("min_p"));
+  CHECK_THAT(msg([](S& s) { s.min_p = NAN; }), Catch::Matchers::ContainsSubstring("min_p"));
+  CHECK_THAT(msg([](S& s) { s.repetition_penalty = 0.0f; }), Catch::Matchers::ContainsSubstring("repetition_penalty"));
+  CHECK_THAT(msg([](S& s) { s.repetition_penalty = 2.5f; }), Catch::Matchers::ContainsSubstring("repetition_penalty"));
+  CHECK_THAT(msg([](S& s) { s.frequency_penalty = -2.5f; }), Catch::Matchers::ContainsSubstring("frequency_penalty"));
+  CHECK_THAT(msg([](S& s) { s.presence_penalty = INFINITY; }), Catch::Matchers::ContainsSubstring("presence_penalty"));
+  CHECK_THAT(msg([](S& s) { s.logit_bias = {{100, 1.0f}}; }), Catch::Matchers::ContainsSubstring("logit_bias: token 100"));
+  CHECK_THAT(msg([](S& s) { s.logit_bias = {{-1, 1.0f}}; }), Catch::Matchers::ContainsSubstring("logit_bias: token -1"));
+  CHECK_THAT(msg([](S& s) { s.logit_bias = {{5, 101.0f}}; }), Catch::Matchers::ContainsSubstring("logit_bias"));
+  CHECK_THAT(msg([](S& s) { s.logit_bias = {{5, 1.0f}, {5, 2.0f}}; }), Catch::Matchers::ContainsSubstring("given twice"));
+  CHECK_THAT(msg([](S& s) { s.logit_bias.assign(size_t(kMaxLogitBias) + 1, {1, 0.0f}); }),
+             Catch::Matchers::ContainsSubstring("exceed the limit"));
+}
+
+TEST_CASE("sampler: the engine applies the processors before greedy and sampled picks, logprobs stay raw",
+          "[sampler][engine]") {
+  auto e = testing::make_engine();
+  const int32_t vocab = e->spec().vocab;
+  for (const SamplingParams& sp : testing::processor_cases(vocab)) {
+    CAPTURE(sp.temperature, sp.min_p, sp.repetition_penalty, sp.frequency_penalty, sp.presence_penalty,
+            sp.logit_bias.size());
+    const auto [equal, n] = testing::sampled_tokens_match_reference(*e, sp, 24);
+    CHECK(equal == n);
+  }
+  // A +100 bias on one token makes it every greedy pick; the logprobs stay the model's.
+  SamplingParams sp;
+  sp.logit_bias = {{7, 100.0f}};
+  REQUIRE(e->add_sequence(5, testing::prompt_of(20, 2, vocab), sp).ok());
+  int32_t pending = 20;
+  for (int i = 0; i < 6; ++i) {
+    StepItem it{5, pending, true, true};
+    it.logprobs = true;
+    auto r = e->step({it});
+    REQUIRE(r.ok());
+    REQUIRE((*r)[0].status.ok());
+    CHECK(*(*r)[0].token == 7);
+    const float* lg = e->last_logits().data() + size_t((*r)[0].logits_row) * size_t(vocab);
+    LogprobOut raw;
+    cpu::logprobs_row(lg, vocab, 7, 0, raw);
+    REQUIRE((*r)[0].logprob.has_value());
+    CHECK((*r)[0].logprob->logprob == raw.logprob);
+    CHECK(raw.logprob < 0.0f);
+    pending = 1;
+  }
+  REQUIRE(e->release(5).ok());
 }

@@ -152,7 +152,8 @@ TEST_CASE("gpu engine: graph replay equals the padded eager step bit for bit", "
   }
 }
 
-TEST_CASE("gpu engine: seeded sampling on the device, in and out of graphs", "[gpu][engine][sampling]") {
+TEST_CASE("gpu engine: seeded sampling and the logit processors on the device, in and out of graphs",
+          "[gpu][engine][sampling]") {
   // The device sampler against sample_token on the same (device) logits with the same
   // draws: equal unless the CPU's and the GPU's exp straddle a 2^-40 weight step at a
   // boundary (kernels/ops/sampling.h), so at most one miss is allowed. Then a sampling
@@ -166,6 +167,16 @@ TEST_CASE("gpu engine: seeded sampling on the device, in and out of graphs", "[g
     const auto [equal, n] = sampled_tokens_match_reference(*e, sp, 24);
     std::printf("gpu engine sampling T=%.1f top_k=%d top_p=%.2f: %d of %d tokens equal to the reference\n",
                 double(sp.temperature), sp.top_k, double(sp.top_p), equal, n);
+    CHECK(equal >= n - 1);
+  }
+  // The logit processors and min-p (greedy and sampled): the device applies them before
+  // its picks, and the logits a step returns are the raw ones the reference processes.
+  for (const SamplingParams& sp : processor_cases(e->spec().vocab)) {
+    CAPTURE(sp.temperature, sp.min_p, sp.repetition_penalty, sp.frequency_penalty, sp.presence_penalty);
+    const auto [equal, n] = sampled_tokens_match_reference(*e, sp, 24);
+    std::printf("gpu engine processors T=%.1f min_p=%.2f rep=%.1f freq=%.1f pres=%.1f bias=%zu: %d of %d\n",
+                double(sp.temperature), double(sp.min_p), double(sp.repetition_penalty),
+                double(sp.frequency_penalty), double(sp.presence_penalty), sp.logit_bias.size(), equal, n);
     CHECK(equal >= n - 1);
   }
   ForwardOptions replay;

@@ -1,5 +1,6 @@
 // Sampling and logprobs on the GPU against the CPU backend: greedy argmax and the
-// finiteness flag, seeded temperature/top-k/top-p sampling, and logprobs and top-n on
+// finiteness flag, the logit processors, seeded temperature/top-k/top-p/min-p sampling,
+// and logprobs and top-n on
 // N(0, 3) rows (below); first, logprobs of rows whose logits lie near +1000 or -1000. A
 // log-softmax must take the row's maximum out before the exponentials (exp(1000)
 // overflows even a double, and exp(-1000) underflows to 0), which N(0, 3) rows never come
@@ -166,7 +167,7 @@ TEST_CASE("gpu backend: greedy argmax and the finiteness flag equal the CPU's on
   }
 }
 
-TEST_CASE("gpu backend: seeded temperature, top-k and top-p sampling picks the CPU's tokens",
+TEST_CASE("gpu backend: seeded temperature, top-k, top-p and min-p sampling picks the CPU's tokens",
           "[gpu][sampling]") {
   auto gpu = gpu_or_skip();
   if (!gpu) return;
@@ -192,6 +193,7 @@ TEST_CASE("gpu backend: seeded temperature, top-k and top-p sampling picks the C
         p.temperature = temps[r % 4];
         p.top_k = ks[(r / 4) % 4];
         p.top_p = ps[(r / 16) % 3 + (r % 7 == 0 ? 1 : 0)];
+        p.min_p = (r % 3 == 0) ? 0.0f : (r % 3 == 1 ? 0.05f : 0.3f);
         p.u = std::uniform_real_distribution<double>(0.0, 1.0)(gen);
       }
       auto run = [&](Backend& b) {
@@ -299,4 +301,53 @@ TEST_CASE("gpu backend: logprobs and top-n match the CPU reference", "[gpu][samp
     }
   }
   std::printf("gpu logprobs: %lld rows equal to the CPU's within 1e-4\n", (long long)checked);
+}
+
+TEST_CASE("gpu backend: the logit processors write the CPU's bits and restore the raw logits",
+          "[gpu][sampling]") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend();
+  std::mt19937 gen(11);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  const int64_t rows = 9, vocab = 32000;
+  std::vector<float> lg(static_cast<size_t>(rows * vocab));
+  for (auto& x : lg) x = dist(gen);
+  // Row r has r * 300 entries (row 0 none) on distinct tokens, with every mix of bias,
+  // repetition (a penalty and a reward) and subtraction.
+  std::vector<int32_t> start{0};
+  std::vector<LogitAdjust> entries;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<int32_t> ids(static_cast<size_t>(vocab));
+    for (int32_t i = 0; i < int32_t(vocab); ++i) ids[size_t(i)] = i;
+    std::shuffle(ids.begin(), ids.end(), gen);
+    for (int64_t j = 0; j < r * 300; ++j) {
+      LogitAdjust a;
+      a.token = ids[size_t(j)];
+      a.bias = j % 3 == 0 ? 0.0f : std::uniform_real_distribution<float>(-100.0f, 100.0f)(gen);
+      a.rep = j % 4 == 0 ? 1.0f : (j % 4 == 1 ? 1.3f : (j % 4 == 2 ? 0.7f : 2.0f));
+      a.sub = j % 5 == 0 ? 0.0f : std::uniform_real_distribution<float>(-6.0f, 6.0f)(gen);
+      entries.push_back(a);
+    }
+    start.push_back(int32_t(entries.size()));
+  }
+  auto run = [&](Backend& b) {
+    Mirror<float> in(b, lg);
+    Mirror<int32_t> st(b, start);
+    Mirror<LogitAdjust> en(b, entries);
+    REQUIRE(b.adjust_rows(in.ptr(), rows, vocab, st.ptr(), en.ptr(), false).ok());
+    const std::vector<float> applied = in.read(b);
+    REQUIRE(b.adjust_rows(in.ptr(), rows, vocab, st.ptr(), en.ptr(), true).ok());
+    return std::pair{applied, in.read(b)};
+  };
+  const auto [c_applied, c_restored] = run(*cpu);
+  const auto [g_applied, g_restored] = run(*gpu);
+  REQUIRE(c_applied.size() == lg.size());
+  REQUIRE(g_applied.size() == lg.size());
+  int64_t changed = 0;
+  for (size_t i = 0; i < lg.size(); ++i) changed += std::memcmp(&c_applied[i], &lg[i], 4) != 0 ? 1 : 0;
+  CHECK(changed > int64_t(entries.size()) / 2);  // the processors did change the logits
+  CHECK(std::memcmp(g_applied.data(), c_applied.data(), lg.size() * 4) == 0);
+  CHECK(std::memcmp(c_restored.data(), lg.data(), lg.size() * 4) == 0);
+  CHECK(std::memcmp(g_restored.data(), lg.data(), lg.size() * 4) == 0);
 }

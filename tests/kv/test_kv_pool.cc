@@ -96,6 +96,7 @@ class HostTestBackend final : public Backend {
   absl::Status sample_rows(const float*, int64_t, int64_t, const RowSampling*, int32_t*) override {
     return no();
   }
+  absl::Status adjust_rows(float*, int64_t, int64_t, const int32_t*, LogitAdjust*, bool) override { return no(); }
   absl::Status add_rmsnorm(bf16_t*, const bf16_t*, const bf16_t*, int64_t, int64_t, float, bf16_t*) override {
     return no();
   }

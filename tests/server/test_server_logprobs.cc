@@ -1,7 +1,11 @@
 // Logprobs over gRPC: Prefill's sampled and prompt tokens', Decode's per step, Generate's
 // per streamed token, against the engine's own values in-process; bad parameters are
 // INVALID_ARGUMENT naming the field and leave the server serving with no page held.
+// Generate's logit processors and min-p give the in-process engine's tokens.
 #include <cmath>
+#include <functional>
+
+#include "kernels/cpu/ops/sampling.h"
 #include "tests/util/test_server_util.h"
 
 using namespace kvfuse;
@@ -175,5 +179,85 @@ TEST_CASE("server: logprobs top_n above 20 is INVALID_ARGUMENT naming the field 
   REQUIRE(t.decode(dec, &dr).ok());
   CHECK(dr.results(0).status().code() == v1::SequenceStatus::OK);
   REQUIRE(t.release({601}).ok());
+  CHECK(t.wait_all_pages_free());
+}
+
+TEST_CASE("server: Generate's logit processors and min_p shape the tokens as the engine's - logprobs stay raw",
+          "[server][logprobs][sampling]") {
+  auto t = TestServer::start();
+  const std::vector<int32_t> prompt = test_prompt(7, 16);
+  auto e = Engine::create(test_config());
+  REQUIRE(e.ok());
+  const int32_t vocab = (*e)->spec().vocab;
+  // Every processor at once, sampled with min-p: the server's tokens are the in-process
+  // engine's for the same parameters and seed.
+  SamplingParams sp = SamplingParams::sampled(0.9f, 0, 0.95f, 23);
+  sp.min_p = 0.05f;
+  sp.repetition_penalty = 1.5f;
+  sp.frequency_penalty = 0.7f;
+  sp.presence_penalty = 0.4f;
+  sp.logit_bias = {{3, 4.0f}, {11, -8.0f}};
+  REQUIRE((*e)->add_sequence(1, prompt, sp).ok());
+  std::vector<int32_t> want;
+  int32_t pending = int32_t(prompt.size());
+  for (int i = 0; i < 8; ++i) {
+    auto r = (*e)->step({StepItem{1, pending, true}});
+    REQUIRE(r.ok());
+    want.push_back(*(*r)[0].token);
+    pending = 1;
+  }
+  v1::GenerateRequest g = generate_request(prompt, 8);
+  g.set_ignore_eos(true);
+  v1::SamplingParams* p = g.mutable_sampling();
+  p->set_temperature(0.9f);
+  p->set_top_p(0.95f);
+  p->set_seed(23);
+  p->set_min_p(0.05f);
+  p->set_repetition_penalty(1.5f);
+  p->set_frequency_penalty(0.7f);
+  p->set_presence_penalty(0.4f);
+  (*p->mutable_logit_bias())[3] = 4.0f;
+  (*p->mutable_logit_bias())[11] = -8.0f;
+  const StreamResult s = generate(*t.stub, g);
+  REQUIRE(s.status.ok());
+  CHECK(s.tokens == want);
+
+  // A +100 bias makes a token every greedy pick; its logprob is the raw distribution's.
+  v1::GenerateRequest b = generate_request(prompt, 4);
+  b.set_ignore_eos(true);
+  (*b.mutable_sampling()->mutable_logit_bias())[9] = 100.0f;
+  b.mutable_logprobs()->set_enabled(true);
+  const StreamResult sb = generate(*t.stub, b);
+  REQUIRE(sb.status.ok());
+  CHECK(sb.tokens == std::vector<int32_t>(4, 9));
+  REQUIRE((*e)->add_sequence(2, prompt, SamplingParams{}).ok());
+  auto r = (*e)->step({StepItem{2, int32_t(prompt.size()), true, true}});
+  REQUIRE(r.ok());
+  LogprobOut raw;
+  cpu::logprobs_row((*e)->last_logits().data() + size_t((*r)[0].logits_row) * size_t(vocab), vocab, 9, 0, raw);
+  REQUIRE(sb.logprobs.size() == 4);
+  CHECK(std::abs(sb.logprobs[0].logprob() - raw.logprob) <= 1e-4f);
+  CHECK(sb.logprobs[0].logprob() < -0.01f);  // not the biased distribution's ~0
+
+  // Bad values are INVALID_ARGUMENT naming the field; the server serves on.
+  using Mut = std::function<void(v1::SamplingParams&)>;
+  const std::vector<std::pair<const char*, Mut>> bad = {
+      {"min_p", [](auto& q) { q.set_min_p(1.5f); }},
+      {"repetition_penalty", [](auto& q) { q.set_repetition_penalty(0.0f); }},
+      {"frequency_penalty", [](auto& q) { q.set_frequency_penalty(2.5f); }},
+      {"presence_penalty", [](auto& q) { q.set_presence_penalty(NAN); }},
+      {"logit_bias: token", [](auto& q) { (*q.mutable_logit_bias())[1 << 20] = 1.0f; }},
+      {"logit_bias: the bias", [](auto& q) { (*q.mutable_logit_bias())[4] = 250.0f; }},
+  };
+  for (const auto& [field, mutate] : bad) {
+    INFO(field);
+    v1::GenerateRequest q = generate_request(prompt, 4);
+    mutate(*q.mutable_sampling());
+    const StreamResult sq = generate(*t.stub, q);
+    CHECK(sq.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK_THAT(sq.status.error_message(), Catch::Matchers::ContainsSubstring(field));
+    CHECK(sq.messages == 0);
+  }
+  CHECK(generate(*t.stub, generate_request(prompt, 2)).status.ok());
   CHECK(t.wait_all_pages_free());
 }

@@ -12,6 +12,7 @@
 #include "tests/util/catch.h"
 
 #include "src/runtime/engine.h"
+#include "tests/util/reference_processors.h"
 
 namespace kvfuse::testing {
 
@@ -232,6 +233,33 @@ inline ScheduleRun run_bucket_schedule(Engine& e, const ForwardOptions& opts, in
   return out;
 }
 
+// Sampling parameters with every logit processor and min-p, greedy and sampled, for the
+// engines' tests against the reference (sampled_tokens_match_reference).
+inline std::vector<SamplingParams> processor_cases(int32_t vocab) {
+  std::vector<SamplingParams> out;
+  SamplingParams a;  // greedy, repetition penalty
+  a.repetition_penalty = 1.3f;
+  out.push_back(a);
+  SamplingParams b;  // greedy, frequency and presence penalties, logit bias
+  b.frequency_penalty = 0.8f;
+  b.presence_penalty = 0.5f;
+  b.logit_bias = {{3, 5.0f}, {10, 2.5f}, {vocab - 1, -30.0f}};
+  out.push_back(b);
+  SamplingParams c = SamplingParams::sampled(0.9f, 0, 1.0f, 13);  // min-p, repetition, bias
+  c.min_p = 0.1f;
+  c.repetition_penalty = 1.2f;
+  c.logit_bias = {{5, 3.0f}};
+  out.push_back(c);
+  SamplingParams d = SamplingParams::sampled(1.1f, 40, 0.9f, 17);  // every one at once
+  d.min_p = 0.05f;
+  d.repetition_penalty = 0.9f;
+  d.frequency_penalty = -0.5f;
+  d.presence_penalty = 1.0f;
+  d.logit_bias = {{2, -4.0f}, {vocab / 2, 6.0f}};
+  out.push_back(d);
+  return out;
+}
+
 // Decodes `steps` tokens of one sequence with seeded sampling, asking for logits too,
 // and counts the steps whose token equals sample_token on the returned logits with a
 // copy of the sequence's stream: the engine's (device) sampler against the reference.
@@ -243,13 +271,17 @@ inline std::pair<int, int> sampled_tokens_match_reference(Engine& e, const Sampl
   Rng ref(sp.seed);
   int32_t pending = int32_t(prompt.size());
   int equal = 0;
+  std::vector<int32_t> output;
   for (int i = 0; i < steps; ++i) {
     auto r = e.step({StepItem{id, pending, true, true}});
     INFO(r.status().ToString());
     REQUIRE(r.ok());
     REQUIRE((*r)[0].status.ok());
+    // The logits a step returns are the raw ones: the processors apply here.
     const float* lg = e.last_logits().data() + size_t((*r)[0].logits_row) * size_t(vocab);
-    equal += sample_token(lg, vocab, sp, ref) == *(*r)[0].token ? 1 : 0;
+    const std::vector<float> processed = reference_processed(lg, vocab, sp, prompt, output);
+    equal += sample_token(processed.data(), vocab, sp, ref) == *(*r)[0].token ? 1 : 0;
+    output.push_back(*(*r)[0].token);
     pending = 1;
   }
   REQUIRE(e.release(id).ok());

@@ -88,6 +88,10 @@ class ForwardingBackend : public Backend {
                            int32_t* tokens) override {
     return in_->sample_rows(logits, rows, vocab, params, tokens);
   }
+  absl::Status adjust_rows(float* logits, int64_t rows, int64_t vocab, const int32_t* start, LogitAdjust* entries,
+                           bool restore) override {
+    return in_->adjust_rows(logits, rows, vocab, start, entries, restore);
+  }
   absl::Status logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
                              const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
                              LogprobOut* out) override {

@@ -102,6 +102,24 @@ int32_t sample_row(const float* lg, int64_t vocab, const RowSampling& p) {
   return int32_t(first_reaching(vocab, kept, mass, s + 1));
 }
 
+void adjust_rows(float* logits, int64_t rows, int64_t vocab, const int32_t* start, LogitAdjust* entries,
+                 bool restore) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int32_t j = start[r]; j < start[r + 1]; ++j) {
+      LogitAdjust& a = entries[j];
+      float& l = logits[r * vocab + a.token];
+      if (restore) {
+        l = a.saved;
+        continue;
+      }
+      a.saved = l;
+      float x = l + a.bias;
+      if (a.rep != 1.0f) x = x > 0.0f ? x / a.rep : x * a.rep;
+      l = x - a.sub;
+    }
+  }
+}
+
 void logprobs_row(const float* logits, int64_t vocab, int32_t target, int32_t top_n, LogprobOut& out) {
   float m = -INFINITY;
   for (int64_t i = 0; i < vocab; ++i) m = std::max(m, logits[i]);

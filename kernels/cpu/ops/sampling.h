@@ -11,6 +11,13 @@ namespace kvfuse::cpu {
 // the maximum).
 int32_t sample_row(const float* logits, int64_t vocab, const RowSampling& p);
 
+// The logit processors of rows [0, rows) of logits[rows, vocab] (kernels/ops/sampling.h
+// has the rule): row r's entries are entries[start[r] .. start[r + 1]). `restore` false
+// applies them (keeping each raw logit in its entry's `saved`), true writes the raw
+// logits back.
+void adjust_rows(float* logits, int64_t rows, int64_t vocab, const int32_t* start, LogitAdjust* entries,
+                 bool restore);
+
 }  // namespace kvfuse::cpu
 
 namespace kvfuse::cpu {

@@ -211,6 +211,11 @@ class CpuBackend final : public Backend {
     }
     return absl::OkStatus();
   }
+  absl::Status adjust_rows(float* logits, int64_t rows, int64_t vocab, const int32_t* start, LogitAdjust* entries,
+                           bool restore) override {
+    cpu::adjust_rows(logits, rows, vocab, start, entries, restore);
+    return absl::OkStatus();
+  }
   absl::Status logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
                              const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
                              LogprobOut* out) override {

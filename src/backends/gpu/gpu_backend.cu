@@ -377,6 +377,12 @@ class GpuBackend final : public Backend {
     return gpu_status(gpu::launch_sample_rows(logits, rows, vocab, params, tokens, stream_), "sample_rows");
   }
 
+  absl::Status adjust_rows(float* logits, int64_t rows, int64_t vocab, const int32_t* start, LogitAdjust* entries,
+                           bool restore) override {
+    return gpu_status(gpu::launch_adjust_rows(logits, rows, vocab, start, entries, restore, stream_),
+                      "adjust_rows");
+  }
+
   absl::Status logprobs_rows(const float* logits, int64_t rows, int64_t vocab, const LogprobRow* req,
                              const int32_t* greedy, const int32_t* sampled, const RowSampling* params,
                              LogprobOut* out) override {
