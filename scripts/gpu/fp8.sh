@@ -2,9 +2,9 @@
 # FP8 weights on one GPU, from the bundle (nothing is compiled on the GPU machine):
 #   1. the kernel parity tests the bundle has (KVFUSE_BUNDLE_KERNEL_TESTS="test_gemv_fp8_gpu
 #      test_norm_fp8_gpu" scripts/gpu/bundle.sh, here);
-#   2. test_gpu_fp8 (FP8 projections and FP8 models, GPU against CPU), then the GPU backend
-#      and engine tests (test_gpu_backend, test_gpu_engine), each under FP8_TEST_TIMEOUT
-#      seconds (default 300);
+#   2. test_gpu_fp8 (FP8 projections and FP8 models, GPU against CPU), then the GPU
+#      backend, sampling and engine tests (test_gpu_backend, test_gpu_logprobs,
+#      test_gpu_engine), each under FP8_TEST_TIMEOUT seconds (default 300);
 #   3. tests/hf_reference_fp8.py on the CPU and the GPU, when the bundle has kvfuse-eval and
 #      the machine torch and transformers: FP8 checkpoints against Hugging Face;
 #   4. scripts/gpu/bench.sh engine-fp8: llama3-8b against llama3-8b-fp8, alternating, with
@@ -32,7 +32,7 @@ check() {  # name, command...
 }
 if [[ ${FP8_SKIP_TESTS:-0} != 1 ]]; then
   for t in "$bundle"/kernel-tests/*; do [[ -x $t ]] && check "$(basename "$t")" "$t"; done
-  for t in test_gpu_fp8 test_gpu_backend test_gpu_engine; do [[ -x $bundle/$t ]] && check "$t" "$bundle/$t"; done
+  for t in test_gpu_fp8 test_gpu_backend test_gpu_logprobs test_gpu_engine; do [[ -x $bundle/$t ]] && check "$t" "$bundle/$t"; done
   if [[ -x $bundle/kvfuse-eval ]] && python3 -c "import torch, transformers" 2>/dev/null; then
     FP8_TEST_TIMEOUT=${FP8_HF_TIMEOUT:-400} check hf_reference_fp8 python3 tests/hf_reference_fp8.py \
       --kvfuse-bin "$bundle/kvfuse-eval" --device cpu --device cuda --json-out "$out/hf_reference_fp8.json"

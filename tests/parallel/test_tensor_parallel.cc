@@ -411,3 +411,13 @@ TEST_CASE("tensor parallel (cpu): tp_share_gpu is refused where it has no meanin
     CHECK_THAT(std::string(e.status().message()), ContainsSubstring("tp_share_gpu"));
   }
 }
+
+TEST_CASE("tensor parallel (cpu): the logit processors and min-p run on rank 0's gathered logits",
+          "[tp][engine][sampling]") {
+  auto e = make_engine({{"tensor_parallel", 2}});
+  for (const SamplingParams& sp : processor_cases(e->spec().vocab)) {
+    CAPTURE(sp.temperature, sp.min_p, sp.repetition_penalty, sp.frequency_penalty, sp.presence_penalty);
+    const auto [equal, n] = sampled_tokens_match_reference(*e, sp, 12);
+    CHECK(equal == n);
+  }
+}
