@@ -4,6 +4,7 @@ namespace kvfuse {
 
 LogitProcessors::LogitProcessors(const SamplingParams& p, const std::vector<int32_t>& prompt)
     : active_(p.has_processors()),
+      penalties_(p.has_penalties()),
       rep_(p.repetition_penalty),
       freq_(p.frequency_penalty),
       presence_(p.presence_penalty) {
@@ -29,7 +30,7 @@ void LogitProcessors::add_prompt_tokens(const int32_t* tokens, size_t n) {
 }
 
 void LogitProcessors::add_output_token(int32_t token) {
-  if (!active_ || !(rep_ != 1.0f || freq_ != 0.0f || presence_ != 0.0f)) return;
+  if (!penalties_) return;
   LogitAdjust& a = entry(token);
   a.rep = rep_;
   int32_t& count = output_count_[at_[token]];

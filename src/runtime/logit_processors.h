@@ -32,6 +32,7 @@ class LogitProcessors {
   LogitAdjust& entry(int32_t token);
 
   bool active_ = false;
+  bool penalties_ = false;  // the output tokens count (a logit_bias alone needs no counts)
   float rep_ = 1.0f, freq_ = 0.0f, presence_ = 0.0f;
   std::vector<LogitAdjust> entries_;
   std::vector<int32_t> output_count_;       // per entry
