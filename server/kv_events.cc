@@ -108,8 +108,9 @@ std::vector<std::shared_ptr<KvEventsSubscriber>> KvEventLog::live_calls() {
   std::lock_guard lock(mu_);
   std::erase_if(subscribers_, [&](const std::weak_ptr<KvEventsSubscriber>& w) {
     auto s = w.lock();
-    if (s) out.push_back(std::move(s));
-    return !s;
+    const bool gone = s == nullptr;  // tested before the move below empties `s`
+    if (!gone) out.push_back(std::move(s));
+    return gone;
   });
   return out;
 }
