@@ -15,7 +15,7 @@
 namespace kvfuse::testing {
 
 namespace sgl = ::sglang::grpc::scheduler;
-namespace smg = ::smg::grpc::common;
+namespace smgc = ::smg::grpc::common;
 
 inline std::unique_ptr<sgl::SglangScheduler::Stub> sglang_stub(const TestServer& t) {
   return sgl::SglangScheduler::NewStub(t.channel);
