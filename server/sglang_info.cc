@@ -71,7 +71,21 @@ void fill_model_info(const v1::GetInfoResponse& info, const SglangServerFacts& f
 
 absl::Status fill_server_info(const v1::GetInfoResponse& info, const SglangServerFacts& facts,
                               int64_t active_requests, double last_receive_s, sgl::GetServerInfoResponse* out) {
-  if (auto st = json_to_struct(config_to_json(facts.config), out->mutable_server_args()); !st.ok()) return st;
+  // kvfuse's config, and the keys smg reads from an SGLang worker's server_args under
+  // SGLang's names (model_gateway/src/routers/grpc/client.rs in smg).
+  nlohmann::json args = config_to_json(facts.config);
+  args["model_path"] = facts.config.model_path.empty() ? facts.config.model : facts.config.model_path;
+  args["tokenizer_path"] = facts.config.model_path;
+  args["served_model_name"] = info.model();
+  args["tp_size"] = info.tensor_parallel();
+  args["dp_size"] = 1;
+  args["pp_size"] = 1;
+  args["context_length"] = info.max_seq_len();
+  args["max_total_tokens"] = info.num_pages() * info.page_size();
+  args["max_running_requests"] = info.max_running_seqs();
+  args["vocab_size"] = info.vocab_size();
+  args["is_embedding"] = false;
+  if (auto st = json_to_struct(args, out->mutable_server_args()); !st.ok()) return st;
   const nlohmann::json sched = {{"page_size", info.page_size()},
                                 {"num_pages", info.num_pages()},
                                 {"max_total_num_tokens", info.num_pages() * info.page_size()},

@@ -49,7 +49,7 @@ std::vector<smgc::KvEventBatch> read_kv_events(grpc::ClientReaderInterface<smgc:
 
 }  // namespace
 
-TEST_CASE("sglang: HealthCheck follows kvfuse's health; gRPC health and reflection cover the service",
+TEST_CASE("sglang: HealthCheck follows kvfuse's health, and gRPC health and reflection cover the service",
           "[server][sglang][health]") {
   std::promise<void> go;
   std::shared_future<void> gate = go.get_future().share();
@@ -100,6 +100,12 @@ TEST_CASE("sglang: GetModelInfo and GetServerInfo tell kvfuse.v1 GetInfo's model
   CHECK(s.max_total_num_tokens() == 512 * 16);
   CHECK(s.server_args().fields().at("num_pages").number_value() == 512);
   CHECK(s.server_args().fields().at("model").string_value() == "tiny");
+  // The keys smg reads under SGLang's names.
+  CHECK(s.server_args().fields().at("dp_size").number_value() == 1);
+  CHECK(s.server_args().fields().at("tp_size").number_value() == 1);
+  CHECK(s.server_args().fields().at("context_length").number_value() == v1info.max_seq_len());
+  CHECK(s.server_args().fields().at("max_total_tokens").number_value() == 512 * 16);
+  CHECK(s.server_args().fields().at("served_model_name").string_value() == v1info.model());
   CHECK(s.scheduler_info().fields().at("page_size").number_value() == 16);
   CHECK(s.active_requests() == 0);
   CHECK(s.uptime_seconds() >= 0);
@@ -169,7 +175,7 @@ TEST_CASE("sglang: GetLoads reports rank 0 from kvfuse.v1 GetLoad, the prefix ca
   CHECK_THAT(st.error_message(), Catch::Matchers::ContainsSubstring("include"));
 }
 
-TEST_CASE("sglang: FlushCache empties the prefix cache; KV events come in smg's shape, resumable by number",
+TEST_CASE("sglang: FlushCache empties the prefix cache, and KV events come in smg's shape, resumable by number",
           "[server][sglang][prefix]") {
   auto t = TestServer::start();
   auto stub = sglang_stub(t);

@@ -126,7 +126,7 @@ TEST_CASE("sglang: every field kvfuse cannot honour is refused naming it, and no
   CHECK(t.load().pools(0).free_pages() == free_at_start);
 }
 
-TEST_CASE("sglang: the calls kvfuse does not have are UNIMPLEMENTED naming the call; no LoRA adapter is loaded",
+TEST_CASE("sglang: the calls kvfuse does not have are UNIMPLEMENTED naming the call, and no LoRA adapter is loaded",
           "[server][sglang][errors]") {
   auto t = TestServer::start();
   auto stub = sglang_stub(t);
