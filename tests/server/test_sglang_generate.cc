@@ -2,12 +2,15 @@
 // for the same prompt, seed and parameters (greedy and sampled, streamed and not), the
 // chunks' shape, stop and EOS tokens, logprobs, the prefix cache's cached_tokens, Abort,
 // request ids and retries; no KV page outlives its request.
+#include <cstdio>
 #include <future>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 
 #include "tests/util/checkpoint_test_util.h"
 #include "tests/util/engine_test_util.h"
+#include "tests/util/run_command.h"
 #include "tests/util/sglang_test_util.h"
 
 using namespace kvfuse;
@@ -115,7 +118,7 @@ TEST_CASE("sglang: stream_interval sends chunks of that many tokens, the rest in
   CHECK(as_ints(got.chunk_tokens) == got.output_ids());
 }
 
-TEST_CASE("sglang: a stop token ends the request, with matched_token_id; min_new_tokens holds it off",
+TEST_CASE("sglang: a stop token ends the request, with matched_token_id, and min_new_tokens holds it off",
           "[server][sglang]") {
   auto t = TestServer::start();
   auto stub = sglang_stub(t);
@@ -259,7 +262,7 @@ TEST_CASE("sglang: a second request with the same long prompt reports the prefix
   CHECK(t.wait_all_pages_free());
 }
 
-TEST_CASE("sglang: Abort ends a live stream with finish_reason abort; an unknown or ended id is success=false",
+TEST_CASE("sglang: Abort ends a live stream with finish_reason abort, and an unknown or ended id gets success=false",
           "[server][sglang][abort]") {
   StepGate gate;
   auto t = TestServer::start({}, [&](server::ServerOptions& o) { o.loop.result_hook = gate.hook(); });
@@ -314,7 +317,7 @@ TEST_CASE("sglang: Abort ends a live stream with finish_reason abort; an unknown
   CHECK(t.wait_all_pages_free());
 }
 
-TEST_CASE("sglang: a retried request returns the first answer; an empty request_id gets one made up",
+TEST_CASE("sglang: a retried request returns the first answer, and an empty request_id gets one made up",
           "[server][sglang]") {
   auto t = TestServer::start();
   auto stub = sglang_stub(t);
@@ -341,4 +344,31 @@ TEST_CASE("sglang: a retried request returns the first answer; an empty request_
   CHECK_FALSE(a.request_ids.front().empty());
   CHECK(a.request_ids.front() != b.request_ids.front());
   CHECK(t.wait_all_pages_free());
+}
+
+TEST_CASE("kvfuse-bench-serve --protocol sglang sends the same load as kvfuse.v1's", "[server][sglang][tools]") {
+  // One stream, 2 conversations of 3 turns: the prompts, and what the prefix cache finds
+  // of them, are the same through either protocol.
+  std::map<std::string, std::pair<long long, long long>> counts;
+  for (const char* protocol : {"kvfuse", "sglang"}) {
+    INFO(protocol);
+    auto t = TestServer::start();
+    auto [rc, out] = run_command(std::string(KVFUSE_BENCH_SERVE_BIN) + " --addr " + t.server->address() +
+                                 " --protocol " + protocol +
+                                 " --concurrency 1 --duration-s 60 --max-requests 6 --prompt-len 8 --max-tokens 8"
+                                 " --shared-prefix-len 40 --turns 3");
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK(out.find(std::string(protocol) + " protocol") != std::string::npos);
+    CHECK(out.find("6 ok, 0 failed") != std::string::npos);
+    CHECK(out.find("ITL   ms   p50") != std::string::npos);
+    const size_t at = out.find("prefix cache  ");
+    REQUIRE(at != std::string::npos);
+    long long cached = -1, prompt = -1;
+    REQUIRE(std::sscanf(out.c_str() + at, "prefix cache  %lld of %lld", &cached, &prompt) == 2);
+    counts[protocol] = {cached, prompt};
+    CHECK(t.wait_all_pages_free());
+  }
+  CHECK(counts["sglang"] == counts["kvfuse"]);
+  CHECK(counts["sglang"].second == 2 * (48 + 64 + 80));
 }
