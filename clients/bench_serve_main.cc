@@ -8,19 +8,26 @@
 // (--shared-prefix-len: a system prompt), and optionally as conversations of --turns turns:
 // each turn's prompt is the previous turn's prompt, its output and --prompt-len new tokens
 // (a chat's history), so that a server with a prefix cache computes only the new part.
+//
+// --protocol picks the service the load goes through: kvfuse.v1 Generate (kvfuse) or smg's
+// SGLang Generate on the same port (sglang, server/sglang_service.h), with the same
+// prompts, parameters and seeds, so that the two can be compared on one server.
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "kvfuse/v1/decode.grpc.pb.h"
 #include "clients/client_util.h"
+#include "smg/sglang_scheduler.grpc.pb.h"
 
 using namespace kvfuse;
 using Clock = std::chrono::steady_clock;
@@ -38,7 +45,83 @@ struct Options {
   int64_t max_requests = 0;  // 0: no limit
   int shared_prefix_len = 0;  // tokens every prompt begins with
   int turns = 1;              // requests per conversation
+  std::string protocol = "kvfuse";  // kvfuse | sglang
 };
+
+// The stubs of both services on the server's one channel.
+struct Stubs {
+  v1::DecodeService::Stub& kvfuse;
+  sglang::grpc::scheduler::SglangScheduler::Stub& sglang;
+};
+
+// One request's outcome: the stream's status and the usage its last message reports.
+struct Reply {
+  grpc::Status status;
+  int64_t prompt_tokens = 0, cached_tokens = 0;
+};
+using OnTokens = std::function<void(const google::protobuf::RepeatedField<int32_t>&)>;
+
+// kvfuse.v1 Generate: `on_tokens` gets each message's new tokens.
+Reply generate_kvfuse(v1::DecodeService::Stub& stub, grpc::ClientContext& ctx, const std::vector<int32_t>& prompt,
+                      const Options& o, uint64_t seed, const OnTokens& on_tokens) {
+  v1::GenerateRequest req;
+  for (int32_t t : prompt) req.add_prompt_ids(t);
+  req.set_max_tokens(uint32_t(o.max_tokens));
+  req.set_ignore_eos(true);  // every request generates max_tokens
+  req.mutable_sampling()->set_temperature(o.temperature);
+  req.mutable_sampling()->set_seed(seed);
+  auto reader = stub.Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  Reply r;
+  while (reader->Read(&msg)) {
+    if (msg.has_usage()) {
+      r.prompt_tokens = msg.usage().prompt_tokens();
+      r.cached_tokens = msg.usage().cached_tokens();
+    }
+    if (msg.token_ids_size() > 0) on_tokens(msg.token_ids());
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+// smg's SGLang Generate, as smg sends it (explicit defaults, the seed in custom_params):
+// `on_tokens` gets each chunk's tokens; the complete repeats them all and is not counted.
+Reply generate_sglang(sglang::grpc::scheduler::SglangScheduler::Stub& stub, grpc::ClientContext& ctx,
+                      const std::vector<int32_t>& prompt, const Options& o, uint64_t seed, const std::string& id,
+                      const OnTokens& on_tokens) {
+  namespace sgl = sglang::grpc::scheduler;
+  sgl::GenerateRequest req;
+  req.set_request_id(id);
+  for (int32_t t : prompt) req.mutable_tokenized()->add_input_ids(uint32_t(t));
+  sgl::SamplingParams* p = req.mutable_sampling_params();
+  p->set_temperature(o.temperature);
+  p->set_top_p(1.0f);
+  p->set_top_k(-1);
+  p->set_repetition_penalty(1.0f);
+  p->set_n(1);
+  p->set_max_new_tokens(uint32_t(o.max_tokens));
+  p->set_ignore_eos(true);
+  (*p->mutable_custom_params()->mutable_fields())["seed"].set_number_value(double(seed));
+  req.set_logprob_start_len(-1);
+  req.set_stream(true);
+  auto reader = stub.Generate(&ctx, req);
+  sgl::GenerateResponse msg;
+  google::protobuf::RepeatedField<int32_t> ids;
+  Reply r;
+  while (reader->Read(&msg)) {
+    if (msg.has_complete()) {
+      r.prompt_tokens = msg.complete().prompt_tokens();
+      r.cached_tokens = msg.complete().cached_tokens();
+    }
+    if (msg.has_chunk() && msg.chunk().token_ids_size() > 0) {
+      ids.Clear();
+      for (uint32_t t : msg.chunk().token_ids()) ids.Add(int32_t(t));
+      on_tokens(ids);
+    }
+  }
+  r.status = reader->Finish();
+  return r;
+}
 
 struct Samples {
   std::vector<double> ttft, itl, e2e;
@@ -62,11 +145,12 @@ std::vector<int32_t> shared_prefix(const Options& o, int32_t vocab) {
 }
 
 void worker(int index, const Options& o, int32_t vocab, int64_t max_seq_len, const std::vector<int32_t>& prefix,
-            v1::DecodeService::Stub& stub, Clock::time_point end, Progress& progress, Samples& out) {
+            Stubs stubs, Clock::time_point end, Progress& progress, Samples& out) {
   std::mt19937_64 rng(o.seed * 7919 + uint64_t(index));
   std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
   std::vector<int32_t> history;  // the conversation so far (prompt and output of its turns)
   int turn = 0;
+  int64_t sent = 0;
   while (Clock::now() < end) {
     if (o.max_requests > 0 && progress.started.fetch_add(1) >= o.max_requests) return;
     // A new conversation after its last turn, or when the next turn would not fit.
@@ -77,27 +161,15 @@ void worker(int index, const Options& o, int32_t vocab, int64_t max_seq_len, con
     if (turn == 0) history = prefix;
     for (int i = 0; i < o.prompt_len; ++i) history.push_back(tok(rng));
     ++turn;
-    v1::GenerateRequest req;
-    for (int32_t t : history) req.add_prompt_ids(t);
-    req.set_max_tokens(uint32_t(o.max_tokens));
-    req.set_ignore_eos(true);  // every request generates max_tokens
-    req.mutable_sampling()->set_temperature(o.temperature);
-    req.mutable_sampling()->set_seed(rng());
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(int64_t(o.duration_s) + 120));
     const auto t0 = Clock::now();
-    auto reader = stub.Generate(&ctx, req);
-    v1::GenerateResponse msg;
     auto last = t0;
     bool first = true;
-    while (reader->Read(&msg)) {
-      if (msg.has_usage()) {
-        out.prompt_tokens += msg.usage().prompt_tokens();
-        out.cached_tokens += msg.usage().cached_tokens();
-      }
-      const int n = msg.token_ids_size();
-      if (n == 0) continue;
-      history.insert(history.end(), msg.token_ids().begin(), msg.token_ids().end());
+    const std::vector<int32_t> prompt = history;
+    auto on_tokens = [&](const google::protobuf::RepeatedField<int32_t>& ids) {
+      const int n = ids.size();
+      history.insert(history.end(), ids.begin(), ids.end());
       const auto now = Clock::now();
       const double gap = std::chrono::duration<double>(now - last).count();
       if (first) {
@@ -111,8 +183,15 @@ void worker(int index, const Options& o, int32_t vocab, int64_t max_seq_len, con
       }
       last = now;
       progress.tokens += n;
-    }
-    const grpc::Status st = reader->Finish();
+    };
+    // 53 bits: a seed SGLang's custom_params carries exactly (a JSON number), the same on both.
+    const uint64_t seed = rng() >> 11;
+    const std::string id = "bench-" + std::to_string(index) + "-" + std::to_string(sent++);
+    const Reply reply = o.protocol == "sglang" ? generate_sglang(stubs.sglang, ctx, prompt, o, seed, id, on_tokens)
+                                               : generate_kvfuse(stubs.kvfuse, ctx, prompt, o, seed, on_tokens);
+    out.prompt_tokens += reply.prompt_tokens;
+    out.cached_tokens += reply.cached_tokens;
+    const grpc::Status& st = reply.status;
     if (!st.ok()) turn = o.turns;  // the conversation ends with a failed turn
     if (st.ok()) {
       out.e2e.push_back(since(t0));
@@ -161,10 +240,16 @@ int main(int argc, char** argv) {
                  "--prompt-len new tokens")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  app.add_option("--protocol", o.protocol,
+                 "the service the load goes through: kvfuse (kvfuse.v1 Generate) or sglang (smg's SGLang Generate "
+                 "on the same port; the seed goes in custom_params)")
+      ->check(CLI::IsMember({"kvfuse", "sglang"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   auto channel = client::make_channel(o.addr);
   v1::DecodeService::Stub stub(channel);
+  sglang::grpc::scheduler::SglangScheduler::Stub sglang_stub(channel);
   v1::GetInfoResponse info;
   {
     grpc::ClientContext ctx;
@@ -176,10 +261,10 @@ int main(int argc, char** argv) {
     }
   }
   std::printf(
-      "kvfuse-bench-serve: %s on %s, kv %s (%s write), %s attention; %d streams for %.1f s, prompt %d, "
-      "max_tokens %d, shared prefix %d, %d turn%s\n",
+      "kvfuse-bench-serve: %s on %s, kv %s (%s write), %s attention; %s protocol, %d streams for %.1f s, "
+      "prompt %d, max_tokens %d, shared prefix %d, %d turn%s\n",
       info.model().c_str(), info.device().c_str(), info.kv_format().c_str(), info.kv_write().c_str(),
-      info.attention().c_str(), o.concurrency, o.duration_s, o.prompt_len, o.max_tokens, o.shared_prefix_len,
+      info.attention().c_str(), o.protocol.c_str(), o.concurrency, o.duration_s, o.prompt_len, o.max_tokens, o.shared_prefix_len,
       o.turns, o.turns == 1 ? "" : "s");
   if (int64_t(o.shared_prefix_len) + o.prompt_len + o.max_tokens > int64_t(info.max_seq_len())) {
     std::fprintf(stderr, "kvfuse-bench-serve: --shared-prefix-len + --prompt-len + --max-tokens (%d) exceed the "
@@ -196,7 +281,7 @@ int main(int argc, char** argv) {
   std::vector<std::thread> threads;
   for (int i = 0; i < o.concurrency; ++i) {
     threads.emplace_back(worker, i, std::cref(o), int32_t(info.vocab_size()), int64_t(info.max_seq_len()),
-                         std::cref(prefix), std::ref(stub), end, std::ref(progress), std::ref(samples[size_t(i)]));
+                         std::cref(prefix), Stubs{stub, sglang_stub}, end, std::ref(progress), std::ref(samples[size_t(i)]));
   }
   std::atomic<bool> finished{false};
   std::thread reporter([&] {

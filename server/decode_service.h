@@ -5,6 +5,7 @@
 
 #include "kvfuse/v1/decode.grpc.pb.h"
 #include "server/engine_loop.h"
+#include "server/generate_stream.h"
 
 namespace kvfuse::server {
 

@@ -153,9 +153,9 @@ void EngineLoop::on_event(const TokenEvent& ev) {
       v1::GenerateResponse lp;
       if (ev.logprob) to_proto(*ev.logprob, lp.add_logprobs());
       for (const TokenLogprob& t : ev.prompt_logprobs) to_proto(t, lp.add_prompt_logprobs());
-      s.call->push_token(*ev.token, &lp);
+      s.call->push_token(*ev.token, s.cached_tokens, &lp);
     } else {
-      s.call->push_token(*ev.token);
+      s.call->push_token(*ev.token, s.cached_tokens, nullptr);
     }
   }
   if (ev.finish == FinishReason::none) return;

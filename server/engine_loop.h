@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "kvfuse/v1/decode.pb.h"
-#include "server/generate_stream.h"
+#include "server/generate_sink.h"
 #include "server/kv_events.h"
 #include "server/loop_intake.h"
 #include "server/loop_lifecycle.h"
@@ -73,7 +73,9 @@ class EngineLoop {
   void flush_cache(v1::FlushCacheResponse* resp, Done done) { intake_.flush_cache(resp, std::move(done)); }
   // The prefix cache's events (SubscribeKvEvents): the loop publishes each turn's.
   KvEventLog& kv_events() { return kv_events_; }
-  void generate(const v1::GenerateRequest* req, std::shared_ptr<GenerateCall> call) {
+  // A Generate request of either protocol: the sink turns the loop's kvfuse.v1 messages
+  // into its own (server/generate_sink.h).
+  void generate(const v1::GenerateRequest* req, std::shared_ptr<GenerateSink> call) {
     intake_.generate(req, std::move(call));
   }
   // Wakes the loop: a call was cancelled.

@@ -76,6 +76,7 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
 HealthService::HealthService() {
   status_[""] = HealthCheckResponse::NOT_SERVING;
   status_["kvfuse.v1.DecodeService"] = HealthCheckResponse::NOT_SERVING;
+  status_["sglang.grpc.scheduler.SglangScheduler"] = HealthCheckResponse::NOT_SERVING;
 }
 
 HealthService::ServingStatus HealthService::status_locked(const std::string& service) const {

@@ -2,8 +2,8 @@
 // that the status is NOT_SERVING from the first moment the port accepts calls (the
 // default service starts SERVING) and Watch streams see every change.
 //
-// Statuses exist for "" (the server as a whole) and for kvfuse.v1.DecodeService; both
-// move together: NOT_SERVING while the engine warms up, SERVING once it answers,
+// Statuses exist for "" (the server as a whole), kvfuse.v1.DecodeService and smg's
+// sglang.grpc.scheduler.SglangScheduler (server/sglang_service.h); all move together: NOT_SERVING while the engine warms up, SERVING once it answers,
 // NOT_SERVING again while draining or after an internal error.
 #pragma once
 

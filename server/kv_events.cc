@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/status_codes.h"
 
 namespace kvfuse::server {
 
@@ -81,7 +80,7 @@ uint64_t KvEventLog::next_sequence_number() const {
   return next_;
 }
 
-void KvEventLog::subscribe(const std::shared_ptr<KvEventsCall>& call) {
+void KvEventLog::subscribe(const std::shared_ptr<KvEventsSubscriber>& call) {
   std::optional<absl::Status> closed;
   {
     std::lock_guard lock(mu_);
@@ -104,71 +103,16 @@ void KvEventLog::close(const absl::Status& why) {
   for (const auto& call : live_calls()) call->finish(why);
 }
 
-std::vector<std::shared_ptr<KvEventsCall>> KvEventLog::live_calls() {
-  std::vector<std::shared_ptr<KvEventsCall>> out;
+std::vector<std::shared_ptr<KvEventsSubscriber>> KvEventLog::live_calls() {
+  std::vector<std::shared_ptr<KvEventsSubscriber>> out;
   std::lock_guard lock(mu_);
-  std::erase_if(subscribers_, [&](const std::weak_ptr<KvEventsCall>& w) {
+  std::erase_if(subscribers_, [&](const std::weak_ptr<KvEventsSubscriber>& w) {
     auto s = w.lock();
-    if (s) out.push_back(std::move(s));
-    return !s;
+    const bool gone = s == nullptr;  // tested before the move below empties `s`
+    if (!gone) out.push_back(std::move(s));
+    return gone;
   });
   return out;
 }
-
-// ---- KvEventsCall --------------------------------------------------------------------------
-
-std::shared_ptr<KvEventsCall> KvEventsCall::create(grpc::CallbackServerContext* ctx, KvEventLog& log,
-                                                   uint64_t start) {
-  std::shared_ptr<KvEventsCall> call(new KvEventsCall(ctx, log, start));
-  call->self_ = call;
-  return call;
-}
-
-void KvEventsCall::finish(const absl::Status& st) {
-  std::unique_lock lock(mu_);
-  end(lock, to_grpc(st, ctx_));
-}
-
-void KvEventsCall::wake() {
-  std::unique_lock lock(mu_);
-  pump(lock);
-}
-
-// Ends the call with `st` once no write is in flight (then, or from OnWriteDone).
-void KvEventsCall::end(std::unique_lock<std::mutex>& lock, grpc::Status st) {
-  if (!end_) end_ = std::move(st);
-  if (writing_ || finished_) return;
-  finished_ = true;
-  const grpc::Status final_status = *end_;
-  lock.unlock();
-  Finish(final_status);
-}
-
-void KvEventsCall::pump(std::unique_lock<std::mutex>& lock) {
-  if (end_) return end(lock, *end_);
-  if (writing_) return;
-  auto batch = log_.get(cursor_);
-  if (!batch.ok()) return end(lock, to_grpc(batch.status(), ctx_));  // the reader fell behind the history
-  if (!*batch) return;  // nothing new: wake() comes with the next batch
-  in_flight_ = std::move(**batch);
-  ++cursor_;
-  writing_ = true;
-  lock.unlock();
-  StartWrite(&in_flight_);
-}
-
-void KvEventsCall::OnWriteDone(bool ok) {
-  std::unique_lock lock(mu_);
-  writing_ = false;
-  if (!ok) return end(lock, grpc::Status::CANCELLED);  // the stream broke: the client went away
-  pump(lock);
-}
-
-void KvEventsCall::OnCancel() {
-  std::unique_lock lock(mu_);
-  end(lock, grpc::Status::CANCELLED);
-}
-
-void KvEventsCall::OnDone() { std::shared_ptr<KvEventsCall> keep = std::move(self_); }
 
 }  // namespace kvfuse::server

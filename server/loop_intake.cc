@@ -117,7 +117,7 @@ void LoopIntake::flush_cache(v1::FlushCacheResponse* resp, CallDone done) {
   });
 }
 
-void LoopIntake::generate(const v1::GenerateRequest* req, std::shared_ptr<GenerateCall> call) {
+void LoopIntake::generate(const v1::GenerateRequest* req, std::shared_ptr<GenerateSink> call) {
   // A copy: a cancelled call may be gone (with its request) before this runs.
   post([this, req = *req, call] {
     if (auto st = life_.check_accepting(); !st.ok()) return call->finish_error(st);

@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "kvfuse/v1/decode.pb.h"
-#include "server/generate_stream.h"
+#include "server/generate_sink.h"
 #include "server/loop_lifecycle.h"
 #include "server/loop_work.h"
 #include "server/metrics.h"
@@ -39,7 +39,7 @@ class LoopIntake {
   void abort(uint64_t id, CallDone done);
   void get_load(v1::GetLoadResponse* resp, CallDone done);
   void flush_cache(v1::FlushCacheResponse* resp, CallDone done);
-  void generate(const v1::GenerateRequest* req, std::shared_ptr<GenerateCall> call);
+  void generate(const v1::GenerateRequest* req, std::shared_ptr<GenerateSink> call);
   // Wakes the loop to look again (a call was cancelled, a drain or a stop began).
   void wake();
 

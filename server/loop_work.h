@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "server/batch_calls.h"
-#include "server/generate_stream.h"
+#include "server/generate_sink.h"
 #include "server/request_validation.h"
 #include "server/status_codes.h"
 #include "src/loading/config.h"
@@ -66,10 +66,10 @@ class RetryHint {
 
 // Loop thread only.
 struct LoopWork {
-  // A Generate request in flight.
+  // A Generate request in flight (kvfuse.v1's or smg's SGLang Generate).
   struct Stream {
-    std::shared_ptr<GenerateCall> call;
-    GenerateCall::Clock::time_point first_token, last_token;
+    std::shared_ptr<GenerateSink> call;
+    GenerateSink::Clock::time_point first_token, last_token;
     int32_t prompt_tokens = 0;
     int32_t completion_tokens = 0;
     int32_t cached_tokens = 0;

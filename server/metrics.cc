@@ -95,6 +95,16 @@ void ServerMetrics::set_load(const LoadGauges& g) {
   load_ = g;
 }
 
+LoadGauges ServerMetrics::load() const {
+  std::lock_guard lock(mu_);
+  return load_;
+}
+
+int64_t ServerMetrics::generation_tokens() const {
+  std::lock_guard lock(mu_);
+  return generation_tokens_;
+}
+
 void ServerMetrics::add_prompt_tokens(int64_t n) {
   std::lock_guard lock(mu_);
   prompt_tokens_ += n;

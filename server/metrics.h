@@ -57,6 +57,10 @@ class ServerMetrics {
   void count_finished(const std::string& reason);  // length | stop | abort
   void count_failed(const std::string& code);      // the gRPC code's name
 
+  // As last recorded (smg's GetLoads reads them, server/sglang_info.h).
+  LoadGauges load() const;
+  int64_t generation_tokens() const;
+
   Histogram ttft{
       {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}};
   Histogram itl{

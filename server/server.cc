@@ -37,11 +37,15 @@ absl::StatusOr<std::unique_ptr<KvfuseServer>> KvfuseServer::start(ServerOptions 
         }
       });
   s->service_ = std::make_unique<DecodeServiceImpl>(*s->loop_, opts.service);
+  s->sglang_ = std::make_unique<SglangServiceImpl>(*s->loop_, *s->metrics_, s->opts_.loop.config,
+                                                   opts.service.stream_queue_messages,
+                                                   [health] { return health->serving(); });
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(opts.listen, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->service_.get());
+  builder.RegisterService(s->sglang_.get());
   builder.RegisterService(s->health_.get());
   builder.SetMaxReceiveMessageSize(opts.max_message_bytes);
   builder.SetMaxSendMessageSize(opts.max_message_bytes);

@@ -1,4 +1,5 @@
-// The kvfuse server as a library: the gRPC server (DecodeService, health, reflection),
+// The kvfuse server as a library: the gRPC server (kvfuse.v1 DecodeService, smg's SGLang
+// worker protocol on the same port, health, reflection),
 // the engine loop and the metrics endpoint, started and drained together. The
 // kvfuse-server binary is a thin main around this; the tests start it in-process.
 #pragma once
@@ -14,6 +15,7 @@
 #include "server/health_service.h"
 #include "server/metrics.h"
 #include "server/metrics_http.h"
+#include "server/sglang_service.h"
 
 namespace kvfuse::server {
 
@@ -55,6 +57,7 @@ class KvfuseServer {
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<EngineLoop> loop_;
   std::unique_ptr<DecodeServiceImpl> service_;
+  std::unique_ptr<SglangServiceImpl> sglang_;
   std::unique_ptr<grpc::Server> grpc_;
   std::unique_ptr<MetricsHttpServer> http_;
   int port_ = 0;

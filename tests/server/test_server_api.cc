@@ -1,7 +1,6 @@
 // The gRPC API of a real server on a loopback port: every RPC, health and reflection,
 // the metrics endpoint, and the router-driven calls against the engine's own output.
 #include <arpa/inet.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 
 #include "tests/util/checkpoint_test_util.h"
 #include "tests/util/engine_test_util.h"
+#include "tests/util/reflection_client.h"
 #include "tests/util/test_server_util.h"
 
 using namespace kvfuse;
@@ -31,51 +31,6 @@ HealthCheckResponse::ServingStatus health_check(grpc::Channel& ch, const std::st
   const grpc::Status st = stub->Check(&ctx, req, &resp);
   if (status) *status = st;
   return resp.status();
-}
-
-// One request/response exchange on the reflection service (v1alpha, what grpcurl
-// uses with this gRPC version), with the request encoded by hand: Debian ships no
-// reflection .proto to generate a client from.
-std::string reflection_exchange(const std::shared_ptr<grpc::Channel>& ch, const std::string& request) {
-  grpc::GenericStub stub(ch);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(in_seconds(10));
-  grpc::CompletionQueue cq;
-  auto call = stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
-  void* tag = nullptr;
-  bool ok = false;
-  auto step = [&](intptr_t id) {
-    REQUIRE(cq.Next(&tag, &ok));
-    REQUIRE(tag == reinterpret_cast<void*>(id));
-    return ok;
-  };
-  call->StartCall(reinterpret_cast<void*>(1));
-  REQUIRE(step(1));
-  grpc::Slice slice(request);
-  grpc::ByteBuffer out(&slice, 1);
-  call->Write(out, reinterpret_cast<void*>(2));
-  REQUIRE(step(2));
-  grpc::ByteBuffer in;
-  call->Read(&in, reinterpret_cast<void*>(3));
-  REQUIRE(step(3));
-  call->WritesDone(reinterpret_cast<void*>(4));
-  step(4);
-  grpc::Status st;
-  call->Finish(&st, reinterpret_cast<void*>(5));
-  step(5);
-  REQUIRE(st.ok());
-  std::vector<grpc::Slice> slices;
-  REQUIRE(in.Dump(&slices).ok());
-  std::string bytes;
-  for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return bytes;
-}
-
-std::string string_field(int field, const std::string& value) {
-  std::string out;
-  out += char((field << 3) | 2);
-  out += char(value.size());  // short values only
-  return out + value;
 }
 
 std::string http_get(int port, const std::string& path) {
