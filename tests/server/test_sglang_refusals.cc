@@ -1,8 +1,7 @@
 // What kvfuse refuses on smg's SGLang service, one check each: the status code and a
 // message naming the field (or the call); a malformed request; and afterwards the server
 // still serves and every KV page is back in the pool.
-#include <grpcpp/generic/generic_stub.h>
-
+#include "tests/util/raw_call.h"
 #include "tests/util/sglang_test_util.h"
 
 using namespace kvfuse;
@@ -12,32 +11,9 @@ namespace {
 
 // One Generate call with `body` as its raw request bytes: the call's status.
 grpc::Status raw_generate(const std::shared_ptr<grpc::Channel>& ch, const std::string& body) {
-  grpc::GenericStub stub(ch);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(in_seconds(30));
-  grpc::CompletionQueue cq;
-  auto call = stub.PrepareCall(&ctx, "/sglang.grpc.scheduler.SglangScheduler/Generate", &cq);
-  void* tag = nullptr;
-  bool ok = false;
-  auto step = [&](intptr_t id) {
-    REQUIRE(cq.Next(&tag, &ok));
-    REQUIRE(tag == reinterpret_cast<void*>(id));
-    return ok;
-  };
-  call->StartCall(reinterpret_cast<void*>(1));
-  step(1);
-  grpc::Slice slice(body);
-  grpc::ByteBuffer out(&slice, 1);
-  call->WriteLast(out, grpc::WriteOptions(), reinterpret_cast<void*>(2));
-  step(2);
-  grpc::ByteBuffer in;
-  call->Read(&in, reinterpret_cast<void*>(3));
-  const bool got_message = step(3);
-  grpc::Status st;
-  call->Finish(&st, reinterpret_cast<void*>(4));
-  step(4);
-  CHECK_FALSE(got_message);
-  return st;
+  const RawReply r = raw_call(ch, "/sglang.grpc.scheduler.SglangScheduler/Generate", body, 30);
+  CHECK_FALSE(r.got_message);
+  return r.status;
 }
 
 }  // namespace
