@@ -12,6 +12,7 @@
 #include "src/runtime/logit_processors.h"
 #include "src/runtime/sampler.h"
 #include "tests/util/engine_test_util.h"
+#include "tests/util/forwarding_backend.h"
 #include "tests/util/reference_processors.h"
 
 using namespace kvfuse;
@@ -405,4 +406,48 @@ TEST_CASE("sampler: the engine applies the processors before greedy and sampled 
     pending = 1;
   }
   REQUIRE(e->release(5).ok());
+}
+
+namespace {
+// The CPU backend, counting the logit processors' launches.
+class ProcessorCountingBackend final : public testing::ForwardingBackend {
+ public:
+  ProcessorCountingBackend() : ForwardingBackend(make_cpu_backend()) {}
+  int applied = 0, restored = 0;
+  absl::Status adjust_rows(float* logits, int64_t rows, int64_t vocab, const int32_t* start, LogitAdjust* entries,
+                           bool restore) override {
+    ++(restore ? restored : applied);
+    return inner().adjust_rows(logits, rows, vocab, start, entries, restore);
+  }
+};
+}  // namespace
+
+TEST_CASE("sampler: a step without logit processors runs none of their kernels - with them, one to apply, one to restore",
+          "[sampler][engine]") {
+  auto cfg = config_from_json(nlohmann::json::object());
+  REQUIRE(cfg.ok());
+  auto backend = std::make_unique<ProcessorCountingBackend>();
+  ProcessorCountingBackend* b = backend.get();
+  auto e = Engine::create(*cfg, std::move(backend));
+  REQUIRE(e.ok());
+  const int32_t vocab = (*e)->spec().vocab;
+  // Sampled and greedy rows with top-k, top-p and min-p but no processor.
+  SamplingParams plain = SamplingParams::sampled(0.8f, 10, 0.9f, 1);
+  plain.min_p = 0.1f;
+  REQUIRE((*e)->add_sequence(1, testing::prompt_of(12, 1, vocab), plain).ok());
+  REQUIRE((*e)->add_sequence(2, testing::prompt_of(12, 2, vocab), SamplingParams{}).ok());
+  REQUIRE((*e)->step({StepItem{1, 12, true}, StepItem{2, 12, true}}).ok());
+  for (int i = 0; i < 3; ++i) REQUIRE((*e)->step({StepItem{1, 1, true}, StepItem{2, 1, true}}).ok());
+  CHECK(b->applied == 0);
+  CHECK(b->restored == 0);
+  // One row with a processor: each step applies and restores once, for the whole batch.
+  SamplingParams rep;
+  rep.repetition_penalty = 1.2f;
+  REQUIRE((*e)->add_sequence(3, testing::prompt_of(12, 3, vocab), rep).ok());
+  REQUIRE((*e)->step({StepItem{3, 12, true}}).ok());
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE((*e)->step({StepItem{1, 1, true}, StepItem{2, 1, true}, StepItem{3, 1, true}}).ok());
+  }
+  CHECK(b->applied == 4);
+  CHECK(b->restored == 4);
 }
