@@ -52,18 +52,10 @@ grpc::ServerUnaryReactor* DecodeServiceImpl::FlushCache(grpc::CallbackServerCont
 
 grpc::ServerWriteReactor<v1::KvEventBatch>* DecodeServiceImpl::SubscribeKvEvents(
     grpc::CallbackServerContext* ctx, const v1::SubscribeKvEventsRequest* req) {
-  KvEventLog& log = loop_.kv_events();
-  absl::StatusOr<uint64_t> start =
-      log.start_of(req->has_start_sequence_number() ? std::optional<uint64_t>(req->start_sequence_number())
-                                                    : std::nullopt);
-  if (absl::Status st = loop_.check_available(); !st.ok()) start = st;
-  auto call = make_kv_events_call(ctx, log, start.ok() ? *start : 0);
-  if (!start.ok()) {
-    call->finish(start.status());
-  } else {
-    log.subscribe(call);
-  }
-  return call.get();
+  return start_kv_events<v1::KvEventBatch>(
+      ctx, loop_.kv_events(), loop_.check_available(),
+      req->has_start_sequence_number() ? std::optional<uint64_t>(req->start_sequence_number()) : std::nullopt,
+      [](const v1::KvEventBatch& b, v1::KvEventBatch* out) { *out = b; });
 }
 
 grpc::ServerUnaryReactor* DecodeServiceImpl::GetInfo(grpc::CallbackServerContext* ctx,

@@ -7,7 +7,7 @@
 // (one batch per write) and is woken when a batch is published; a reader that falls
 // further behind than the history ends with OUT_OF_RANGE, as a late reconnect does.
 // The log keeps kvfuse.v1's batches; a call writes them in its protocol's shape
-// (kvfuse.v1's as they are, smg's converted, server/sglang_kv_events.h).
+// (kvfuse.v1's as they are, smg's converted by to_smg, server/sglang_info.h).
 #pragma once
 
 #include <cstdint>
@@ -138,11 +138,22 @@ class KvEventsCallOf final : public grpc::ServerWriteReactor<Msg>, public KvEven
   bool finished_ = false;            // Finish has been called
 };
 
-// kvfuse.v1's SubscribeKvEvents call: the log's batches as they are.
-using KvEventsCall = KvEventsCallOf<v1::KvEventBatch>;
-inline std::shared_ptr<KvEventsCall> make_kv_events_call(grpc::CallbackServerContext* ctx, KvEventLog& log,
-                                                         uint64_t start) {
-  return KvEventsCall::create(ctx, log, start, [](const v1::KvEventBatch& b, v1::KvEventBatch* out) { *out = b; });
+// A SubscribeKvEvents call of either protocol, from `start` (nullopt: the next batch),
+// each batch written as `convert` makes it a `Msg`. `available` not OK (the loop cannot
+// serve), or a start the log cannot give (KvEventLog::start_of), ends it at once.
+template <class Msg>
+grpc::ServerWriteReactor<Msg>* start_kv_events(grpc::CallbackServerContext* ctx, KvEventLog& log,
+                                               const absl::Status& available, const std::optional<uint64_t>& start,
+                                               typename KvEventsCallOf<Msg>::Convert convert) {
+  absl::StatusOr<uint64_t> from = log.start_of(start);
+  if (!available.ok()) from = available;
+  auto call = KvEventsCallOf<Msg>::create(ctx, log, from.ok() ? *from : 0, std::move(convert));
+  if (!from.ok()) {
+    call->finish(from.status());
+  } else {
+    log.subscribe(call);
+  }
+  return call.get();
 }
 
 }  // namespace kvfuse::server

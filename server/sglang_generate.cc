@@ -77,16 +77,20 @@ sgl::GenerateResponse SglangGenerateCall::message() const {
   return m;
 }
 
+namespace {
+// A position's most likely tokens, as SGLang lists them.
+void add_top(const v1::TokenLogprob& t, sgl::TopLogProbs* top) {
+  for (const v1::TopLogprob& e : t.top()) {
+    top->add_values(e.logprob());
+    top->add_token_ids(uint32_t(e.token_id()));
+  }
+}
+}  // namespace
+
 void SglangGenerateCall::add_logprob(const v1::TokenLogprob& t, sgl::OutputLogProbs* out) const {
   out->add_token_logprobs(t.logprob());
   out->add_token_ids(uint32_t(t.token_id()));
-  if (reply_.top_logprobs_num > 0) {
-    sgl::TopLogProbs* top = out->add_top_logprobs();
-    for (const v1::TopLogprob& e : t.top()) {
-      top->add_values(e.logprob());
-      top->add_token_ids(uint32_t(e.token_id()));
-    }
-  }
+  if (reply_.top_logprobs_num > 0) add_top(t, out->add_top_logprobs());
 }
 
 void SglangGenerateCall::set_input_logprobs(const v1::GenerateResponse& lp) {
@@ -99,12 +103,7 @@ void SglangGenerateCall::set_input_logprobs(const v1::GenerateResponse& lp) {
     if (i == 0 || int(i - 1) >= prompt_lp.size()) continue;  // the first token has no logprob
     const v1::TokenLogprob& t = prompt_lp[int(i - 1)];
     v->set_value(t.logprob());
-    if (top) {
-      for (const v1::TopLogprob& e : t.top()) {
-        top->add_values(e.logprob());
-        top->add_token_ids(uint32_t(e.token_id()));
-      }
-    }
+    if (top) add_top(t, top);
   }
   input_logprobs_ = std::move(in);
 }

@@ -190,19 +190,11 @@ grpc::ServerUnaryReactor* SglangServiceImpl::FlushCache(grpc::CallbackServerCont
 
 grpc::ServerWriteReactor<smg::KvEventBatch>* SglangServiceImpl::SubscribeKvEvents(
     grpc::CallbackServerContext* ctx, const smg::SubscribeKvEventsRequest* req) {
-  KvEventLog& log = loop_.kv_events();
   // smg: 0 starts from the current state (the next batch), as an absent start does in kvfuse.v1.
-  absl::StatusOr<uint64_t> start =
-      log.start_of(req->start_sequence_number() != 0 ? std::optional<uint64_t>(req->start_sequence_number())
-                                                     : std::nullopt);
-  if (absl::Status st = loop_.check_available(); !st.ok()) start = st;
-  auto call = KvEventsCallOf<smg::KvEventBatch>::create(ctx, log, start.ok() ? *start : 0, to_smg);
-  if (!start.ok()) {
-    call->finish(start.status());
-  } else {
-    log.subscribe(call);
-  }
-  return call.get();
+  return start_kv_events<smg::KvEventBatch>(
+      ctx, loop_.kv_events(), loop_.check_available(),
+      req->start_sequence_number() != 0 ? std::optional<uint64_t>(req->start_sequence_number()) : std::nullopt,
+      to_smg);
 }
 
 grpc::ServerWriteReactor<smg::GetTokenizerChunk>* SglangServiceImpl::GetTokenizer(grpc::CallbackServerContext* ctx,
