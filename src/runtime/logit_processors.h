@@ -29,7 +29,8 @@ class LogitProcessors {
   const std::vector<LogitAdjust>& entries() const { return entries_; }
 
  private:
-  LogitAdjust& entry(int32_t token);
+  // The index of `token`'s entry, added if it has none.
+  size_t entry(int32_t token);
 
   bool active_ = false;
   bool penalties_ = false;  // the output tokens count (a logit_bias alone needs no counts)

@@ -109,7 +109,7 @@ absl::Status ModelRunner::init_workspace() {
   return backend_.reserve_kv_write(T, d.kv_dim());
 }
 
-absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
+absl::Status ModelRunner::upload_batch(const ForwardBatch& b, const std::vector<LogitAdjust>& adjust) {
   const int64_t T = b.num_tokens();
   const int32_t S = b.num_seqs();
   if (T <= 0 || T > limits_.max_tokens) {
@@ -144,17 +144,17 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
   }
   if (!b.adjust_start.empty()) {
     if (b.adjust_start.size() != b.logits_rows.size() + 1 || b.adjust_start.front() != 0 ||
-        size_t(b.adjust_start.back()) != b.adjust.size() ||
+        size_t(b.adjust_start.back()) != adjust.size() ||
         !std::is_sorted(b.adjust_start.begin(), b.adjust_start.end())) {
       return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
     }
-    for (const LogitAdjust& a : b.adjust) {
+    for (const LogitAdjust& a : adjust) {
       if (a.token < 0 || a.token >= model_.spec().vocab) {
         return absl::InvalidArgumentError(absl::StrCat("forward: logit processor token ", a.token,
                                                        " outside the vocabulary [0, ", model_.spec().vocab, ")"));
       }
     }
-  } else if (!b.adjust.empty()) {
+  } else if (!adjust.empty()) {
     return absl::InvalidArgumentError("forward: inconsistent batch metadata sizes");
   }
   if (!b.extra_rows.empty()) {
@@ -222,14 +222,14 @@ absl::Status ModelRunner::upload_batch(const ForwardBatch& b) {
   last_upload_bytes_ = used_end;
   KVFUSE_RETURN_IF_ERROR(backend_.copy_to_device(meta_.get(), host, used_end));
   meta_in_flight_ = true;
-  return upload_adjust(b);
+  return upload_adjust(adjust);
 }
 
-absl::Status ModelRunner::upload_adjust(const ForwardBatch& b) {
-  if (b.adjust.empty()) return absl::OkStatus();
-  if (b.adjust.size() > adjust_capacity_) {
+absl::Status ModelRunner::upload_adjust(const std::vector<LogitAdjust>& adjust) {
+  if (adjust.empty()) return absl::OkStatus();
+  if (adjust.size() > adjust_capacity_) {
     size_t cap = std::max<size_t>(adjust_capacity_, 4096);
-    while (cap < b.adjust.size()) cap *= 2;
+    while (cap < adjust.size()) cap *= 2;
     // Nothing reads the old buffers now: upload_batch synchronised any copy in flight,
     // and the graphs that hold the device buffer's address go with it.
     KVFUSE_RETURN_IF_ERROR(backend_.synchronize());
@@ -250,8 +250,8 @@ absl::Status ModelRunner::upload_adjust(const ForwardBatch& b) {
     adjust_host_ = std::move(*host);
     adjust_capacity_ = cap;
   }
-  const size_t bytes = b.adjust.size() * sizeof(LogitAdjust);
-  std::memcpy(adjust_host_.get(), b.adjust.data(), bytes);
+  const size_t bytes = adjust.size() * sizeof(LogitAdjust);
+  std::memcpy(adjust_host_.get(), adjust.data(), bytes);
   return backend_.copy_to_device(adjust_.get(), adjust_host_.get(), bytes);
 }
 
@@ -316,10 +316,10 @@ void ModelRunner::pad_for_graph(const ForwardBatch& in, int32_t ps, ForwardBatch
   for (size_t k = 0; k < in.logits_rows.size() && k < in.sampling.size(); ++k) {
     out.sampling[size_t(in.logits_rows[k])] = in.sampling[k];
   }
-  // The processors' entries keep their order (logits rows ascend with the token rows);
-  // a padding row has none.
+  // The processors' entries stay the caller's (launch uploads `in.adjust`): they keep
+  // their order, logits rows ascending with the token rows, and a padding row has none.
   out.adjust_start.clear();
-  out.adjust = in.adjust;
+  out.adjust.clear();
   if (!in.adjust_start.empty()) {
     out.adjust_start.assign(size_t(Sb) + 1, 0);
     for (size_t k = 0; k < in.logits_rows.size(); ++k) {
@@ -434,7 +434,7 @@ absl::Status ModelRunner::launch(const ForwardBatch& in, KvPool& pool, const For
     pad_for_graph(in, pool.config().page_size, padded_);
     b = &padded_;
   }
-  KVFUSE_RETURN_IF_ERROR(upload_batch(*b));
+  KVFUSE_RETURN_IF_ERROR(upload_batch(*b, in.adjust));
   KVFUSE_RETURN_IF_ERROR(pool.sync_swa_table(model_.shard().local_rank));
   if (pad && replay) {
     KVFUSE_RETURN_IF_ERROR(run_graph(*b, pool, opts));

@@ -168,10 +168,12 @@ class ModelRunner {
   absl::Status init_workspace();
   // Validates the batch, packs its metadata into the staging buffer and queues the one
   // copy of the used span to the device.
-  absl::Status upload_batch(const ForwardBatch& b);
-  // Queues the copy of the batch's logit-processor entries, growing their buffers first
-  // when they are too small.
-  absl::Status upload_adjust(const ForwardBatch& b);
+  // `adjust`: the entries b.adjust_start indexes (the caller's batch's, also when `b` is
+  // its padded copy).
+  absl::Status upload_batch(const ForwardBatch& b, const std::vector<LogitAdjust>& adjust);
+  // Queues the copy of the logit-processor entries, growing their buffers first when
+  // they are too small.
+  absl::Status upload_adjust(const std::vector<LogitAdjust>& adjust);
   // A slice of the device metadata buffer.
   template <class T>
   T* meta(const BatchMetaLayout::Slice& s) const {
