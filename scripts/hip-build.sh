@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the whole HIP target of kvfuse (server, tools, tests, benchmarks) for gfx942
+# Builds the HIP target of kvfuse (server, tools, GPU tests, benchmarks) for gfx942
 # and gfx950 with -Werror, links it against libamdhip64 and hipBLASLt, and checks the
 # device code (scripts/ci/hip-kernel-report.py: per-kernel resource table and gates).
 #
@@ -8,7 +8,7 @@
 #   - docker/Dockerfile.rocm, on AMD's ROCm 7 image: /opt/rocm's clang.
 # Usage: scripts/hip-build.sh [build-dir]   (default build-hip)
 # Environment: KVFUSE_JOBS (default nproc), KVFUSE_HIP_CXX (the HIP compiler),
-# KVFUSE_HIP_ARCHS (default "gfx942;gfx950").
+# KVFUSE_HIP_ARCHS (default "gfx942;gfx950"), KVFUSE_HIP_CPU_TESTS (1: the CPU-only tests too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build-hip}
@@ -31,7 +31,11 @@ say "$("$cxx" --version | head -1), archs $archs, $jobs jobs"
 start=$(date +%s)
 # Test discovery at ctest time, not at build time: the build machine has no GPU, and
 # the build should not run test programs.
+# The tests that run on the CPU alone are the CPU build's (scripts/test.sh): the same
+# source, nothing in them changes with the GPU backend. KVFUSE_HIP_CPU_TESTS=1 builds
+# them here too.
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVFUSE_GPU=HIP \
+  -DKVFUSE_BUILD_CPU_TESTS="$([[ ${KVFUSE_HIP_CPU_TESTS:-0} == 1 ]] && echo ON || echo OFF)" \
   -DCMAKE_HIP_COMPILER="$cxx" -DCMAKE_HIP_ARCHITECTURES="$archs" \
   -DCMAKE_CATCH_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST "${prefix[@]}" >/dev/null
 cmake --build "$dir" -j "$jobs"

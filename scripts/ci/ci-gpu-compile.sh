@@ -4,7 +4,7 @@
 # the communicator for sm_80 too (objects only), -Werror on host and device code; the
 # sm_90a PTX of the KV writes (kv_write.cu, and kv_write_rope.cu with RoPE in it) must use the packed
 # saturating conversions (cvt.rn.satfinite.e4m3x2 / e5m2x2). Skipped with a message
-# when nvcc is absent. The HIP side (the whole target, gfx942 and gfx950, as machine
+# when nvcc is absent. The HIP side (server, tools, benchmarks, GPU tests, gfx942 and gfx950, as machine
 # code) is scripts/ci/ci-hip-build.sh. Exit 1 on any failure.
 # Outputs (objects, PTX) go to build-ci-gpu/ (or $KVFUSE_CI_GPU_DIR).
 set -uo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI: the whole HIP target of kvfuse built in a Debian sid root that holds a current
+# CI: the HIP target of kvfuse (all but the CPU-only tests) built in a Debian sid root that holds a current
 # ROCm from Debian's own packages (scripts/ci/hip-sid-root.sh makes it once and caches it
 # outside the repository), with scripts/hip-build.sh, the script docker/Dockerfile.rocm
 # runs on AMD's image. Needs root (mmdebstrap, chroot). Exit status: the build's.

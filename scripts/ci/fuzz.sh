@@ -33,9 +33,18 @@ declare -A deps=(
 )
 
 echo "scripts/ci/fuzz.sh: compiling with $("$cxx" --version | head -1)"
+# The library objects, $KVFUSE_JOBS (default nproc) at a time; any failure fails the script.
+jobs=${KVFUSE_JOBS:-$(nproc)}
+pids=()
 for s in "${lib[@]}"; do
-  "$cxx" "${common[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c "$s" -o "$out/obj/$(basename "$s" .cc).o"
+  "$cxx" "${common[@]}" "${san[@]}" -fsanitize=fuzzer-no-link -c "$s" -o "$out/obj/$(basename "$s" .cc).o" &
+  pids+=($!)
+  if ((${#pids[@]} >= jobs)); then
+    wait "${pids[0]}"
+    pids=("${pids[@]:1}")
+  fi
 done
+for p in "${pids[@]}"; do wait "$p"; done
 for t in "${!deps[@]}"; do
   objs=()
   for s in ${deps[$t]}; do objs+=("$out/obj/$(basename "$s" .cc).o"); done
