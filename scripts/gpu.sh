@@ -13,6 +13,7 @@
 #   verify        (GPU machine) before a kernel or engine change lands: check, a short serve, compare
 #   fp8           (GPU machine) FP8 weights: their tests, and llama3-8b against llama3-8b-fp8
 #   prefix        (GPU machine) the prefix cache through the server: shared prefix, multi-turn, random
+#   llama70b      (GPU machine) llama3-70b in FP8 on one GPU: memory split, step grid, server ITL
 #   sglang        (GPU machine) smg's SGLang Generate against kvfuse.v1 Generate on one server: ITL p50
 #   gemm-tune     (GPU machine) the GEMM tuner's choices and timings
 #   kernel-revs   (GPU machine) kernel revisions side by side

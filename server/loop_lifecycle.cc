@@ -110,6 +110,16 @@ absl::Status LoopLifecycle::start_engine(LoopWork& work, ServerInfo& info) {
       "pages={} page_size={} tensor_parallel={} weights=\"{}\" weight_gib={:.2f}",
       i.model(), i.device(), i.kv_cache_dtype(), i.kv_format(), i.kv_write(), i.attention(), i.num_pages(),
       i.page_size(), i.tensor_parallel(), i.weight_format(), double(i.weight_bytes()) / double(1 << 30));
+  if (engine.num_ranks() == 1) {
+    const MemorySplit& m = engine.memory();
+    const auto gib = [](int64_t b) { return double(b) / double(int64_t(1) << 30); };
+    spdlog::info(
+        "event=device_memory weights_gib={:.2f} kv_pool_gib={:.2f} pool={} workspace_gib={:.2f} graph_gib={:.2f} "
+        "device_total_gib={:.2f} device_free_gib={:.2f} headroom_gib={:.2f}",
+        gib(m.weight_bytes), gib(m.kv_pool_bytes), m.pool_auto ? "sized_to_fit" : "configured",
+        gib(m.workspace_bytes), gib(m.graph_bytes), gib(m.device_total_bytes), gib(m.device_free_bytes),
+        gib(m.headroom_bytes));
+  }
   if (!cfg.devices.empty() && engine.backend().device() == Device::cpu) {
     // A config written for GPUs that runs on the CPU backend (device auto on a host without
     // one, or device cpu): its GPU list means nothing here, which is worth a line.

@@ -33,6 +33,18 @@ void ServerInfo::build(Engine& engine, const Config& cfg, const ServiceLimits& b
   info_.set_tensor_parallel(uint32_t(engine.num_ranks()));
   info_.set_weight_format(spec.weight_format());
   info_.set_weight_bytes(uint64_t(spec.weight_bytes()));
+  if (engine.num_ranks() == 1) {
+    const MemorySplit& m = engine.memory();
+    v1::MemorySplit* out = info_.mutable_memory();
+    out->set_weight_bytes(uint64_t(m.weight_bytes));
+    out->set_kv_pool_bytes(uint64_t(m.kv_pool_bytes));
+    out->set_workspace_bytes(uint64_t(m.workspace_bytes));
+    out->set_graph_bytes(uint64_t(m.graph_bytes));
+    out->set_device_total_bytes(uint64_t(m.device_total_bytes));
+    out->set_device_free_bytes(uint64_t(m.device_free_bytes));
+    out->set_headroom_bytes(uint64_t(m.headroom_bytes));
+    out->set_pool_sized_to_fit(m.pool_auto);
+  }
   info_.set_max_batch_tokens(uint32_t(cfg.max_batch_tokens));
   info_.set_max_running_seqs(uint32_t(cfg.max_running_seqs));
   info_.set_max_decode_steps(uint32_t(limits_.max_decode_steps));

@@ -292,8 +292,9 @@ int main(int argc, char** argv) {
     }));
     if (e.ok()) {
       engine = std::move(*e);
-      std::fprintf(stderr, "kvfuse-bench-engine: engine ready in %.1f s\n",
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      std::fprintf(stderr, "kvfuse-bench-engine: engine ready in %.1f s; %s\n",
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                   engine->num_ranks() == 1 ? describe_memory(engine->memory()).c_str() : "tensor parallel");
       break;
     }
     if (e.status().code() != absl::StatusCode::kResourceExhausted)

@@ -4,6 +4,7 @@
 
 #include "src/common/arith.h"
 #include "src/runtime/kv_pool.h"
+#include "src/runtime/memory_plan.h"
 
 namespace kvfuse::bench {
 
@@ -46,13 +47,16 @@ double roofline_ms(double bytes, double peak_gbs) { return bytes / (peak_gbs * 1
 
 int64_t kv_pool_bytes(const ModelSpec& spec, int32_t page_size, int kv_elem_bytes, int64_t full_pages,
                       int64_t swa_pages) {
-  const int64_t page_bytes = 2 * int64_t(page_size) * spec.kv_dim() * kv_elem_bytes;  // K and V, one layer
-  int64_t total = 0;
-  for (int32_t l = 0; l < spec.num_layers; ++l) {
-    const bool swa = size_t(l) < spec.layer_is_swa.size() && spec.layer_is_swa[size_t(l)];
-    total += page_bytes * (swa ? swa_pages : full_pages);
-  }
-  return total;
+  KvPoolConfig pc;
+  pc.num_layers = spec.num_layers;
+  pc.page_size = page_size;
+  pc.num_pages = full_pages;
+  pc.swa_num_pages = swa_pages;
+  pc.num_kv_heads = spec.num_kv_heads;
+  pc.head_dim = spec.head_dim;
+  pc.format = kv_elem_bytes == 1 ? KvFormat::fp8_e4m3fn : KvFormat::bf16;
+  pc.layer_is_swa = spec.layer_is_swa;
+  return kvfuse::kv_pool_bytes(pc);
 }
 
 KvFootprint kv_footprint(const ModelSpec& spec, int32_t page_size, int kv_elem_bytes, int64_t batch,

@@ -20,6 +20,9 @@
 #                  KVFUSE_GEMV_FP8_QUANT=0) alternating, FP8_ROUNDS rounds (default 2), graphs on, unified:
 #                  batch 1,64 x context 512,2048, the FP8 model with the unfused, fused and
 #                  fused_rope writes; the FP8 runs log the GEMM tuner's timings (gemm_tune_*.log)
+#   engine-70b     kvfuse-bench-engine, llama3-70b-fp8 (FP8 weights) on one GPU, graphs on, split,
+#                  fused_rope: batch 1,8,32,64 x context 512,8192, at most 60 GiB of KV pages
+#                  (BENCH_MAX_KV_GIB; a cell that needs more is skipped, saying so)
 #   ab-target      kvfuse-ab, llama3-8b, split, graphs on: batch 32 x context 8192 (the
 #                  issue's cell), 10 repetitions
 #   ab-grid        kvfuse-ab grids: llama3-8b split and unified, hybrid-swa split and
@@ -113,6 +116,10 @@ for job in "${jobs[@]}"; do
         ) || status=1
         grep -E '^kvfuse gemm tune' "$res/engine_fp8_ab_r$r.log" >"$res/gemm_tune_ab_r$r.log"
       done
+      ;;
+    engine-70b)
+      BENCH_ATTENTION=${BENCH_ATTENTION:-split} engine_bench llama3-70b-fp8 engine_llama3-70b-fp8 1,8,32,64 \
+        512,8192 --graphs on --kv-write fused_rope --max-kv-gib "${BENCH_MAX_KV_GIB:-60}"
       ;;
     engine-writes)
       engine_bench llama3-8b engine_writes_llama3-8b 1,8,32,64 512,2048,8192 --graphs on \

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <functional>
@@ -117,6 +118,13 @@ struct Fp8LinearHost {
   float input_scale = 0.0f;
 };
 
+// A device's memory as it reports it now: the GPU driver's free and total bytes; the
+// host's available and total memory for the CPU backend.
+struct DeviceMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -131,6 +139,13 @@ class Backend {
   virtual absl::Status check_supported(const ModelSpec& spec, KvFormat format) const = 0;
 
   virtual absl::StatusOr<DeviceBuffer> alloc(size_t bytes) = 0;
+  // Bytes that alloc() has handed out and that are not freed yet (the engine's memory
+  // split: weights, KV pool, workspaces; src/runtime/memory_plan.h).
+  virtual int64_t allocated_bytes() const { return live_bytes_->load(); }
+  // The device's free and total memory now; UNIMPLEMENTED where the backend cannot tell.
+  virtual absl::StatusOr<DeviceMemory> device_memory() {
+    return absl::UnimplementedError(description() + ": no device memory figures");
+  }
   // Host memory for staging copies to the device, aligned to kHostAlign: page-locked on
   // GPU backends; plain memory here (the CPU's "device" memory is host memory, so its
   // copy_to_device is a memcpy either way).
@@ -308,6 +323,20 @@ class Backend {
   virtual bool end_gemm_tuning() { return false; }
   // GEMM shapes this backend has timed so far (for logs and tests).
   virtual int64_t gemm_shapes_timed() const { return 0; }
+
+ protected:
+  // An alloc() wraps its buffer's free function in this, so that allocated_bytes()
+  // counts the buffer until it is freed (the count outlives the backend if a buffer does).
+  std::function<void(void*)> counted_free(size_t bytes, std::function<void(void*)> free_fn) {
+    live_bytes_->fetch_add(int64_t(bytes));
+    return [live = live_bytes_, bytes, f = std::move(free_fn)](void* p) {
+      f(p);
+      live->fetch_sub(int64_t(bytes));
+    };
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int64_t>> live_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 // The concrete storage of a configured KV dtype: fp8_e4m3 is e4m3fnuz on devices whose

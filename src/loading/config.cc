@@ -75,7 +75,12 @@ const std::vector<ConfigKeyDoc>& config_key_docs() {
       {"graphs", "on | off",
        "decode steps replay a CUDA/HIP graph captured per batch bucket (default on; no effect on the CPU)"},
       {"page_size", "1 .. 1024", "tokens per KV page (default 16)"},
-      {"num_pages", "1 .. 2147483647", "pages in the full pool (default 4096)"},
+      {"num_pages", "0 .. 2147483647",
+       "pages in the full pool (default 4096); 0: as many as fit in the device memory left after weights and "
+       "workspaces, less memory_headroom_mib"},
+      {"memory_headroom_mib", "0 .. 1048576",
+       "device memory (MiB) that stays free after the KV pool, for graphs, libraries and scratch that grows while "
+       "serving (default 2048); on a GPU a num_pages that leaves less is refused at start"},
       {"swa_num_pages", "0 .. 2147483647", "pages in the SWA pool; 0 sizes it from the window and batch limits"},
       {"sliding_window", "-1 | 0 | W > 0", "-1 keeps the preset's window, 0 disables SWA, W sets it"},
       {"swa_layers", "preset | none | all | alternate | [layer, ...]",
@@ -375,7 +380,11 @@ absl::StatusOr<Config> config_from_json(const json& spelled) {
                                       std::map<std::string, bool>{{"on", true}, {"off", false}}, c.overlap_fanout));
   }
   if (has("page_size")) KVFUSE_RETURN_IF_ERROR(parse_int(j["page_size"], "page_size", 1, 1024, c.page_size));
-  if (has("num_pages")) KVFUSE_RETURN_IF_ERROR(parse_int(j["num_pages"], "num_pages", 1, INT32_MAX, c.num_pages));
+  if (has("num_pages")) KVFUSE_RETURN_IF_ERROR(parse_int(j["num_pages"], "num_pages", 0, INT32_MAX, c.num_pages));
+  if (has("memory_headroom_mib")) {
+    KVFUSE_RETURN_IF_ERROR(
+        parse_int(j["memory_headroom_mib"], "memory_headroom_mib", 0, 1 << 20, c.memory_headroom_mib));
+  }
   if (has("swa_num_pages")) {
     KVFUSE_RETURN_IF_ERROR(parse_int(j["swa_num_pages"], "swa_num_pages", 0, INT32_MAX, c.swa_num_pages));
   }
@@ -502,6 +511,7 @@ json config_to_json(const Config& c) {
   j["graphs"] = to_string(c.graphs);
   j["page_size"] = c.page_size;
   j["num_pages"] = c.num_pages;
+  j["memory_headroom_mib"] = c.memory_headroom_mib;
   j["swa_num_pages"] = c.swa_num_pages;
   j["sliding_window"] = c.sliding_window;
   if (c.swa_layers == "list") {

@@ -45,7 +45,9 @@ struct Config {
   // Decode-only steps replay a CUDA/HIP graph captured per batch bucket (no effect on the CPU).
   GraphsMode graphs = GraphsMode::on;
   int32_t page_size = 16;
-  int64_t num_pages = 4096;
+  int64_t num_pages = 4096;  // 0: as many as fit (src/runtime/memory_plan.h)
+  // Device memory left free after the KV pool: graphs, libraries, scratch growth.
+  int64_t memory_headroom_mib = 2048;
   int64_t swa_num_pages = 0;            // 0: sized from the window and the batch limits
   int32_t sliding_window = -1;          // -1: the preset's; 0: none; W > 0: window of W keys
   std::string swa_layers = "preset";    // preset | none | all | alternate | list

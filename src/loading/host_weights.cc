@@ -15,21 +15,27 @@ namespace {
 enum : uint64_t { kEmbed = 1, kFinalNorm, kLmHead, kLayerBase = 16 };
 enum : uint64_t { kAttnNorm, kFfnNorm, kQkv, kQkvBias, kO, kGateUp, kDown, kTensorsPerLayer = 16 };
 
-std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float stddev, float mean = 0.0f) {
-  std::vector<bf16_t> out(static_cast<size_t>(count));
-  // Counter-based values: any split of the index range gives the same tensor, so large
-  // presets (8B parameters) fill on every core.
-  auto fill = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      out[size_t(i)] = f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
-    }
-  };
-  const int64_t threads = count < (int64_t(1) << 20) ? 1 : std::max(1u, std::thread::hardware_concurrency());
+// fill(begin, end) over [0, count) split across the cores (one thread below `serial`
+// items): for work whose result does not depend on the split.
+template <class Fill>
+void on_every_core(int64_t count, int64_t serial, const Fill& fill) {
+  const int64_t threads = count < serial ? 1 : std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::thread> pool;
   for (int64_t t = 1; t < threads; ++t)
     pool.emplace_back(fill, count * t / threads, count * (t + 1) / threads);
   fill(0, count / threads);
   for (auto& th : pool) th.join();
+}
+
+std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float stddev, float mean = 0.0f) {
+  std::vector<bf16_t> out(static_cast<size_t>(count));
+  // Counter-based values: any split of the index range gives the same tensor, so large
+  // presets (8B parameters) fill on every core.
+  on_every_core(count, int64_t(1) << 20, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      out[size_t(i)] = f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
+    }
+  });
   return out;
 }
 
@@ -40,8 +46,12 @@ std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float s
 void to_fp8(HostLinear& h, int64_t n, int64_t k, Fp8Act act) {
   h.w_fp8.resize(h.w.size());
   h.w_scale.resize(size_t(n));
-  cpu::quantize_rows_fp8(h.w.data(), n, k, Fp8Act::dynamic_token, 1.0f, Fp8Format::e4m3fn, h.w_fp8.data(),
-                         h.w_scale.data());
+  // Row by row, so any split of the rows gives the same codes (a 70B preset's layers
+  // quantize on every core).
+  on_every_core(n, 256, [&](int64_t begin, int64_t end) {
+    cpu::quantize_rows_fp8(h.w.data() + begin * k, end - begin, k, Fp8Act::dynamic_token, 1.0f,
+                           Fp8Format::e4m3fn, h.w_fp8.data() + begin * k, h.w_scale.data() + begin);
+  });
   h.w.clear();
   h.w.shrink_to_fit();
   h.act = act;

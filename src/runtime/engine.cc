@@ -2,47 +2,24 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
 #include <string>
 #include <unordered_set>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "src/backends/cpu/cpu_backend.h"
 #include "src/common/arith.h"
 #include "src/common/status_macros.h"
 #include "src/common/timing.h"
 #include "src/loading/checkpoint.h"
 #include "src/loading/kv_scales.h"
+#include "src/runtime/memory_plan.h"
 #include "src/runtime/rank_group.h"
 
 namespace kvfuse {
 
-namespace {
-double available_memory_gib() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return double(kb) / double(1 << 20);
-  }
-  return -1.0;
-}
-}  // namespace
-
-absl::Status check_cpu_weight_memory(const ModelSpec& s, double available_gib) {
-  // Refuse shapes whose weights cannot fit in memory with a message instead of failing an
-  // allocation half way.
-  const double need_gib = double(s.weight_bytes()) / double(1 << 30);
-  if (available_gib > 0 && need_gib > 0.8 * available_gib) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("model '%s' needs %.1f GiB of %s weights on the CPU backend, %.1f GiB available; "
-                        "use a GPU device or the tiny preset",
-                        s.name, need_gib, s.weight_format(), available_gib));
-  }
-  return absl::OkStatus();
-}
 
 Engine::Engine(Config cfg, std::unique_ptr<Backend> backend)
     : cfg_(std::move(cfg)),
@@ -111,7 +88,9 @@ absl::Status Engine::init() {
     }
   }
   if (backend_->device() == Device::cpu) {
-    KVFUSE_RETURN_IF_ERROR(check_cpu_weight_memory(s, available_memory_gib()));
+    const absl::StatusOr<DeviceMemory> host = host_memory();
+    const double available_gib = host.ok() ? double(host->free_bytes) / double(1 << 30) : -1.0;
+    KVFUSE_RETURN_IF_ERROR(check_cpu_weight_memory(s, available_gib));
   }
 
   KvPoolConfig pc;
@@ -149,13 +128,13 @@ absl::Status Engine::init() {
     pc.v_scale.push_back(kv_scale_on_device(scales->v[l], pc.format));
   }
   pc.max_step_tokens = cfg_.max_batch_tokens;
-  if (s.any_swa()) {
-    // Enough SWA pages for every running sequence, unless the config sizes the pool itself.
-    pc.swa_num_pages =
-        cfg_.swa_num_pages > 0
-            ? cfg_.swa_num_pages
-            : std::min<int64_t>(cfg_.num_pages, KvPool::max_swa_pages_held(pc) * cfg_.max_running_seqs);
-  }
+  // Enough SWA pages for every running sequence, unless the config sizes the pool itself.
+  const auto swa_pages = [&](int64_t pages) {
+    return cfg_.swa_num_pages > 0
+               ? cfg_.swa_num_pages
+               : std::min<int64_t>(pages, KvPool::max_swa_pages_held(pc) * cfg_.max_running_seqs);
+  };
+  if (s.any_swa()) pc.swa_num_pages = swa_pages(std::max<int64_t>(pc.num_pages, 1));
   if (ckpt) {
     KVFUSE_RETURN_IF_ERROR(ckpt->check_shapes(s));
   }
@@ -166,19 +145,66 @@ absl::Status Engine::init() {
     if (done == 0) load_start = Clock::now();
     if (load_progress_) load_progress_(LoadProgress{done, s.num_layers, ms_since(load_start) / 1000.0});
   };
-  if (cfg_.tensor_parallel > 1) return init_ranks(s, pc, *weights, after_layer);
-  auto pool = KvPool::create(*backend_, pc);
-  if (!pool.ok()) return pool.status();
-  pool_ = std::move(*pool);
+  if (cfg_.tensor_parallel > 1) {
+    if (cfg_.num_pages == 0) {
+      return absl::InvalidArgumentError(
+          "num_pages 0 (as many pages as fit) needs tensor_parallel 1; at tensor_parallel > 1 give the pool's pages");
+    }
+    return init_ranks(s, pc, *weights, after_layer);
+  }
 
+  // One rank: the weights and the runner's workspaces go in first, then the pool takes
+  // what the plan gives it (src/runtime/memory_plan.h). On a GPU the plan is checked
+  // once before loading too, with the model's size, so that a pool that cannot fit fails
+  // in seconds rather than after the weights.
+  memory_.headroom_bytes = cfg_.memory_headroom_mib << 20;
+  memory_.pool_auto = cfg_.num_pages == 0;
+  const bool plan = memory_.pool_auto || backend_->device() != Device::cpu;
+  absl::StatusOr<DeviceMemory> mem = backend_->device_memory();
+  if (plan && !mem.ok()) return mem.status();
+  if (plan) {
+    const PoolBudget before{mem->free_bytes - s.weight_bytes(), memory_.headroom_bytes, s.weight_bytes(), 0,
+                            mem->total_bytes, true};
+    KVFUSE_RETURN_IF_ERROR(plan_pool_pages(pc, swa_pages, before, cfg_.num_pages).status());
+  }
+  if (!memory_.pool_auto) KVFUSE_RETURN_IF_ERROR(validate_kv_pool_config(pc));
+  int64_t allocated = backend_->allocated_bytes();
+  const auto allocated_since = [&] {
+    const int64_t was = std::exchange(allocated, backend_->allocated_bytes());
+    return allocated - was;
+  };
   after_layer(0);
   auto model = Model::create(*backend_, s, *weights, after_layer);
   if (!model.ok()) return model.status();
   model_ = std::move(*model);
+  memory_.weight_bytes = allocated_since();
   auto runner = ModelRunner::create(*backend_, *model_, model_limits(cfg_));
   if (!runner.ok()) return runner.status();
   runner_ = std::move(*runner);
+  memory_.workspace_bytes = allocated_since();
+  if (plan) {
+    mem = backend_->device_memory();
+    if (!mem.ok()) return mem.status();
+    const PoolBudget now{mem->free_bytes, memory_.headroom_bytes, memory_.weight_bytes, memory_.workspace_bytes,
+                         mem->total_bytes, false};
+    auto pages = plan_pool_pages(pc, swa_pages, now, cfg_.num_pages);
+    if (!pages.ok()) return pages.status();
+    pc.num_pages = *pages;
+    if (s.any_swa()) pc.swa_num_pages = swa_pages(pc.num_pages);
+  }
+  auto pool = KvPool::create(*backend_, pc);
+  if (!pool.ok()) return pool.status();
+  pool_ = std::move(*pool);
+  memory_.kv_pool_bytes = allocated_since();
+  note_device_memory();
   return absl::OkStatus();
+}
+
+void Engine::note_device_memory() {
+  const absl::StatusOr<DeviceMemory> mem = backend_->device_memory();
+  if (!mem.ok()) return;
+  memory_.device_total_bytes = mem->total_bytes;
+  memory_.device_free_bytes = mem->free_bytes;
 }
 
 absl::Status Engine::init_ranks(const ModelSpec& s, KvPoolConfig& pc, HostWeightSource& weights,
@@ -488,6 +514,19 @@ void Engine::apply_results(const std::vector<StepItem>& items, std::vector<StepR
 absl::StatusOr<int> Engine::warm_up_decode_graphs() {
   if (is_follower()) return absl::FailedPreconditionError("warm_up_decode_graphs: rank 0's process runs it");
   if (cfg_.graphs != GraphsMode::on || !backend_->supports_graphs()) return 0;
+  // What the warm-up costs in memory: the scratch it grows (workspaces) and, beyond what
+  // it allocates, what the device loses to the graphs and libraries (rank 0's device).
+  const int64_t allocated = backend_->allocated_bytes();
+  const int64_t free_before = memory_.device_free_bytes;
+  absl::StatusOr<int> warmed = warm_up_buckets();
+  const int64_t grown = backend_->allocated_bytes() - allocated;
+  memory_.workspace_bytes += grown;
+  note_device_memory();
+  if (free_before > 0) memory_.graph_bytes = std::max<int64_t>(0, free_before - memory_.device_free_bytes - grown);
+  return warmed;
+}
+
+absl::StatusOr<int> Engine::warm_up_buckets() {
   const int32_t limit = std::min<int32_t>(cfg_.max_running_seqs, cfg_.max_batch_tokens);
   std::vector<int32_t> buckets;
   for (int32_t n = 1; n <= limit; ++n) {

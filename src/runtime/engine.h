@@ -20,6 +20,7 @@
 #include "src/backends/backend.h"
 #include "src/loading/config.h"
 #include "src/runtime/kv_pool.h"
+#include "src/runtime/memory_plan.h"
 #include "src/runtime/model.h"
 #include "src/runtime/model_runner.h"
 #include "src/runtime/sampler.h"
@@ -29,10 +30,6 @@
 namespace kvfuse {
 
 class RankGroup;
-
-// RESOURCE_EXHAUSTED naming the sizes when the model's bf16 weights would take more than
-// 80% of `available_gib` (the CPU backend's check at engine creation; <= 0: unknown, ok).
-absl::Status check_cpu_weight_memory(const ModelSpec& spec, double available_gib);
 
 // How far Engine::create is in loading the weights, for callers that report a long
 // start-up (a 70B model's weights take minutes): `layers_done` of the model's `layers`
@@ -138,6 +135,10 @@ class Engine : public StepRunner {
   // number of buckets warmed; 0 and nothing done elsewhere. Needs no live sequences' pages beyond one per bucket
   // slot; RESOURCE_EXHAUSTED stops at the largest bucket that fits.
   absl::StatusOr<int> warm_up_decode_graphs();
+  // How the device's memory is split (src/runtime/memory_plan.h): set by create() at
+  // tensor_parallel 1 (zeros otherwise), the graphs and the warm-up's scratch added by
+  // warm_up_decode_graphs().
+  const MemorySplit& memory() const { return memory_; }
   // Ends GEMM tuning on every rank's backend, in this process and in the followers
   // (Backend::end_gemm_tuning): shapes first seen afterwards run untimed choices. A
   // server calls it after warm_up_decode_graphs(), before its first request. Returns
@@ -191,6 +192,9 @@ class Engine : public StepRunner {
   absl::Status check_plan(const StepPlan& plan, bool require_reserved) const;
   void build_batch(const std::vector<StepItem>& items);
   void apply_results(const std::vector<StepItem>& items, std::vector<StepResult>& results);
+  // warm_up_decode_graphs()'s steps, and the device's free and total memory into memory_.
+  absl::StatusOr<int> warm_up_buckets();
+  void note_device_memory();
 
   Config cfg_;
   LoadProgressFn load_progress_;  // Engine::create's, for init()
@@ -202,6 +206,7 @@ class Engine : public StepRunner {
   std::unique_ptr<SequenceTable> seqs_;
   ForwardResult fwd_;
   StepTimings timings_;
+  MemorySplit memory_;
   ForwardBatch batch_;  // reused between steps
   // The step between begin() and end().
   struct InFlight {

@@ -338,3 +338,46 @@ TEST_CASE("gpu engine: a cached prefix gives the recomputed logits within the to
     REQUIRE(cached->pool().check_invariants().ok());
   }
 }
+
+TEST_CASE("gpu engine: num_pages 0 sizes the pool from the GPU's free memory, and the split adds up",
+          "[gpu][engine][memory]") {
+  auto backend = make_backend(Device::auto_);
+  REQUIRE(backend.ok());
+  if ((*backend)->device() == Device::cpu) {
+    WARN("GPU engine tests skipped: this build has no GPU backend or no GPU is visible");
+    return;
+  }
+  auto mem = (*backend)->device_memory();
+  REQUIRE(mem.ok());
+  // A headroom that leaves the pool about 1 GiB of what is free now.
+  const int64_t mib = int64_t(1) << 20;
+  const int64_t headroom_mib = mem->free_bytes / mib - 1024;
+  REQUIRE(headroom_mib > 0);
+  auto e = gpu_engine_or_skip({{"num_pages", 0}, {"memory_headroom_mib", headroom_mib}, {"max_running_seqs", 8}});
+  if (!e) return;
+  const MemorySplit before = e->memory();
+  std::printf("gpu memory split after loading: %s\n", describe_memory(before).c_str());
+  CHECK(before.pool_auto);
+  CHECK(before.weight_bytes >= e->spec().weight_bytes());
+  CHECK(before.kv_pool_bytes == kv_pool_bytes(e->pool().config()));
+  CHECK(before.kv_pool_bytes > 512 * mib);
+  CHECK(before.kv_pool_bytes < 1024 * mib);
+  // What is left is the headroom, give or take the allocator's rounding of each buffer.
+  CHECK(std::abs(before.device_free_bytes - (headroom_mib << 20)) < 64 * mib);
+  auto warmed = e->warm_up_decode_graphs();
+  REQUIRE(warmed.ok());
+  const MemorySplit after = e->memory();
+  std::printf("gpu memory split after the graph warm-up: %s\n", describe_memory(after).c_str());
+  CHECK(after.workspace_bytes >= before.workspace_bytes);
+  CHECK(after.graph_bytes < 1024 * mib);
+  CHECK(after.device_free_bytes <= before.device_free_bytes);
+
+  // A pool larger than the GPU is refused before loading, naming the numbers.
+  auto cfg = config_from_json({{"model", "tiny"}, {"device", "auto"}, {"num_pages", 2147483647}, {"max_seq_len", 1024}});
+  REQUIRE(cfg.ok());
+  auto big = Engine::create(*cfg);
+  REQUIRE(big.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(std::string(big.status().message()),
+             Catch::Matchers::ContainsSubstring("num_pages 2147483647 needs a KV pool of") &&
+                 Catch::Matchers::ContainsSubstring("memory_headroom_mib"));
+}

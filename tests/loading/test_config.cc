@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include "src/loading/config.h"
 #include "src/loading/config_docs.h"
 #include "src/loading/model_spec.h"
+#include "src/runtime/memory_plan.h"
 #include "tests/util/checkpoint_test_util.h"
 
 using namespace kvfuse;
@@ -167,15 +169,43 @@ TEST_CASE("config: overrides and model-dependent checks", "[config]") {
   CHECK(check_tensor_parallel(*big, 8).ok());
 }
 
+// A shipped config that serves a checkpoint names it as /models/<name>, the folder an
+// operator mounts; tests/data/checkpoints/<name> holds that checkpoint's config.json. A
+// config whose file name starts with a GPU's name must fit that GPU: the model's weights,
+// the pool and the headroom within its memory (these configs are validated here, not run).
 TEST_CASE("config: every shipped config/*.json loads", "[config]") {
+  const std::map<std::string, int64_t> gpu_bytes = {{"mi300x", 192'000'000'000}, {"mi355x", 288'000'000'000},
+                                                    {"h200", 141'000'000'000}, {"nvidia", 141'000'000'000}};
   int n = 0;
   for (const auto& f : std::filesystem::directory_iterator(KVFUSE_SOURCE_DIR "/config")) {
     if (f.path().extension() != ".json") continue;
     CAPTURE(f.path().string());
     auto c = load_config_file(f.path().string());
     INFO(c.status().ToString());
-    CHECK(c.ok());
-    if (c.ok()) CHECK(resolve_model_spec(*c).ok());
+    REQUIRE(c.ok());
+    if (!c->model_path.empty()) {
+      const std::string name = std::filesystem::path(c->model_path).filename().string();
+      CHECK(c->model_path == "/models/" + name);
+      c->model_path = KVFUSE_SOURCE_DIR "/tests/data/checkpoints/" + name;
+    }
+    auto spec = resolve_model_spec(*c);
+    INFO(spec.status().ToString());
+    REQUIRE(spec.ok());
+    const std::string file = f.path().filename().string();
+    for (const auto& [gpu, bytes] : gpu_bytes) {
+      if (file.rfind(gpu, 0) != 0 || c->num_pages == 0) continue;
+      KvPoolConfig pc;
+      pc.num_layers = spec->num_layers;
+      pc.page_size = c->page_size;
+      pc.num_pages = c->num_pages;
+      pc.num_kv_heads = spec->num_kv_heads;
+      pc.head_dim = spec->head_dim;
+      pc.format = c->kv_cache_dtype == KvCacheDtype::bf16 ? KvFormat::bf16 : KvFormat::fp8_e4m3fn;
+      pc.layer_is_swa = spec->layer_is_swa;
+      const int64_t need = spec->weight_bytes() + kv_pool_bytes(pc) + (c->memory_headroom_mib << 20);
+      CAPTURE(gpu, spec->weight_bytes(), kv_pool_bytes(pc), need, bytes);
+      CHECK(need < bytes);
+    }
     ++n;
   }
   CHECK(n >= 1);

@@ -29,11 +29,11 @@ TEST_CASE("config: integers past int64 are out of range as written, from JSON, o
   CHECK_THAT(error_of(json::parse(R"({"tensor_parallel": 9223372036854775808})")),
              Catch::Matchers::ContainsSubstring("9223372036854775808 is out of range [1, 64]"));
   CHECK_THAT(error_of(json::parse(R"({"num_pages": 1e30})")),
-             Catch::Matchers::ContainsSubstring("'num_pages': 1e+30 is out of range [1, 2147483647]"));
+             Catch::Matchers::ContainsSubstring("'num_pages': 1e+30 is out of range [0, 2147483647]"));
   // A fraction is not an integer; int32's maximum is the pools' limit.
   CHECK_THAT(error_of(json::parse(R"({"num_pages": 2.5})")), Catch::Matchers::ContainsSubstring("is not an integer"));
   CHECK_THAT(error_of(json::parse(R"({"num_pages": 2147483648})")),
-             Catch::Matchers::ContainsSubstring("2147483648 is out of range [1, 2147483647]"));
+             Catch::Matchers::ContainsSubstring("2147483648 is out of range [0, 2147483647]"));
   CHECK(config_from_json(json::parse(R"({"num_pages": 2147483647})")).ok());
 
   // Overrides keep what was typed, also past 2^64.

@@ -8,6 +8,7 @@
 #include <future>
 #include <tuple>
 
+#include "src/backends/cpu/cpu_backend.h"
 #include "tests/util/checkpoint_test_util.h"
 #include "tests/util/engine_test_util.h"
 #include "tests/util/reflection_client.h"
@@ -84,6 +85,41 @@ TEST_CASE("server: GetInfo reports the model, KV cache format, paths and pool", 
   CHECK(info.k_scale(0) == 0.5f);
   CHECK(info.k_scale(3) == 4.0f);
   CHECK(info.v_scale(2) == 3.0f);
+  // Where the memory went (docs/design.md#device-memory): the weights as loaded, the pool
+  // of 300 pages (4 layers of 16 x 2 x 64 bytes of K and of V each, and the scales), the
+  // host's memory for the CPU's device.
+  REQUIRE(info.has_memory());
+  const v1::MemorySplit& m = info.memory();
+  // The model's weights and what loads with them (the RoPE frequency table: 32 floats).
+  CHECK(m.weight_bytes() == info.weight_bytes() + 32 * 4);
+  CHECK(m.kv_pool_bytes() == uint64_t(300 * 4 * 2 * 16 * 2 * 64 + 4 * 4 * 4));
+  CHECK(m.workspace_bytes() > 0);
+  CHECK(m.graph_bytes() == 0);  // the CPU has no graphs
+  CHECK(m.device_total_bytes() > 0);
+  CHECK(m.device_free_bytes() > 0);
+  CHECK(m.headroom_bytes() == uint64_t(2048) << 20);
+  CHECK_FALSE(m.pool_sized_to_fit());
+}
+
+TEST_CASE("server: num_pages 0 takes what the device has free less the headroom, and says so", "[server]") {
+  // On the CPU the device's memory is the host's: a pool sized to fit there is large; a
+  // headroom of all but 512 MiB of what is available keeps it at about that (the margin
+  // absorbs what other processes take meanwhile).
+  auto host = host_memory();
+  REQUIRE(host.ok());
+  if (host->free_bytes < (int64_t(2) << 30)) {
+    WARN("skipped: under 2 GiB of host memory available");
+    return;
+  }
+  const int64_t headroom_mib = (host->free_bytes >> 20) - 512;
+  auto t = TestServer::start({"num_pages=0", "memory_headroom_mib=" + std::to_string(headroom_mib)});
+  grpc::ClientContext ctx;
+  v1::GetInfoResponse info;
+  REQUIRE(t.stub->GetInfo(&ctx, {}, &info).ok());
+  CHECK(info.memory().pool_sized_to_fit());
+  CHECK(info.num_pages() > 0);
+  CHECK(info.memory().kv_pool_bytes() > 0);
+  CHECK(info.memory().headroom_bytes() == uint64_t(headroom_mib) << 20);
 }
 
 TEST_CASE("server: GetInfo reports FP8 weights: their scheme and bytes", "[server][fp8]") {

@@ -288,7 +288,7 @@ TEST_CASE("kvfuse-server: an integer key beyond 64 bits is refused as typed, nev
        {std::pair<std::string, std::string>{"--set sliding_window=18446744073709551615",
                                             "18446744073709551615 is out of range [-1, 16777216]"},
         {"--set tensor_parallel=18446744073709551615", "18446744073709551615 is out of range [1, 64]"},
-        {"--set num_pages=99999999999999999999999", "99999999999999999999999 is out of range [1, 2147483647]"},
+        {"--set num_pages=99999999999999999999999", "99999999999999999999999 is out of range [0, 2147483647]"},
         {"--set page_size=-9223372036854775809", "-9223372036854775809 is out of range [1, 1024]"}}) {
     auto [rc, out] = run(srv + flag);
     INFO(flag << "\n" << out);

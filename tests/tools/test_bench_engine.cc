@@ -112,13 +112,15 @@ TEST_CASE("bench engine roofline: KV pool footprint of a cell", "[bench][rooflin
   const KvFootprint f = kv_footprint(tiny, 16, 1, 2, 100, 512);
   CHECK(f.full_pages == 16);
   CHECK(f.swa_pages == 0);
-  CHECK(f.bytes == 4 * 16 * 4096);
+  // The pool's bytes as KvStorage allocates them: the pages, and four fp32 scales a layer.
+  CHECK(f.bytes == 4 * 16 * 4096 + 4 * 4 * 4);
   // hybrid-swa: window layers need the window plus a step's chunk, (4096 + 512) / 16 + 1 pages.
   const ModelSpec h = preset("hybrid-swa");
   const KvFootprint g = kv_footprint(h, 16, 1, 3, 8192, 512);
   CHECK(g.full_pages == 3 * 513);
   CHECK(g.swa_pages == 3 * 289);
-  CHECK(g.bytes == (16 * 3 * 513 + 16 * 3 * 289) * int64_t(16 * 8 * 128 * 2));
+  // The pages, the scales (32 layers) and the SWA slot table (an int64 per full-pool slot).
+  CHECK(g.bytes == (16 * 3 * 513 + 16 * 3 * 289) * int64_t(16 * 8 * 128 * 2) + 4 * 32 * 4 + 3 * 513 * 16 * 8);
   // Short sequences: the window pool never needs more than the full table.
   CHECK(kv_footprint(h, 16, 1, 1, 64, 512).swa_pages == 5);
 }

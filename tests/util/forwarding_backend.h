@@ -21,6 +21,8 @@ class ForwardingBackend : public Backend {
   KvFormat resolve_kv_format(KvCacheDtype d) const override { return in_->resolve_kv_format(d); }
   absl::Status check_supported(const ModelSpec& s, KvFormat f) const override { return in_->check_supported(s, f); }
   absl::StatusOr<DeviceBuffer> alloc(size_t bytes) override { return in_->alloc(bytes); }
+  int64_t allocated_bytes() const override { return in_->allocated_bytes(); }
+  absl::StatusOr<DeviceMemory> device_memory() override { return in_->device_memory(); }
   absl::StatusOr<HostBuffer> alloc_host(size_t bytes) override { return in_->alloc_host(bytes); }
   absl::Status memset(void* dst, int value, size_t bytes) override { return in_->memset(dst, value, bytes); }
   absl::Status copy_to_device(void* dst, const void* src, size_t bytes) override {

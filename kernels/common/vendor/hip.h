@@ -48,6 +48,7 @@
 #define cudaDeviceProp hipDeviceProp_t
 #define cudaDeviceSynchronize hipDeviceSynchronize
 #define cudaMalloc hipMalloc
+#define cudaMemGetInfo hipMemGetInfo
 #define cudaFree hipFree
 #define cudaHostAlloc hipHostMalloc
 #define cudaHostAllocPortable hipHostMallocPortable

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -50,8 +52,10 @@ class CpuBackend final : public Backend {
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("cpu backend: cannot allocate ", bytes, " bytes"));
     }
-    return DeviceBuffer(p, bytes, [](void* q) { std::free(q); });
+    return DeviceBuffer(p, bytes, counted_free(bytes, [](void* q) { std::free(q); }));
   }
+  // The host's: MemAvailable and MemTotal of /proc/meminfo.
+  absl::StatusOr<DeviceMemory> device_memory() override { return host_memory(); }
   absl::Status memset(void* dst, int value, size_t bytes) override {
     std::memset(dst, value, bytes);
     return absl::OkStatus();
@@ -288,5 +292,20 @@ absl::StatusOr<std::unique_ptr<Backend>> make_backend(Device device) {
   return absl::InvalidArgumentError("unknown device");
 }
 #endif
+
+absl::StatusOr<DeviceMemory> host_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kb = 0;
+  DeviceMemory m{-1, -1};
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") m.free_bytes = kb * 1024;
+    if (key == "MemTotal:") m.total_bytes = kb * 1024;
+  }
+  if (m.free_bytes < 0 || m.total_bytes < 0) {
+    return absl::UnavailableError("cannot read MemAvailable and MemTotal from /proc/meminfo");
+  }
+  return m;
+}
 
 }  // namespace kvfuse

@@ -17,5 +17,8 @@ std::unique_ptr<Backend> make_cpu_backend();
 // As make_backend(Device::cpu): the kernel KVFUSE_CPU_GEMM names, else the widest; a bad
 // KVFUSE_CPU_GEMM is an error.
 absl::StatusOr<std::unique_ptr<Backend>> make_cpu_backend_from_env();
+// The host's memory: MemAvailable and MemTotal of /proc/meminfo (the CPU backend's
+// device_memory()).
+absl::StatusOr<DeviceMemory> host_memory();
 
 }  // namespace kvfuse

@@ -80,7 +80,13 @@ class GpuBackend final : public Backend {
           absl::StrFormat("%s: cannot allocate %.1f MiB of device memory (%s)", KVFUSE_GPU_VENDOR,
                           double(bytes) / double(1 << 20), cudaGetErrorString(err)));
     }
-    return DeviceBuffer(p, bytes, [](void* q) { (void)cudaFree(q); });  // a deleter cannot report
+    return DeviceBuffer(p, bytes, counted_free(bytes, [](void* q) { (void)cudaFree(q); }));  // a deleter cannot report
+  }
+  absl::StatusOr<DeviceMemory> device_memory() override {
+    KVFUSE_RETURN_IF_ERROR(bind_if_needed());
+    size_t free_b = 0, total_b = 0;
+    KVFUSE_CUDA(cudaMemGetInfo(&free_b, &total_b));
+    return DeviceMemory{int64_t(free_b), int64_t(total_b)};
   }
   // Page-locked, so that a copy_to_device from it is a true asynchronous DMA (from
   // pageable memory the runtime stages the bytes through its own pinned buffer first,
