@@ -197,6 +197,7 @@ absl::Status Engine::init() {
   pool_ = std::move(*pool);
   memory_.kv_pool_bytes = allocated_since();
   note_device_memory();
+  loaded_ = {allocated, memory_.device_free_bytes, memory_.workspace_bytes};
   return absl::OkStatus();
 }
 
@@ -514,15 +515,14 @@ void Engine::apply_results(const std::vector<StepItem>& items, std::vector<StepR
 absl::StatusOr<int> Engine::warm_up_decode_graphs() {
   if (is_follower()) return absl::FailedPreconditionError("warm_up_decode_graphs: rank 0's process runs it");
   if (cfg_.graphs != GraphsMode::on || !backend_->supports_graphs()) return 0;
-  // What the warm-up costs in memory: the scratch it grows (workspaces) and, beyond what
-  // it allocates, what the device loses to the graphs and libraries (rank 0's device).
-  const int64_t allocated = backend_->allocated_bytes();
-  const int64_t free_before = memory_.device_free_bytes;
   absl::StatusOr<int> warmed = warm_up_buckets();
-  const int64_t grown = backend_->allocated_bytes() - allocated;
-  memory_.workspace_bytes += grown;
+  // What the steps since loading cost in memory (rank 0's device): the scratch they grew
+  // counts as workspace; what the device lost beyond that went to the graphs and the
+  // libraries (cuBLASLt's workspaces, say).
+  const int64_t grown = backend_->allocated_bytes() - loaded_.allocated;
+  memory_.workspace_bytes = loaded_.workspace + grown;
   note_device_memory();
-  if (free_before > 0) memory_.graph_bytes = std::max<int64_t>(0, free_before - memory_.device_free_bytes - grown);
+  if (loaded_.free > 0) memory_.graph_bytes = std::max<int64_t>(0, loaded_.free - memory_.device_free_bytes - grown);
   return warmed;
 }
 

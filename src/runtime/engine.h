@@ -136,8 +136,8 @@ class Engine : public StepRunner {
   // slot; RESOURCE_EXHAUSTED stops at the largest bucket that fits.
   absl::StatusOr<int> warm_up_decode_graphs();
   // How the device's memory is split (src/runtime/memory_plan.h): set by create() at
-  // tensor_parallel 1 (zeros otherwise), the graphs and the warm-up's scratch added by
-  // warm_up_decode_graphs().
+  // tensor_parallel 1 (zeros otherwise); warm_up_decode_graphs() adds what the steps since
+  // loading took (their scratch as workspace, the rest as graphs).
   const MemorySplit& memory() const { return memory_; }
   // Ends GEMM tuning on every rank's backend, in this process and in the followers
   // (Backend::end_gemm_tuning): shapes first seen afterwards run untimed choices. A
@@ -207,6 +207,11 @@ class Engine : public StepRunner {
   ForwardResult fwd_;
   StepTimings timings_;
   MemorySplit memory_;
+  // At the end of loading (tensor_parallel 1): the backend's allocated bytes, the device's
+  // free bytes and the workspaces, from which warm_up_decode_graphs() tells what came after.
+  struct {
+    int64_t allocated = 0, free = 0, workspace = 0;
+  } loaded_;
   ForwardBatch batch_;  // reused between steps
   // The step between begin() and end().
   struct InFlight {

@@ -15,9 +15,9 @@
 namespace kvfuse {
 
 // Where the device's memory went. The first three are counted by Backend::allocated_bytes
-// around what allocates them; graph_bytes is what the device lost during the graph
-// warm-up beyond its allocations (captured graphs, library workspaces), on backends with
-// graphs.
+// around what allocates them; graph_bytes is what the device lost between the end of
+// loading and the end of the graph warm-up beyond kvfuse's own allocations (captured
+// graphs, library workspaces), on backends with graphs.
 struct MemorySplit {
   int64_t weight_bytes = 0;     // the model's weights (and their scales) on the device
   int64_t kv_pool_bytes = 0;    // the KV pool: K and V pages of every layer, scales, SWA table
