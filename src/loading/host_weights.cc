@@ -39,21 +39,26 @@ std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float s
   return out;
 }
 
-// A preset's FP8 form of synthetic bf16 rows [n, k]: per output row j, scale_j =
-// amax_j / 448 (the e4m3fn range) and codes fp8_encode(w * (1 / scale_j)), the
-// quantization the FP8-dynamic checkpoints the presets stand for carry. It is the
-// per-row quantization of activations (kernels/cpu/gemm/gemm_fp8.h), applied to weight rows.
-void to_fp8(HostLinear& h, int64_t n, int64_t k, Fp8Act act) {
-  h.w_fp8.resize(h.w.size());
-  h.w_scale.resize(size_t(n));
-  // Row by row, so any split of the rows gives the same codes (a 70B preset's layers
-  // quantize on every core).
-  on_every_core(n, 256, [&](int64_t begin, int64_t end) {
-    cpu::quantize_rows_fp8(h.w.data() + begin * k, end - begin, k, Fp8Act::dynamic_token, 1.0f,
-                           Fp8Format::e4m3fn, h.w_fp8.data() + begin * k, h.w_scale.data() + begin);
-  });
+// A preset's FP8 form of the synthetic bf16 rows [n, k] that synth(seed, tensor, n * k,
+// stddev) makes: per output row j, scale_j = amax_j / 448 (the e4m3fn range) and codes
+// fp8_encode(w * (1 / scale_j)), the quantization the FP8-dynamic checkpoints the presets
+// stand for carry. It is the per-row quantization of activations
+// (kernels/cpu/gemm/gemm_fp8.h), applied to weight rows. Made a row at a time on every
+// core, without the whole bf16 tensor: a 70B preset's layer is 0.86 GB of codes.
+void synth_fp8(HostLinear& h, uint64_t seed, uint64_t tensor, int64_t n, int64_t k, float stddev, Fp8Act act) {
   h.w.clear();
-  h.w.shrink_to_fit();
+  h.w_fp8.resize(size_t(n * k));
+  h.w_scale.resize(size_t(n));
+  on_every_core(n, 256, [&](int64_t begin, int64_t end) {
+    std::vector<bf16_t> row(static_cast<size_t>(k));
+    for (int64_t j = begin; j < end; ++j) {
+      for (int64_t p = 0; p < k; ++p) {
+        row[size_t(p)] = f32_to_bf16(0.0f + stddev * synthetic_weight(seed, tensor, uint64_t(j * k + p)));
+      }
+      cpu::quantize_rows_fp8(row.data(), 1, k, Fp8Act::dynamic_token, 1.0f, Fp8Format::e4m3fn,
+                             h.w_fp8.data() + j * k, h.w_scale.data() + j);
+    }
+  });
   h.act = act;
 }
 
@@ -89,23 +94,25 @@ class SyntheticWeights final : public HostWeightSource {
     const uint64_t base = kLayerBase + uint64_t(l) * kTensorsPerLayer;
     L.attn_norm = synth(seed_, base + kAttnNorm, s_.hidden, 0.05f, 1.0f);
     L.ffn_norm = synth(seed_, base + kFfnNorm, s_.hidden, 0.05f, 1.0f);
-    L.qkv.w = synth(seed_, base + kQkv, s_.qkv_dim() * s_.hidden, in_std);
     L.qkv.bias = s_.qkv_bias ? synth(seed_, base + kQkvBias, s_.qkv_dim(), 0.1f) : std::vector<bf16_t>{};
-    L.o.w = synth(seed_, base + kO, int64_t(s_.hidden) * s_.q_dim(), 0.5f / std::sqrt(float(s_.q_dim())));
-    L.gate_up.w = synth(seed_, base + kGateUp, 2 * int64_t(s_.intermediate) * s_.hidden, in_std);
-    L.down.w = synth(seed_, base + kDown, int64_t(s_.hidden) * s_.intermediate,
-                     0.5f / std::sqrt(float(s_.intermediate)));
-    if (s_.quant && s_.quant->linear.format == WeightQuantFormat::fp8_e4m3) {
-      if (s_.quant->linear.activation == ActivationScheme::static_tensor) {
-        return absl::InvalidArgumentError("synthetic FP8 weights: static activation scales are not synthesized");
-      }
-      const Fp8Act act = fp8_act(s_.quant->linear.activation);
-      const int64_t H = s_.hidden, I = s_.intermediate;
-      to_fp8(L.qkv, s_.qkv_dim(), H, act);
-      to_fp8(L.o, H, s_.q_dim(), act);
-      to_fp8(L.gate_up, 2 * I, H, act);
-      to_fp8(L.down, H, I, act);
+    const bool fp8 = s_.quant && s_.quant->linear.format == WeightQuantFormat::fp8_e4m3;
+    if (fp8 && s_.quant->linear.activation == ActivationScheme::static_tensor) {
+      return absl::InvalidArgumentError("synthetic FP8 weights: static activation scales are not synthesized");
     }
+    const Fp8Act act = fp8 ? fp8_act(s_.quant->linear.activation) : Fp8Act::none;
+    // Rows [n, k] of tensor `id`, bf16 or in the preset's FP8 form.
+    const auto proj = [&](HostLinear& h, uint64_t id, int64_t n, int64_t k, float stddev) {
+      if (fp8) {
+        synth_fp8(h, seed_, base + id, n, k, stddev, act);
+      } else {
+        h.w = synth(seed_, base + id, n * k, stddev);
+      }
+    };
+    const int64_t H = s_.hidden, I = s_.intermediate;
+    proj(L.qkv, kQkv, s_.qkv_dim(), H, in_std);
+    proj(L.o, kO, H, s_.q_dim(), 0.5f / std::sqrt(float(s_.q_dim())));
+    proj(L.gate_up, kGateUp, 2 * I, H, in_std);
+    proj(L.down, kDown, H, I, 0.5f / std::sqrt(float(I)));
     return absl::OkStatus();
   }
 

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cpu/gemm/gemm_fp8.h"
+#include "src/loading/host_weights.h"
 #include "src/loading/model_spec.h"
 #include "tests/util/catch.h"
 #include "tests/util/checkpoint_fp8_util.h"
@@ -249,4 +251,36 @@ TEST_CASE("fp8 weights: a backend without FP8 GEMMs refuses the model at load, n
   auto bf16_cfg = config_from_json({{"model", "tiny"}, {"device", "cpu"}});
   REQUIRE(bf16_cfg.ok());
   CHECK(Engine::create(*bf16_cfg, std::make_unique<NoFp8Backend>()).ok());
+}
+
+// The FP8 presets' synthetic weights, made a row at a time, are the per-row quantization
+// of the bf16 preset's weights (src/loading/host_weights.cc), code for code.
+TEST_CASE("fp8 weights: a preset's synthetic FP8 projections quantize its bf16 ones exactly", "[fp8]") {
+  for (const char* name : {"tiny", "qwen2.5-7b"}) {
+    CAPTURE(name);
+    auto bf16 = model_preset(name);
+    auto fp8 = model_preset(std::string(name) + "-fp8");
+    REQUIRE(bf16.ok());
+    REQUIRE(fp8.ok());
+    HostLayerWeights b, f;
+    REQUIRE(make_synthetic_weights(*bf16, 5)->layer(0, b).ok());
+    REQUIRE(make_synthetic_weights(*fp8, 5)->layer(0, f).ok());
+    CHECK(f.attn_norm == b.attn_norm);
+    CHECK(f.qkv.bias == b.qkv.bias);
+    for (auto [hb, hf] : {std::pair{&b.qkv, &f.qkv}, std::pair{&b.o, &f.o}, std::pair{&b.gate_up, &f.gate_up},
+                          std::pair{&b.down, &f.down}}) {
+      REQUIRE(hf->fp8());
+      CHECK(hf->w.empty());
+      const int64_t n = int64_t(hf->w_scale.size());
+      const int64_t k = int64_t(hb->w.size()) / n;
+      REQUIRE(int64_t(hf->w_fp8.size()) == n * k);
+      std::vector<uint8_t> codes(size_t(n * k));
+      std::vector<float> scales(static_cast<size_t>(n));
+      cpu::quantize_rows_fp8(hb->w.data(), n, k, Fp8Act::dynamic_token, 1.0f, Fp8Format::e4m3fn, codes.data(),
+                             scales.data());
+      CHECK(mismatch(codes, hf->w_fp8) == "");
+      CHECK(mismatch(scales, hf->w_scale) == "");
+      CHECK(hf->act == Fp8Act::dynamic_token);
+    }
+  }
 }
