@@ -47,16 +47,8 @@ double roofline_ms(double bytes, double peak_gbs) { return bytes / (peak_gbs * 1
 
 int64_t kv_pool_bytes(const ModelSpec& spec, int32_t page_size, int kv_elem_bytes, int64_t full_pages,
                       int64_t swa_pages) {
-  KvPoolConfig pc;
-  pc.num_layers = spec.num_layers;
-  pc.page_size = page_size;
-  pc.num_pages = full_pages;
-  pc.swa_num_pages = swa_pages;
-  pc.num_kv_heads = spec.num_kv_heads;
-  pc.head_dim = spec.head_dim;
-  pc.format = kv_elem_bytes == 1 ? KvFormat::fp8_e4m3fn : KvFormat::bf16;
-  pc.layer_is_swa = spec.layer_is_swa;
-  return kvfuse::kv_pool_bytes(pc);
+  return kvfuse::kv_pool_bytes(spec, page_size, kv_elem_bytes == 1 ? KvFormat::fp8_e4m3fn : KvFormat::bf16,
+                               full_pages, swa_pages);
 }
 
 KvFootprint kv_footprint(const ModelSpec& spec, int32_t page_size, int kv_elem_bytes, int64_t batch,

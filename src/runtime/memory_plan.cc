@@ -60,6 +60,20 @@ int64_t kv_pool_bytes(const KvPoolConfig& cfg) {
   return bytes;
 }
 
+int64_t kv_pool_bytes(const ModelSpec& spec, int32_t page_size, KvFormat format, int64_t full_pages,
+                      int64_t swa_pages) {
+  KvPoolConfig pc;
+  pc.num_layers = spec.num_layers;
+  pc.page_size = page_size;
+  pc.num_pages = full_pages;
+  pc.swa_num_pages = swa_pages;
+  pc.num_kv_heads = spec.num_kv_heads;
+  pc.head_dim = spec.head_dim;
+  pc.format = format;
+  pc.layer_is_swa = spec.layer_is_swa;
+  return kv_pool_bytes(pc);
+}
+
 absl::StatusOr<int64_t> plan_pool_pages(const KvPoolConfig& cfg, const std::function<int64_t(int64_t)>& swa_pages,
                                         const PoolBudget& b, int64_t requested) {
   const int64_t room = b.free_bytes - b.headroom_bytes;

@@ -40,6 +40,10 @@ absl::Status check_cpu_weight_memory(const ModelSpec& spec, double available_gib
 // layer's K and V pages (the SWA pool's for SWA layers), the four per-layer scale rows,
 // and the SWA slot table when a layer uses the window.
 int64_t kv_pool_bytes(const KvPoolConfig& cfg);
+// The same for a pool of `spec`'s layers, KV heads and window layers, `full_pages` and
+// `swa_pages` pages of page_size tokens stored as `format`.
+int64_t kv_pool_bytes(const ModelSpec& spec, int32_t page_size, KvFormat format, int64_t full_pages,
+                      int64_t swa_pages);
 
 // What the pool may take: the device's free bytes now, the headroom to leave, and what is
 // already in (for the message).

@@ -15,6 +15,19 @@ using nlohmann::json;
 
 namespace {
 
+const char* const kSkipped = "GPU engine tests skipped: this build has no GPU backend or no GPU is visible";
+
+// The GPU backend, or null (and a warning) where there is none.
+std::unique_ptr<Backend> gpu_backend_or_skip() {
+  auto backend = make_backend(Device::auto_);
+  REQUIRE(backend.ok());
+  if ((*backend)->device() == Device::cpu) {
+    WARN(kSkipped);
+    return nullptr;
+  }
+  return std::move(*backend);
+}
+
 std::unique_ptr<Engine> gpu_engine_or_skip(json overrides) {
   overrides["device"] = "auto";
   nlohmann::json j = {
@@ -25,7 +38,7 @@ std::unique_ptr<Engine> gpu_engine_or_skip(json overrides) {
   auto e = Engine::create(*cfg);
   REQUIRE(e.ok());
   if ((*e)->backend().device() == Device::cpu) {
-    WARN("GPU engine tests skipped: this build has no GPU backend or no GPU is visible");
+    WARN(kSkipped);
     return nullptr;
   }
   return std::move(*e);
@@ -224,12 +237,8 @@ TEST_CASE("gpu engine: warming captures every decode bucket, and requests then r
 
 TEST_CASE("gpu engine: a head_dim the kernels are not built for is refused at startup, named",
           "[gpu][engine][dispatch]") {
-  auto backend = make_backend(Device::auto_);
-  REQUIRE(backend.ok());
-  if ((*backend)->device() == Device::cpu) {
-    WARN("GPU engine tests skipped: this build has no GPU backend or no GPU is visible");
-    return;
-  }
+  auto backend = gpu_backend_or_skip();
+  if (!backend) return;
   TempDir dir;
   ModelSpec spec = mini_spec();
   spec.head_dim = 96;  // the GPU kernels have 64, 128 and 256
@@ -237,7 +246,7 @@ TEST_CASE("gpu engine: a head_dim the kernels are not built for is refused at st
   auto cfg = config_from_json({{"model_path", dir.path()}, {"device", "auto"}, {"num_pages", 64},
                                {"max_seq_len", 256}, {"kv_cache_dtype", "fp8_e4m3"}});
   REQUIRE(cfg.ok());
-  auto e = Engine::create(*cfg, std::move(*backend));
+  auto e = Engine::create(*cfg, std::move(backend));
   REQUIRE_FALSE(e.ok());
   INFO(e.status().ToString());
   CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
@@ -341,13 +350,9 @@ TEST_CASE("gpu engine: a cached prefix gives the recomputed logits within the to
 
 TEST_CASE("gpu engine: num_pages 0 sizes the pool from the GPU's free memory, and the split adds up",
           "[gpu][engine][memory]") {
-  auto backend = make_backend(Device::auto_);
-  REQUIRE(backend.ok());
-  if ((*backend)->device() == Device::cpu) {
-    WARN("GPU engine tests skipped: this build has no GPU backend or no GPU is visible");
-    return;
-  }
-  auto mem = (*backend)->device_memory();
+  auto backend = gpu_backend_or_skip();
+  if (!backend) return;
+  auto mem = backend->device_memory();
   REQUIRE(mem.ok());
   // A headroom that leaves the pool about 1 GiB of what is free now.
   const int64_t mib = int64_t(1) << 20;

@@ -194,16 +194,11 @@ TEST_CASE("config: every shipped config/*.json loads", "[config]") {
     const std::string file = f.path().filename().string();
     for (const auto& [gpu, bytes] : gpu_bytes) {
       if (file.rfind(gpu, 0) != 0 || c->num_pages == 0) continue;
-      KvPoolConfig pc;
-      pc.num_layers = spec->num_layers;
-      pc.page_size = c->page_size;
-      pc.num_pages = c->num_pages;
-      pc.num_kv_heads = spec->num_kv_heads;
-      pc.head_dim = spec->head_dim;
-      pc.format = c->kv_cache_dtype == KvCacheDtype::bf16 ? KvFormat::bf16 : KvFormat::fp8_e4m3fn;
-      pc.layer_is_swa = spec->layer_is_swa;
-      const int64_t need = spec->weight_bytes() + kv_pool_bytes(pc) + (c->memory_headroom_mib << 20);
-      CAPTURE(gpu, spec->weight_bytes(), kv_pool_bytes(pc), need, bytes);
+      const int64_t pool = kv_pool_bytes(*spec, c->page_size,
+                                         c->kv_cache_dtype == KvCacheDtype::bf16 ? KvFormat::bf16 : KvFormat::fp8_e4m3fn,
+                                         c->num_pages, 0);
+      const int64_t need = spec->weight_bytes() + pool + (c->memory_headroom_mib << 20);
+      CAPTURE(gpu, spec->weight_bytes(), pool, need, bytes);
       CHECK(need < bytes);
     }
     ++n;
