@@ -27,8 +27,11 @@ void on_every_core(int64_t count, int64_t serial, const Fill& fill) {
   for (auto& th : pool) th.join();
 }
 
-std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float stddev, float mean = 0.0f) {
-  std::vector<bf16_t> out(static_cast<size_t>(count));
+// Into `out`, reusing its buffer when it already has `count` elements (the previous
+// layer's tensor): a fresh one is zeroed on one core first.
+void synth_into(std::vector<bf16_t>& out, uint64_t seed, uint64_t tensor, int64_t count, float stddev,
+                float mean = 0.0f) {
+  out.resize(static_cast<size_t>(count));
   // Counter-based values: any split of the index range gives the same tensor, so large
   // presets (8B parameters) fill on every core.
   on_every_core(count, int64_t(1) << 20, [&](int64_t begin, int64_t end) {
@@ -36,6 +39,11 @@ std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float s
       out[size_t(i)] = f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
     }
   });
+}
+
+std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float stddev, float mean = 0.0f) {
+  std::vector<bf16_t> out;
+  synth_into(out, seed, tensor, count, stddev, mean);
   return out;
 }
 
@@ -44,7 +52,8 @@ std::vector<bf16_t> synth(uint64_t seed, uint64_t tensor, int64_t count, float s
 // fp8_encode(w * (1 / scale_j)), the quantization the FP8-dynamic checkpoints the presets
 // stand for carry. It is the per-row quantization of activations
 // (kernels/cpu/gemm/gemm_fp8.h), applied to weight rows. Made a row at a time on every
-// core, without the whole bf16 tensor: a 70B preset's layer is 0.86 GB of codes.
+// core, without the whole bf16 tensor: a 70B preset's layer is 0.86 GB of codes, in the
+// previous layer's buffers when `h` holds them.
 void synth_fp8(HostLinear& h, uint64_t seed, uint64_t tensor, int64_t n, int64_t k, float stddev, Fp8Act act) {
   h.w.clear();
   h.w_fp8.resize(size_t(n * k));
@@ -92,9 +101,9 @@ class SyntheticWeights final : public HostWeightSource {
   absl::Status layer(int32_t l, HostLayerWeights& L) override {
     const float in_std = 1.0f / std::sqrt(float(s_.hidden));
     const uint64_t base = kLayerBase + uint64_t(l) * kTensorsPerLayer;
-    L.attn_norm = synth(seed_, base + kAttnNorm, s_.hidden, 0.05f, 1.0f);
-    L.ffn_norm = synth(seed_, base + kFfnNorm, s_.hidden, 0.05f, 1.0f);
-    L.qkv.bias = s_.qkv_bias ? synth(seed_, base + kQkvBias, s_.qkv_dim(), 0.1f) : std::vector<bf16_t>{};
+    // Every field is set: L may hold the previous layer, whose buffers are reused.
+    synth_into(L.attn_norm, seed_, base + kAttnNorm, s_.hidden, 0.05f, 1.0f);
+    synth_into(L.ffn_norm, seed_, base + kFfnNorm, s_.hidden, 0.05f, 1.0f);
     const bool fp8 = s_.quant && s_.quant->linear.format == WeightQuantFormat::fp8_e4m3;
     if (fp8 && s_.quant->linear.activation == ActivationScheme::static_tensor) {
       return absl::InvalidArgumentError("synthetic FP8 weights: static activation scales are not synthesized");
@@ -105,11 +114,17 @@ class SyntheticWeights final : public HostWeightSource {
       if (fp8) {
         synth_fp8(h, seed_, base + id, n, k, stddev, act);
       } else {
-        h.w = synth(seed_, base + id, n * k, stddev);
+        synth_into(h.w, seed_, base + id, n * k, stddev);
+        h.w_fp8.clear();
+        h.w_scale.clear();
+        h.act = Fp8Act::none;
       }
+      h.input_scale = 0.0f;
+      h.bias.clear();
     };
     const int64_t H = s_.hidden, I = s_.intermediate;
     proj(L.qkv, kQkv, s_.qkv_dim(), H, in_std);
+    if (s_.qkv_bias) synth_into(L.qkv.bias, seed_, base + kQkvBias, s_.qkv_dim(), 0.1f);
     proj(L.o, kO, H, s_.q_dim(), 0.5f / std::sqrt(float(s_.q_dim())));
     proj(L.gate_up, kGateUp, 2 * I, H, in_std);
     proj(L.down, kDown, H, I, 0.5f / std::sqrt(float(I)));

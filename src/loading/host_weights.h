@@ -42,6 +42,9 @@ class HostWeightSource {
  public:
   virtual ~HostWeightSource() = default;
   virtual absl::Status globals(HostGlobalWeights& out) = 0;
+  // Sets every tensor of `out` to layer `layer`'s. `out` may hold the previous layer's
+  // tensors, as the loaders pass one object for every layer: a source may reuse their
+  // buffers (the synthetic weights do: a fresh 1 GB buffer is zeroed on one core).
   virtual absl::Status layer(int32_t layer, HostLayerWeights& out) = 0;
 };
 

@@ -31,8 +31,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::create(Backend& backend, const Mod
     KVFUSE_RETURN_IF_ERROR(weights.globals(g));
     KVFUSE_RETURN_IF_ERROR((*m)->load_globals(g));
   }
+  HostLayerWeights h;  // one for every layer: a source may reuse its buffers
   for (int32_t l = 0; l < spec.num_layers; ++l) {
-    HostLayerWeights h;
     KVFUSE_RETURN_IF_ERROR(weights.layer(l, h));
     KVFUSE_RETURN_IF_ERROR((*m)->load_layer(l, h));
     if (after_layer) after_layer(l + 1);

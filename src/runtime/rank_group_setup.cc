@@ -289,8 +289,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> RankGroup::load_weights(
     KVFUSE_RETURN_IF_ERROR(weights.globals(g));
     KVFUSE_RETURN_IF_ERROR(for_each_rank([&](int32_t r) { return model(r).load_globals(g); }, false));
   }
+  HostLayerWeights h;  // one for every layer: a source may reuse its buffers
   for (int32_t l = 0; l < model0_->spec().num_layers; ++l) {
-    HostLayerWeights h;
     KVFUSE_RETURN_IF_ERROR(weights.layer(l, h));
     KVFUSE_RETURN_IF_ERROR(for_each_rank([&](int32_t r) { return model(r).load_layer(l, h); }, false));
     after_layer(l + 1);

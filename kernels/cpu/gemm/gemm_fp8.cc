@@ -68,6 +68,26 @@ void dequantize_block(const Fp8Weight& w, int64_t n, int64_t k, int64_t jp, int6
   }
 }
 
+// fp8_encode(x * inv) of a bf16 row, with the format a constant of each instance so that
+// the encoder's per-format fields fold away (a 70B preset's synthetic weights are 70e9 of
+// these, src/loading/host_weights.cc).
+template <Fp8Format F>
+void encode_row(const bf16_t* row, int64_t k, float inv, uint8_t* out) {
+  for (int64_t p = 0; p < k; ++p) out[p] = fp8_encode(kvfuse::bf16_to_f32(row[p]) * inv, F);
+}
+
+void encode_row(const bf16_t* row, int64_t k, float inv, Fp8Format f, uint8_t* out) {
+  switch (f) {
+    case Fp8Format::e4m3fnuz:
+      return encode_row<Fp8Format::e4m3fnuz>(row, k, inv, out);
+    case Fp8Format::e5m2:
+      return encode_row<Fp8Format::e5m2>(row, k, inv, out);
+    case Fp8Format::e4m3fn:
+    default:
+      return encode_row<Fp8Format::e4m3fn>(row, k, inv, out);
+  }
+}
+
 }  // namespace
 
 size_t gemm_packed_fp8_bytes(int64_t n, int64_t k) { return gemm_packed_elems(n, k); }
@@ -95,9 +115,7 @@ void quantize_rows_fp8(const bf16_t* x, int64_t m, int64_t k, Fp8Act act, float 
       s = r > kFp8MinActScale ? r : kFp8MinActScale;
     }
     scales[i] = s;
-    const float inv = 1.0f / s;
-    uint8_t* out = q + i * k;
-    for (int64_t p = 0; p < k; ++p) out[p] = fp8_encode(kvfuse::bf16_to_f32(row[p]) * inv, act_fmt);
+    encode_row(row, k, 1.0f / s, act_fmt, q + i * k);
   }
 }
 
