@@ -307,10 +307,6 @@ class Backend {
   virtual absl::StatusOr<std::unique_ptr<BackendGraph>> end_capture() {
     return absl::UnimplementedError("this backend has no graphs");
   }
-  // Inside a capture, a place where the graph may be cut in two: the ops before and after
-  // it replay in order, the device starting on the first piece while the host launches
-  // the rest (src/backends/gpu/step_graph.h). Outside a capture, nothing.
-  virtual absl::Status graph_break() { return absl::OkStatus(); }
   // Changes whenever the backend replaces internal memory a captured graph may use
   // (scratch buffers that grew): graphs captured under an older value must be dropped.
   virtual uint64_t graph_epoch() const { return 0; }

@@ -72,10 +72,6 @@ inline constexpr EnvSwitch kEnvSwitches[] = {
     {"KVFUSE_PDL_OPS", "0 | 1", "1",
      "the step's kernels launch as programmatic dependents (sm_90); 0 keeps all but the KV write plain",
      "engine"},
-    {"KVFUSE_GRAPH_BREAKS", "0 | 1", "1",
-     "a step's graph is cut after its first layers, so the device starts while the host launches the rest; 0 "
-     "keeps it whole (A/B)",
-     "engine"},
     {"KVFUSE_PINNED_HOST", "0 | 1", "1", "batch metadata is staged in pinned host memory (A/B)", "engine"},
     // The peer all-reduce's two switches are off at "0", "off" or "false"
     // (FlagOff::zero_off_false), the GPU backend's flags above at "0" only.

@@ -199,12 +199,6 @@ absl::Status Model::forward(const DecoderPass& p, KvPool& pool, KvWritePath writ
       KVFUSE_RETURN_IF_ERROR(backend_.linear(p.act, T, L.down, h));
       if (comm) KVFUSE_RETURN_IF_ERROR(comm->all_reduce_sum(h, T * s.hidden, DType::bf16));
     }
-    // A captured step in pieces: the first layer, up to 3 more (leaving the last piece at
-    // least one), then the rest. The device runs each piece while the host launches the
-    // next (src/backends/gpu/step_graph.h).
-    if (l + 1 < s.num_layers && (l == 0 || l == std::min(3, s.num_layers - 2))) {
-      KVFUSE_RETURN_IF_ERROR(backend_.graph_break());
-    }
   }
   KVFUSE_RETURN_IF_ERROR(backend_.residual_add(x, h, T * s.hidden));  // the last layer's MLP output
 

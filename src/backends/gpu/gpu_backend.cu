@@ -27,7 +27,6 @@
 #include "src/backends/gpu/fp8_projections.h"
 #include "src/backends/gpu/gemm/gemm_planner.h"
 #include "src/backends/gpu/gpu_status.h"
-#include "src/backends/gpu/step_graph.h"
 #include "src/common/status_macros.h"
 #include "src/loading/env_switches.h"
 
@@ -50,7 +49,6 @@ class GpuBackend final : public Backend {
     kv_scratch_.reset();
     gemm_f32_.reset();
     if (fp8_) fp8_->release();
-    capture_.reset();
     if (stream_) (void)cudaStreamDestroy(stream_);
   }
 
@@ -406,14 +404,23 @@ class GpuBackend final : public Backend {
 
   bool supports_graphs() const override { return true; }
   absl::Status begin_capture() override {
-    KVFUSE_RETURN_IF_ERROR(capture_->begin());
+    if (capturing_) return absl::FailedPreconditionError("begin_capture: a capture is already open");
+    // Thread-local mode: other threads' runtime calls neither join nor break the capture.
+    KVFUSE_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
     return absl::OkStatus();
   }
-  absl::Status graph_break() override { return capture_->cut(); }
   absl::StatusOr<std::unique_ptr<BackendGraph>> end_capture() override {
+    if (!capturing_) return absl::FailedPreconditionError("end_capture without begin_capture");
     capturing_ = false;
-    return capture_->end();
+    cudaGraph_t graph = nullptr;
+    KVFUSE_CUDA(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    const cudaError_t destroyed = cudaGraphDestroy(graph);  // the exec holds what it needs
+    KVFUSE_CUDA(err);
+    KVFUSE_CUDA(destroyed);
+    return std::unique_ptr<BackendGraph>(new Graph(exec, stream_));
   }
   uint64_t graph_epoch() const override { return graph_epoch_; }
 
@@ -504,8 +511,6 @@ class GpuBackend final : public Backend {
       split_min_keys_decode_ = keys;
     }
     KVFUSE_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    // KVFUSE_GRAPH_BREAKS=0: a step's graph in one piece (the A/B of src/backends/gpu/step_graph.h).
-    capture_ = std::make_unique<StepGraphCapture>(stream_, env_flag("KVFUSE_GRAPH_BREAKS"));
     auto planner = GemmPlanner::create(device, prop, GemmPlanner::Launch{stream_, ops_pdl_, gemv_stream_},
                                        [this](size_t bytes) { return alloc(bytes); });
     if (!planner.ok()) return planner.status();
@@ -517,10 +522,23 @@ class GpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  class Graph final : public BackendGraph {
+   public:
+    Graph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+    ~Graph() override { (void)cudaGraphExecDestroy(exec_); }  // best effort, as in ~GpuBackend
+    absl::Status replay() override {
+      KVFUSE_CUDA(cudaGraphLaunch(exec_, stream_));
+      return absl::OkStatus();
+    }
+
+   private:
+    cudaGraphExec_t exec_;
+    cudaStream_t stream_;
+  };
+
   std::string description_;
   int device_ = 0;
   bool fnuz_ = false;
-  std::unique_ptr<StepGraphCapture> capture_;
   bool capturing_ = false;
   uint64_t graph_epoch_ = 0;
   gpu::KvWriteLaunch kv_launch_;
