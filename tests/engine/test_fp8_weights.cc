@@ -284,3 +284,33 @@ TEST_CASE("fp8 weights: a preset's synthetic FP8 projections quantize its bf16 o
     }
   }
 }
+
+// The loaders pass one HostLayerWeights for every layer, and the synthetic weights reuse
+// its buffers (src/loading/host_weights.h): a layer made over the one before it equals the
+// layer made fresh, field for field.
+TEST_CASE("fp8 weights: a synthetic layer made over the previous one equals it made fresh", "[fp8]") {
+  const auto same = [](const HostLinear& a, const HostLinear& b) {
+    return a.w == b.w && a.bias == b.bias && a.w_fp8 == b.w_fp8 && a.w_scale == b.w_scale && a.act == b.act &&
+           a.input_scale == b.input_scale;
+  };
+  for (const char* name : {"tiny", "tiny-fp8", "qwen2.5-7b-fp8"}) {
+    CAPTURE(name);
+    auto spec = model_preset(name);
+    REQUIRE(spec.ok());
+    auto src = make_synthetic_weights(*spec, 9);
+    HostLayerWeights reused, fresh;
+    REQUIRE(src->layer(0, reused).ok());
+    REQUIRE(src->layer(1, reused).ok());
+    REQUIRE(src->layer(1, fresh).ok());
+    CHECK(reused.attn_norm == fresh.attn_norm);
+    CHECK(reused.ffn_norm == fresh.ffn_norm);
+    CHECK(same(reused.qkv, fresh.qkv));
+    CHECK(same(reused.o, fresh.o));
+    CHECK(same(reused.gate_up, fresh.gate_up));
+    CHECK(same(reused.down, fresh.down));
+    CHECK(fresh.qkv.bias.empty() == !spec->qkv_bias);
+    HostLayerWeights zero;
+    REQUIRE(src->layer(0, zero).ok());
+    CHECK_FALSE(same(zero.down, fresh.down));  // the layers differ, so equal above means remade
+  }
+}
