@@ -27,6 +27,12 @@ void on_every_core(int64_t count, int64_t serial, const Fill& fill) {
   for (auto& th : pool) th.join();
 }
 
+// Element i of synthetic tensor `tensor` as bf16: the one formula of the bf16 presets'
+// values, which the FP8 presets quantize (synth_fp8).
+bf16_t synth_value(uint64_t seed, uint64_t tensor, int64_t i, float stddev, float mean) {
+  return f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
+}
+
 // Into `out`, reusing its buffer when it already has `count` elements (the previous
 // layer's tensor): a fresh one is zeroed on one core first.
 void synth_into(std::vector<bf16_t>& out, uint64_t seed, uint64_t tensor, int64_t count, float stddev,
@@ -35,9 +41,7 @@ void synth_into(std::vector<bf16_t>& out, uint64_t seed, uint64_t tensor, int64_
   // Counter-based values: any split of the index range gives the same tensor, so large
   // presets (8B parameters) fill on every core.
   on_every_core(count, int64_t(1) << 20, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      out[size_t(i)] = f32_to_bf16(mean + stddev * synthetic_weight(seed, tensor, uint64_t(i)));
-    }
+    for (int64_t i = begin; i < end; ++i) out[size_t(i)] = synth_value(seed, tensor, i, stddev, mean);
   });
 }
 
@@ -61,9 +65,7 @@ void synth_fp8(HostLinear& h, uint64_t seed, uint64_t tensor, int64_t n, int64_t
   on_every_core(n, 256, [&](int64_t begin, int64_t end) {
     std::vector<bf16_t> row(static_cast<size_t>(k));
     for (int64_t j = begin; j < end; ++j) {
-      for (int64_t p = 0; p < k; ++p) {
-        row[size_t(p)] = f32_to_bf16(0.0f + stddev * synthetic_weight(seed, tensor, uint64_t(j * k + p)));
-      }
+      for (int64_t p = 0; p < k; ++p) row[size_t(p)] = synth_value(seed, tensor, j * k + p, stddev, 0.0f);
       cpu::quantize_rows_fp8(row.data(), 1, k, Fp8Act::dynamic_token, 1.0f, Fp8Format::e4m3fn,
                              h.w_fp8.data() + j * k, h.w_scale.data() + j);
     }

@@ -8,6 +8,7 @@
 #include <sstream>
 #include "tests/util/catch.h"
 
+#include "src/backends/backend.h"
 #include "src/loading/config.h"
 #include "src/loading/config_docs.h"
 #include "src/loading/model_spec.h"
@@ -194,9 +195,8 @@ TEST_CASE("config: every shipped config/*.json loads", "[config]") {
     const std::string file = f.path().filename().string();
     for (const auto& [gpu, bytes] : gpu_bytes) {
       if (file.rfind(gpu, 0) != 0 || c->num_pages == 0) continue;
-      const int64_t pool = kv_pool_bytes(*spec, c->page_size,
-                                         c->kv_cache_dtype == KvCacheDtype::bf16 ? KvFormat::bf16 : KvFormat::fp8_e4m3fn,
-                                         c->num_pages, 0);
+      const int64_t pool =
+          kv_pool_bytes(*spec, c->page_size, kv_format_for(c->kv_cache_dtype, false), c->num_pages, 0);
       const int64_t need = spec->weight_bytes() + pool + (c->memory_headroom_mib << 20);
       CAPTURE(gpu, spec->weight_bytes(), pool, need, bytes);
       CHECK(need < bytes);
